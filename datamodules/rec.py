@@ -1,0 +1,284 @@
+"""REC and OVD JSONL readers (VLM-R1's format) and the Lightning data module that serves them.
+
+A line::
+
+    {"id": "...", "image": "rel/path.jpg", "conversations": [{"from": "human", "value": "<image>the red mug"}, ...],
+     "solution": [x1, y1, x2, y2], "task": "rec"}
+
+``solution`` is in original pixels: one box for REC, a list of boxes for OVD. The query is the human turn without
+``<image>`` (``problem`` is accepted too). Every defect (bad JSON, missing key, missing image, empty or out-of-image
+box) raises ``DataError`` naming the file and line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+
+
+class DataError(ValueError):
+    """A defect in a data file; the message names the file and line and says what to fix."""
+
+
+@dataclass
+class Sample:
+    """One grounding example. ``boxes`` are ``[x1, y1, x2, y2]`` in original pixels (REC: exactly one)."""
+
+    sample_id: str
+    image: Image.Image
+    query: str
+    boxes: list[list[float]]
+    task: str = "rec"
+    image_path: str | None = None
+    source: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.image.size
+
+
+@dataclass
+class Record:
+    """A parsed JSONL line before its image is loaded."""
+
+    sample_id: str
+    image_path: Path
+    query: str
+    boxes: list[list[float]]
+    task: str
+    source: str
+    meta: dict[str, Any]
+
+
+def _query_from(obj: dict, where: str) -> str:
+    if isinstance(obj.get("problem"), str):
+        return obj["problem"].replace("<image>", "").strip()
+    conv = obj.get("conversations")
+    if isinstance(conv, list):
+        for turn in conv:
+            if isinstance(turn, dict) and turn.get("from") in ("human", "user") and isinstance(turn.get("value"), str):
+                return turn["value"].replace("<image>", "").strip()
+    raise DataError(f"{where}: no query: expected a 'conversations' list with a human turn, or a 'problem' string")
+
+
+def _boxes_from(solution: Any, task: str, where: str) -> list[list[float]]:
+    def as_box(b: Any) -> list[float]:
+        if isinstance(b, dict) and "bbox_2d" in b:
+            b = b["bbox_2d"]
+        if not (isinstance(b, list | tuple) and len(b) == 4 and all(isinstance(v, int | float) for v in b)):
+            raise DataError(f"{where}: 'solution' must hold boxes [x1, y1, x2, y2] of 4 numbers; got {b!r}")
+        box = [float(v) for v in b]
+        if not all(math.isfinite(v) for v in box):
+            raise DataError(f"{where}: box {b!r} has a non-finite coordinate")
+        if box[2] <= box[0] or box[3] <= box[1]:
+            raise DataError(f"{where}: empty box {b!r}: need x2 > x1 and y2 > y1 (original pixels, xyxy)")
+        return box
+
+    if solution is None:
+        raise DataError(f"{where}: missing 'solution' (the ground-truth box in original pixels)")
+    if task == "rec":
+        if isinstance(solution, list) and len(solution) == 1 and isinstance(solution[0], list | dict):
+            solution = solution[0]
+        return [as_box(solution)]
+    if isinstance(solution, list) and solution and isinstance(solution[0], int | float):
+        return [as_box(solution)]
+    if not isinstance(solution, list) or not solution:
+        raise DataError(f"{where}: OVD 'solution' must be a non-empty list of boxes")
+    return [as_box(b) for b in solution]
+
+
+def read_jsonl(path: str | Path, image_root: str | Path | None = None, *, task: str | None = None,
+               max_samples: int | None = None) -> list[Record]:
+    """Parse a REC / OVD JSONL file into records (images are not opened here)."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: no such data file; check --data.train_files / val_files / test_files")
+    root = Path(image_root) if image_root is not None else path.parent
+    records: list[Record] = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+            if not isinstance(obj, dict):
+                raise DataError(f"{where}: expected a JSON object per line")
+            image = obj.get("image")
+            if isinstance(image, list) and len(image) == 1:
+                image = image[0]
+            if not isinstance(image, str) or not image:
+                raise DataError(f"{where}: missing 'image' (a path relative to the image root {root})")
+            t = task or obj.get("task", "rec")
+            if t not in ("rec", "ovd"):
+                raise DataError(f"{where}: 'task' must be 'rec' or 'ovd'; got {t!r}")
+            records.append(Record(
+                sample_id=str(obj.get("id", f"{path.stem}-{lineno}")), image_path=root / image,
+                query=_query_from(obj, where), boxes=_boxes_from(obj.get("solution"), t, where), task=t,
+                source=where, meta=obj.get("meta") or {},
+            ))
+            if max_samples is not None and len(records) >= max_samples:
+                break
+    if not records:
+        raise DataError(f"{path}: no samples in the file")
+    return records
+
+
+def load_sample(rec: Record) -> Sample:
+    """Open the record's image and check its boxes against the image size."""
+    if not rec.image_path.exists():
+        raise DataError(f"{rec.source}: image {rec.image_path} not found; set --data.image_root to the folder that "
+                        "holds the images")
+    with Image.open(rec.image_path) as im:
+        image = im.convert("RGB")
+    w, h = image.size
+    for b in rec.boxes:
+        if b[0] < 0 or b[1] < 0 or b[2] > w + 0.5 or b[3] > h + 0.5:
+            raise DataError(f"{rec.source}: box {b} lies outside the {w}x{h} image {rec.image_path}")
+    return Sample(sample_id=rec.sample_id, image=image, query=rec.query, boxes=[list(b) for b in rec.boxes],
+                  task=rec.task, image_path=str(rec.image_path), source=rec.source, meta=dict(rec.meta))
+
+
+class GroundingDataset(Dataset):
+    """Records of one or more JSONL files; images load on access."""
+
+    def __init__(self, records: Sequence[Record]):
+        self.records = list(records)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int) -> Sample:
+        return load_sample(self.records[i])
+
+
+def collate_samples(batch: list[Sample]) -> list[Sample]:
+    """Keep PIL images and boxes as they are: the processor does the tensor work at rollout time."""
+    return list(batch)
+
+
+@dataclass
+class ToySpec:
+    """Generate the procedural toy world into ``--data.data_root`` before reading it."""
+
+    splits: dict[str, int] = field(default_factory=lambda: {"train": 64, "val": 32, "ood": 32})
+    """Split name -> number of scenes (train / val are in-domain, ood out-of-domain)."""
+    seed: int = 0
+    task: str = "rec"
+    size: int = 224
+
+
+class RECDataModule(L.LightningDataModule):
+    """REC / OVD JSONL data: a train set, and several named validation / test sets (one metric prefix each).
+
+    Args:
+        data_root: folder the file names below are relative to (and the image root unless ``image_root`` is set).
+        train_files: JSONL files read as one training set.
+        val_files: name -> JSONL file, e.g. ``{refcoco_val: refcoco_val.jsonl, lisa_test: lisa_test.jsonl}``.
+        test_files: as ``val_files``, for ``train.py test``.
+        image_root: where image paths in the JSONL are relative to (default: each file's folder).
+        batch_size: prompts per training step (the paper's 20).
+        eval_batch_size: prompts per validation / test batch.
+        max_train_samples: cap the training set (the paper samples 2,000 RefCOCO examples).
+        toy: generate the procedural toy world into ``data_root`` first (the embedded default).
+    """
+
+    def __init__(
+        self,
+        data_root: str = "data",
+        train_files: list[str] | None = None,
+        val_files: dict[str, str] | None = None,
+        test_files: dict[str, str] | None = None,
+        image_root: str | None = None,
+        batch_size: int = 20,
+        eval_batch_size: int = 8,
+        max_train_samples: int | None = None,
+        max_eval_samples: int | None = None,
+        num_workers: int = 0,
+        shuffle: bool = True,
+        seed: int = 0,
+        toy: ToySpec | None = None,
+    ):
+        super().__init__()
+        self.data_root = Path(data_root)
+        self.train_files = list(train_files or [])
+        self.val_files = dict(val_files or {})
+        self.test_files = dict(test_files or {})
+        self.image_root = image_root
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size
+        self.max_train_samples = max_train_samples
+        self.max_eval_samples = max_eval_samples
+        self.num_workers = num_workers
+        self.shuffle = shuffle
+        self.seed = seed
+        self.toy = toy
+        self.train_set: GroundingDataset | None = None
+        self.eval_sets: dict[str, dict[str, GroundingDataset]] = {"val": {}, "test": {}}
+
+    def prepare_data(self) -> None:
+        if self.toy is not None:
+            from datamodules.toy import export_jsonl
+
+            for split, n in self.toy.splits.items():
+                export_jsonl(self.data_root, split, n, seed=self.toy.seed, task=self.toy.task)
+
+    def _path(self, name: str) -> Path:
+        p = Path(name)
+        return p if p.is_absolute() else self.data_root / p
+
+    def _records(self, files: Sequence[str], limit: int | None) -> list[Record]:
+        out: list[Record] = []
+        for f in files:
+            out += read_jsonl(self._path(f), self.image_root, max_samples=limit)
+        if limit is not None and len(out) > limit:
+            out = random.Random(self.seed).sample(out, limit)
+        return out
+
+    def setup(self, stage: str | None = None) -> None:
+        if stage in (None, "fit") and self.train_set is None and self.train_files:
+            self.train_set = GroundingDataset(self._records(self.train_files, self.max_train_samples))
+        for kind, files in (("val", self.val_files), ("test", self.test_files)):
+            if stage in (None, "fit", "validate") and kind == "val" or stage in (None, "test") and kind == "test":
+                for name, f in files.items():
+                    if name not in self.eval_sets[kind]:
+                        self.eval_sets[kind][name] = GroundingDataset(self._records([f], self.max_eval_samples))
+
+    def train_records(self) -> list[Record]:
+        if self.train_set is None:
+            self.setup("fit")
+        if self.train_set is None:
+            raise DataError("no training data: set --data.train_files (or --data.toy for the toy world)")
+        return self.train_set.records
+
+    def train_dataloader(self):
+        if self.train_set is None:
+            raise DataError("no training data: set --data.train_files (or --data.toy for the toy world)")
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=self.shuffle,
+                          num_workers=self.num_workers, collate_fn=collate_samples, drop_last=False)
+
+    def _eval_loaders(self, kind: str):
+        sets = self.eval_sets[kind]
+        return [DataLoader(ds, batch_size=self.eval_batch_size, shuffle=False, num_workers=self.num_workers,
+                           collate_fn=collate_samples) for ds in sets.values()]
+
+    def eval_names(self, kind: str) -> list[str]:
+        return list(self.eval_sets[kind])
+
+    def val_dataloader(self):
+        return self._eval_loaders("val")
+
+    def test_dataloader(self):
+        return self._eval_loaders("test")

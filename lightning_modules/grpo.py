@@ -1,0 +1,453 @@
+"""GRPOModule: GRPO (and Syn-GRPO) on a Qwen2.5-VL policy against a frozen reference model.
+
+How this departs from textbook GRPO (DeepSeekMath), and why:
+
+* **Rewards** are ``R_acc + R_format + R_diversity`` (Syn-GRPO). ``R_diversity`` compares the completion's predicted
+  diversity with the EMA-smoothed ground-truth diversity ``V~(q)`` of its group (``rewards.DiversitySmoother``); the
+  comparison form is a named choice (``diversity_reward_form``; docs/diversity_reward.md). With
+  ``diversity_weight=0`` and the VLM-R1 prompt this is plain GRPO.
+* **Advantages** are group-normalised with the *unbiased* std and ``eps=1e-4`` (TRL); ``advantage_scale`` switches to
+  batch std or no scaling (Dr. GRPO). A group whose rewards are all equal gets exactly zero advantage, so it adds only
+  the KL term to the loss; the fraction of such groups is logged (``train/zero_variance_frac``): it is what
+  "diversity collapse" looks like.
+* **Loss aggregation** defaults to ``token-mean`` over the whole batch (DAPO / TRL ``dapo`` / verl ``token-mean``),
+  not the paper-era per-sequence mean, so long completions are not down-weighted; ``seq-mean-token-mean`` (TRL
+  ``grpo``) and ``seq-mean-token-sum-norm`` (Dr. GRPO) are one flag away.
+* **KL** uses the k3 estimator (Schulman) added to the per-token loss, as TRL and verl's ``low_var_kl`` do; no
+  reference model is built when ``kl_coef == 0``.
+* **Clipping** is asymmetric when ``clip_high != clip_low`` (DAPO's clip-higher) and an optional dual-clip bounds the
+  loss of negative-advantage tokens (verl ``clip_ratio_c``).
+* With ``num_iterations == 1`` (the paper) the ratio is exactly 1 and ``old_logp`` is the detached current log-prob;
+  with ``num_iterations > 1`` old log-probs are computed once per rollout before the first update.
+* **Selection**: after each batch, per prompt, the description of the completion with the highest ``R_diversity``
+  (among completions whose description parses) is exposed in ``last_selections`` for the synthesis callback.
+* Entropy baselines from the paper's Table 1: ``entropy_coef`` adds ``-coef * H`` to the loss ("GRPO + Entropy Loss");
+  ``entropy_adv_coef`` shapes the advantage with ``min(coef * H_t, |A| / kappa)`` ("Reasoning with Exploration: An
+  Entropy Perspective", "GRPO + Entropy Adv.").
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+
+import lightning as L
+import torch
+from torch import nn
+
+from lightning_modules import objective, rewards
+from lightning_modules.policy import Rollout, completion_logps, load_policy, rollout
+
+OptimizerCallable = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
+
+
+def _default_optimizer(params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=1e-6, weight_decay=0.0)
+
+
+@dataclass
+class Selection:
+    """The description chosen for one prompt of the last batch (what the synthesis callback submits)."""
+
+    sample_id: str
+    description: str | None
+    index: int
+    """Row of the chosen completion inside its group."""
+    diversity_reward: float
+    predicted_diversity: float | None
+    gt_diversity: float
+    smoothed_diversity: float
+    step: int
+    epoch: int
+
+
+class GRPOModule(L.LightningModule):
+    """GRPO / Syn-GRPO on an HF image-text-to-text policy.
+
+    Args:
+        model_name_or_path: local directory (``save_pretrained`` output) or hub id of the policy.
+        dtype: ``auto`` (bf16 on CUDA, fp32 on CPU), ``bf16``, ``fp16`` or ``fp32``.
+        attn_implementation: ``sdpa``, ``eager`` or ``flash_attention_2``.
+        local_files_only: never download weights (set false only where the hub is reachable).
+        task: ``rec`` (one box, IoU reward) or ``ovd`` (boxes, ``s_ovd * mAP``).
+        prompt_template: ``syn_grpo`` (asks for diversity and description), ``vlm_r1`` or ``toy``.
+        group_size: completions sampled per prompt (G).
+        temperature: sampling temperature of the rollout (and of the log-probs).
+        top_p: nucleus sampling threshold of the rollout.
+        max_new_tokens: completion length limit.
+        rollout_engine: ``hf`` (``model.generate``) or ``fast`` (static cache, one prefill per group).
+        num_iterations: policy updates per rollout (mu); >1 computes old log-probs.
+        micro_batch_size: completions per forward / backward (gradient accumulation inside a step).
+        kl_coef: weight of the KL term to the frozen reference (TRL's beta); 0 builds no reference model.
+        kl_estimator: ``k1``, ``k2``, ``k3`` or ``abs``.
+        clip_low: lower clip epsilon of the ratio.
+        clip_high: upper clip epsilon of the ratio (DAPO clip-higher when > clip_low).
+        dual_clip: verl's ``clip_ratio_c`` (e.g. 3.0) for negative advantages; ``None`` disables.
+        aggregation: ``token-mean``, ``seq-mean-token-mean`` or ``seq-mean-token-sum-norm``.
+        advantage_scale: ``group``, ``batch`` or ``none``.
+        advantage_eps: added to the std before dividing.
+        accuracy_weight: weight of R_acc.
+        format_weight: weight of R_format.
+        diversity_weight: weight of R_diversity (0 = plain GRPO rewards).
+        diversity_reward_form: named form of R_diversity (see ``rewards.DIVERSITY_REWARD_FORMS``).
+        diversity_beta: EMA beta of the diversity smoother (the paper's best: 0.7).
+        description_selection: ``diversity`` (argmax R_diversity), ``random`` (w/o R_diversity ablation) or ``none``.
+        entropy_coef: entropy bonus in the loss ("GRPO + Entropy Loss"); 0 disables.
+        entropy_adv_coef: entropy-shaped advantage coefficient ("GRPO + Entropy Adv."); 0 disables.
+        entropy_adv_kappa: the shaping term is capped at ``|A| / kappa``.
+        gradient_checkpointing: trade compute for memory in the policy forward.
+        max_grad_norm: gradient clipping (0 disables).
+        optimizer: optimizer factory (LightningCLI: ``optimizer: {class_path: torch.optim.AdamW, init_args: ...}``).
+        seed: seed of the ``random`` selection.
+    """
+
+    def __init__(
+        self,
+        model_name_or_path: str = "checkpoints/toy-qwen2.5-vl",
+        dtype: str = "auto",
+        attn_implementation: str | None = "sdpa",
+        local_files_only: bool = True,
+        task: str = "rec",
+        prompt_template: str = "syn_grpo",
+        group_size: int = 6,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_new_tokens: int = 256,
+        rollout_engine: str = "hf",
+        num_iterations: int = 1,
+        micro_batch_size: int = 8,
+        kl_coef: float = 0.04,
+        kl_estimator: str = "k3",
+        clip_low: float = 0.2,
+        clip_high: float = 0.2,
+        dual_clip: float | None = None,
+        aggregation: str = "token-mean",
+        advantage_scale: str = "group",
+        advantage_eps: float = 1e-4,
+        accuracy_weight: float = 1.0,
+        format_weight: float = 1.0,
+        diversity_weight: float = 1.0,
+        diversity_reward_form: str = "linear",
+        diversity_beta: float = 0.7,
+        description_selection: str = "diversity",
+        entropy_coef: float = 0.0,
+        entropy_adv_coef: float = 0.0,
+        entropy_adv_kappa: float = 2.0,
+        gradient_checkpointing: bool = False,
+        max_grad_norm: float = 1.0,
+        optimizer: OptimizerCallable = _default_optimizer,
+        seed: int = 0,
+    ):
+        super().__init__()
+        if group_size < 2:
+            raise ValueError(f"--model.group_size must be >= 2 for group-normalised advantages, got {group_size}")
+        if task not in ("rec", "ovd"):
+            raise ValueError(f"--model.task must be 'rec' or 'ovd', got {task!r}")
+        if num_iterations < 1:
+            raise ValueError(f"--model.num_iterations must be >= 1, got {num_iterations}")
+        if micro_batch_size < 1:
+            raise ValueError(f"--model.micro_batch_size must be >= 1, got {micro_batch_size}")
+        if description_selection not in ("diversity", "random", "none"):
+            raise ValueError("--model.description_selection must be 'diversity', 'random' or 'none', "
+                             f"got {description_selection!r}")
+        if diversity_reward_form not in rewards.DIVERSITY_REWARD_FORMS:
+            raise ValueError(f"--model.diversity_reward_form must be one of {sorted(rewards.DIVERSITY_REWARD_FORMS)}, "
+                             f"got {diversity_reward_form!r}")
+        self.save_hyperparameters(ignore=["optimizer"])
+        self.optimizer_factory = optimizer
+        self.automatic_optimization = False
+        self.smoother = rewards.DiversitySmoother(beta=diversity_beta)
+        self.policy: nn.Module | None = None
+        self.processor = None
+        self._ref: list[nn.Module] = []  # a list so the reference is neither a submodule nor in the checkpoint
+        self._rng = random.Random(seed)
+        self.last_selections: list[Selection] = []
+        self.last_rollout_texts: list[str] = []
+        self.eval_metrics = nn.ModuleDict()
+
+    # ---------------------------------------------------------------------------------------------------- model
+    def configure_model(self) -> None:
+        if self.policy is not None:
+            return
+        hp = self.hparams
+        model, processor = load_policy(hp.model_name_or_path, dtype=hp.dtype,
+                                       attn_implementation=hp.attn_implementation,
+                                       local_files_only=hp.local_files_only)
+        if hp.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.config.use_cache = False
+        self.policy = model
+        self.processor = processor
+        if hp.kl_coef > 0:
+            ref = copy.deepcopy(model).eval()
+            ref.requires_grad_(False)
+            self._ref = [ref]
+
+    @property
+    def reference(self) -> nn.Module | None:
+        return self._ref[0] if self._ref else None
+
+    def _move_reference(self) -> None:
+        if self.reference is not None and next(self.reference.parameters()).device != self.device:
+            self.reference.to(self.device)
+
+    def on_fit_start(self) -> None:
+        self._move_reference()
+
+    def configure_optimizers(self):
+        return self.optimizer_factory([p for p in self.parameters() if p.requires_grad])
+
+    # ---------------------------------------------------------------------------------------------------- rewards
+    def compute_rewards(self, batch, ro: Rollout) -> dict[str, torch.Tensor]:
+        """Reward parts per completion [B*G] and per-prompt diversity [B], rows grouped by prompt."""
+        hp = self.hparams
+        G = hp.group_size
+        texts = ro.texts
+        gts = [s.boxes for s in batch for _ in range(G)]
+        orig = [s.size for s in batch for _ in range(G)]
+        if hp.task == "rec":
+            acc = rewards.rec_accuracy_reward(texts, [g[0] for g in gts], input_wh=ro.input_wh, orig_wh=orig)
+        else:
+            acc = rewards.ovd_reward(texts, gts, input_wh=ro.input_wh, orig_wh=orig)
+        fmt = rewards.format_reward(texts)
+        parsed = [rewards.parse_completion(t) for t in texts]
+        acc_t = torch.tensor(acc, dtype=torch.float32)
+        gt_div = rewards.ground_truth_diversity(acc_t, G)  # [B]
+        gt_div = torch.as_tensor(gt_div, dtype=torch.float32)
+        smoothed = self.smoother(gt_div.to(self.device)).cpu()  # all-reduced batch average under DDP
+        target = smoothed.repeat_interleave(G).tolist()
+        div = rewards.diversity_reward([p.diversity for p in parsed], target, form=hp.diversity_reward_form)
+        parts = {
+            "accuracy": acc_t,
+            "format": torch.tensor(fmt, dtype=torch.float32),
+            "diversity": torch.tensor(div, dtype=torch.float32),
+        }
+        parts["total"] = (hp.accuracy_weight * parts["accuracy"] + hp.format_weight * parts["format"]
+                          + hp.diversity_weight * parts["diversity"])
+        parts["gt_diversity"] = gt_div
+        parts["smoothed_diversity"] = smoothed
+        parts["parsed"] = parsed  # type: ignore[assignment]
+        return parts
+
+    def select_descriptions(self, batch, parts) -> list[Selection]:
+        hp = self.hparams
+        G = hp.group_size
+        if hp.description_selection == "none":
+            return []
+        out = []
+        parsed = parts["parsed"]
+        for b, sample in enumerate(batch):
+            rows = [b * G + i for i in range(G) if parsed[b * G + i].description]
+            if not rows:
+                continue
+            if hp.description_selection == "diversity":
+                best = max(rows, key=lambda r: (float(parts["diversity"][r]), -r))
+            else:
+                best = self._rng.choice(rows)
+            out.append(Selection(
+                sample_id=sample.sample_id, description=parsed[best].description, index=best - b * G,
+                diversity_reward=float(parts["diversity"][best]), predicted_diversity=parsed[best].diversity,
+                gt_diversity=float(parts["gt_diversity"][b]), smoothed_diversity=float(parts["smoothed_diversity"][b]),
+                step=int(self.global_step), epoch=int(self.current_epoch),
+            ))
+        return out
+
+    # ---------------------------------------------------------------------------------------------------- step
+    def _logps(self, model, ro: Rollout, rows: list[int], *, with_entropy: bool = False, entropy_grad: bool = False):
+        inputs = {k: v.to(self.device) for k, v in ro.rows(rows).items()}
+        ids = ro.completion_ids[rows].to(self.device)
+        mask = ro.completion_mask[rows].to(self.device)
+        return completion_logps(model, inputs, ids, mask, temperature=self.hparams.temperature,
+                                with_entropy=with_entropy, entropy_grad=entropy_grad)
+
+    def _micro_batches(self, n: int) -> list[list[int]]:
+        mb = self.hparams.micro_batch_size
+        return [list(range(i, min(i + mb, n))) for i in range(0, n, mb)]
+
+    @torch.no_grad()
+    def _frozen_logps(self, model, ro: Rollout) -> torch.Tensor:
+        n = ro.completion_ids.shape[0]
+        out = [self._logps(model, ro, rows)[0] for rows in self._micro_batches(n)]
+        return torch.cat(out)
+
+    def training_step(self, batch, batch_idx: int):
+        hp = self.hparams
+        G = hp.group_size
+        opt = self.optimizers()
+        self._move_reference()
+        images = [s.image for s in batch]
+        ro = rollout(self.policy, self.processor, images, [s.query for s in batch], group_size=G,
+                     task=[s.task for s in batch], template=hp.prompt_template, temperature=hp.temperature,
+                     top_p=hp.top_p, max_new_tokens=hp.max_new_tokens, engine=hp.rollout_engine)
+        self.last_rollout_texts = ro.texts
+        parts = self.compute_rewards(batch, ro)
+        adv = objective.group_advantages(parts["total"], G, scale=hp.advantage_scale, eps=hp.advantage_eps)
+        adv = adv.to(self.device)
+        mask = ro.completion_mask.to(self.device).float()
+        n = mask.shape[0]
+        ref_logp = self._frozen_logps(self.reference, ro) if self.reference is not None else None
+        old_logp = self._frozen_logps(self.policy, ro) if hp.num_iterations > 1 else None
+
+        total_tokens = mask.sum().clamp(min=1)
+        stats_acc: dict[str, float] = {}
+        entropy_sum = torch.zeros((), device=self.device)
+        self.policy.train()
+        for it in range(hp.num_iterations):
+            for rows in self._micro_batches(n):
+                want_entropy = it == 0 or hp.entropy_coef > 0 or hp.entropy_adv_coef > 0
+                logp, ent = self._logps(self.policy, ro, rows, with_entropy=want_entropy,
+                                        entropy_grad=hp.entropy_coef > 0)
+                m = mask[rows]
+                a = adv[rows]
+                if hp.entropy_adv_coef > 0:
+                    # token-level shaping; the per-sequence advantage gets the masked-mean entropy bonus
+                    h = (ent * m).sum(1) / m.sum(1).clamp(min=1)
+                    a = a + torch.minimum(hp.entropy_adv_coef * h, a.abs() / hp.entropy_adv_kappa)
+                old = old_logp[rows] if old_logp is not None else logp.detach()
+                loss, stats = objective.policy_loss(
+                    logp, old, a, m, clip_low=hp.clip_low, clip_high=hp.clip_high, dual_clip=hp.dual_clip,
+                    ref_logp=ref_logp[rows] if ref_logp is not None else None, kl_coef=hp.kl_coef,
+                    kl_estimator=hp.kl_estimator, aggregation=hp.aggregation, max_length=hp.max_new_tokens,
+                )
+                if hp.entropy_coef > 0:
+                    # "GRPO + Entropy Loss": maximise the mean token entropy (differentiable here)
+                    loss = loss - hp.entropy_coef * objective.aggregate(ent, m, hp.aggregation, hp.max_new_tokens)
+                # weight so the accumulated gradient equals the full-batch aggregation
+                if hp.aggregation == "token-mean":
+                    w = m.sum() / total_tokens
+                else:
+                    w = torch.tensor(len(rows) / n, device=self.device)
+                self.manual_backward(loss * w)
+                if it == 0:
+                    for k, v in stats.items():
+                        stats_acc[k] = stats_acc.get(k, 0.0) + float(v) * float(w)
+                    entropy_sum = entropy_sum + (ent.detach() * m).sum()
+            if hp.max_grad_norm > 0:
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), hp.max_grad_norm)
+                stats_acc["grad_norm"] = float(grad_norm)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        self.last_selections = self.select_descriptions(batch, parts)
+        self._log_train(parts, ro, stats_acc, entropy_sum / total_tokens, len(batch))
+        return None
+
+    def _log_train(self, parts, ro: Rollout, stats: dict[str, float], entropy: torch.Tensor, bsz: int) -> None:
+        G = self.hparams.group_size
+        acc = parts["accuracy"]
+        iou_mean = float(acc.mean())
+        logs = {
+            "train/reward/total": float(parts["total"].mean()),
+            "train/reward/accuracy": float(acc.mean()),
+            "train/reward/format": float(parts["format"].mean()),
+            "train/reward/diversity": float(parts["diversity"].mean()),
+            "train/reward/std": float(parts["total"].view(-1, G).std(dim=1).mean()),
+            "train/entropy": float(entropy),
+            "train/diversity/gt": float(parts["gt_diversity"].mean()),
+            "train/diversity/smoothed": float(parts["smoothed_diversity"].mean()),
+            "train/diversity/batch_avg": float(self.smoother.batch_avg),
+            "train/diversity/global_avg": float(self.smoother.global_avg),
+            "train/zero_variance_frac": float((parts["gt_diversity"] == 0).float().mean()),
+            "train/completion_length": float(ro.completion_mask.sum(1).float().mean()),
+            "train/format_rate": float(parts["format"].mean()),
+        }
+        if self.hparams.task == "rec":
+            logs["train/iou"] = iou_mean
+            logs["train/acc50"] = float((acc >= 0.5).float().mean())
+        for k, v in stats.items():
+            logs[f"train/{k}"] = v
+        self.log_dict(logs, batch_size=bsz, on_step=True, on_epoch=False)
+        self.log("train/reward", logs["train/reward/total"], prog_bar=True, batch_size=bsz, logger=False)
+        if "train/iou" in logs:
+            self.log("iou", logs["train/iou"], prog_bar=True, batch_size=bsz, logger=False)
+
+    # ---------------------------------------------------------------------------------------------------- eval
+    def _eval_names(self, kind: str) -> list[str]:
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        names = dm.eval_names(kind) if dm is not None and hasattr(dm, "eval_names") else []
+        return names or ["default"]
+
+    def _eval_step(self, kind: str, batch, dataloader_idx: int) -> None:
+        from lightning_modules.metrics import DetectionMetrics, FormatRate, GroundingAccuracy, MeanIoU
+
+        names = self._eval_names(kind)
+        name = names[dataloader_idx] if dataloader_idx < len(names) else f"set{dataloader_idx}"
+        key = f"{kind}__{name}"
+        if key not in self.eval_metrics:
+            self.eval_metrics[key] = nn.ModuleDict({
+                "acc50": GroundingAccuracy(0.5), "miou": MeanIoU(), "format": FormatRate(),
+                "det": DetectionMetrics(),
+            }).to(self.device)
+        mets = self.eval_metrics[key]
+        ro = rollout(self.policy, self.processor, [s.image for s in batch], [s.query for s in batch], group_size=1,
+                     task=[s.task for s in batch], template=self.hparams.prompt_template, do_sample=False,
+                     max_new_tokens=self.hparams.max_new_tokens, engine=self.hparams.rollout_engine)
+        parsed = [rewards.parse_completion(t) for t in ro.texts]
+        mets["format"].update(torch.tensor([p.format_ok for p in parsed]))
+        for s, p, in_wh in zip(batch, parsed, ro.input_wh):
+            boxes = [rewards.rescale_box(b, in_wh, s.size) for b in p.boxes]
+            if s.task == "rec":
+                pred = torch.tensor([boxes[0]], dtype=torch.float32) if boxes else None
+                gt = torch.tensor([s.boxes[0]], dtype=torch.float32)
+                mets["acc50"].update([pred[0] if pred is not None else None], gt)
+                mets["miou"].update([pred[0] if pred is not None else None], gt)
+            else:
+                mets["det"].update(boxes, s.boxes)
+        is_ovd = batch[0].task == "ovd"
+        logs = {f"{kind}/{name}/format": mets["format"]}
+        if not is_ovd:
+            logs.update({f"{kind}/{name}/acc50": mets["acc50"], f"{kind}/{name}/miou": mets["miou"]})
+        self.log_dict(logs, batch_size=len(batch), on_step=False, on_epoch=True, add_dataloader_idx=False)
+        if is_ovd:
+            self._ovd_pending.add(key)
+
+    def _log_detection(self, kind: str) -> None:
+        for key in sorted(getattr(self, "_ovd_pending", set())):
+            if key.startswith(kind):
+                res = self.eval_metrics[key]["det"].compute()
+                name = key.split("__", 1)[1]
+                for k in ("map", "map_50", "gp", "gr"):
+                    self.log(f"{kind}/{name}/{k}", float(res[k]), add_dataloader_idx=False)
+                self.eval_metrics[key]["det"].reset()
+        self._ovd_pending = set()
+
+    def on_validation_epoch_start(self) -> None:
+        self._ovd_pending = set()
+        self._move_reference()
+
+    def on_test_epoch_start(self) -> None:
+        self._ovd_pending = set()
+
+    def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0):
+        self._eval_step("val", batch, dataloader_idx)
+
+    def test_step(self, batch, batch_idx: int, dataloader_idx: int = 0):
+        self._eval_step("test", batch, dataloader_idx)
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_detection("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_detection("test")
+
+    # ---------------------------------------------------------------------------------------------------- state
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["diversity_smoother"] = self.smoother.state_dict()
+        checkpoint["selection_rng"] = self._rng.getstate()
+        checkpoint["last_selections"] = [asdict(s) for s in self.last_selections]
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if "diversity_smoother" in checkpoint:
+            self.smoother.load_state_dict(checkpoint["diversity_smoother"])
+        if "selection_rng" in checkpoint:
+            state = checkpoint["selection_rng"]
+            self._rng.setstate((state[0], tuple(state[1]), state[2]))
+        self.last_selections = [Selection(**s) for s in checkpoint.get("last_selections", [])]
+
+    def save_pretrained(self, out_dir: str) -> None:
+        """Write the current policy and processor as an HF model directory (loadable with ``from_pretrained``)."""
+        self.policy.save_pretrained(out_dir)
+        self.processor.save_pretrained(out_dir)
+

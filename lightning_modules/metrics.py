@@ -1,0 +1,459 @@
+"""Evaluation and monitoring metrics for Syn-GRPO (REC grounding, OVD detection, rollout health).
+
+Every class is a ``torchmetrics.Metric``: ``update()`` accumulates per-rank states, ``compute()`` first syncs them
+across processes (torch.distributed, any backend) and then reduces. Scalar metrics keep *sum* states (numerator and
+denominator, ``dist_reduce_fx="sum"``), so the synced value is exactly the single-process value on the union of the
+ranks' data, whatever the number of samples each rank saw. ``DetectionMetrics`` keeps per-image lists for mAP and
+packs them before gathering, so ranks may also hold different numbers of images (see ``DetectionMetrics._sync_dist``).
+
+Conventions (see docs/metrics.md):
+- Boxes are ``[x1, y1, x2, y2]`` in the same pixel frame for prediction and target (rescaling a Qwen2.5-VL answer from
+  the resized input back to original pixels is the caller's job). Continuous coordinates, no ``+1`` pixel convention.
+- A box that is degenerate (``x2 <= x1`` or ``y2 <= y1``) or has a non-finite coordinate has IoU 0 with everything.
+- A ratio whose denominator is 0 (nothing was counted) is ``nan``, not 0: "no data" must not look like "collapsed".
+- Results are float32 tensors; sums are accumulated in float64 and counts in int64.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+from torchmetrics.detection import MeanAveragePrecision
+from torchmetrics.utilities.distributed import gather_all_tensors
+from torchvision.ops import box_iou as _tv_box_iou
+
+__all__ = [
+    "DetectionMetrics",
+    "FormatRate",
+    "GroundingAccuracy",
+    "MeanIoU",
+    "ResponseEntropy",
+    "RewardDiversity",
+    "as_box_tensor",
+    "greedy_match",
+    "group_diversity",
+    "paired_box_iou",
+    "safe_box_iou",
+]
+
+BoxLike = Sequence[float] | Tensor | None
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Pure helpers (tensors in, tensors out)
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _valid_boxes(boxes: Tensor) -> Tensor:
+    """[N, 4] -> [N] bool: finite and of positive width and height."""
+    finite = torch.isfinite(boxes).all(dim=-1)
+    return finite & (boxes[..., 2] > boxes[..., 0]) & (boxes[..., 3] > boxes[..., 1])
+
+
+def _as_float(boxes: Tensor) -> Tensor:
+    return boxes if boxes.is_floating_point() else boxes.float()
+
+
+def safe_box_iou(boxes1: Tensor, boxes2: Tensor) -> Tensor:
+    """Pairwise IoU ``[N, 4] x [M, 4] -> [N, M]`` via ``torchvision.ops.box_iou``, never NaN.
+
+    torchvision divides by the union, which is 0 for two identical zero-area boxes (NaN) and meaningless for inverted
+    boxes (negative areas). Invalid boxes (degenerate or non-finite) are zeroed before the call and their rows /
+    columns set to 0 after it; between two valid boxes the union is > 0, so no NaN can appear.
+    """
+    boxes1, boxes2 = _as_float(boxes1.reshape(-1, 4)), _as_float(boxes2.reshape(-1, 4))
+    valid1, valid2 = _valid_boxes(boxes1), _valid_boxes(boxes2)
+    unit = boxes1.new_tensor([0.0, 0.0, 1.0, 1.0])  # placeholder with area 1, its IoU is masked out below
+    iou = _tv_box_iou(torch.where(valid1[:, None], boxes1, unit), torch.where(valid2[:, None], boxes2, unit))
+    return iou * (valid1[:, None] & valid2[None, :])  # [N, M]
+
+
+def paired_box_iou(pred: Tensor, target: Tensor) -> Tensor:
+    """IoU of matched pairs ``[N, 4], [N, 4] -> [N]`` (the diagonal of ``safe_box_iou``).
+
+    O(N^2) memory, which is nothing at a batch's size (B * G <= a few hundred rows).
+    """
+    if pred.shape != target.shape:
+        raise ValueError(f"pred and target boxes must have the same shape, got {tuple(pred.shape)} and {tuple(target.shape)}")
+    return safe_box_iou(pred, target).diagonal()
+
+
+def as_box_tensor(boxes: Tensor | Sequence[BoxLike], device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
+    """Normalise predicted boxes to ``(boxes [N, 4] float, parsed [N] bool)``.
+
+    Accepts a ``[N, 4]`` tensor (a row with a NaN marks an unparseable answer) or a list whose items are ``None``
+    (unparseable answer), a 4-element tensor, or a sequence of 4 numbers. Unparseable rows become zeros, which
+    ``safe_box_iou`` treats as degenerate, so they score IoU 0.
+    """
+    if isinstance(boxes, Tensor):
+        boxes = _as_float(boxes).to(device) if device is not None else _as_float(boxes)
+        if boxes.ndim != 2 or boxes.shape[-1] != 4:
+            raise ValueError(f"boxes must have shape [N, 4], got {tuple(boxes.shape)}")
+        parsed = ~torch.isnan(boxes).any(dim=-1)
+        return torch.nan_to_num(boxes, nan=0.0), parsed
+    rows, parsed = [], []
+    for i, box in enumerate(boxes):
+        if box is None:
+            rows.append([0.0, 0.0, 0.0, 0.0])
+            parsed.append(False)
+            continue
+        values = box.detach().reshape(-1).tolist() if isinstance(box, Tensor) else [float(v) for v in box]
+        if len(values) != 4:
+            raise ValueError(f"box {i} must have 4 coordinates [x1, y1, x2, y2] or be None, got {values}")
+        rows.append(values)
+        parsed.append(True)
+    out = torch.tensor(rows, dtype=torch.float32, device=device).reshape(-1, 4)
+    return out, torch.tensor(parsed, dtype=torch.bool, device=device)
+
+
+def greedy_match(iou: Tensor, threshold: float = 0.5) -> list[tuple[int, int]]:
+    """One-to-one greedy matching on an IoU matrix ``[P, G]`` -> list of (pred index, gt index).
+
+    Repeatedly take the globally highest remaining IoU, keep the pair if it is ``>= threshold``, and remove its row
+    and column. Ties go to the lowest pred index, then the lowest gt index (``argmax`` returns the first maximum in
+    row-major order). Greedy, not optimal: a prediction may take a GT that a second prediction needed (see tests).
+    Pairs that must not match (e.g. different labels) should be set to a negative value by the caller.
+    """
+    if iou.ndim != 2:
+        raise ValueError(f"iou must be a [P, G] matrix, got shape {tuple(iou.shape)}")
+    work = iou.detach().clone().float()
+    pairs: list[tuple[int, int]] = []
+    for _ in range(min(work.shape)):
+        flat = int(torch.argmax(work))
+        p, g = divmod(flat, work.shape[1])
+        if not work[p, g] >= threshold:
+            break
+        pairs.append((p, g))
+        work[p, :] = -1.0
+        work[:, g] = -1.0
+    return pairs
+
+
+def group_diversity(acc_rewards: Tensor, group_size: int) -> Tensor:
+    """Ground-truth diversity per prompt ``V(q) = Var_pop(R_acc of its G completions) / (1/4)`` -> ``[B]`` float64.
+
+    ``acc_rewards`` is ``[B * G]`` laid out prompt-major (the G completions of prompt b are rows b*G ... b*G+G-1,
+    as ``repeat_interleave`` / TRL produce them) or already ``[B, G]``. 1/4 is the largest population variance of
+    values in [0, 1], so V(q) is in [0, 1] for accuracy rewards in [0, 1].
+    """
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    r = acc_rewards.detach().to(torch.float64)
+    if r.ndim == 2 and r.shape[1] == group_size:
+        groups = r  # [B, G]
+    elif r.ndim == 1 and r.numel() % group_size == 0:
+        groups = r.reshape(-1, group_size)  # [B, G]
+    else:
+        raise ValueError(f"acc_rewards must be [B * G] or [B, G] with G = group_size = {group_size}, got {tuple(r.shape)}")
+    return groups.var(dim=1, unbiased=False) / 0.25  # [B]
+
+
+def _ratio(num: Tensor, den: Tensor) -> Tensor:
+    """num / den as float32; nan when den == 0 (nothing was counted)."""
+    num, den = num.to(torch.float64), den.to(torch.float64)
+    return torch.where(den > 0, num / den.clamp(min=1), torch.full_like(num, float("nan"))).float()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# REC: one predicted box per query
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+class _PairedBoxMetric(Metric):
+    """Shared input handling for one-box-per-query metrics (REC)."""
+
+    is_differentiable = False
+    full_state_update = False
+
+    def _iou(self, preds: Tensor | Sequence[BoxLike], target: Tensor | Sequence[Sequence[float]]) -> Tensor:
+        target = torch.as_tensor(target, device=self.device) if not isinstance(target, Tensor) else target
+        target = _as_float(target).reshape(-1, 4)
+        pred_boxes, parsed = as_box_tensor(preds, device=target.device)
+        if pred_boxes.shape[0] != target.shape[0]:
+            raise ValueError(f"got {pred_boxes.shape[0]} predictions for {target.shape[0]} targets")
+        return paired_box_iou(pred_boxes, target) * parsed  # [N], unparseable answers score 0
+
+
+class GroundingAccuracy(_PairedBoxMetric):
+    """Acc@tau for REC: the fraction of queries whose predicted box has IoU >= tau with the GT box.
+
+    ``update(preds, target)``: ``preds`` is a ``[N, 4]`` tensor or a list with ``None`` for unparseable answers (a
+    miss), ``target`` is ``[N, 4]``. ``strict=True`` uses ``IoU > tau`` as VLM-R1's evaluation script does; the two
+    only differ for a pair whose IoU is exactly tau.
+    """
+
+    higher_is_better = True
+    correct: Tensor
+    total: Tensor
+
+    def __init__(self, threshold: float = 0.5, strict: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"threshold must be in [0, 1], got {threshold}")
+        self.threshold = threshold
+        self.strict = strict
+        self.add_state("correct", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("total", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, preds: Tensor | Sequence[BoxLike], target: Tensor | Sequence[Sequence[float]]) -> None:
+        iou = self._iou(preds, target)
+        hit = iou > self.threshold if self.strict else iou >= self.threshold
+        self.correct += hit.sum().to(self.correct.device)
+        self.total += iou.numel()
+
+    def compute(self) -> Tensor:
+        return _ratio(self.correct, self.total)
+
+
+class MeanIoU(_PairedBoxMetric):
+    """Mean IoU between predicted and GT boxes over queries; unparseable answers count as IoU 0."""
+
+    higher_is_better = True
+    iou_sum: Tensor
+    total: Tensor
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.add_state("iou_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("total", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, preds: Tensor | Sequence[BoxLike], target: Tensor | Sequence[Sequence[float]]) -> None:
+        iou = self._iou(preds, target)
+        self.iou_sum += iou.sum().to(self.iou_sum)
+        self.total += iou.numel()
+
+    def compute(self) -> Tensor:
+        return _ratio(self.iou_sum, self.total)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Rollout health: entropy, ground-truth diversity, format rate
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+class ResponseEntropy(Metric):
+    """Token-weighted mean entropy of sampled completions: sum(entropy * mask) / sum(mask) over all tokens seen.
+
+    ``update(entropy [N, T], mask [N, T])``; the mask selects completion tokens (not prompt, not padding). Masked-out
+    positions are ignored even if they hold NaN / inf. Long completions weigh more than short ones (token mean, not
+    sequence mean), matching the token-mean loss aggregation.
+    """
+
+    is_differentiable = False
+    higher_is_better = None
+    full_state_update = False
+    entropy_sum: Tensor
+    token_count: Tensor
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.add_state("entropy_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("token_count", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, entropy: Tensor, mask: Tensor) -> None:
+        if entropy.shape != mask.shape:
+            raise ValueError(f"entropy and mask must have the same shape, got {tuple(entropy.shape)} and {tuple(mask.shape)}")
+        keep = mask.bool()
+        values = torch.where(keep, entropy.detach().to(torch.float64), 0.0)  # [N, T]; where, not *, so NaN pads vanish
+        self.entropy_sum += values.sum().to(self.entropy_sum.device)
+        self.token_count += keep.sum().to(self.token_count.device)
+
+    def compute(self) -> Tensor:
+        return _ratio(self.entropy_sum, self.token_count)
+
+
+class RewardDiversity(Metric):
+    """Mean ground-truth diversity V(q) over prompts, and the fraction of zero-variance groups.
+
+    ``update(acc_rewards)`` with ``acc_rewards`` ``[B * G]`` (prompt-major) or ``[B, G]``: the *accuracy* reward
+    only (IoU for REC, s_ovd * mAP for OVD), not the summed reward. A group is zero-variance when its population
+    variance is <= ``atol``: such a prompt gives every completion the same advantage (0) and no learning signal.
+    ``compute()`` -> ``{"diversity": mean_q V(q), "zero_variance_frac": ...}``. This is the raw V(q); the smoothed
+    V~(q) and global_avg belong to the objective.
+    """
+
+    is_differentiable = False
+    higher_is_better = None
+    full_state_update = False
+    diversity_sum: Tensor
+    zero_variance: Tensor
+    num_groups: Tensor
+
+    def __init__(self, group_size: int, atol: float = 1e-12, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if group_size < 2:
+            raise ValueError(f"group_size must be >= 2 (a variance needs two completions per prompt), got {group_size}")
+        self.group_size = group_size
+        self.atol = atol
+        self.add_state("diversity_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("zero_variance", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("num_groups", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, acc_rewards: Tensor | Sequence[float]) -> None:
+        rewards = acc_rewards if isinstance(acc_rewards, Tensor) else torch.as_tensor(acc_rewards, dtype=torch.float64)
+        v = group_diversity(rewards, self.group_size)  # [B]
+        self.diversity_sum += v.sum().to(self.diversity_sum.device)
+        self.zero_variance += (v * 0.25 <= self.atol).sum().to(self.zero_variance.device)
+        self.num_groups += v.numel()
+
+    def compute(self) -> dict[str, Tensor]:
+        return {
+            "diversity": _ratio(self.diversity_sum, self.num_groups),
+            "zero_variance_frac": _ratio(self.zero_variance, self.num_groups),
+        }
+
+
+class FormatRate(Metric):
+    """Fraction of completions whose four parts (think, diversity, description, answer) all parsed.
+
+    ``update(parsed)`` with a bool tensor ``[N]`` or a list of bools (one per completion).
+    """
+
+    is_differentiable = False
+    higher_is_better = True
+    full_state_update = False
+    parsed: Tensor
+    total: Tensor
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.add_state("parsed", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("total", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, parsed: Tensor | Sequence[bool]) -> None:
+        ok = torch.as_tensor(parsed, device=self.device).reshape(-1).bool()
+        self.parsed += ok.sum().to(self.parsed.device)
+        self.total += ok.numel()
+
+    def compute(self) -> Tensor:
+        return _ratio(self.parsed, self.total)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# OVD: COCO mAP + the paper's greedy precision / recall
+# ----------------------------------------------------------------------------------------------------------------------
+
+# Per-image list states of MeanAveragePrecision (bbox): trailing shape and dtype of one image's tensor. Fixed dtypes
+# let a rank with no images send a correctly typed empty tensor during sync.
+_LIST_STATE_LAYOUT: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
+    "detection_box": ((4,), torch.float32),
+    "detection_scores": ((), torch.float32),
+    "detection_labels": ((), torch.long),
+    "groundtruth_box": ((4,), torch.float32),
+    "groundtruth_labels": ((), torch.long),
+    "groundtruth_crowds": ((), torch.long),
+    "groundtruth_area": ((), torch.float32),
+}
+_MASK_STATES = ("detection_mask", "groundtruth_mask")  # always empty for iou_type="bbox"
+
+
+class DetectionMetrics(MeanAveragePrecision):
+    """OVD metrics: COCO mAP (torchmetrics, faster_coco_eval backend) plus greedy precision / recall at IoU 0.5.
+
+    ``update(preds, target)`` takes torchmetrics' detection format, one dict per image:
+    ``preds[i] = {"boxes": [n, 4] xyxy, "scores": [n], "labels": [n]}``, ``target[i] = {"boxes": [m, 4], "labels":
+    [m]}``. ``scores`` defaults to 1 (an MLLM answer has no confidences; mAP then ranks ties by input order) and
+    ``labels`` to 0 (class-agnostic). An unparseable answer is an image with no predicted boxes (``boxes`` may be
+    ``None`` or empty).
+
+    GP / GR (the paper's Table 2): per image, predictions and GT boxes of the *same label* are matched one-to-one by
+    ``greedy_match`` at IoU >= ``iou_threshold``; GP = sum(matched) / sum(N_pred) and GR = sum(matched) / sum(N_gt)
+    over the dataset (micro-average; sum states). All predictions count for GP / GR, whereas mAP keeps the top
+    ``max_detection_thresholds[-1]`` (100) by score per image.
+
+    ``compute()`` -> ``{"map", "map_50", "gp", "gr"}`` (float32 scalars; mAP is -1 when there is no GT, COCO style).
+    """
+
+    matched: Tensor
+    num_pred: Tensor
+    num_gt: Tensor
+
+    def __init__(self, iou_threshold: float = 0.5, backend: str = "faster_coco_eval", **kwargs: Any) -> None:
+        if kwargs.pop("iou_type", "bbox") != "bbox":
+            raise ValueError("DetectionMetrics only supports iou_type='bbox'")
+        if kwargs.get("box_format", "xyxy") != "xyxy":
+            raise ValueError("DetectionMetrics expects xyxy boxes (GP / GR matching assumes them)")
+        super().__init__(iou_type="bbox", backend=backend, **kwargs)
+        self.iou_threshold = iou_threshold
+        self.add_state("matched", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("num_pred", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("num_gt", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+        unknown = {
+            name
+            for name, default in self._defaults.items()
+            if isinstance(default, list) and name not in _LIST_STATE_LAYOUT and name not in _MASK_STATES
+        }
+        if unknown:  # a torchmetrics upgrade added per-image states that _sync_dist would not gather
+            raise RuntimeError(f"DetectionMetrics._sync_dist does not know the MeanAveragePrecision states {unknown}")
+
+    def _normalise(self, item: dict[str, Any], is_pred: bool) -> dict[str, Tensor]:
+        boxes = item.get("boxes")
+        boxes = torch.zeros(0, 4) if boxes is None else torch.as_tensor(boxes)
+        boxes = boxes.to(device=self.device, dtype=torch.float32).reshape(-1, 4)
+        n = boxes.shape[0]
+        labels = item.get("labels")
+        labels = torch.zeros(n) if labels is None else torch.as_tensor(labels)
+        out = {"boxes": boxes, "labels": labels.to(device=self.device, dtype=torch.long).reshape(-1)}
+        if is_pred:
+            scores = item.get("scores")
+            scores = torch.ones(n) if scores is None else torch.as_tensor(scores)
+            out["scores"] = scores.to(device=self.device, dtype=torch.float32).reshape(-1)
+        else:
+            crowds = item.get("iscrowd")
+            crowds = torch.zeros(n) if crowds is None else torch.as_tensor(crowds)
+            out["iscrowd"] = crowds.to(device=self.device, dtype=torch.long).reshape(-1)
+            area = item.get("area")
+            area = torch.zeros(n) if area is None else torch.as_tensor(area)  # 0 -> torchmetrics uses the box area
+            out["area"] = area.to(device=self.device, dtype=torch.float32).reshape(-1)
+        return out
+
+    def update(self, preds: list[dict[str, Any]], target: list[dict[str, Any]]) -> None:
+        if len(preds) != len(target):
+            raise ValueError(f"got {len(preds)} prediction dicts for {len(target)} target dicts (one per image each)")
+        preds_n = [self._normalise(p, is_pred=True) for p in preds]
+        target_n = [self._normalise(t, is_pred=False) for t in target]
+        super().update(preds_n, target_n)
+        for p, t in zip(preds_n, target_n):
+            iou = safe_box_iou(p["boxes"], t["boxes"])  # [P, G]
+            iou = torch.where(p["labels"][:, None] == t["labels"][None, :], iou, -1.0)  # never match across labels
+            self.matched += len(greedy_match(iou, self.iou_threshold))
+            self.num_pred += p["boxes"].shape[0]
+            self.num_gt += t["boxes"].shape[0]
+
+    def compute(self) -> dict[str, Tensor]:
+        result = super().compute()
+        return {
+            "map": result["map"].float(),
+            "map_50": result["map_50"].float(),
+            "gp": _ratio(self.matched, self.num_pred),
+            "gr": _ratio(self.matched, self.num_gt),
+        }
+
+    def _sync_dist(self, dist_sync_fn: Callable | None = None, process_group: Any | None = None) -> None:
+        """Gather per-image lists as one flat tensor plus per-image lengths; sum the counters.
+
+        torchmetrics' default gathers every list element with its own collective, which deadlocks (or mixes data)
+        when ranks hold different numbers of images: the last validation batch, an uneven shard. Here every rank
+        makes the same two collectives per state whatever its image count. Images end up rank-major (all of rank 0's,
+        then rank 1's, ...), the order a single process would see for the concatenated shards.
+        """
+        gather = dist_sync_fn or gather_all_tensors
+        group = process_group or self.process_group
+        for name, (trailing, dtype) in _LIST_STATE_LAYOUT.items():
+            items: list[Tensor] = getattr(self, name)
+            lengths = torch.tensor([t.shape[0] for t in items], dtype=torch.long, device=self.device)  # [n_images]
+            if items:
+                flat = torch.cat([t.to(dtype).reshape(-1, *trailing) for t in items])
+            else:
+                flat = torch.zeros((0, *trailing), dtype=dtype, device=self.device)
+            all_lengths, all_flat = gather(lengths, group=group), gather(flat, group=group)
+            merged: list[Tensor] = []
+            for rank_lengths, rank_flat in zip(all_lengths, all_flat):
+                merged.extend(torch.split(rank_flat, rank_lengths.tolist()))
+            setattr(self, name, merged)
+        for name in ("matched", "num_pred", "num_gt"):
+            setattr(self, name, torch.stack(gather(getattr(self, name), group=group)).sum(dim=0))

@@ -1,0 +1,367 @@
+"""The GRPO objective as pure tensor functions (no Lightning, no I/O).
+
+Shapes: ``N = B * G`` completions (``B`` prompts, ``G`` completions per prompt, the ``G`` completions of one prompt
+are consecutive), ``T`` completion tokens (right padded), ``V`` vocabulary size.
+
+Where this departs from the textbook (and from the peers it stays comparable with; see docs/objective.md):
+
+- Advantages are group-centred rewards, optionally divided by the *unbiased* std of the group (``scale="group"``, TRL's
+  default and verl's ``grpo``), of the whole batch (``"batch"``), or not at all (``"none"``, Dr. GRPO). The epsilon in
+  the denominator defaults to TRL's 1e-4 (verl uses 1e-6).
+- A group whose rewards are all equal carries no learning signal: its advantages are forced to exactly 0 (the centred
+  value is not always exactly 0 in floating point, e.g. ``mean([0.1] * 6) != 0.1`` in float32), so those completions
+  only feel the KL term.
+- The surrogate is PPO's clipped ratio with asymmetric bounds ``[1 - clip_low, 1 + clip_high]`` (DAPO's clip-higher)
+  and optional dual clip for negative advantages (verl's ``clip_ratio_c``). The log-ratio is clamped to [-20, 20]
+  before ``exp`` like verl, so one wild token cannot produce ``inf``.
+- The KL to the frozen reference is added *per token* to the loss (not to the reward), k3 estimator by default, with
+  verl's ``low_var_kl`` clamps.
+- Aggregation is a named choice: ``token-mean`` (TRL ``dapo`` / ``bnpo`` on one process, verl ``token-mean``),
+  ``seq-mean-token-mean`` (TRL ``grpo``), ``seq-mean-token-sum-norm`` (TRL ``dr_grpo``: divide by ``N * max_length``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "AGGREGATIONS",
+    "KL_ESTIMATORS",
+    "SCALES",
+    "aggregate",
+    "group_advantages",
+    "kl_penalty",
+    "masked_mean",
+    "policy_loss",
+    "selective_log_softmax",
+    "token_entropy",
+    "zero_variance_groups",
+]
+
+SCALES = ("group", "batch", "none")
+KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+# (sequence, token) rows of the [N, T, V] logits upcast to float32 at once by the chunked softmax helpers. 512 rows
+# of a 152k-token vocabulary (Qwen2.5-VL) is ~300 MiB in float32: small next to the logits themselves.
+DEFAULT_CHUNK_SIZE = 512
+
+
+def _check_groups(rewards: torch.Tensor, group_size: int) -> None:
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
+        raise ValueError(f"--model.group_size must be an int >= 2 for group-normalised advantages, got {group_size!r}")
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D [B*G], got shape {tuple(rewards.shape)}")
+    if rewards.numel() == 0 or rewards.numel() % group_size:
+        raise ValueError(
+            f"rewards has {rewards.numel()} entries, not a positive multiple of --model.group_size={group_size}"
+        )
+
+
+def zero_variance_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Which groups have all-equal rewards (and hence zero advantage).
+
+    rewards [B*G] -> bool [B]. Useful for logging the fraction of zero-variance groups.
+    """
+    _check_groups(rewards, group_size)
+    grouped = rewards.detach().view(-1, group_size)  # [B, G]
+    return (grouped == grouped[:, :1]).all(dim=1)  # [B]
+
+
+def group_advantages(
+    rewards: torch.Tensor, group_size: int, scale: str = "group", eps: float = 1e-4
+) -> torch.Tensor:
+    """Group-relative advantages.
+
+    Args:
+        rewards: [B*G] total reward per completion, the G completions of a prompt consecutive.
+        group_size: G (>= 2).
+        scale: ``group`` -> (r - group mean) / (group std + eps); ``batch`` -> (r - group mean) / (batch std + eps);
+            ``none`` -> r - group mean. Stds are unbiased (``torch.std`` default), as in TRL and verl.
+        eps: added to the std (TRL 1e-4, verl 1e-6).
+
+    Returns:
+        [B*G] advantages (float32 or the input float dtype), detached. Groups with all-equal rewards get exactly 0.
+    """
+    if scale not in SCALES:
+        raise ValueError(f"--model.scale_rewards must be one of {'|'.join(SCALES)}, got {scale!r}")
+    if not eps >= 0:
+        raise ValueError(f"advantage eps must be >= 0, got {eps!r}")
+    rewards = torch.as_tensor(rewards)
+    _check_groups(rewards, group_size)
+    r = rewards.detach()
+    if not r.is_floating_point():
+        r = r.float()
+    grouped = r.view(-1, group_size)  # [B, G]
+    centred = grouped - grouped.mean(dim=1, keepdim=True)  # [B, G]
+    constant = (grouped == grouped[:, :1]).all(dim=1, keepdim=True)  # [B, 1]
+    centred = centred.masked_fill(constant, 0.0)
+    if scale == "group":
+        centred = centred / (grouped.std(dim=1, keepdim=True) + eps)  # std [B, 1]
+    elif scale == "batch":
+        centred = centred / (r.std() + eps)  # scalar std over all B*G rewards
+    # 0 / (0 + eps) is 0, but eps may be 0: keep the promise "constant group -> exactly 0" without dividing 0 by 0.
+    centred = centred.masked_fill(constant, 0.0)
+    return centred.reshape(-1)
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from the sampled token's log-probs (Schulman's k1 / k2 / k3).
+
+    Args:
+        logp, ref_logp: [N, T] log-probs of the sampled tokens under the policy and the frozen reference.
+        estimator: ``k1`` = logp - ref; ``k2`` = 0.5 (logp - ref)^2; ``k3`` = exp(ref - logp) - (ref - logp) - 1
+            (unbiased, non-negative, low variance; ref - logp clamped to [-20, 20] and the result to [-10, 10] like
+            verl's ``low_var_kl``); ``abs`` = |logp - ref|.
+
+    Returns:
+        [N, T] per-token penalty (differentiable in ``logp``).
+    """
+    if estimator == "k1":
+        return logp - ref_logp
+    if estimator == "k2":
+        return 0.5 * (logp - ref_logp).square()
+    if estimator == "k3":
+        log_ratio = (ref_logp - logp).clamp(-20.0, 20.0)
+        return (torch.exp(log_ratio) - log_ratio - 1.0).clamp(-10.0, 10.0)
+    if estimator == "abs":
+        return (logp - ref_logp).abs()
+    raise ValueError(f"--model.kl_estimator must be one of {'|'.join(KL_ESTIMATORS)}, got {estimator!r}")
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x`` over ``mask`` (same shape); 0 when the mask is empty."""
+    mask = mask.to(x.dtype)
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def aggregate(
+    loss_tok: torch.Tensor, mask: torch.Tensor, aggregation: str = "token-mean", max_length: int | None = None
+) -> torch.Tensor:
+    """Reduce a per-token loss to a scalar.
+
+    Args:
+        loss_tok: [N, T] per-token loss.
+        mask: [N, T] 1 for completion tokens that count, 0 for padding (bool or float).
+        aggregation: ``token-mean``: sum over masked tokens / number of masked tokens (long completions weigh more);
+            ``seq-mean-token-mean``: mean over each sequence's tokens, then mean over sequences (every completion
+            weighs the same; a sequence with no tokens contributes 0 but still counts, as in TRL);
+            ``seq-mean-token-sum-norm``: sum over masked tokens / (N * max_length) (Dr. GRPO: a constant normaliser,
+            no length bias).
+        max_length: the constant of ``seq-mean-token-sum-norm`` (the generation budget); defaults to T.
+
+    Returns:
+        scalar tensor.
+    """
+    if loss_tok.dim() != 2 or mask.shape != loss_tok.shape:
+        raise ValueError(f"loss_tok and mask must both be [N, T], got {tuple(loss_tok.shape)} and {tuple(mask.shape)}")
+    m = mask.to(loss_tok.dtype)
+    if aggregation == "token-mean":
+        return (loss_tok * m).sum() / m.sum().clamp(min=1.0)
+    if aggregation == "seq-mean-token-mean":
+        per_seq = (loss_tok * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)  # [N]
+        return per_seq.mean()
+    if aggregation == "seq-mean-token-sum-norm":
+        length = loss_tok.shape[1] if max_length is None else max_length
+        if length < 1:
+            raise ValueError(f"--model.max_completion_length must be >= 1 for seq-mean-token-sum-norm, got {length}")
+        return (loss_tok * m).sum() / (loss_tok.shape[0] * length)
+    raise ValueError(f"--model.loss_aggregation must be one of {'|'.join(AGGREGATIONS)}, got {aggregation!r}")
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    aggregation: str = "token-mean",
+    max_length: int | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped-surrogate GRPO loss with an optional per-token KL penalty.
+
+    Args:
+        logp: [N, T] log-probs of the sampled tokens under the current policy (carries the gradient).
+        old_logp: [N, T] the same under the policy that sampled them (detached; equals ``logp.detach()`` when each
+            rollout batch gets a single optimiser step, which makes the ratio 1 but keeps the gradient).
+        advantages: [N] one advantage per completion (or [N, T] per token).
+        mask: [N, T] completion-token mask.
+        clip_low, clip_high: ratio is clipped to [1 - clip_low, 1 + clip_high].
+        dual_clip: verl's ``clip_ratio_c`` (> 1, e.g. 3.0): for A < 0 the loss is capped at -A * c, so a token whose
+            ratio exploded cannot dominate. None disables it.
+        ref_logp: [N, T] log-probs under the frozen reference model, or None.
+        kl_coef: weight of the KL term (used only when ``ref_logp`` is given and ``kl_coef > 0``).
+        kl_estimator: see :func:`kl_penalty`.
+        aggregation, max_length: see :func:`aggregate`.
+
+    Returns:
+        ``(loss, stats)``: scalar loss; ``stats`` holds detached scalars ``kl`` (masked token mean, 0 without a
+        reference), ``clip_frac_low`` (ratio < 1 - clip_low with A < 0: the clip that binds for negative
+        advantages), ``clip_frac_high`` (ratio > 1 + clip_high with A > 0), ``dual_clip_frac`` (A < 0 and the
+        dual-clip cap binds), ``ratio_mean`` and ``pg_loss`` (the surrogate alone, aggregated).
+    """
+    if logp.dim() != 2 or old_logp.shape != logp.shape or mask.shape != logp.shape:
+        raise ValueError(
+            f"logp, old_logp and mask must be [N, T]; got {tuple(logp.shape)}, {tuple(old_logp.shape)}, "
+            f"{tuple(mask.shape)}"
+        )
+    if not (0.0 <= clip_low < 1.0):
+        raise ValueError(f"--model.clip_low must be in [0, 1), got {clip_low}")
+    if not clip_high >= 0.0:
+        raise ValueError(f"--model.clip_high must be >= 0, got {clip_high}")
+    if dual_clip is not None and not dual_clip > 1.0:
+        raise ValueError(f"--model.dual_clip must be > 1 (verl's clip_ratio_c, e.g. 3.0) or null, got {dual_clip}")
+    if not kl_coef >= 0.0:
+        raise ValueError(f"--model.kl_coef must be >= 0, got {kl_coef}")
+
+    if advantages.dim() == 1:
+        if advantages.shape[0] != logp.shape[0]:
+            raise ValueError(f"advantages must have N={logp.shape[0]} entries, got {advantages.shape[0]}")
+        adv = advantages[:, None]  # [N, 1]
+    elif advantages.shape == logp.shape:
+        adv = advantages  # [N, T]
+    else:
+        raise ValueError(f"advantages must be [N] or [N, T], got {tuple(advantages.shape)}")
+    adv = adv.detach().to(logp.dtype)
+    m = mask.to(logp.dtype)
+
+    log_ratio = (logp - old_logp.detach()).clamp(-20.0, 20.0)  # [N, T]
+    ratio = torch.exp(log_ratio)  # [N, T]
+    pg_unclipped = -adv * ratio  # [N, T]
+    pg_clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)  # [N, T]
+    pg_tok = torch.maximum(pg_unclipped, pg_clipped)  # pessimistic bound, [N, T]
+    negative = adv < 0  # [N, 1] or [N, T]
+    if dual_clip is not None:
+        cap = -adv * dual_clip  # [N, 1]; positive where A < 0
+        dual_bound = negative & (pg_tok > cap)
+        pg_tok = torch.where(negative, torch.minimum(pg_tok, cap), pg_tok)
+    else:
+        dual_bound = torch.zeros_like(pg_tok, dtype=torch.bool)
+
+    loss_tok = pg_tok
+    if ref_logp is not None:
+        kl_tok = kl_penalty(logp, ref_logp.detach(), kl_estimator)  # [N, T]
+        if kl_coef > 0:
+            loss_tok = loss_tok + kl_coef * kl_tok
+        kl_stat = masked_mean(kl_tok.detach(), m)
+    else:
+        if kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"--model.kl_estimator must be one of {'|'.join(KL_ESTIMATORS)}, got {kl_estimator!r}")
+        kl_stat = logp.new_zeros(())
+
+    loss = aggregate(loss_tok, m, aggregation, max_length)
+    with torch.no_grad():
+        r = ratio.detach()
+        stats = {
+            "kl": kl_stat,
+            "clip_frac_low": masked_mean(((r < 1.0 - clip_low) & negative).to(m.dtype), m),
+            "clip_frac_high": masked_mean(((r > 1.0 + clip_high) & (adv > 0)).to(m.dtype), m),
+            "dual_clip_frac": masked_mean(dual_bound.expand_as(r).to(m.dtype), m),
+            "ratio_mean": masked_mean(r, m),
+            "pg_loss": aggregate(pg_tok.detach(), m, aggregation, max_length),
+        }
+    return loss, stats
+
+
+def _blocks(shape: torch.Size, chunk_size: int) -> list[tuple[slice, slice]]:
+    """(sequence slice, token slice) blocks of about ``chunk_size`` rows covering an [N, T, ...] tensor.
+
+    Indexing blocks (rather than flattening to [N*T, V]) keeps every chunk a view even when the logits are a
+    non-contiguous slice such as ``out.logits[:, :-1]``, so the full tensor is never copied.
+    """
+    n, t = shape[0], shape[1]
+    if t == 0 or n == 0:
+        return []
+    if t >= chunk_size:
+        return [(slice(i, i + 1), slice(j, j + chunk_size)) for i in range(n) for j in range(0, t, chunk_size)]
+    per = max(1, chunk_size // t)
+    return [(slice(i, i + per), slice(0, t)) for i in range(0, n, per)]
+
+
+class _SelectiveLogSoftmax(torch.autograd.Function):
+    """log_softmax(logits)[ids] computed block by block in float32, with a blockwise backward.
+
+    Saves only the input logits (already alive in the caller) and the per-token logsumexp [N, T], so neither the
+    forward nor the backward materialises a float32 [N, T, V] tensor.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, ids: torch.Tensor, chunk_size: int) -> torch.Tensor:
+        out = torch.empty(ids.shape, dtype=torch.float32, device=logits.device)  # [N, T]
+        lse = torch.empty_like(out)  # [N, T]
+        for ns, ts in _blocks(ids.shape, chunk_size):
+            chunk = logits[ns, ts].float()  # [n, t, V]
+            chunk_lse = torch.logsumexp(chunk, dim=-1)  # [n, t]
+            lse[ns, ts] = chunk_lse
+            out[ns, ts] = chunk.gather(-1, ids[ns, ts, None]).squeeze(-1) - chunk_lse
+        ctx.save_for_backward(logits, ids, lse)
+        ctx.chunk_size = chunk_size
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        logits, ids, lse = ctx.saved_tensors
+        grad = torch.zeros(logits.shape, dtype=logits.dtype, device=logits.device)  # [N, T, V]
+        g = grad_out.float()  # [N, T]
+        for ns, ts in _blocks(ids.shape, ctx.chunk_size):
+            # d logp(id) / d logits = onehot(id) - softmax(logits)
+            probs = torch.exp(logits[ns, ts].float() - lse[ns, ts, None])  # [n, t, V]
+            chunk_grad = -g[ns, ts, None] * probs
+            chunk_grad.scatter_add_(-1, ids[ns, ts, None], g[ns, ts, None])
+            grad[ns, ts] = chunk_grad.to(grad.dtype)
+        return grad, None, None
+
+
+def selective_log_softmax(
+    logits: torch.Tensor, ids: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SIZE
+) -> torch.Tensor:
+    """Log-probabilities of ``ids`` under ``logits`` without a full-vocabulary float32 log-softmax.
+
+    Args:
+        logits: [N, T, V] (any float dtype; bf16 is upcast one chunk at a time).
+        ids: [N, T] token ids (int64).
+        chunk_size: about how many (sequence, token) rows of logits are upcast at once.
+
+    Returns:
+        [N, T] float32 log-probs; differentiable w.r.t. ``logits`` (first order) with a chunked backward.
+    """
+    if logits.shape[:-1] != ids.shape:
+        raise ValueError(f"logits [N, T, V] and ids [N, T] disagree: {tuple(logits.shape)} vs {tuple(ids.shape)}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    return _SelectiveLogSoftmax.apply(logits, ids.long(), int(chunk_size))
+
+
+@torch.no_grad()
+def token_entropy(
+    logits: torch.Tensor, mask: torch.Tensor | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE
+) -> torch.Tensor:
+    """Per-token entropy of the predictive distribution, for logging (detached).
+
+    H = -sum_v p_v log p_v with p = softmax(z), computed one chunk of rows at a time in float32.
+
+    Args:
+        logits: [N, T, V].
+        mask: optional [N, T]; entries where ``mask == 0`` are set to 0 (take ``masked_mean(H, mask)`` for a scalar).
+        chunk_size: about how many (sequence, token) rows of logits are upcast at once.
+
+    Returns:
+        [N, T] float32 entropies in nats, zero where masked out.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    ent = torch.zeros(logits.shape[:-1], dtype=torch.float32, device=logits.device)  # [N, T]
+    for ns, ts in _blocks(logits.shape, chunk_size):
+        probs = torch.softmax(logits[ns, ts].float(), dim=-1)  # [n, t, V]
+        # entr(p) = -p log p with entr(0) = 0, so masked-out vocabulary entries (-inf logits) give no NaN.
+        ent[ns, ts] = torch.special.entr(probs).sum(dim=-1)
+    if mask is not None:
+        ent = ent * (mask != 0).to(ent.dtype)
+    return ent

@@ -1,0 +1,437 @@
+"""Policy loading, prompts and rollout for Qwen2.5-VL (and any HF image-text-to-text model with a chat template).
+
+The same code path serves the 7B checkpoint on a GPU node and the project's toy checkpoint on a laptop:
+``load_policy`` calls ``AutoModelForImageTextToText.from_pretrained`` / ``AutoProcessor.from_pretrained`` on a local
+directory or a hub id (``local_files_only`` by default, so nothing downloads unless asked).
+
+``build_tiny_qwen2_5_vl`` makes a small ``Qwen2_5_VLForConditionalGeneration`` with a locally trained byte-level BPE
+tokenizer, a Qwen2.5-VL processor (image, video processor, chat template) and saves it with ``save_pretrained``: the
+tests' factory and the starting point of the embedded toy checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+# Special tokens of the Qwen2.5-VL vocabulary that the project's tiny tokenizer reproduces.
+QWEN_SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+
+# A chat template of the Qwen family's shape (system / user / assistant turns, an image placeholder per image item).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+REC_QUESTION = (
+    "Please provide the bounding box coordinate of the region this sentence describes: {query}."
+)
+OVD_QUESTION = "Please output the bounding box coordinates of every object that matches: {query}."
+SYN_GRPO_INSTRUCTIONS = (
+    " First output the thinking process in <think> </think> tags."
+    " Then estimate how diverse your answers to this question would be, a number in [0, 1], in <diversity> </diversity>"
+    " tags, and describe a new background for this image that would make the question more informative to practise on,"
+    " in <description> </description> tags."
+    " Finally output the answer as [x1, y1, x2, y2] in <answer> </answer> tags."
+)
+PROMPT_TEMPLATES = {
+    "syn_grpo": {"rec": REC_QUESTION + SYN_GRPO_INSTRUCTIONS, "ovd": OVD_QUESTION + SYN_GRPO_INSTRUCTIONS},
+    "vlm_r1": {
+        "rec": REC_QUESTION + " First output the thinking process in <think> </think> tags and then output the final"
+        " answer in <answer> </answer> tags. Output the final answer in JSON format.",
+        "ovd": OVD_QUESTION + " First output the thinking process in <think> </think> tags and then output the final"
+        " answer in <answer> </answer> tags. Output the final answer in JSON format.",
+    },
+    # Short prompt used by the toy model: its tokenizer is small, and the instruction is implied by SFT.
+    "toy": {"rec": "Find: {query}", "ovd": "Find every: {query}"},
+}
+
+
+def dtype_from_name(name: str | torch.dtype | None) -> torch.dtype | None:
+    """``"bf16"``, ``"bfloat16"``, ``"fp16"``, ``"fp32"``, ``"auto"`` (bf16 on CUDA, fp32 on CPU) or ``None``."""
+    if name is None or isinstance(name, torch.dtype):
+        return name
+    table = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+             "fp32": torch.float32, "float32": torch.float32}
+    if name == "auto":
+        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    if name not in table:
+        raise ValueError(f"--model.dtype must be one of auto, {', '.join(table)}; got {name!r}")
+    return table[name]
+
+
+def load_policy(
+    name_or_path: str,
+    *,
+    dtype: str | torch.dtype | None = "auto",
+    attn_implementation: str | None = "sdpa",
+    local_files_only: bool = True,
+    trust_remote_code: bool = False,
+):
+    """Load ``(model, processor)`` with ``from_pretrained`` from a local directory or a hub id.
+
+    ``local_files_only=True`` keeps a run from downloading: point ``--model.model_name_or_path`` at a local copy, or
+    set ``--model.local_files_only false`` where the hub is reachable.
+    """
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    path = Path(name_or_path).expanduser()
+    looks_local = name_or_path.startswith((".", "/", "~")) or path.exists()
+    if looks_local and not (path / "config.json").exists():
+        raise FileNotFoundError(
+            f"--model.model_name_or_path={name_or_path!r}: no config.json there. Point it at a directory written by "
+            "save_pretrained (e.g. a downloaded Qwen/Qwen2.5-VL-7B-Instruct), or rebuild the toy checkpoint with "
+            "`python train.py fit --config configs/toy_sft.yaml`."
+        )
+    src = str(path) if looks_local else name_or_path
+    try:
+        processor = AutoProcessor.from_pretrained(src, local_files_only=local_files_only,
+                                                  trust_remote_code=trust_remote_code)
+        model = AutoModelForImageTextToText.from_pretrained(
+            src, dtype=dtype_from_name(dtype), attn_implementation=attn_implementation,
+            local_files_only=local_files_only, trust_remote_code=trust_remote_code,
+        )
+    except OSError as err:
+        raise OSError(
+            f"could not load --model.model_name_or_path={name_or_path!r} ({err}). With local_files_only=True the "
+            "weights must already be on disk: download them on a machine with internet access and point the flag at "
+            "that directory."
+        ) from err
+    if processor.tokenizer.pad_token_id is None:
+        processor.tokenizer.pad_token = processor.tokenizer.eos_token
+    processor.tokenizer.padding_side = "left"
+    return model, processor
+
+
+def build_prompt_text(processor, query: str, *, task: str = "rec", template: str = "syn_grpo") -> str:
+    """The chat-formatted prompt (one image, one user turn, generation prompt) for ``query``."""
+    if template not in PROMPT_TEMPLATES:
+        raise ValueError(f"--model.prompt_template must be one of {sorted(PROMPT_TEMPLATES)}; got {template!r}")
+    question = PROMPT_TEMPLATES[template][task].format(query=query)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+    return processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def special_token_ids(tokenizer, keep: Iterable[int] = ()) -> list[int]:
+    """Ids of every special / added-special token except ``keep`` (EOS ids): masked during rollout.
+
+    A random or young model can sample ``<|image_pad|>``; the training forward then fails with "Image features and
+    image tokens do not match", so these never leave the sampler.
+    """
+    keep = set(keep)
+    ids = set(tokenizer.all_special_ids)
+    for tok_id, tok in getattr(tokenizer, "added_tokens_decoder", {}).items():
+        if getattr(tok, "special", True):
+            ids.add(int(tok_id))
+    return sorted(i for i in ids if i not in keep and i is not None and i >= 0)
+
+
+def eos_token_ids(tokenizer) -> list[int]:
+    ids = []
+    for tok in ("<|im_end|>", "<|endoftext|>"):
+        tok_id = tokenizer.convert_tokens_to_ids(tok)
+        if isinstance(tok_id, int) and tok_id != tokenizer.unk_token_id and tok_id >= 0:
+            ids.append(tok_id)
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return ids
+
+
+def model_input_size(image_grid_thw: torch.Tensor, patch_size: int = 14) -> list[tuple[int, int]]:
+    """(width, height) in pixels of each resized model input, from ``image_grid_thw`` [N, 3] (t, h, w patches)."""
+    return [(int(w) * patch_size, int(h) * patch_size) for _, h, w in image_grid_thw.tolist()]
+
+
+@dataclass
+class Rollout:
+    """What one rollout produced for ``B`` prompts x ``G`` completions (rows grouped by prompt).
+
+    Shapes: ``prompt_ids`` / ``prompt_mask`` [B*G, P] (left-padded), ``completion_ids`` / ``completion_mask``
+    [B*G, T] (right-padded; mask is 1 up to and including EOS), ``pixel_values`` [sum of patches, D] for the B*G rows,
+    ``image_grid_thw`` [B*G, 3], ``texts`` B*G decoded completions, ``input_wh`` B*G model-input sizes.
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    pixel_values: torch.Tensor
+    image_grid_thw: torch.Tensor
+    texts: list[str]
+    input_wh: list[tuple[int, int]]
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return torch.cat([self.prompt_ids, self.completion_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        return torch.cat([self.prompt_mask, self.completion_mask], dim=1)
+
+    def patch_offsets(self) -> torch.Tensor:
+        """[B*G + 1] start of each row's patches inside ``pixel_values``."""
+        counts = self.image_grid_thw.prod(dim=-1)
+        return torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+
+    def rows(self, index: Sequence[int] | slice) -> dict[str, torch.Tensor]:
+        """Model inputs (ids, mask, pixels, grid) for a subset of rows: a micro-batch."""
+        idx = list(range(self.prompt_ids.shape[0]))[index] if isinstance(index, slice) else list(index)
+        offsets = self.patch_offsets()
+        pixels = torch.cat([self.pixel_values[offsets[i]: offsets[i + 1]] for i in idx])
+        return {
+            "input_ids": self.input_ids[idx],
+            "attention_mask": self.attention_mask[idx],
+            "pixel_values": pixels,
+            "image_grid_thw": self.image_grid_thw[idx],
+        }
+
+
+def completion_mask_from_ids(completion_ids: torch.Tensor, eos_ids: Sequence[int]) -> torch.Tensor:
+    """[N, T] int mask: 1 up to and including the first EOS of each row, 0 after it."""
+    is_eos = torch.zeros_like(completion_ids, dtype=torch.bool)
+    for e in eos_ids:
+        is_eos |= completion_ids == e
+    # positions strictly after the first EOS: cumulative count of EOS before this position > 0
+    after = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
+    return (~after).long()
+
+
+@torch.no_grad()
+def rollout(
+    model,
+    processor,
+    images: Sequence[Image.Image],
+    queries: Sequence[str],
+    *,
+    group_size: int,
+    task: str | Sequence[str] = "rec",
+    template: str = "syn_grpo",
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 128,
+    do_sample: bool = True,
+    engine: str = "hf",
+) -> Rollout:
+    """Sample ``group_size`` completions for each (image, query) with special tokens masked.
+
+    ``engine="hf"`` uses ``model.generate``; ``engine="fast"`` uses the project's static-cache engine
+    (``lightning_modules.rollout.fast_generate``), which prefills each prompt once per group.
+    """
+    tok = processor.tokenizer
+    tasks = [task] * len(queries) if isinstance(task, str) else list(task)
+    texts = [build_prompt_text(processor, q, task=t, template=template) for q, t in zip(queries, tasks)]
+    eos = eos_token_ids(tok)
+    suppress = special_token_ids(tok, keep=eos)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        if engine == "fast":
+            from lightning_modules.rollout import fast_generate
+
+            enc = processor(text=texts, images=list(images), return_tensors="pt", padding=True).to(device)
+            completion_ids = fast_generate(
+                model, input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                pixel_values=enc["pixel_values"], image_grid_thw=enc["image_grid_thw"], group_size=group_size,
+                max_new_tokens=max_new_tokens, temperature=temperature if do_sample else 0.0, top_p=top_p,
+                suppress_token_ids=suppress, eos_token_ids=eos, pad_token_id=tok.pad_token_id,
+            )
+            enc = _repeat_encoding(enc, group_size)
+        elif engine == "hf":
+            enc = processor(
+                text=[t for t in texts for _ in range(group_size)],
+                images=[im for im in images for _ in range(group_size)],
+                return_tensors="pt", padding=True,
+            ).to(device)
+            gen_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, suppress_tokens=suppress,
+                              eos_token_id=eos, pad_token_id=tok.pad_token_id)
+            if do_sample:
+                gen_kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
+            out = model.generate(**enc, **gen_kwargs)
+            completion_ids = out[:, enc["input_ids"].shape[1]:]
+        else:
+            raise ValueError(f"--model.rollout_engine must be 'hf' or 'fast'; got {engine!r}")
+    finally:
+        model.train(was_training)
+    if completion_ids.shape[1] == 0:  # every row stopped at once: keep one pad column so shapes stay valid
+        completion_ids = completion_ids.new_full((completion_ids.shape[0], 1), tok.pad_token_id)
+    completion_mask = completion_mask_from_ids(completion_ids, eos)
+    completion_ids = completion_ids.masked_fill(completion_mask == 0, tok.pad_token_id)
+    decoded = tok.batch_decode(completion_ids.masked_fill(completion_mask == 0, tok.pad_token_id),
+                               skip_special_tokens=True)
+    grid = enc["image_grid_thw"]
+    patch = getattr(processor.image_processor, "patch_size", 14)
+    return Rollout(
+        prompt_ids=enc["input_ids"], prompt_mask=enc["attention_mask"], completion_ids=completion_ids,
+        completion_mask=completion_mask, pixel_values=enc["pixel_values"], image_grid_thw=grid, texts=decoded,
+        input_wh=model_input_size(grid, patch),
+    )
+
+
+def _repeat_encoding(enc, group_size: int) -> dict[str, torch.Tensor]:
+    """Repeat a B-prompt processor output G times per prompt (rows grouped by prompt)."""
+    counts = enc["image_grid_thw"].prod(dim=-1)
+    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).tolist()
+    pixels = [enc["pixel_values"][offsets[i]: offsets[i + 1]] for i in range(len(counts)) for _ in range(group_size)]
+    return {
+        "input_ids": enc["input_ids"].repeat_interleave(group_size, 0),
+        "attention_mask": enc["attention_mask"].repeat_interleave(group_size, 0),
+        "pixel_values": torch.cat(pixels),
+        "image_grid_thw": enc["image_grid_thw"].repeat_interleave(group_size, 0),
+    }
+
+
+def completion_logps(
+    model,
+    inputs: dict[str, torch.Tensor],
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor | None = None,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+    chunk_size: int = 4096,
+):
+    """Per-token log-probs [N, T] of ``completion_ids`` under ``model`` (teacher forcing), and entropies [N, T] if asked.
+
+    Only the last T+1 positions are projected to the vocabulary (``logits_to_keep``), and the log-softmax runs in
+    chunks (``objective.selective_log_softmax``), so no full-vocabulary fp32 tensor for the batch ever exists.
+    """
+    from lightning_modules.objective import selective_log_softmax, token_entropy
+
+    T = completion_ids.shape[1]
+    out = model(**inputs, logits_to_keep=T + 1, use_cache=False)
+    logits = out.logits[:, :-1, :]  # [N, T, V]: position t predicts completion token t
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = selective_log_softmax(logits, completion_ids, chunk_size=chunk_size)
+    if not with_entropy:
+        return logp, None
+    if entropy_grad:  # the entropy-bonus baseline differentiates through it
+        return logp, token_entropy(logits, completion_mask, chunk_size=chunk_size)
+    with torch.no_grad():
+        ent = token_entropy(logits.detach(), completion_mask, chunk_size=chunk_size)
+    return logp, ent
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The tiny model factory: same classes as Qwen2.5-VL-7B, a few million parameters, a locally trained tokenizer.
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def train_bpe_tokenizer(corpus: Iterable[str], vocab_size: int = 1024):
+    """A byte-level BPE ``PreTrainedTokenizerFast`` trained on ``corpus`` with Qwen2.5-VL's special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=list(QWEN_SPECIAL_TOKENS), show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    bpe.train_from_iterator(list(corpus), trainer=trainer)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>", unk_token=None,
+        additional_special_tokens=[t for t in QWEN_SPECIAL_TOKENS if t not in ("<|im_end|>", "<|endoftext|>")],
+        model_max_length=4096, padding_side="left",
+    )
+    return tok
+
+
+def tiny_qwen2_5_vl_config(vocab_size: int, tokenizer=None, *, hidden_size: int = 128, layers: int = 4,
+                           heads: int = 4, kv_heads: int = 2, intermediate_size: int = 384,
+                           vision_hidden_size: int = 64, vision_depth: int = 2, vision_heads: int = 2):
+    """A ``Qwen2_5_VLConfig`` of the 7B's shape in every respect but size (mRoPE, window attention, merger)."""
+    from transformers import Qwen2_5_VLConfig
+
+    head_dim = hidden_size // heads
+    # mRoPE splits the rotary half-dimension into (t, h, w) sections; the 7B uses [16, 24, 24] of 64.
+    half = head_dim // 2
+    hw = (half - half // 4) // 2
+    mrope = [half - 2 * hw, hw, hw]
+    ids = {}
+    if tokenizer is not None:
+        for key, tok in (("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
+                         ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>")):
+            ids[key] = tokenizer.convert_tokens_to_ids(tok)
+    text = dict(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        max_position_embeddings=4096, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": mrope},
+        tie_word_embeddings=True,
+    )
+    if tokenizer is not None:
+        text.update(bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+                    eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+                    pad_token_id=tokenizer.pad_token_id)
+    vision = dict(
+        depth=vision_depth, hidden_size=vision_hidden_size, intermediate_size=vision_hidden_size * 2,
+        num_heads=vision_heads, out_hidden_size=hidden_size, patch_size=14, spatial_merge_size=2,
+        temporal_patch_size=2, window_size=112, fullatt_block_indexes=[vision_depth - 1],
+    )
+    return Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids)
+
+
+def build_processor(tokenizer, image_size: int = 224):
+    """A Qwen2.5-VL processor whose image processor keeps ``image_size`` x ``image_size`` inputs at that size."""
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor
+
+    side = math.ceil(image_size / 28) * 28
+    image_processor = Qwen2VLImageProcessor(min_pixels=28 * 28 * 4, max_pixels=side * side)
+    return Qwen2_5_VLProcessor(image_processor=image_processor, tokenizer=tokenizer,
+                               video_processor=Qwen2VLVideoProcessor(), chat_template=CHAT_TEMPLATE)
+
+
+def build_tiny_qwen2_5_vl(out_dir: str | Path, corpus: Iterable[str], *, vocab_size: int = 1024,
+                          image_size: int = 224, seed: int = 0, **config_kwargs) -> Path:
+    """Train a tokenizer on ``corpus``, build a tiny Qwen2.5-VL + processor and ``save_pretrained`` both to ``out_dir``.
+
+    The result loads with ``load_policy(out_dir)`` exactly like a real checkpoint.
+    """
+    from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
+
+    out_dir = Path(out_dir)
+    tokenizer = train_bpe_tokenizer(corpus, vocab_size=vocab_size)
+    processor = build_processor(tokenizer, image_size=image_size)
+    config = tiny_qwen2_5_vl_config(len(tokenizer), tokenizer, **config_kwargs)
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=eos_token_ids(tokenizer), pad_token_id=tokenizer.pad_token_id, do_sample=True,
+        temperature=1.0, top_p=1.0, top_k=0,
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    processor.save_pretrained(out_dir)
+    return out_dir

@@ -1,0 +1,219 @@
+"""SFTModule: supervised fine-tuning of the same policy on (prompt, completion) pairs.
+
+Two uses: the paper's "SFT" baseline row (the completion is the ground-truth answer), and the warm start of the
+embedded toy model (the completion is the 4-part Syn-GRPO format built from the toy scene: templated reasoning, a
+difficulty-based diversity value, a grammar description and the box). The loss is token cross-entropy on the
+completion only; the prompt (chat template, image tokens, question) is masked out.
+
+For the toy model, ``build_tiny`` makes the model from scratch in ``configure_model`` (tokenizer trained on the
+prompts and targets of the training set) and ``export_dir`` receives a ``save_pretrained`` copy at the end of fit: a
+normal HF directory that ``configs/tiny.yaml`` loads with ``from_pretrained``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import lightning as L
+import torch
+
+from lightning_modules import rewards
+from lightning_modules.policy import (
+    build_prompt_text,
+    build_tiny_qwen2_5_vl,
+    load_policy,
+    model_input_size,
+    rollout,
+)
+
+OptimizerCallable = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
+
+
+def _default_optimizer(params):
+    return torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0)
+
+
+@dataclass
+class TinySpec:
+    """Build a small Qwen2.5-VL from scratch (same classes as the 7B) before training."""
+
+    vocab_size: int = 1024
+    hidden_size: int = 192
+    layers: int = 4
+    heads: int = 6
+    kv_heads: int = 2
+    intermediate_size: int = 512
+    vision_hidden_size: int = 96
+    vision_depth: int = 2
+    vision_heads: int = 2
+    image_size: int = 224
+    extra_corpus: list[str] = field(default_factory=list)
+
+
+def answer_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str:
+    """The paper's SFT baseline target: the ground-truth box in model-input pixels inside answer tags."""
+    w, h = sample.size
+    sx, sy = input_wh[0] / w, input_wh[1] / h
+    boxes = [[round(b[0] * sx), round(b[1] * sy), round(b[2] * sx), round(b[3] * sy)] for b in sample.boxes]
+    body = boxes[0] if sample.task == "rec" else boxes
+    return f"<answer>{body}</answer>"
+
+
+def toy_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str:
+    """The 4-part toy target (``datamodules.toy.sft_target``) for a toy-world sample."""
+    from datamodules.toy import sft_target
+
+    record = {"id": sample.sample_id, "solution": sample.boxes[0] if sample.task == "rec" else sample.boxes,
+              "task": sample.task, "meta": sample.meta, "width": sample.size[0], "height": sample.size[1],
+              "query": sample.query}
+    return sft_target(record, input_wh)
+
+
+TARGETS = {"answer": answer_target, "toy": toy_target}
+
+
+class SFTModule(L.LightningModule):
+    """Supervised fine-tuning of an image-text-to-text policy on (prompt, completion) pairs.
+
+    Args:
+        model_name_or_path: policy to fine-tune (ignored for building when ``build_tiny`` is set and the folder does
+            not hold a model yet: it is created there).
+        build_tiny: build a small Qwen2.5-VL from scratch into ``model_name_or_path`` first (the toy checkpoint).
+        target: how a sample becomes a completion: ``toy`` (4-part format) or ``answer`` (GT box only).
+        prompt_template: ``toy``, ``syn_grpo`` or ``vlm_r1``.
+        dtype: ``auto``, ``bf16``, ``fp16`` or ``fp32``.
+        export_dir: ``save_pretrained`` the trained policy and processor here at the end of fit.
+        eval_max_new_tokens: generation length of validation (sampled format rate and greedy IoU).
+        gradient_checkpointing: trade compute for memory.
+        optimizer: optimizer factory (LightningCLI).
+    """
+
+    def __init__(
+        self,
+        model_name_or_path: str = "checkpoints/toy-qwen2.5-vl",
+        build_tiny: TinySpec | None = None,
+        target: str = "toy",
+        prompt_template: str = "toy",
+        dtype: str = "auto",
+        local_files_only: bool = True,
+        export_dir: str | None = None,
+        eval_max_new_tokens: int = 96,
+        gradient_checkpointing: bool = False,
+        optimizer: OptimizerCallable = _default_optimizer,
+        seed: int = 0,
+    ):
+        super().__init__()
+        if target not in TARGETS:
+            raise ValueError(f"--model.target must be one of {sorted(TARGETS)}, got {target!r}")
+        self.save_hyperparameters(ignore=["optimizer"])
+        self.optimizer_factory = optimizer
+        self.policy = None
+        self.processor = None
+
+    def _corpus(self) -> list[str]:
+        """Texts the tiny tokenizer is trained on: every prompt and target of the training set."""
+        dm = self.trainer.datamodule
+        from datamodules.rec import load_sample
+        from lightning_modules.policy import CHAT_TEMPLATE, PROMPT_TEMPLATES
+
+        texts = [CHAT_TEMPLATE, "system\nYou are a helpful assistant.", "user\n", "assistant\n"]
+        texts += [t for task in PROMPT_TEMPLATES.values() for t in task.values()]
+        size = self.hparams.build_tiny.image_size
+        for rec in dm.train_records():
+            s = load_sample(rec)
+            texts.append(PROMPT_TEMPLATES[self.hparams.prompt_template][s.task].format(query=s.query))
+            texts.append(TARGETS[self.hparams.target](s, (size, size)))
+        return texts + list(self.hparams.build_tiny.extra_corpus)
+
+    def configure_model(self) -> None:
+        if self.policy is not None:
+            return
+        hp = self.hparams
+        path = Path(hp.model_name_or_path)
+        if hp.build_tiny is not None and not (path / "config.json").exists():
+            spec = hp.build_tiny
+            build_tiny_qwen2_5_vl(
+                path, self._corpus(), vocab_size=spec.vocab_size, image_size=spec.image_size, seed=hp.seed,
+                hidden_size=spec.hidden_size, layers=spec.layers, heads=spec.heads, kv_heads=spec.kv_heads,
+                intermediate_size=spec.intermediate_size, vision_hidden_size=spec.vision_hidden_size,
+                vision_depth=spec.vision_depth, vision_heads=spec.vision_heads,
+            )
+        self.policy, self.processor = load_policy(str(path), dtype=hp.dtype, local_files_only=hp.local_files_only)
+        if hp.gradient_checkpointing:
+            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    def configure_optimizers(self):
+        return self.optimizer_factory([p for p in self.parameters() if p.requires_grad])
+
+    def encode(self, batch) -> dict[str, torch.Tensor]:
+        """Processor inputs for prompt + target, with ``labels`` = -100 everywhere but the target tokens."""
+        proc = self.processor
+        prompts = [build_prompt_text(proc, s.query, task=s.task, template=self.hparams.prompt_template)
+                   for s in batch]
+        images = [s.image for s in batch]
+        p_enc = proc(text=prompts, images=images, return_tensors="pt", padding=True)
+        in_wh = model_input_size(p_enc["image_grid_thw"], getattr(proc.image_processor, "patch_size", 14))
+        targets = [TARGETS[self.hparams.target](s, wh, seed=self.hparams.seed) + "<|im_end|>"
+                   for s, wh in zip(batch, in_wh)]
+        enc = proc(text=[p + t for p, t in zip(prompts, targets)], images=images, return_tensors="pt",
+                   padding=True)
+        prompt_len = p_enc["attention_mask"].sum(1)
+        full_len = enc["attention_mask"].sum(1)
+        n_target = full_len - prompt_len  # [B]: left padding puts every target at the end of its row
+        T = enc["input_ids"].shape[1]
+        pos = torch.arange(T)[None, :]
+        labels = enc["input_ids"].masked_fill(pos < (T - n_target)[:, None], -100)
+        enc["labels"] = labels
+        return enc
+
+    def training_step(self, batch, batch_idx: int):
+        enc = {k: v.to(self.device) for k, v in self.encode(batch).items()}
+        labels = enc.pop("labels")
+        logits = self.policy(**enc, use_cache=False).logits[:, :-1].float()
+        tgt = labels[:, 1:]
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1),
+                                                 ignore_index=-100)
+        with torch.no_grad():
+            valid = tgt != -100
+            tok_acc = ((logits.argmax(-1) == tgt) & valid).sum() / valid.sum().clamp(min=1)
+        self.log_dict({"train/loss": loss, "train/token_acc": tok_acc}, prog_bar=True, batch_size=len(batch))
+        return loss
+
+    def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0):
+        names = self.trainer.datamodule.eval_names("val") if hasattr(self.trainer.datamodule, "eval_names") else []
+        name = names[dataloader_idx] if dataloader_idx < len(names) else f"set{dataloader_idx}"
+        self._eval(batch, f"val/{name}")
+
+    def test_step(self, batch, batch_idx: int, dataloader_idx: int = 0):
+        names = self.trainer.datamodule.eval_names("test") if hasattr(self.trainer.datamodule, "eval_names") else []
+        name = names[dataloader_idx] if dataloader_idx < len(names) else f"set{dataloader_idx}"
+        self._eval(batch, f"test/{name}")
+
+    @torch.no_grad()
+    def _eval(self, batch, prefix: str) -> None:
+        """Greedy Acc@0.5 / IoU and the sampled (temperature 1) format rate: what GRPO starts from."""
+        common = dict(task=[s.task for s in batch], template=self.hparams.prompt_template,
+                      max_new_tokens=self.hparams.eval_max_new_tokens)
+        greedy = rollout(self.policy, self.processor, [s.image for s in batch], [s.query for s in batch],
+                         group_size=1, do_sample=False, **common)
+        sampled = rollout(self.policy, self.processor, [s.image for s in batch], [s.query for s in batch],
+                          group_size=1, do_sample=True, temperature=1.0, **common)
+        gts = [s.boxes[0] for s in batch]
+        orig = [s.size for s in batch]
+        iou = rewards.rec_accuracy_reward(greedy.texts, gts, input_wh=greedy.input_wh, orig_wh=orig)
+        fmt = rewards.format_reward(sampled.texts)
+        bs = len(batch)
+        self.log_dict({f"{prefix}/miou": sum(iou) / bs, f"{prefix}/acc50": sum(i >= 0.5 for i in iou) / bs,
+                       f"{prefix}/format_sampled": sum(fmt) / bs}, batch_size=bs, add_dataloader_idx=False)
+
+    def on_train_end(self) -> None:
+        if self.hparams.export_dir and self.trainer.is_global_zero:
+            out = Path(self.hparams.export_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            self.policy.save_pretrained(out)
+            self.processor.save_pretrained(out)
+
+

@@ -1,0 +1,219 @@
+"""Foreground masks inside the ground-truth boxes: what the painter must leave alone.
+
+A masker maps ``(image uint8 [H, W, 3], boxes)`` to a bool ``[H, W]`` mask, True on kept pixels. Whatever a backend
+returns is intersected with the boxes, so nothing outside a box is ever kept, and the server pastes the kept pixels back
+exactly after painting (``synth.compose``). Backends, picked by name in the server config (``foreground.name``):
+
+- ``box``: every pixel a box touches (the default; labels stay valid whatever the painter does).
+- ``grabcut``: OpenCV GrabCut seeded by each box (no weights). Falls back to the whole box when GrabCut degenerates:
+  a box too small, too close to the full image to leave background samples, or a result covering less than
+  ``min_fraction`` or more than ``max_fraction`` of the box.
+- ``ben2``: the BEN2 segmentation model (the paper's choice), loaded from local files; see :class:`Ben2Masker`.
+
+Register another backend with ``@register_masker("name")``; the worker process builds it with ``build_masker``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from synth.compose import Box, box_pixel_bounds, boxes_mask
+
+
+class ForegroundMasker(Protocol):
+    name: str
+
+    def __call__(self, image: np.ndarray, boxes: Sequence[Box]) -> np.ndarray:
+        """bool ``[H, W]`` mask of the pixels to keep, inside the boxes."""
+        ...
+
+
+MASKERS: dict[str, Callable[..., ForegroundMasker]] = {}
+
+
+def register_masker(name: str):
+    def deco(cls):
+        MASKERS[name] = cls
+        cls.name = name
+        return cls
+
+    return deco
+
+
+def build_masker(name: str = "box", **kwargs: Any) -> ForegroundMasker:
+    """Build a registered masker by name; ``kwargs`` are its constructor arguments (the rest of the config block)."""
+    if name not in MASKERS:
+        raise ValueError(f"foreground.name must be one of {sorted(MASKERS)}, got {name!r}")
+    return MASKERS[name](**kwargs)
+
+
+def keep_mask(masker: ForegroundMasker, image: np.ndarray, boxes: Sequence[Box]) -> np.ndarray:
+    """The masker's mask, forced to bool and to lie inside the boxes."""
+    h, w = image.shape[:2]
+    mask = np.asarray(masker(image, boxes), dtype=bool)
+    if mask.shape != (h, w):
+        raise ValueError(f"masker {masker.name!r} returned a {mask.shape} mask for a {h} x {w} image")
+    return mask & boxes_mask(boxes, w, h)
+
+
+@register_masker("box")
+class BoxMasker:
+    """Keep every pixel that a box touches."""
+
+    def __call__(self, image: np.ndarray, boxes: Sequence[Box]) -> np.ndarray:
+        return boxes_mask(boxes, image.shape[1], image.shape[0])
+
+
+@register_masker("grabcut")
+class GrabCutMasker:
+    """OpenCV GrabCut per box, initialised with the box as the probable foreground.
+
+    Args:
+        iterations: GrabCut iterations per box.
+        margin: context around the box given to GrabCut, as a fraction of the box size (background samples come from it).
+        min_side: boxes with a side shorter than this many pixels are kept whole.
+        min_fraction: a result covering less than this fraction of its box falls back to the whole box.
+        max_fraction: likewise for a result covering more (GrabCut found no background).
+        dilate: grow the result by this many pixels (still clipped to the box) to keep the object's edge.
+    """
+
+    def __init__(
+        self,
+        iterations: int = 3,
+        margin: float = 0.25,
+        min_side: int = 8,
+        min_fraction: float = 0.05,
+        max_fraction: float = 0.98,
+        dilate: int = 1,
+    ):
+        self.iterations, self.margin, self.min_side = iterations, margin, min_side
+        self.min_fraction, self.max_fraction, self.dilate = min_fraction, max_fraction, dilate
+        self.fallbacks = 0
+        """How many boxes fell back to the whole box (for logs and tests)."""
+
+    def __call__(self, image: np.ndarray, boxes: Sequence[Box]) -> np.ndarray:
+        h, w = image.shape[:2]
+        out = np.zeros((h, w), dtype=bool)
+        for box in boxes:
+            c0, r0, c1, r1 = box_pixel_bounds(box, w, h)
+            m = self._one(image, c0, r0, c1, r1)
+            if m is None:
+                self.fallbacks += 1
+                out[r0:r1, c0:c1] = True
+            else:
+                out |= m
+        return out
+
+    def _one(self, image: np.ndarray, c0: int, r0: int, c1: int, r1: int) -> np.ndarray | None:
+        import cv2
+
+        bw, bh = c1 - c0, r1 - r0
+        if bw < self.min_side or bh < self.min_side:
+            return None
+        h, w = image.shape[:2]
+        mx, my = max(2, round(bw * self.margin)), max(2, round(bh * self.margin))
+        x0, y0, x1, y1 = max(0, c0 - mx), max(0, r0 - my), min(w, c1 + mx), min(h, r1 + my)
+        if (c0 - x0) + (x1 - c1) < 2 and (r0 - y0) + (y1 - r1) < 2:
+            return None  # the box fills the image: no background samples for GrabCut
+        crop = np.ascontiguousarray(image[y0:y1, x0:x1])
+        gc = np.zeros(crop.shape[:2], dtype=np.uint8)
+        rect = (c0 - x0, r0 - y0, bw, bh)
+        bgd, fgd = np.zeros((1, 65), np.float64), np.zeros((1, 65), np.float64)
+        try:
+            cv2.setRNGSeed(0)
+            cv2.grabCut(crop, gc, rect, bgd, fgd, self.iterations, cv2.GC_INIT_WITH_RECT)
+        except cv2.error:
+            return None
+        fg = (gc == cv2.GC_FGD) | (gc == cv2.GC_PR_FGD)
+        if self.dilate > 0 and fg.any():
+            k = 2 * self.dilate + 1
+            fg = cv2.dilate(fg.astype(np.uint8), np.ones((k, k), np.uint8)) > 0
+        inside = np.zeros_like(fg)
+        inside[r0 - y0 : r1 - y0, c0 - x0 : c1 - x0] = True
+        fg &= inside
+        frac = fg.sum() / float(bw * bh)
+        if not (self.min_fraction <= frac <= self.max_fraction):
+            return None
+        out = np.zeros((h, w), dtype=bool)
+        out[y0:y1, x0:x1] = fg
+        return out
+
+
+@register_masker("ben2")
+class Ben2Masker:
+    """BEN2 (Background Erase Network, Prama LLC) run on each box's crop, thresholded, clipped to the box.
+
+    BEN2's code is not on PyPI. Put the two files from https://huggingface.co/PramaLLC/BEN2 on the server machine:
+    ``BEN2.py`` into ``code_dir`` and ``BEN2_Base.pth`` at ``checkpoint`` (config keys ``foreground.code_dir`` and
+    ``foreground.checkpoint``). The model loads on first use in the worker process, on the worker's device.
+
+    Args:
+        checkpoint: path of ``BEN2_Base.pth``.
+        code_dir: directory holding ``BEN2.py`` (defines ``BEN_Base`` with ``loadcheckpoints`` and ``inference``).
+        threshold: alpha above which a pixel is foreground, in [0, 1].
+        margin: context around each box given to the model, as a fraction of the box size.
+        device: torch device; the worker fills in its own device when this is None.
+    """
+
+    def __init__(
+        self,
+        checkpoint: str | None = None,
+        code_dir: str | None = None,
+        threshold: float = 0.5,
+        margin: float = 0.1,
+        device: str | None = None,
+    ):
+        self.checkpoint, self.code_dir = checkpoint, code_dir
+        self.threshold, self.margin, self.device = threshold, margin, device
+        self._model = None
+        self._check_files()
+
+    def _check_files(self) -> None:
+        hint = (
+            "download BEN2.py and BEN2_Base.pth from https://huggingface.co/PramaLLC/BEN2, then set "
+            "foreground.code_dir to the directory holding BEN2.py and foreground.checkpoint to the .pth file "
+            "in the server config (or use foreground.name: box / grabcut, which need no weights)"
+        )
+        if not self.checkpoint or not os.path.isfile(self.checkpoint):
+            raise FileNotFoundError(f"BEN2 checkpoint not found at foreground.checkpoint={self.checkpoint!r}: {hint}")
+        if not self.code_dir or not os.path.isfile(os.path.join(self.code_dir, "BEN2.py")):
+            raise FileNotFoundError(f"BEN2 code not found: no BEN2.py in foreground.code_dir={self.code_dir!r}: {hint}")
+
+    def _load(self):
+        import torch
+
+        spec = importlib.util.spec_from_file_location("BEN2", os.path.join(self.code_dir, "BEN2.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules.setdefault("BEN2", module)
+        spec.loader.exec_module(module)
+        device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        model = module.BEN_Base().to(device).eval()
+        model.loadcheckpoints(self.checkpoint)
+        return model
+
+    def __call__(self, image: np.ndarray, boxes: Sequence[Box]) -> np.ndarray:
+        from PIL import Image
+
+        if self._model is None:
+            self._model = self._load()
+        h, w = image.shape[:2]
+        out = np.zeros((h, w), dtype=bool)
+        for box in boxes:
+            c0, r0, c1, r1 = box_pixel_bounds(box, w, h)
+            mx, my = round((c1 - c0) * self.margin), round((r1 - r0) * self.margin)
+            x0, y0, x1, y1 = max(0, c0 - mx), max(0, r0 - my), min(w, c1 + mx), min(h, r1 + my)
+            if x1 - x0 < 2 or y1 - y0 < 2:
+                out[r0:r1, c0:c1] = True
+                continue
+            rgba = self._model.inference(Image.fromarray(image[y0:y1, x0:x1]))
+            alpha = np.asarray(rgba.convert("RGBA").resize((x1 - x0, y1 - y0)))[..., 3] / 255.0
+            fg = np.zeros((h, w), dtype=bool)
+            fg[y0:y1, x0:x1] = alpha > self.threshold
+            out |= fg
+        return out
