@@ -78,7 +78,9 @@ def paired_box_iou(pred: Tensor, target: Tensor) -> Tensor:
     O(N^2) memory, which is nothing at a batch's size (B * G <= a few hundred rows).
     """
     if pred.shape != target.shape:
-        raise ValueError(f"pred and target boxes must have the same shape, got {tuple(pred.shape)} and {tuple(target.shape)}")
+        raise ValueError(
+            f"pred and target boxes must have the same shape, got {tuple(pred.shape)} and {tuple(target.shape)}"
+        )
     return safe_box_iou(pred, target).diagonal()
 
 
@@ -148,7 +150,9 @@ def group_diversity(acc_rewards: Tensor, group_size: int) -> Tensor:
     elif r.ndim == 1 and r.numel() % group_size == 0:
         groups = r.reshape(-1, group_size)  # [B, G]
     else:
-        raise ValueError(f"acc_rewards must be [B * G] or [B, G] with G = group_size = {group_size}, got {tuple(r.shape)}")
+        raise ValueError(
+            f"acc_rewards must be [B * G] or [B, G] with G = group_size = {group_size}, got {tuple(r.shape)}"
+        )
     return groups.var(dim=1, unbiased=False) / 0.25  # [B]
 
 
@@ -256,7 +260,9 @@ class ResponseEntropy(Metric):
 
     def update(self, entropy: Tensor, mask: Tensor) -> None:
         if entropy.shape != mask.shape:
-            raise ValueError(f"entropy and mask must have the same shape, got {tuple(entropy.shape)} and {tuple(mask.shape)}")
+            raise ValueError(
+                f"entropy and mask must have the same shape, got {tuple(entropy.shape)} and {tuple(mask.shape)}"
+            )
         keep = mask.bool()
         values = torch.where(keep, entropy.detach().to(torch.float64), 0.0)  # [N, T]; where, not *, so NaN pads vanish
         self.entropy_sum += values.sum().to(self.entropy_sum.device)
@@ -351,6 +357,22 @@ _LIST_STATE_LAYOUT: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
 _MASK_STATES = ("detection_mask", "groundtruth_mask")  # always empty for iou_type="bbox"
 
 
+ImageBoxes = Tensor | Sequence[Sequence[float]]
+
+
+def _is_image_boxes(target: Any) -> bool:
+    """True for one image's bare boxes ([m, 4] tensor or non-empty list of boxes), False for a list of dicts."""
+    if target is None:
+        return False
+    return isinstance(target, Tensor) or (len(target) > 0 and not isinstance(target[0], dict))
+
+
+def _boxes_or_empty(boxes: ImageBoxes | None) -> Tensor:
+    if boxes is None or len(boxes) == 0:
+        return torch.zeros(0, 4)
+    return torch.as_tensor(boxes if isinstance(boxes, Tensor) else [list(map(float, b)) for b in boxes])
+
+
 class DetectionMetrics(MeanAveragePrecision):
     """OVD metrics: COCO mAP (torchmetrics, faster_coco_eval backend) plus greedy precision / recall at IoU 0.5.
 
@@ -358,7 +380,9 @@ class DetectionMetrics(MeanAveragePrecision):
     ``preds[i] = {"boxes": [n, 4] xyxy, "scores": [n], "labels": [n]}``, ``target[i] = {"boxes": [m, 4], "labels":
     [m]}``. ``scores`` defaults to 1 (an MLLM answer has no confidences; mAP then ranks ties by input order) and
     ``labels`` to 0 (class-agnostic). An unparseable answer is an image with no predicted boxes (``boxes`` may be
-    ``None`` or empty).
+    ``None`` or empty). Shorthand for one image without labels or scores: ``update(pred_boxes, gt_boxes)`` with
+    ``[n, 4]`` tensors or lists of boxes. (Two empty lists read as zero images; as one empty image they would change
+    nothing either.)
 
     GP / GR (the paper's Table 2): per image, predictions and GT boxes of the *same label* are matched one-to-one by
     ``greedy_match`` at IoU >= ``iou_threshold``; GP = sum(matched) / sum(N_pred) and GR = sum(matched) / sum(N_gt)
@@ -411,7 +435,9 @@ class DetectionMetrics(MeanAveragePrecision):
             out["area"] = area.to(device=self.device, dtype=torch.float32).reshape(-1)
         return out
 
-    def update(self, preds: list[dict[str, Any]], target: list[dict[str, Any]]) -> None:
+    def update(self, preds: list[dict[str, Any]] | ImageBoxes, target: list[dict[str, Any]] | ImageBoxes) -> None:
+        if _is_image_boxes(preds) or _is_image_boxes(target):  # one image given as bare boxes: class-agnostic, scores 1
+            preds, target = [{"boxes": _boxes_or_empty(preds)}], [{"boxes": _boxes_or_empty(target)}]
         if len(preds) != len(target):
             raise ValueError(f"got {len(preds)} prediction dicts for {len(target)} target dicts (one per image each)")
         preds_n = [self._normalise(p, is_pred=True) for p in preds]

@@ -68,9 +68,7 @@ def zero_variance_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor
     return (grouped == grouped[:, :1]).all(dim=1)  # [B]
 
 
-def group_advantages(
-    rewards: torch.Tensor, group_size: int, scale: str = "group", eps: float = 1e-4
-) -> torch.Tensor:
+def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group", eps: float = 1e-4) -> torch.Tensor:
     """Group-relative advantages.
 
     Args:
@@ -84,7 +82,7 @@ def group_advantages(
         [B*G] advantages (float32 or the input float dtype), detached. Groups with all-equal rewards get exactly 0.
     """
     if scale not in SCALES:
-        raise ValueError(f"--model.scale_rewards must be one of {'|'.join(SCALES)}, got {scale!r}")
+        raise ValueError(f"--model.advantage_scale must be one of {'|'.join(SCALES)}, got {scale!r}")
     if not eps >= 0:
         raise ValueError(f"advantage eps must be >= 0, got {eps!r}")
     rewards = torch.as_tensor(rewards)
@@ -164,9 +162,9 @@ def aggregate(
     if aggregation == "seq-mean-token-sum-norm":
         length = loss_tok.shape[1] if max_length is None else max_length
         if length < 1:
-            raise ValueError(f"--model.max_completion_length must be >= 1 for seq-mean-token-sum-norm, got {length}")
+            raise ValueError(f"--model.max_new_tokens must be >= 1 for seq-mean-token-sum-norm, got {length}")
         return (loss_tok * m).sum() / (loss_tok.shape[0] * length)
-    raise ValueError(f"--model.loss_aggregation must be one of {'|'.join(AGGREGATIONS)}, got {aggregation!r}")
+    raise ValueError(f"--model.aggregation must be one of {'|'.join(AGGREGATIONS)}, got {aggregation!r}")
 
 
 def policy_loss(
@@ -269,6 +267,11 @@ def policy_loss(
     return loss, stats
 
 
+def _upcast_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for half / bfloat16 / float32 logits, float64 for float64 ones."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def _blocks(shape: torch.Size, chunk_size: int) -> list[tuple[slice, slice]]:
     """(sequence slice, token slice) blocks of about ``chunk_size`` rows covering an [N, T, ...] tensor.
 
@@ -293,10 +296,10 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, ids: torch.Tensor, chunk_size: int) -> torch.Tensor:
-        out = torch.empty(ids.shape, dtype=torch.float32, device=logits.device)  # [N, T]
+        out = torch.empty(ids.shape, dtype=_upcast_dtype(logits.dtype), device=logits.device)  # [N, T]
         lse = torch.empty_like(out)  # [N, T]
         for ns, ts in _blocks(ids.shape, chunk_size):
-            chunk = logits[ns, ts].float()  # [n, t, V]
+            chunk = logits[ns, ts].to(out.dtype)  # [n, t, V]
             chunk_lse = torch.logsumexp(chunk, dim=-1)  # [n, t]
             lse[ns, ts] = chunk_lse
             out[ns, ts] = chunk.gather(-1, ids[ns, ts, None]).squeeze(-1) - chunk_lse
@@ -309,10 +312,10 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
     def backward(ctx, grad_out: torch.Tensor):
         logits, ids, lse = ctx.saved_tensors
         grad = torch.zeros(logits.shape, dtype=logits.dtype, device=logits.device)  # [N, T, V]
-        g = grad_out.float()  # [N, T]
+        g = grad_out.to(lse.dtype)  # [N, T]
         for ns, ts in _blocks(ids.shape, ctx.chunk_size):
             # d logp(id) / d logits = onehot(id) - softmax(logits)
-            probs = torch.exp(logits[ns, ts].float() - lse[ns, ts, None])  # [n, t, V]
+            probs = torch.exp(logits[ns, ts].to(lse.dtype) - lse[ns, ts, None])  # [n, t, V]
             chunk_grad = -g[ns, ts, None] * probs
             chunk_grad.scatter_add_(-1, ids[ns, ts, None], g[ns, ts, None])
             grad[ns, ts] = chunk_grad.to(grad.dtype)
@@ -330,7 +333,7 @@ def selective_log_softmax(
         chunk_size: about how many (sequence, token) rows of logits are upcast at once.
 
     Returns:
-        [N, T] float32 log-probs; differentiable w.r.t. ``logits`` (first order) with a chunked backward.
+        [N, T] float32 log-probs (float64 for float64 logits); differentiable w.r.t. ``logits`` (first order) with a chunked backward.
     """
     if logits.shape[:-1] != ids.shape:
         raise ValueError(f"logits [N, T, V] and ids [N, T] disagree: {tuple(logits.shape)} vs {tuple(ids.shape)}")
@@ -339,29 +342,64 @@ def selective_log_softmax(
     return _SelectiveLogSoftmax.apply(logits, ids.long(), int(chunk_size))
 
 
-@torch.no_grad()
+class _TokenEntropy(torch.autograd.Function):
+    """Per-token entropy, block by block in float32, with a blockwise backward.
+
+    dH/dz_v = -p_v (log p_v + H), so the backward needs only the logits and the saved [N, T] entropy and logsumexp.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, chunk_size: int) -> torch.Tensor:
+        ent = torch.zeros(logits.shape[:-1], dtype=_upcast_dtype(logits.dtype), device=logits.device)  # [N, T]
+        lse = torch.zeros_like(ent)  # [N, T]
+        for ns, ts in _blocks(logits.shape, chunk_size):
+            chunk = logits[ns, ts].to(ent.dtype)  # [n, t, V]
+            chunk_lse = torch.logsumexp(chunk, dim=-1, keepdim=True)  # [n, t, 1]
+            # entr(p) = -p log p with entr(0) = 0, so masked-out vocabulary entries (-inf logits) give no NaN.
+            ent[ns, ts] = torch.special.entr(torch.exp(chunk - chunk_lse)).sum(dim=-1)
+            lse[ns, ts] = chunk_lse.squeeze(-1)
+        ctx.save_for_backward(logits, ent, lse)
+        ctx.chunk_size = chunk_size
+        return ent
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        logits, ent, lse = ctx.saved_tensors
+        grad = torch.zeros(logits.shape, dtype=logits.dtype, device=logits.device)  # [N, T, V]
+        g = grad_out.to(lse.dtype)  # [N, T]
+        for ns, ts in _blocks(logits.shape[:-1], ctx.chunk_size):
+            logp = logits[ns, ts].to(lse.dtype) - lse[ns, ts, None]  # [n, t, V]
+            probs = torch.exp(logp)
+            # p * logp is 0 where p is 0 (a -inf logit): keep it so, not NaN
+            term = torch.where(probs > 0, probs * (logp + ent[ns, ts, None]), torch.zeros_like(probs))
+            grad[ns, ts] = (-g[ns, ts, None] * term).to(grad.dtype)
+        return grad, None
+
+
 def token_entropy(
     logits: torch.Tensor, mask: torch.Tensor | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE
 ) -> torch.Tensor:
-    """Per-token entropy of the predictive distribution, for logging (detached).
+    """Per-token entropy of the predictive distribution.
 
-    H = -sum_v p_v log p_v with p = softmax(z), computed one chunk of rows at a time in float32.
+    H = -sum_v p_v log p_v with p = softmax(z), computed one block of rows at a time in float32. Differentiable
+    (first order) w.r.t. ``logits`` with a blockwise backward, so an entropy bonus never materialises a float32
+    [N, T, V] tensor either; pass ``logits.detach()`` (or call under ``torch.no_grad()``) for logging.
 
     Args:
         logits: [N, T, V].
-        mask: optional [N, T]; entries where ``mask == 0`` are set to 0 (take ``masked_mean(H, mask)`` for a scalar).
+        mask: optional [N, T]; entries where ``mask == 0`` are set to 0 (reduce with :func:`masked_mean` or
+            :func:`aggregate` for a scalar).
         chunk_size: about how many (sequence, token) rows of logits are upcast at once.
 
     Returns:
-        [N, T] float32 entropies in nats, zero where masked out.
+        [N, T] float32 entropies in nats (float64 for float64 logits), zero where masked out.
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    ent = torch.zeros(logits.shape[:-1], dtype=torch.float32, device=logits.device)  # [N, T]
-    for ns, ts in _blocks(logits.shape, chunk_size):
-        probs = torch.softmax(logits[ns, ts].float(), dim=-1)  # [n, t, V]
-        # entr(p) = -p log p with entr(0) = 0, so masked-out vocabulary entries (-inf logits) give no NaN.
-        ent[ns, ts] = torch.special.entr(probs).sum(dim=-1)
+    if logits.dim() != 3:
+        raise ValueError(f"logits must be [N, T, V], got {tuple(logits.shape)}")
+    ent = _TokenEntropy.apply(logits, int(chunk_size))
     if mask is not None:
         ent = ent * (mask != 0).to(ent.dtype)
     return ent

@@ -201,6 +201,23 @@ def test_detection_gp_gr_hand_example():
     assert set(out) == {"map", "map_50", "gp", "gr"}
 
 
+def test_detection_single_image_shorthand_matches_dict_form():
+    far = [50.0, 50.0, 60.0, 60.0]
+    short = DetectionMetrics()
+    short.update([SQUARE, far], [SQUARE])  # one image: bare box lists, class-agnostic, scores 1
+    short.update(None, torch.tensor([SQUARE]))  # an unparseable answer on a second image
+    full = DetectionMetrics()
+    full.update(
+        [{"boxes": torch.tensor([SQUARE, far]), "scores": torch.ones(2), "labels": torch.zeros(2)}, {"boxes": None}],
+        [{"boxes": torch.tensor([SQUARE]), "labels": torch.zeros(1)}, {"boxes": torch.tensor([SQUARE])}],
+    )
+    out_short, out_full = short.compute(), full.compute()
+    # GP: 1 match / 2 predictions; GR: 1 match / 2 GT boxes
+    assert out_short["gp"].item() == pytest.approx(0.5) and out_short["gr"].item() == pytest.approx(0.5)
+    for key in out_full:
+        assert out_short[key].item() == pytest.approx(out_full[key].item())
+
+
 def _random_detection_data(seed: int, num_images: int) -> tuple[list[dict], list[dict]]:
     """Images with 1-4 GT boxes of 2 classes; predictions are jittered GT (some missed, some mislabelled) plus false
     positives. Scores are distinct across the whole set so mAP does not depend on how ties are ordered."""
@@ -215,7 +232,7 @@ def _random_detection_data(seed: int, num_images: int) -> tuple[list[dict], list
         gt_boxes = torch.cat([xy, xy + wh], dim=1)
         gt_labels = torch.randint(0, 2, (m,), generator=g)
         keep = torch.rand(m, generator=g) > 0.2
-        jitter = (torch.rand(m, 4, generator=g) - 0.5) * 12
+        jitter = (torch.rand(m, 4, generator=g) - 0.5) * 6
         det = (gt_boxes + jitter)[keep]
         det_labels = gt_labels[keep].clone()
         flip = torch.rand(det_labels.shape[0], generator=g) < 0.15
@@ -263,7 +280,7 @@ def _pycocotools_map(preds: list[dict], target: list[dict]) -> tuple[float, floa
 
 
 def test_map_agrees_with_pycocotools():
-    preds, target = _random_detection_data(seed=0, num_images=6)
+    preds, target = _random_detection_data(seed=1, num_images=6)
     metric = DetectionMetrics()
     metric.update(preds[:4], target[:4])  # two batches, as in a validation loop
     metric.update(preds[4:], target[4:])
@@ -286,7 +303,8 @@ def test_map_perfect_and_gp_gr_perfect():
 # Distributed sync: 2 CPU ranks over gloo, uneven shards
 # ----------------------------------------------------------------------------------------------------------------------
 
-RANK_SPLIT = {"rec": 3, "det": 4, "groups": 2, "tokens": 1, "format": 2}  # rank 0 takes the first k items, rank 1 the rest
+# Rank 0 takes the first k items of each kind (groups: k prompts of G = 4 rewards), rank 1 the rest.
+RANK_SPLIT = {"rec": 3, "det": 4, "groups": 2, "tokens": 1, "format": 2}
 
 
 def _dataset() -> dict:

@@ -1,0 +1,423 @@
+"""The toy REC / OVD world: procedural scenes with exact boxes, built on the description grammar.
+
+A scene is *foreground objects* (the target and, in most scenes, a few other objects drawn with
+``grammar.draw_shape``) plus a ``grammar.Description`` (a background and one group of distractors) rendered around
+them with ``grammar.render``. The data server can therefore repaint any toy sample from a new description while the
+target, whose box is the label, stays bit-identical, exactly like the paper's outpainting keeps the foreground.
+
+Splits (a RefCOCO vs LISA stand-in):
+
+- ``train`` / ``val``: plain or gradient backgrounds, 1-3 other objects of random attributes;
+- ``ood``: striped / checkered / noisy / dotted backgrounds, 4-8 other objects that each share one or two of the
+  target's attributes, the foreground ones placed close to the target.
+
+REC: the query "the small red circle" names the target's (size, colour, shape) triple, unique in the scene.
+OVD: the query "every red shape" names a colour; the solution is the boxes of all objects of that colour, and only
+foreground objects carry it, so a repaint never removes a labelled object.
+
+Every record is seeded by (seed, split, task, index): the same arguments give the same bytes, and a split of n
+records is a prefix of a split of n + k.
+
+CLI: ``python -m datamodules.toy --out data/toy --splits train:512 val:128 ood:128 --seed 0 [--task ovd]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+from PIL import Image
+
+from datamodules import grammar
+from datamodules.grammar import OBJECT_COLOURS, SHAPES, SIZE_FRACTIONS, SIZES, Description
+
+TOY_VERSION = 1
+"""Bump when the generator's output changes, so exported splits with a stale manifest are regenerated."""
+TASKS = ("rec", "ovd")
+
+
+@dataclass(frozen=True)
+class SplitSpec:
+    """How one split's scenes are drawn."""
+
+    code: int
+    """Enters the seed, so splits never share scenes."""
+    backgrounds: tuple[str, ...]
+    """Background textures to draw from."""
+    others: tuple[int, int]
+    """Inclusive range of non-target objects (foreground objects + painted distractors)."""
+    share: bool
+    """Other objects share one or two of the target's attributes (else their attributes are random)."""
+    near: bool
+    """Foreground objects are placed close to the target."""
+
+
+SPLITS: dict[str, SplitSpec] = {
+    "train": SplitSpec(0, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False),
+    "val": SplitSpec(1, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False),
+    "ood": SplitSpec(2, grammar.TEXTURED_BACKGROUNDS, (4, 8), share=True, near=True),
+}
+
+
+class Triple(NamedTuple):
+    size: str
+    colour: str
+    shape: str
+
+
+_CHOICES = (SIZES, OBJECT_COLOURS, SHAPES)  # in Triple's field order
+
+
+def _pick(rng: np.random.Generator, values: Sequence[str]) -> str:
+    return values[int(rng.integers(len(values)))]
+
+
+def _random_triple(rng: np.random.Generator, colours: Sequence[str] = OBJECT_COLOURS) -> Triple:
+    return Triple(_pick(rng, SIZES), _pick(rng, colours), _pick(rng, SHAPES))
+
+
+def _variant(rng: np.random.Generator, target: Triple, share: bool, avoid_colour: str | None = None) -> Triple:
+    """A triple different from ``target``. ``share``: keeps exactly one or two of its attributes (chosen at random),
+    the rest change; else uniformly random. Never uses ``avoid_colour``."""
+    if not share:
+        colours = [c for c in OBJECT_COLOURS if c != avoid_colour]
+        while True:
+            t = _random_triple(rng, colours)
+            if t != target:
+                return t
+    keep = set(rng.choice(3, size=int(rng.integers(1, 3)), replace=False).tolist())
+    if avoid_colour == target.colour:
+        keep.discard(1)
+        keep = keep or {int(rng.choice([0, 2]))}
+    values = []
+    for i, choices in enumerate(_CHOICES):
+        if i in keep:
+            values.append(target[i])
+        else:
+            values.append(_pick(rng, [v for v in choices if v != target[i] and v != avoid_colour]))
+    return Triple(*values)
+
+
+def _side(rng: np.random.Generator, size: str, image_size: int) -> int:
+    lo, hi = SIZE_FRACTIONS[size]
+    return max(3, int(round(rng.uniform(lo, hi) * image_size)))
+
+
+def _place(rng: np.random.Generator, side: int, boxes: list[tuple[int, int, int, int]], image_size: int,
+           near: tuple[int, int, int, int] | None = None, gap: int = 3, tries: int = 64) -> tuple[int, int, int, int] | None:
+    """A ``side x side`` box inside the image, ``gap`` pixels clear of ``boxes``; with ``near``, within reach of that
+    box. The first free candidate of ``tries`` random ones, or None."""
+    lo, hi = 2, image_size - side - 2
+    if hi < lo:
+        return None
+    xlo, xhi, ylo, yhi = lo, hi, lo, hi
+    if near is not None:
+        reach = int(0.1 * image_size)
+        xlo, xhi = max(lo, near[0] - side - reach), min(hi, near[2] + reach)
+        ylo, yhi = max(lo, near[1] - side - reach), min(hi, near[3] + reach)
+    xs = rng.integers(xlo, xhi + 1, size=tries)
+    ys = rng.integers(ylo, yhi + 1, size=tries)
+    free = np.ones(tries, dtype=bool)
+    for bx1, by1, bx2, by2 in boxes:
+        free &= (xs >= bx2 + gap) | (xs + side <= bx1 - gap) | (ys >= by2 + gap) | (ys + side <= by1 - gap)
+    hits = np.flatnonzero(free)
+    if hits.size == 0:
+        return None
+    j = int(hits[0])
+    return (int(xs[j]), int(ys[j]), int(xs[j]) + side, int(ys[j]) + side)
+
+
+def _rng(seed: int, split: str, task: str, index: int) -> np.random.Generator:
+    if seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {seed}")
+    return np.random.default_rng(np.random.SeedSequence([seed, SPLITS[split].code, TASKS.index(task), index]))
+
+
+def _check_args(split: str, task: str, size: int) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; choose one of {tuple(SPLITS)}")
+    if task not in TASKS:
+        raise ValueError(f"--task must be one of {TASKS}, got {task!r}")
+    if size < 64:
+        raise ValueError(f"--size must be >= 64 pixels for shapes to stay recognisable, got {size}")
+
+
+def make_scene(split: str, index: int, seed: int, size: int = 224, task: str = "rec") -> dict[str, Any]:
+    """One scene record: the JSONL keys of docs/interfaces.md with ``image`` a PIL image, and ``meta`` the scene."""
+    _check_args(split, task, size)
+    spec, rng = SPLITS[split], _rng(seed, split, task, index)
+    n_others = int(rng.integers(spec.others[0], spec.others[1] + 1))
+    # OOD keeps at least one foreground object and one painted distractor; in-domain splits anything goes
+    n_painted = int(rng.integers(1, n_others)) if spec.near else int(rng.integers(0, n_others + 1))
+    n_fore = n_others - n_painted
+
+    if task == "rec":
+        target = _random_triple(rng)
+        targets = [target]
+        fore = [_variant(rng, target, spec.share) for _ in range(n_fore)]
+        painted = _variant(rng, target, spec.share) if n_painted else None
+    else:  # ovd: one to three objects of the queried colour; nothing else wears it
+        colour = _pick(rng, OBJECT_COLOURS)
+        targets = [_random_triple(rng, [colour]) for _ in range(int(rng.integers(1, 4)))]
+        fore = [_variant(rng, targets[int(rng.integers(len(targets)))], spec.share, colour) for _ in range(n_fore)]
+        painted = _variant(rng, targets[0], spec.share, colour) if n_painted else None
+
+    # Foreground boxes: targets first (they must fit), then the others; an object that finds no room is dropped.
+    boxes: list[tuple[int, int, int, int]] = []
+    objects: list[dict[str, Any]] = []
+    for role, triple in [("target", t) for t in targets] + [("object", t) for t in fore]:
+        side = _side(rng, triple.size, size)
+        near = boxes[0] if (spec.near and boxes and role == "object") else None
+        box = _place(rng, side, boxes, size, near) or (_place(rng, side, boxes, size) if near else None)
+        if box is None:
+            if role == "target":
+                box = _place(rng, side, boxes, size, tries=4096)
+                assert box is not None, "a target found no room; the size ranges are too large for the image"
+            else:
+                continue
+        boxes.append(box)
+        objects.append({"role": role, **triple._asdict(), "box": list(box)})
+
+    used = {o["colour"] for o in objects} | ({painted.colour} if painted else set())
+    free = [c for c in grammar.COLOURS if c not in used]
+    kind = _pick(rng, spec.backgrounds)
+    colour = _pick(rng, free)
+    colour2 = _pick(rng, [c for c in free if c != colour]) if kind != "plain" else None
+    if painted is None:
+        description = Description(kind, colour, colour2)
+    else:
+        description = Description(kind, colour, colour2, grammar.count_word(n_painted), painted.shape,
+                                  painted.colour, painted.size)
+
+    canvas = np.zeros((size, size, 3), dtype=np.uint8)
+    keep = np.zeros((size, size), dtype=bool)
+    for obj in objects:
+        drawn = grammar.draw_shape(canvas, obj["shape"], obj["colour"], obj["box"], mask=keep)
+        assert drawn == tuple(obj["box"]), "shape masks fill their box"
+    avoid = np.zeros((size, size), dtype=bool)
+    for x1, y1, x2, y2 in boxes:
+        avoid[max(0, y1 - 3):y2 + 3, max(0, x1 - 3):x2 + 3] = True
+    render_seed = int(rng.integers(2**31))
+    image, placed = grammar.render_with_layout(Image.fromarray(canvas), keep, description, render_seed,
+                                               n_distractors=n_painted, avoid_mask=avoid)
+    objects += [{"role": "distractor", "size": p.size, "colour": p.colour, "shape": p.shape, "box": list(p.box)}
+                for p in placed]
+
+    if task == "rec":
+        query = f"the {target.size} {target.colour} {target.shape}"
+        solution: list = list(objects[0]["box"])
+    else:
+        query = f"every {targets[0].colour} shape"
+        solution = sorted((o["box"] for o in objects if o["role"] == "target"), key=lambda b: (b[1], b[0]))
+    prefix = "toy" if task == "rec" else "toy-ovd"
+    meta = {
+        "split": split, "index": index, "seed": seed, "task": task, "width": size, "height": size,
+        "query": query, "objects": objects, "description": str(description), "render_seed": render_seed,
+    }
+    meta["difficulty"] = round(difficulty(meta), 4)
+    return {
+        "id": f"{prefix}-{split}-{index:06d}",
+        "image": image,
+        "conversations": [{"from": "human", "value": f"<image>{query}"}, {"from": "gpt", "value": json.dumps(solution)}],
+        "solution": solution,
+        "task": task,
+        "width": size,
+        "height": size,
+        "meta": meta,
+    }
+
+
+def iter_split(split: str, n: int, seed: int, size: int = 224, task: str = "rec") -> Iterator[dict[str, Any]]:
+    for index in range(n):
+        yield make_scene(split, index, seed, size, task)
+
+
+def generate_split(split: str, n: int, seed: int, size: int = 224, task: str = "rec") -> list[dict[str, Any]]:
+    """``n`` scene records of ``split`` (``image`` is a PIL image; see ``make_scene``)."""
+    return list(iter_split(split, n, seed, size, task))
+
+
+# --- difficulty ------------------------------------------------------------------------------------------------------
+
+def difficulty(scene: dict[str, Any]) -> float:
+    """A [0, 1] estimate of how hard a scene is (a record with ``meta`` or the ``meta`` itself).
+
+    A weighted sum of: how many other objects there are (8 or more = 1), how many attributes they share with the
+    (nearest) target on average (out of 2), whether a target is small, whether the background is textured, and how
+    close the nearest other object is. Weights 0.3 / 0.25 / 0.15 / 0.15 / 0.15. It is the toy model's SFT target
+    for ``<diversity>``: hard scenes are the ones where a model's answers should scatter.
+    """
+    meta = scene.get("meta", scene)
+    objects = meta["objects"]
+    targets = [o for o in objects if o["role"] == "target"]
+    others = [o for o in objects if o["role"] != "target"]
+    if not targets:
+        return 0.0
+    extent = float(max(meta.get("width", 224), meta.get("height", 224)))
+
+    def centre(o: dict) -> np.ndarray:
+        x1, y1, x2, y2 = o["box"]
+        return np.array([(x1 + x2) / 2, (y1 + y2) / 2])
+
+    shared, nearest = [], extent
+    for o in others:
+        shared.append(max(sum(o[a] == t[a] for a in ("size", "colour", "shape")) for t in targets))
+        nearest = min(nearest, min(float(np.linalg.norm(centre(o) - centre(t))) for t in targets))
+    f_count = min(len(others) / 8, 1.0)
+    f_share = float(np.mean(shared)) / 2 if shared else 0.0
+    f_small = float(any(t["size"] == "small" for t in targets))
+    described = grammar.parse_description(meta.get("description", ""))
+    f_texture = float(described is not None and described.background in grammar.TEXTURED_BACKGROUNDS)
+    f_near = 1.0 - min(nearest / (0.5 * extent), 1.0) if others else 0.0
+    score = 0.3 * f_count + 0.25 * min(f_share, 1.0) + 0.15 * f_small + 0.15 * f_texture + 0.15 * f_near
+    return float(np.clip(score, 0.0, 1.0))
+
+
+# --- SFT warm start --------------------------------------------------------------------------------------------------
+
+def _scale_box(box: Sequence[float], sx: float, sy: float, input_wh: tuple[int, int]) -> list[int]:
+    w, h = input_wh
+    x1, y1, x2, y2 = box
+    return [int(np.clip(np.floor(x1 * sx + 0.5), 0, w)), int(np.clip(np.floor(y1 * sy + 0.5), 0, h)),
+            int(np.clip(np.floor(x2 * sx + 0.5), 0, w)), int(np.clip(np.floor(y2 * sy + 0.5), 0, h))]
+
+
+def _query(record: dict[str, Any]) -> str:
+    if isinstance(record.get("problem"), str):
+        return record["problem"].replace("<image>", "").strip()
+    for turn in record.get("conversations", []):
+        if turn.get("from") in ("human", "user"):
+            return str(turn.get("value", "")).replace("<image>", "").strip()
+    return str(record.get("meta", {}).get("query", ""))
+
+
+def sft_target(record: dict[str, Any], input_wh: tuple[int, int]) -> str:
+    """The four-part completion that warm-starts the toy model on ``record``.
+
+    ``<think>`` a templated reasoning grounded in the scene, ``<diversity>`` the scene's ``difficulty``,
+    ``<description>`` a random grammar description seeded by the record id, ``<answer>`` the box (OVD: the list of
+    boxes) in integer pixels of the model input of size ``input_wh`` = (width, height), scaled from the original
+    size as Qwen2.5-VL answers on the resized image.
+    """
+    meta = record.get("meta") or {}
+    query = _query(record)
+    objects = meta.get("objects", [])
+    task = record.get("task", "rec")
+    if task == "rec" and objects:
+        t = next(o for o in objects if o["role"] == "target")
+        kind = f"{t['colour']} {grammar.plural(t['shape'])}"
+        same = sum(o["colour"] == t["colour"] and o["shape"] == t["shape"] for o in objects)
+        found = "find only one" if same == 1 else f"find {same}, and pick the {t['size']} one"
+        think = f"The query asks for {query}. I look for {kind} and {found}."
+    elif task == "ovd" and objects:
+        n = sum(o["role"] == "target" for o in objects)
+        colour = next(o["colour"] for o in objects if o["role"] == "target")
+        think = f"The query asks for {query}. I look for {colour} shapes and find {n}."
+    else:
+        think = f"The query asks for {query}. I look for it in the image."
+    value = meta.get("difficulty")
+    value = difficulty(record) if value is None and objects else (0.5 if value is None else float(value))
+    seed = zlib.crc32(str(record.get("id", query)).encode())
+    description = grammar.random_description(np.random.default_rng(seed))
+
+    w0 = record.get("width") or meta.get("width")
+    h0 = record.get("height") or meta.get("height")
+    if not (w0 and h0):
+        raise ValueError(f"record {record.get('id')!r} needs 'width' and 'height' to scale its box to the model input")
+    sx, sy = input_wh[0] / w0, input_wh[1] / h0
+    solution = record["solution"]
+    if task == "ovd":
+        answer = json.dumps([_scale_box(b, sx, sy, input_wh) for b in solution])
+    else:
+        box = solution[0] if solution and isinstance(solution[0], list) else solution
+        answer = json.dumps(_scale_box(box, sx, sy, input_wh))
+    return (f"<think>{think}</think><diversity>{value:.2f}</diversity>"
+            f"<description>{description}</description><answer>{answer}</answer>")
+
+
+# --- export ----------------------------------------------------------------------------------------------------------
+
+def jsonl_path(out_dir: str | Path, split: str, task: str = "rec") -> Path:
+    """``out_dir/{split}.jsonl`` for REC, ``out_dir/{split}_ovd.jsonl`` for OVD (the two can share a folder)."""
+    return Path(out_dir) / (f"{split}.jsonl" if task == "rec" else f"{split}_{task}.jsonl")
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _reusable(path: Path, manifest: Path, params: dict[str, Any]) -> bool:
+    if not (path.exists() and manifest.exists()):
+        return False
+    try:
+        if json.loads(manifest.read_text()) != params:
+            return False
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return False
+    return len(lines) == params["n"] and all((path.parent / rec["image"]).exists() for rec in lines)
+
+
+def export_jsonl(out_dir: str | Path, split: str, n: int, seed: int, task: str = "rec", size: int = 224) -> Path:
+    """Write ``n`` scenes of ``split`` as PNGs under ``out_dir/images/`` and a VLM-R1 JSONL (``jsonl_path``) whose
+    image paths are relative to ``out_dir``; returns the JSONL path.
+
+    Idempotent: a manifest next to the JSONL records the parameters, and a call with the same parameters whose
+    files all exist returns at once. Every file is written to a temp name and renamed; the manifest goes last.
+    """
+    _check_args(split, task, size)
+    out_dir = Path(out_dir)
+    path = jsonl_path(out_dir, split, task)
+    manifest = path.with_name(path.name + ".manifest.json")
+    params = {"generator": "datamodules.toy", "version": TOY_VERSION, "split": split, "n": n, "seed": seed,
+              "size": size, "task": task}
+    if _reusable(path, manifest, params):
+        return path
+    (out_dir / "images").mkdir(parents=True, exist_ok=True)
+    if manifest.exists():
+        manifest.unlink()
+    lines = []
+    for rec in iter_split(split, n, seed, size, task):
+        rel = f"images/{rec['id']}.png"
+        image = rec.pop("image")
+        _atomic_write(out_dir / rel, lambda p, im=image: im.save(p, format="PNG"))
+        lines.append(json.dumps({"id": rec.pop("id"), "image": rel, **rec}) + "\n")
+    _atomic_write(path, lambda p: p.write_text("".join(lines)))
+    _atomic_write(manifest, lambda p: p.write_text(json.dumps(params, indent=1) + "\n"))
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> list[Path]:
+    parser = argparse.ArgumentParser(prog="python -m datamodules.toy", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("data/toy"), help="output folder (images/ and *.jsonl)")
+    parser.add_argument("--splits", nargs="+", default=["train:512", "val:128", "ood:128"],
+                        help="split:count pairs, splits from " + ", ".join(SPLITS))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--size", type=int, default=224, help="square image side in pixels")
+    parser.add_argument("--task", choices=TASKS, default="rec")
+    args = parser.parse_args(argv)
+    paths = []
+    for item in args.splits:
+        split, _, count = item.partition(":")
+        if split not in SPLITS or not count.isdigit():
+            parser.error(f"--splits takes split:count with split in {tuple(SPLITS)}, got {item!r}")
+        paths.append(export_jsonl(args.out, split, int(count), args.seed, args.task, args.size))
+        print(paths[-1])
+    return paths
+
+
+if __name__ == "__main__":
+    main()

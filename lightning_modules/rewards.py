@@ -1,0 +1,669 @@
+"""Rewards for Syn-GRPO: pure functions over completion strings (no Lightning, no I/O).
+
+A completion is expected to read (tag names configurable through :class:`Tags`)::
+
+    <think>...</think><diversity>0.xx</diversity><description>...</description><answer>[x1, y1, x2, y2]</answer>
+
+Reward functions follow open-r1: ``fn(completions: list[str], **kw) -> list[float]``, one value per completion, and
+they never raise on model output (broken JSON, truncation, repetition, refusals all give a number). Completions may be
+plain strings or TRL conversational completions (``[{"role": "assistant", "content": ...}]``). Per-completion keyword
+arguments (``gt_boxes``, ``input_wh``, ``orig_wh``) are lists aligned with ``completions`` (TRL repeats dataset columns
+per completion); a single value is broadcast.
+
+Box conventions: Qwen2.5-VL answers in absolute pixels of the *resized* model input; ground truth is in original
+pixels, so answers are rescaled by ``(orig_w / input_w, orig_h / input_h)`` before comparison (as VLM-R1 does). Boxes
+are read only from inside the answer part of a tagged completion ("a box in the wrong tag" earns nothing);
+:func:`extract_boxes` reads untagged text (Qwen's demo outputs, untuned baselines). Numbers are taken as written: no
+guessing of normalised [0, 1] or Qwen2-VL 0-1000 coordinates, and parenthesised tuples ``(x1, y1, x2, y2)`` are not
+boxes (they are ambiguous with Qwen2-VL's corner pairs and with x, y, w, h).
+
+The diversity machinery (ground-truth diversity, the EMA smoother, the reward forms) is described in
+docs/diversity_reward.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = [
+    "ACCURACY_REWARDS",
+    "DIVERSITY_REWARD_FORMS",
+    "DiversitySmoother",
+    "ParsedCompletion",
+    "Tags",
+    "diversity_reward",
+    "extract_boxes",
+    "format_reward",
+    "ground_truth_diversity",
+    "iou",
+    "ovd_reward",
+    "parse_completion",
+    "rec_accuracy_reward",
+    "rescale_box",
+]
+
+Box = list[float]
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Parsing
+# ---------------------------------------------------------------------------------------------------------------------
+
+_TAG_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
+
+
+@dataclass(frozen=True)
+class Tags:
+    """Names of the four XML-like tags of a completion, in the order they must appear."""
+
+    think: str = "think"
+    """Reasoning trace."""
+    diversity: str = "diversity"
+    """Predicted diversity of the sample, a number in [0, 1]."""
+    description: str = "description"
+    """Description of a new image for the data server."""
+    answer: str = "answer"
+    """Final answer: one box (REC) or several (OVD)."""
+
+    def __post_init__(self) -> None:
+        names = self.names
+        for name in names:
+            if not isinstance(name, str) or not _TAG_NAME.fullmatch(name):
+                raise ValueError(f"--model.tags: tag names must be identifiers like 'answer', got {name!r}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"--model.tags: the four tag names must differ, got {names}")
+
+    @property
+    def names(self) -> tuple[str, str, str, str]:
+        return (self.think, self.diversity, self.description, self.answer)
+
+
+@dataclass(frozen=True)
+class ParsedCompletion:
+    """What could be read from one completion.
+
+    ``format_ok`` is True iff the text is exactly the four parts in order (only whitespace around and between them,
+    no tag nested in another part), the diversity is a number, the description is non-empty and the answer holds at
+    least one box. The other fields are read leniently (an unclosed last part runs to the next tag or the end of the
+    text), so a truncated completion still yields its box.
+    """
+
+    think: str | None = None
+    """Reasoning text (stripped), None when there is no think part."""
+    diversity: float | None = None
+    """Predicted diversity clipped to [0, 1]; None when absent or not a finite number."""
+    description: str | None = None
+    """New-image description (stripped); None when absent or empty."""
+    boxes: list[Box] = field(default_factory=list)
+    """Boxes [x1, y1, x2, y2] (floats, finite, as written) read from the answer part, in order."""
+    format_ok: bool = False
+    parts_present: int = 0
+    """How many of the four parts are present and valid (0-4), for partial format credit."""
+
+
+_NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+_NUMBER = re.compile(_NUM)
+_BOX_RE = re.compile(rf"\[\s*({_NUM})\s*,\s*({_NUM})\s*,\s*({_NUM})\s*,\s*({_NUM})\s*\]")
+_FENCE_RE = re.compile(r"```[ \t]*(?:json|JSON|Json)?")
+_BOX_KEYS = ("bbox_2d", "bbox", "box_2d", "box", "bounding_box")
+_MAX_DEPTH = 32
+
+
+def _finite_box(values: Sequence[Any]) -> Box | None:
+    """Four finite numbers (numbers or numeric strings, not bools) -> [x1, y1, x2, y2], else None."""
+    if len(values) != 4:
+        return None
+    out = []
+    for v in values:
+        if isinstance(v, bool):
+            return None
+        if isinstance(v, (int, float)):
+            try:
+                x = float(v)
+            except OverflowError:  # a JSON integer too large for a float
+                return None
+        elif isinstance(v, str) and _NUMBER.fullmatch(v.strip()):
+            x = float(v.strip())
+        else:
+            return None
+        if not math.isfinite(x):
+            return None
+        out.append(x)
+    return out
+
+
+def _regex_boxes(text: str) -> list[Box]:
+    boxes = []
+    for match in _BOX_RE.finditer(text):
+        box = _finite_box([float(g) for g in match.groups()])
+        if box is not None:
+            boxes.append(box)
+    return boxes
+
+
+def _walk(obj: Any, out: list[Box], depth: int = 0) -> None:
+    """Collect boxes from parsed JSON: {"bbox_2d": [...]} objects, bare 4-number lists, stringified lists."""
+    if depth > _MAX_DEPTH:
+        return
+    if isinstance(obj, dict):
+        for key in _BOX_KEYS:
+            if key in obj:
+                value = obj[key]
+                box = _finite_box(value) if isinstance(value, list) else None
+                if box is not None:
+                    out.append(box)
+                return  # the object's box key decides; a point or an empty list is not a box
+        for value in obj.values():
+            _walk(value, out, depth + 1)
+    elif isinstance(obj, list):
+        box = _finite_box(obj)
+        if box is not None:
+            out.append(box)
+            return
+        for value in obj:
+            _walk(value, out, depth + 1)
+    elif isinstance(obj, str):
+        out.extend(_regex_boxes(obj))
+
+
+def extract_boxes(text: str) -> list[Box]:
+    """All boxes written in ``text``, in order; never raises.
+
+    Reads a plain list ``[x1, y1, x2, y2]`` (ints or floats), VLM-R1 / Qwen2.5-VL JSON (``{"bbox_2d": [...]}``, a list
+    of them, also under ``bbox`` / ``box`` / ``bounding_box``), with or without ```json fences (duplicated, stray, tab
+    indented). When the text is not valid JSON (trailing prose, concatenated objects, stray quotes, truncation), boxes
+    are salvaged as every "4 numbers inside square brackets". Non-finite numbers and 2-number points are not boxes.
+    """
+    if not isinstance(text, str) or not text:
+        return []
+    stripped = _FENCE_RE.sub("\n", text).strip()
+    try:
+        parsed = json.loads(stripped)
+    except (ValueError, RecursionError):
+        return _regex_boxes(stripped)
+    out: list[Box] = []
+    _walk(parsed, out)
+    return out
+
+
+def _parse_unit_float(text: str | None) -> float | None:
+    if text is None:
+        return None
+    s = text.strip()
+    if not _NUMBER.fullmatch(s):
+        return None
+    try:
+        x = float(s)
+    except (ValueError, OverflowError):
+        return None
+    if not math.isfinite(x):
+        return None
+    return min(max(x, 0.0), 1.0)
+
+
+def _section(text: str, name: str, tags: Tags, start: int = 0) -> tuple[str | None, bool, int]:
+    """Content of the first ``<name>`` part at or after ``start``: (content, closed, end index).
+
+    An unclosed part runs to the next opening tag of another part, or to the end of the text.
+    """
+    open_tag, close_tag = f"<{name}>", f"</{name}>"
+    o = text.find(open_tag, start)
+    if o < 0:
+        return None, False, start
+    begin = o + len(open_tag)
+    c = text.find(close_tag, begin)
+    if c >= 0:
+        return text[begin:c], True, c + len(close_tag)
+    stops = [i for i in (text.find(f"<{other}>", begin) for other in tags.names if other != name) if i >= 0]
+    end = min(stops) if stops else len(text)
+    return text[begin:end], False, end
+
+
+def _strict_parts(text: str, tags: Tags) -> list[str] | None:
+    """The four contents if ``text`` is exactly <t1>..</t1> <t2>..</t2> ... with only whitespace around, else None."""
+    markers = [m for name in tags.names for m in (f"<{name}>", f"</{name}>")]
+    pos, n, parts = 0, len(text), []
+    for name in tags.names:
+        while pos < n and text[pos].isspace():
+            pos += 1
+        open_tag, close_tag = f"<{name}>", f"</{name}>"
+        if not text.startswith(open_tag, pos):
+            return None
+        pos += len(open_tag)
+        close = text.find(close_tag, pos)
+        if close < 0:
+            return None
+        content = text[pos:close]
+        if any(m in content for m in markers):
+            return None
+        parts.append(content)
+        pos = close + len(close_tag)
+    if text[pos:].strip():
+        return None
+    return parts
+
+
+def _as_text(completion: Any) -> str:
+    """A completion as text: a string, or the content of a TRL conversational completion."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict):
+        content = completion.get("content")
+        return content if isinstance(content, str) else ""
+    if isinstance(completion, (list, tuple)):
+        return "".join(_as_text(m) for m in completion)
+    return ""
+
+
+def parse_completion(text: str, tags: Tags = Tags()) -> ParsedCompletion:  # noqa: B008 - frozen, immutable default
+    """Read the four parts of a completion; never raises (anything unreadable is None / empty)."""
+    text = _as_text(text)
+    think, think_closed, after_think = _section(text, tags.think, tags)
+    # Later parts are looked for after the reasoning, so a tag *mentioned* while thinking is not taken as an answer.
+    rest = after_think if think_closed else 0
+    div_text, div_closed, _ = _section(text, tags.diversity, tags, rest)
+    desc_text, desc_closed, _ = _section(text, tags.description, tags, rest)
+    answer_text, answer_closed, _ = _section(text, tags.answer, tags, rest)
+
+    diversity = _parse_unit_float(div_text)
+    description = desc_text.strip() if desc_text is not None else None
+    description = description or None
+    boxes = extract_boxes(answer_text) if answer_text is not None else []
+
+    present = [
+        think is not None and think_closed,
+        diversity is not None and div_closed,
+        description is not None and desc_closed,
+        bool(boxes) and answer_closed,
+    ]
+    format_ok = all(present) and _strict_parts(text, tags) is not None
+    return ParsedCompletion(
+        think=think.strip() if think is not None else None,
+        diversity=diversity,
+        description=description,
+        boxes=boxes,
+        format_ok=format_ok,
+        parts_present=sum(present),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Geometry
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _valid_box(box: Any) -> tuple[float, float, float, float] | None:
+    try:
+        if len(box) != 4:
+            return None
+        x1, y1, x2, y2 = (float(v) for v in box)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if not all(math.isfinite(v) for v in (x1, y1, x2, y2)) or x2 <= x1 or y2 <= y1:
+        return None
+    return x1, y1, x2, y2
+
+
+def iou(a: Sequence[float], b: Sequence[float]) -> float:
+    """Continuous intersection over union of two [x1, y1, x2, y2] boxes (no +1 pixel convention).
+
+    0.0 when either box is malformed, empty (zero area), reversed (x2 < x1 or y2 < y1) or not finite.
+    """
+    ba, bb = _valid_box(a), _valid_box(b)
+    if ba is None or bb is None:
+        return 0.0
+    iw = min(ba[2], bb[2]) - max(ba[0], bb[0])
+    ih = min(ba[3], bb[3]) - max(ba[1], bb[1])
+    if iw <= 0 or ih <= 0:
+        return 0.0
+    inter = iw * ih
+    union = (ba[2] - ba[0]) * (ba[3] - ba[1]) + (bb[2] - bb[0]) * (bb[3] - bb[1]) - inter
+    if not (union > 0 and math.isfinite(union)):
+        return 0.0
+    return float(min(max(inter / union, 0.0), 1.0))
+
+
+def rescale_box(box: Sequence[float], input_wh: Sequence[float], orig_wh: Sequence[float]) -> Box:
+    """Map a box from the resized model input (``input_wh`` = (w, h)) to original pixels (``orig_wh``).
+
+    Qwen2.5-VL answers in absolute pixels of the image it was fed (resized to multiples of 28); x is multiplied by
+    orig_w / input_w and y by orig_h / input_h.
+    """
+    iw, ih = float(input_wh[0]), float(input_wh[1])
+    ow, oh = float(orig_wh[0]), float(orig_wh[1])
+    if not (iw > 0 and ih > 0 and ow > 0 and oh > 0):
+        raise ValueError(f"image sizes must be positive (w, h); got input_wh={input_wh}, orig_wh={orig_wh}")
+    sx, sy = ow / iw, oh / ih
+    x1, y1, x2, y2 = (float(v) for v in box)
+    return [x1 * sx, y1 * sy, x2 * sx, y2 * sy]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Reward functions
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _is_pair(x: Any) -> bool:
+    return isinstance(x, (list, tuple)) and len(x) == 2 and all(isinstance(v, (int, float)) for v in x)
+
+
+def _per_completion_wh(value: Any, n: int, name: str) -> list[Any]:
+    """None, one (w, h) pair for all, or one pair (or None) per completion."""
+    if value is None:
+        return [None] * n
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    if _is_pair(value):
+        return [value] * n
+    if isinstance(value, (list, tuple)) and len(value) == n and all(v is None or _is_pair(v) for v in value):
+        return list(value)
+    raise ValueError(f"{name} must be None, one (w, h) pair, or {n} pairs (one per completion); got {value!r}")
+
+
+def _is_box_like(x: Any) -> bool:
+    return isinstance(x, (list, tuple)) and len(x) == 4 and all(isinstance(v, (int, float)) for v in x)
+
+
+def _per_completion_boxes(value: Any, n: int, nested: bool) -> list[Any]:
+    """Ground truth per completion; one box (REC) or one list of boxes (OVD) is broadcast to every completion."""
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"gt_boxes must be a list, got {type(value).__name__}")
+    if nested and (len(value) == 0 or all(_is_box_like(b) for b in value)):
+        return [list(value)] * n
+    if not nested and _is_box_like(value):
+        return [value] * n
+    if len(value) != n:
+        raise ValueError(f"gt_boxes has {len(value)} entries for {n} completions")
+    return list(value)
+
+
+def _to_original(box: Box, input_wh: Any, orig_wh: Any) -> Box:
+    if input_wh is None or orig_wh is None:
+        return box
+    return rescale_box(box, input_wh, orig_wh)
+
+
+def rec_accuracy_reward(
+    completions: list[Any],
+    gt_boxes: Any,
+    input_wh: Any = None,
+    orig_wh: Any = None,
+    tags: Tags = Tags(),  # noqa: B008 - frozen, immutable default
+    **kwargs: Any,
+) -> list[float]:
+    """REC accuracy: IoU in [0, 1] of the FIRST answer box (rescaled to original pixels) with the GT box.
+
+    Args:
+        completions: N completion texts.
+        gt_boxes: N GT boxes [x1, y1, x2, y2] in original pixels (or one box for all; None entries score 0).
+        input_wh, orig_wh: (w, h) of the model input and of the original image, per completion or one for all; when
+            either is None the answer is compared as written.
+    """
+    n = len(completions)
+    gts = _per_completion_boxes(gt_boxes, n, nested=False)
+    in_wh = _per_completion_wh(input_wh, n, "input_wh")
+    or_wh = _per_completion_wh(orig_wh, n, "orig_wh")
+    out = []
+    for text, gt, iw, ow in zip(completions, gts, in_wh, or_wh):
+        boxes = parse_completion(text, tags).boxes
+        if not boxes or gt is None:
+            out.append(0.0)
+            continue
+        out.append(iou(_to_original(boxes[0], iw, ow), gt))
+    return out
+
+
+def format_reward(
+    completions: list[Any],
+    tags: Tags = Tags(),  # noqa: B008 - frozen, immutable default
+    partial: bool = False,
+    **kwargs: Any,
+) -> list[float]:
+    """1.0 when the completion has all four parts, in order, well formed; else 0.0.
+
+    With ``partial=True`` a malformed completion earns the fraction of the four parts that are present and valid.
+    """
+    out = []
+    for text in completions:
+        parsed = parse_completion(text, tags)
+        if parsed.format_ok:
+            out.append(1.0)
+        else:
+            out.append(parsed.parts_present / 4.0 if partial else 0.0)
+    return out
+
+
+_MAP_METRIC_CLASS = None
+
+
+def _map_metric():
+    """A fresh torchmetrics MeanAveragePrecision on the faster_coco_eval backend (import cached: it takes seconds)."""
+    global _MAP_METRIC_CLASS
+    if _MAP_METRIC_CLASS is None:
+        from torchmetrics.detection import MeanAveragePrecision
+
+        _MAP_METRIC_CLASS = MeanAveragePrecision
+    return _MAP_METRIC_CLASS(iou_type="bbox", backend="faster_coco_eval")
+
+
+def ovd_reward(
+    completions: list[Any],
+    gt_boxes: Any,
+    input_wh: Any = None,
+    orig_wh: Any = None,
+    tags: Tags = Tags(),  # noqa: B008 - frozen, immutable default
+    map_key: str = "map",
+    **kwargs: Any,
+) -> list[float]:
+    """OVD accuracy: ``s_ovd * mAP`` in [0, 1], with ``s_ovd = min(N_gt / N_pred, 1)`` (0 without predictions).
+
+    mAP is COCO's (``map_key="map"``: IoU 0.50:0.95; ``"map_50"`` for IoU 0.5) computed by torchmetrics'
+    ``MeanAveragePrecision(backend="faster_coco_eval")`` over the single image, all boxes one class. Predictions are
+    scored in the order written (first box highest), so the model's order is its ranking.
+
+    Args:
+        gt_boxes: per completion, the list of GT boxes in original pixels (or one list of boxes for all).
+        input_wh, orig_wh: as in :func:`rec_accuracy_reward`.
+    """
+    n = len(completions)
+    gts = _per_completion_boxes(gt_boxes, n, nested=True)
+    in_wh = _per_completion_wh(input_wh, n, "input_wh")
+    or_wh = _per_completion_wh(orig_wh, n, "orig_wh")
+    metric = None
+    out = []
+    for text, gt, iw, ow in zip(completions, gts, in_wh, or_wh):
+        preds = [_to_original(b, iw, ow) for b in parse_completion(text, tags).boxes]
+        gt_list = [b for b in (gt or []) if _finite_box(b) is not None]
+        if not preds or not gt_list:
+            out.append(0.0)
+            continue
+        s_ovd = min(len(gt_list) / len(preds), 1.0)
+        finite = [p for p in preds if all(math.isfinite(v) for v in p)]
+        if not finite:
+            out.append(0.0)
+            continue
+        if metric is None:
+            metric = _map_metric()
+        metric.reset()
+        k = len(finite)
+        metric.update(
+            [
+                {
+                    "boxes": torch.tensor(finite, dtype=torch.float32),
+                    "scores": torch.arange(k, 0, -1, dtype=torch.float32) / k,
+                    "labels": torch.zeros(k, dtype=torch.long),
+                }
+            ],
+            [
+                {
+                    "boxes": torch.tensor(gt_list, dtype=torch.float32).reshape(-1, 4),
+                    "labels": torch.zeros(len(gt_list), dtype=torch.long),
+                }
+            ],
+        )
+        m_ap = float(metric.compute()[map_key])
+        m_ap = min(max(m_ap, 0.0), 1.0) if math.isfinite(m_ap) else 0.0  # -1 means "no GT": never negative
+        out.append(s_ovd * m_ap)
+    return out
+
+
+ACCURACY_REWARDS: dict[str, Callable[..., list[float]]] = {"iou": rec_accuracy_reward, "ovd": ovd_reward}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Diversity (docs/diversity_reward.md)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def ground_truth_diversity(acc: torch.Tensor | Sequence[float], group_size: int) -> torch.Tensor:
+    """V(q) = population variance of the group's accuracy rewards / (1/4), clipped to [0, 1].
+
+    Args:
+        acc: [B*G] accuracy rewards in [0, 1] (the G completions of a prompt consecutive).
+        group_size: G.
+
+    Returns:
+        [B] float32. 1/4 is the largest variance of values in [0, 1] (half at 0, half at 1).
+    """
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
+        raise ValueError(f"--model.group_size must be an int >= 2 for ground-truth diversity, got {group_size!r}")
+    a = torch.as_tensor(acc, dtype=torch.float32).detach().reshape(-1)
+    if a.numel() == 0 or a.numel() % group_size:
+        raise ValueError(f"acc has {a.numel()} entries, not a positive multiple of --model.group_size={group_size}")
+    a = torch.nan_to_num(a, nan=0.0, posinf=1.0, neginf=0.0)
+    var = a.view(-1, group_size).var(dim=1, unbiased=False)  # [B]
+    return (var / 0.25).clamp(0.0, 1.0)
+
+
+def _linear(v: float, t: float) -> float:
+    return 1.0 - abs(v - t)
+
+
+def _squared(v: float, t: float) -> float:
+    return 1.0 - (v - t) ** 2
+
+
+_GAUSSIAN_SIGMA = 0.1
+
+
+def _gaussian(v: float, t: float) -> float:
+    return math.exp(-((v - t) ** 2) / (2.0 * _GAUSSIAN_SIGMA**2))
+
+
+DIVERSITY_REWARD_FORMS: dict[str, Callable[[float, float], float]] = {
+    "linear": _linear,
+    "squared": _squared,
+    "gaussian": _gaussian,
+}
+"""R_diversity(v, V~) forms, all in [0, 1] for v, V~ in [0, 1]. ``linear`` is the default (docs/diversity_reward.md)."""
+
+
+def diversity_reward(
+    pred: Sequence[float | None], target: torch.Tensor | Sequence[float], form: str = "linear", **kwargs: Any
+) -> list[float]:
+    """Reward for predicting the (smoothed) ground-truth diversity, in [0, 1].
+
+    Args:
+        pred: N predicted diversities (``ParsedCompletion.diversity``); None (unreadable) earns 0.
+        target: N targets V~(q), the smoothed diversity of each completion's prompt (repeat each prompt's value G
+            times).
+        form: a key of :data:`DIVERSITY_REWARD_FORMS`.
+    """
+    if form not in DIVERSITY_REWARD_FORMS:
+        raise ValueError(
+            f"--model.diversity_reward_form must be one of {'|'.join(DIVERSITY_REWARD_FORMS)}, got {form!r}"
+        )
+    fn = DIVERSITY_REWARD_FORMS[form]
+    targets = target.detach().reshape(-1).tolist() if isinstance(target, torch.Tensor) else list(target)
+    if len(targets) != len(pred):
+        raise ValueError(f"diversity_reward: {len(pred)} predictions but {len(targets)} targets")
+    out = []
+    for v, t in zip(pred, targets):
+        if v is None or not math.isfinite(float(v)):
+            out.append(0.0)
+            continue
+        v = min(max(float(v), 0.0), 1.0)
+        t = min(max(float(t), 0.0), 1.0) if math.isfinite(float(t)) else 0.0
+        out.append(min(max(fn(v, t), 0.0), 1.0))
+    return out
+
+
+class DiversitySmoother:
+    """EMA calibration of the ground-truth diversity against diversity drift (paper Sec. "diversity smoothing").
+
+    Per step k, with V [B] the ground-truth diversities of the step's prompts::
+
+        batch_avg_k  = mean of V over the global batch (all ranks)
+        global_avg_k = beta * global_avg_{k-1} + (1 - beta) * batch_avg_k      (global_avg_1 = batch_avg_1)
+        V~           = clip(V * global_avg_k / batch_avg_k, 0, 1)
+
+    Guard: when ``batch_avg_k <= eps`` (every group had zero variance) V is returned unchanged (all zeros) and the EMA
+    is *not* updated: such a batch carries no scale to calibrate against (see docs/diversity_reward.md).
+
+    Attributes for logging: ``batch_avg``, ``global_avg`` (None before the first informative batch), ``steps``
+    (calls), ``skipped`` (guarded calls).
+    """
+
+    def __init__(self, beta: float = 0.7, eps: float = 1e-8, distributed: bool = True) -> None:
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not (0.0 <= beta < 1.0):
+            raise ValueError(f"--model.diversity_beta must be in [0, 1) (paper: 0.7), got {beta!r}")
+        if not eps >= 0:
+            raise ValueError(f"diversity smoother eps must be >= 0, got {eps!r}")
+        self.beta = float(beta)
+        self.eps = float(eps)
+        self.distributed = distributed
+        self.batch_avg: float | None = None
+        self.global_avg: float | None = None
+        self.steps = 0
+        self.skipped = 0
+
+    def _global_mean(self, v: torch.Tensor) -> float:
+        totals = torch.stack([v.sum().double(), torch.tensor(float(v.numel()), dtype=torch.float64, device=v.device)])
+        if self.distributed and torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(totals, op=torch.distributed.ReduceOp.SUM)
+        total, count = totals.tolist()
+        return total / count if count > 0 else 0.0
+
+    def update(self, v: torch.Tensor) -> torch.Tensor:
+        """V [B] -> V~ [B] (same dtype and device), updating the moving average."""
+        v = torch.as_tensor(v).detach()
+        vf = torch.nan_to_num(v.float().reshape(-1), nan=0.0).clamp(0.0, 1.0)
+        batch_avg = self._global_mean(vf)
+        self.steps += 1
+        self.batch_avg = batch_avg
+        if batch_avg <= self.eps:
+            self.skipped += 1
+            return vf.view(v.shape).to(v.dtype if v.is_floating_point() else torch.float32)
+        if self.global_avg is None:
+            self.global_avg = batch_avg
+        else:
+            self.global_avg = self.beta * self.global_avg + (1.0 - self.beta) * batch_avg
+        smoothed = (vf * (self.global_avg / batch_avg)).clamp(0.0, 1.0)
+        return smoothed.view(v.shape).to(v.dtype if v.is_floating_point() else torch.float32)
+
+    __call__ = update
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain Python numbers, safe in a Lightning checkpoint."""
+        return {
+            "beta": self.beta,
+            "batch_avg": self.batch_avg,
+            "global_avg": self.global_avg,
+            "steps": self.steps,
+            "skipped": self.skipped,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the moving average; ``beta`` stays the configured one (a resumed run may change it)."""
+        self.batch_avg = None if state.get("batch_avg") is None else float(state["batch_avg"])
+        self.global_avg = None if state.get("global_avg") is None else float(state["global_avg"])
+        self.steps = int(state.get("steps", 0))
+        self.skipped = int(state.get("skipped", 0))

@@ -1,0 +1,485 @@
+"""Fast GRPO rollouts for Qwen2.5-VL: prefill once per prompt, static KV cache, CUDA-graph decode.
+
+`fast_generate` is a compact generation loop of the project's own over the Hugging Face modules (the weights and the
+decoder layers' sub-modules are used as they are; the loop, the KV cache and the attention calls are ours). It does
+what `model.generate(do_sample=True)` does for a GRPO rollout, with three departures that change the speed and not
+the result:
+
+* **One prefill per prompt.** The B prompts (with their images) go through the vision tower and the language model
+  once; the prompt's KV cache is then copied into the G rows of its group (rows ``b*G .. b*G+G-1``). `generate` on
+  prompts repeated G times does the same prefill G times.
+* **Static KV cache and a captured decode step.** The cache is one preallocated tensor per layer, the decode step
+  (embedding, 36 decoder layers, final norm, LM head) always has the same shapes, and on CUDA it is captured once as a
+  CUDA graph and replayed for every token: one launch per token instead of about a thousand.
+* **No host sync per token.** Sampling (suppressed ids, min_new_tokens, temperature, top-p, then a draw) runs on the
+  device; "has every row finished?" is read back every ``check_every`` steps only, for the early exit.
+
+Positions follow Qwen2.5-VL's 3-D mRoPE exactly as transformers computes them (`get_rope_index`): text tokens advance
+all three axes together, the image's tokens take (t, h, w) grid positions, and the text after the image restarts
+at ``max(previous positions) + 1``. A generated token j of prompt b therefore sits at ``max_pos[b] + 1 + j`` on all
+three axes (transformers: ``cache_position + rope_deltas``).
+
+On a CPU (tests, the tiny config) the same loop runs eagerly, without graphs.
+
+Sampling semantics match `generate`'s logits processors in their order: min_new_tokens (EOS masked while fewer than
+``min_new_tokens`` tokens were generated), suppressed tokens (-inf), temperature, top-p (transformers' TopPLogitsWarper
+rule, keeping at least one token), then a categorical draw. The draw uses the exponential-race form
+(``argmax(p / E)``, ``E ~ Exp(1)``), which is the same distribution as ``torch.multinomial`` but not the same stream of
+random numbers: results match `generate` in distribution, not draw for draw. ``temperature <= 0`` means greedy.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["fast_generate", "mrope_positions", "release_rollout_cache", "model_parts"]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Model parts (works for Qwen2_5_VLForConditionalGeneration of transformers 5.x; wrappers expose `.module`)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelParts:
+    """The pieces of a Qwen2.5-VL model that the fast paths use."""
+
+    visual: torch.nn.Module  # vision tower (patch embed, blocks, merger)
+    text: torch.nn.Module  # Qwen2_5_VLTextModel: embed_tokens, layers, norm, rotary_emb
+    lm_head: torch.nn.Module
+    config: object  # the top-level Qwen2_5_VLConfig
+
+
+def model_parts(model: torch.nn.Module) -> ModelParts:
+    """Find the vision tower, the text model and the LM head of a Qwen2.5-VL model (or a wrapper holding one)."""
+    m = model
+    for _ in range(4):  # unwrap DDP / Lightning / torch.compile wrappers
+        if hasattr(m, "lm_head") and hasattr(m, "model"):
+            break
+        m = getattr(m, "module", None) or getattr(m, "_orig_mod", None) or getattr(m, "base_model", None)
+        if m is None:
+            raise TypeError(f"fast rollout needs a Qwen2_5_VLForConditionalGeneration, got {type(model).__name__}")
+    inner = m.model
+    text = getattr(inner, "language_model", None)
+    if text is None or not hasattr(text, "layers"):
+        raise TypeError("fast rollout needs transformers >= 5 (Qwen2_5_VLModel.language_model with .layers)")
+    return ModelParts(visual=inner.visual, text=text, lm_head=m.lm_head, config=m.config)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# 3-D mRoPE positions (Qwen2_5_VLModel.get_rope_index for images, vectorised per row)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def mrope_positions(
+    config, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, image_grid_thw: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """3-D rope positions of left- or right-padded prompts holding images (no videos).
+
+    Returns ``positions [3, B, P]`` (padding gets 0, like transformers) and ``next_pos [B]``: the position of the first
+    token after the prompt, ``max(positions of row b) + 1``. Images are consumed in order from ``image_grid_thw``;
+    each image is one run of ``image_token_id`` tokens of length ``t*h*w / merge**2``.
+    """
+    image_token_id = config.image_token_id
+    merge = config.vision_config.spatial_merge_size
+    B, P = input_ids.shape
+    device = input_ids.device
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    positions = torch.zeros(3, B, P, dtype=torch.long, device=device)
+    next_pos = torch.zeros(B, dtype=torch.long, device=device)
+    grids = image_grid_thw.tolist() if image_grid_thw is not None else []
+    ids_cpu = input_ids.cpu()
+    mask_cpu = attention_mask.cpu().bool()
+    img = 0
+    for b in range(B):
+        ids = ids_cpu[b][mask_cpu[b]]
+        is_img = (ids == image_token_id).tolist()
+        n = len(is_img)
+        pos = torch.zeros(3, n, dtype=torch.long)
+        cur = 0
+        i = 0
+        while i < n:
+            if not is_img[i]:
+                j = i
+                while j < n and not is_img[j]:
+                    j += 1
+                pos[:, i:j] = torch.arange(cur, cur + j - i)
+                cur += j - i
+                i = j
+            else:
+                if img >= len(grids):
+                    raise ValueError("more image-token runs in input_ids than rows in image_grid_thw")
+                t, h, w = (int(x) for x in grids[img])
+                img += 1
+                gh, gw = h // merge, w // merge
+                count = t * gh * gw
+                tt = torch.arange(t).view(t, 1, 1).expand(t, gh, gw).reshape(-1)
+                hh = torch.arange(gh).view(1, gh, 1).expand(t, gh, gw).reshape(-1)
+                ww = torch.arange(gw).view(1, 1, gw).expand(t, gh, gw).reshape(-1)
+                if i + count > n or not all(is_img[i : i + count]):
+                    raise ValueError(f"image {img - 1}: expected {count} image tokens in a run (grid {t}x{h}x{w})")
+                pos[0, i : i + count] = tt + cur
+                pos[1, i : i + count] = hh + cur
+                pos[2, i : i + count] = ww + cur
+                cur += max(gh, gw)
+                i += count
+        positions[:, b, mask_cpu[b].to(device)] = pos.to(device)
+        next_pos[b] = (int(pos.max()) + 1) if n else 0
+    return positions, next_pos
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Attention helpers over the HF decoder layer's sub-modules
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x [N, heads, S, D]; cos/sin [N, S, D] (model dtype, as transformers' apply_rotary_pos_emb)
+    cos = cos.unsqueeze(1)
+    sin = sin.unsqueeze(1)
+    return x * cos + _rotate_half(x) * sin
+
+
+def _qkv(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_q: int, n_kv: int, d: int):
+    attn = layer.self_attn
+    N, S, _ = x.shape
+    q = attn.q_proj(x).view(N, S, n_q, d).transpose(1, 2)
+    k = attn.k_proj(x).view(N, S, n_kv, d).transpose(1, 2)
+    v = attn.v_proj(x).view(N, S, n_kv, d).transpose(1, 2)
+    return _rope(q, cos, sin), _rope(k, cos, sin), v
+
+
+def _finish_layer(layer, residual: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+    h = residual + layer.self_attn.o_proj(attn_out)
+    return h + layer.mlp(layer.post_attention_layernorm(h))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The decode engine: static buffers, optional CUDA graph, reused across calls of the same shape
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class _DecodeEngine:
+    """Static KV cache + one decode step over N rows; captured as a CUDA graph on CUDA when asked."""
+
+    def __init__(self, parts: ModelParts, N: int, S: int, T: int, device, dtype, use_graph: bool):
+        tc = parts.text.config
+        self.parts = parts
+        self.N, self.S, self.T = N, S, T
+        self.n_q = tc.num_attention_heads
+        self.n_kv = tc.num_key_value_heads
+        self.d = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
+        self.scale = self.d**-0.5
+        L = len(parts.text.layers)
+        z = dict(device=device, dtype=dtype)
+        self.k = [torch.zeros(N, self.n_kv, S, self.d, **z) for _ in range(L)]
+        self.v = [torch.zeros(N, self.n_kv, S, self.d, **z) for _ in range(L)]
+        self.valid = torch.zeros(N, 1, 1, S, dtype=torch.bool, device=device)  # key slots a query may see
+        self.cos = torch.zeros(N, T, self.d, **z)  # rope of generated token j, all rows
+        self.sin = torch.zeros(N, T, self.d, **z)
+        self.tok = torch.zeros(N, dtype=torch.long, device=device)  # the token fed to the step
+        self.slot = torch.zeros(1, dtype=torch.long, device=device)  # cache slot the step writes (P + j)
+        self.j = torch.zeros(1, dtype=torch.long, device=device)  # index of the fed token among generated ones
+        self.logits = None
+        self.graph = None
+        if use_graph:
+            self._capture()
+
+    @torch.no_grad()
+    def step(self) -> torch.Tensor:
+        """Feed ``tok`` at cache slot ``slot``; return next-token logits [N, V] (float32); advance slot and j."""
+        p = self.parts
+        N = self.N
+        self.valid.index_fill_(-1, self.slot, True)
+        cos = self.cos.index_select(1, self.j)  # [N, 1, D]
+        sin = self.sin.index_select(1, self.j)
+        h = p.text.embed_tokens(self.tok).unsqueeze(1)  # [N, 1, H]
+        rep = self.n_q // self.n_kv
+        for li, layer in enumerate(p.text.layers):
+            q, k, v = _qkv(layer, layer.input_layernorm(h), cos, sin, self.n_q, self.n_kv, self.d)
+            self.k[li].index_copy_(2, self.slot, k)
+            self.v[li].index_copy_(2, self.slot, v)
+            # GQA with one query position: the `rep` query heads of a KV head become `rep` query rows.
+            qg = q.reshape(N, self.n_kv, rep, self.d)
+            o = F.scaled_dot_product_attention(qg, self.k[li], self.v[li], attn_mask=self.valid, scale=self.scale)
+            h = _finish_layer(layer, h, o.reshape(N, 1, self.n_q * self.d))
+        h = p.text.norm(h[:, 0])
+        logits = p.lm_head(h).float()
+        self.slot.add_(1)
+        self.j.add_(1)
+        return logits
+
+    def _capture(self):
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                self.step()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            self.logits = self.step()
+        self.graph = g
+
+    def run_step(self) -> torch.Tensor:
+        if self.graph is not None:
+            self.graph.replay()
+            return self.logits
+        return self.step()
+
+
+_ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def release_rollout_cache(model: torch.nn.Module | None = None) -> None:
+    """Free the static KV caches and CUDA graphs kept for `model` (all models when None)."""
+    if model is None:
+        _ENGINES.clear()
+    else:
+        _ENGINES.pop(model, None)
+
+
+def _engine_for(model, parts, N, S_needed, T, device, dtype, use_graph) -> _DecodeEngine:
+    eng = _ENGINES.get(model)
+    if (
+        eng is not None
+        and eng.N == N
+        and eng.S >= S_needed
+        and eng.T >= T
+        and eng.k[0].device == device
+        and eng.k[0].dtype == dtype
+        and (eng.graph is not None) == use_graph
+    ):
+        return eng
+    _ENGINES.pop(model, None)
+    eng = None
+    if use_graph:
+        torch.cuda.empty_cache()
+    S = int(math.ceil(S_needed / 64) * 64)
+    eng = _DecodeEngine(parts, N, S, T, device, dtype, use_graph)
+    _ENGINES[model] = eng
+    return eng
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Prefill (once per prompt)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def image_embeddings(model, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> torch.Tensor:
+    """Merged vision features of all images, in order: ``[sum_i t*h*w/merge**2, hidden]`` (grad flows if enabled)."""
+    visual = model_parts(model).visual
+    out = visual(pixel_values.to(visual.dtype if hasattr(visual, "dtype") else pixel_values.dtype), grid_thw=image_grid_thw)
+    return out.pooler_output if hasattr(out, "pooler_output") else out
+
+
+def _prefill(parts, eng: _DecodeEngine, embeds, positions, attention_mask, G):
+    """Run the B prompts through the language model, write their KV into the G rows of each group, return logits."""
+    text = parts.text
+    B, P, _ = embeds.shape
+    cos, sin = text.rotary_emb(embeds, positions)  # [B, P, D]
+    key_ok = attention_mask.bool()
+    causal = torch.ones(P, P, dtype=torch.bool, device=embeds.device).tril()
+    mask = causal[None] & key_ok[:, None, :]
+    mask = mask | torch.eye(P, dtype=torch.bool, device=embeds.device)[None]  # padding queries see themselves
+    mask = mask[:, None]  # [B, 1, P, P]
+    rep = eng.n_q // eng.n_kv
+    h = embeds
+    for li, layer in enumerate(text.layers):
+        q, k, v = _qkv(layer, layer.input_layernorm(h), cos, sin, eng.n_q, eng.n_kv, eng.d)
+        eng.k[li].view(B, G, eng.n_kv, eng.S, eng.d)[:, :, :, :P].copy_(k[:, None].expand(B, G, *k.shape[1:]))
+        eng.v[li].view(B, G, eng.n_kv, eng.S, eng.d)[:, :, :, :P].copy_(v[:, None].expand(B, G, *v.shape[1:]))
+        kx = k[:, :, None].expand(B, eng.n_kv, rep, P, eng.d).reshape(B, eng.n_q, P, eng.d)
+        vx = v[:, :, None].expand(B, eng.n_kv, rep, P, eng.d).reshape(B, eng.n_q, P, eng.d)
+        o = F.scaled_dot_product_attention(q, kx, vx, attn_mask=mask, scale=eng.scale)
+        h = _finish_layer(layer, h, o.transpose(1, 2).reshape(B, P, eng.n_q * eng.d))
+    h = text.norm(h[:, -1])
+    return parts.lm_head(h).float()  # [B, V]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Sampling on the device
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _process_and_sample(
+    scores: torch.Tensor,
+    n_generated: int,
+    *,
+    temperature: float,
+    top_p: float,
+    suppress: torch.Tensor | None,
+    eos: torch.Tensor | None,
+    min_new_tokens: int,
+    generator,
+) -> torch.Tensor:
+    """transformers' processor order: min_new_tokens, suppress, temperature, top-p; then a categorical draw."""
+    scores = scores.clone() if scores.dtype == torch.float32 else scores.float()
+    if eos is not None and n_generated < min_new_tokens:
+        scores.index_fill_(1, eos, -math.inf)
+    if suppress is not None:
+        scores.index_fill_(1, suppress, -math.inf)
+    if temperature <= 0:
+        return scores.argmax(-1)
+    if temperature != 1.0:
+        scores = scores / temperature
+    if top_p < 1.0:
+        sorted_logits, sorted_idx = torch.sort(scores, descending=False)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        remove_sorted = cum <= (1 - top_p)
+        remove_sorted[..., -1:] = False
+        remove = remove_sorted.scatter(1, sorted_idx, remove_sorted)
+        scores = scores.masked_fill(remove, -math.inf)
+    probs = scores.softmax(-1)
+    race = torch.empty_like(probs).exponential_(generator=generator)
+    return (probs / race).argmax(-1)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The entry point
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _ids_tensor(ids: Sequence[int] | int | torch.Tensor | None, device) -> torch.Tensor | None:
+    if ids is None:
+        return None
+    if isinstance(ids, int):
+        ids = [ids]
+    ids = torch.as_tensor(list(ids) if not torch.is_tensor(ids) else ids, dtype=torch.long, device=device).flatten()
+    return ids if ids.numel() else None
+
+
+@torch.no_grad()
+def fast_generate(
+    model,
+    *,
+    input_ids: torch.LongTensor,
+    attention_mask: torch.Tensor,
+    pixel_values: torch.Tensor | None,
+    image_grid_thw: torch.LongTensor | None,
+    group_size: int,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    suppress_token_ids: Sequence[int] = (),
+    eos_token_ids: Sequence[int] = (),
+    pad_token_id: int = 0,
+    min_new_tokens: int = 0,
+    generator: torch.Generator | None = None,
+    cuda_graph: bool | None = None,
+    check_every: int = 16,
+    image_embeds: torch.Tensor | None = None,
+) -> torch.LongTensor:
+    """Sample ``group_size`` completions for each of the B prompts.
+
+    Args:
+        input_ids, attention_mask: ``[B, P]``, each prompt ONCE, left-padded (as the processor + chat template give).
+        pixel_values, image_grid_thw: the B prompts' images, as the processor gives them.
+        group_size: G; rows ``b*G .. b*G+G-1`` of the result are prompt b's completions.
+        max_new_tokens / min_new_tokens: bounds on completion length (EOS is masked before ``min_new_tokens``).
+        temperature / top_p: as in `generate`; ``temperature <= 0`` is greedy.
+        suppress_token_ids: ids that are never sampled (image pad, vision start/end, ...).
+        eos_token_ids: ids that end a completion; the EOS itself is kept, every later position is ``pad_token_id``.
+        generator: a torch.Generator on the model's device, for reproducible draws.
+        cuda_graph: capture the decode step as a CUDA graph (default: on when the model is on CUDA).
+        check_every: read "all rows finished?" back to the host every this many tokens (early exit).
+        image_embeds: precomputed merged vision features (skip the vision tower), e.g. from `image_embeddings`.
+
+    Returns:
+        ``[B*G, T_new]`` token ids, ``T_new <= max_new_tokens`` (the longest completion, like `generate`).
+    """
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    parts = model_parts(model)
+    text = parts.text
+    device = text.embed_tokens.weight.device
+    dtype = text.embed_tokens.weight.dtype
+    if getattr(text.config, "use_sliding_window", False):
+        raise NotImplementedError("fast_generate does not implement sliding-window attention")
+    use_graph = (device.type == "cuda") if cuda_graph is None else (cuda_graph and device.type == "cuda")
+    input_ids = input_ids.to(device)
+    attention_mask = (
+        torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)
+    ).long()
+    B, P = input_ids.shape
+    G = group_size
+    N = B * G
+    T = max_new_tokens
+
+    # 1) prompt embeddings with the image features scattered in (the vision tower runs once per prompt image)
+    embeds = text.embed_tokens(input_ids)
+    if image_embeds is None and pixel_values is not None:
+        image_embeds = image_embeddings(model, pixel_values.to(device), image_grid_thw.to(device))
+    img_mask = input_ids == parts.config.image_token_id
+    if image_embeds is not None:
+        if int(img_mask.sum()) != image_embeds.shape[0]:
+            raise ValueError(
+                f"Image features and image tokens do not match: {int(img_mask.sum())} tokens, "
+                f"{image_embeds.shape[0]} features"
+            )
+        embeds = embeds.masked_scatter(img_mask[..., None], image_embeds.to(dtype))
+    positions, next_pos = mrope_positions(parts.config, input_ids, attention_mask, image_grid_thw)
+
+    # 2) engine (static cache; graph captured at first use of this shape), state reset
+    eng = _engine_for(model, parts, N, P + T, T, device, dtype, use_graph)
+    eng.valid.zero_()
+    eng.valid[:, 0, 0, :P] = attention_mask.bool().repeat_interleave(G, dim=0)
+    gen_pos = next_pos.repeat_interleave(G)[:, None] + torch.arange(T, device=device)[None]  # [N, T]
+    cos, sin = text.rotary_emb(eng.cos, gen_pos[None].expand(3, N, T))
+    eng.cos[:, :T].copy_(cos)
+    eng.sin[:, :T].copy_(sin)
+    eng.slot.fill_(P)
+    eng.j.fill_(0)
+
+    # 3) prefill (B rows) and the first token (N rows)
+    prefill_logits = _prefill(parts, eng, embeds, positions, attention_mask, G).repeat_interleave(G, dim=0)
+    suppress = _ids_tensor(suppress_token_ids, device)
+    eos = _ids_tensor(eos_token_ids, device)
+    sample = dict(
+        temperature=temperature,
+        top_p=top_p,
+        suppress=suppress,
+        eos=eos,
+        min_new_tokens=min_new_tokens,
+        generator=generator,
+    )
+    out = torch.full((N, T), pad_token_id, dtype=torch.long, device=device)
+    finished = torch.zeros(N, dtype=torch.bool, device=device)
+    lengths = torch.zeros(N, dtype=torch.long, device=device)  # tokens generated per row, EOS included
+    pad = torch.full((N,), pad_token_id, dtype=torch.long, device=device)
+
+    def accept(tok: torch.Tensor, j: int) -> torch.Tensor:
+        nonlocal finished
+        tok = torch.where(finished, pad, tok)
+        out[:, j] = tok
+        lengths.add_((~finished).long())
+        if eos is not None:
+            finished = finished | torch.isin(tok, eos)
+        return tok
+
+    tok = accept(_process_and_sample(prefill_logits, 0, **sample), 0)
+
+    # 4) decode: token j is fed to produce token j+1
+    for j in range(T - 1):
+        if eos is not None and check_every and j % check_every == check_every - 1 and bool(finished.all()):
+            break
+        eng.tok.copy_(tok)
+        logits = eng.run_step()
+        tok = accept(_process_and_sample(logits, j + 1, **sample), j + 1)
+
+    t_out = int(lengths.max()) if N else 0
+    return out[:, : max(t_out, 1)].clone()

@@ -1,0 +1,232 @@
+"""The data server's API: the pydantic models that the HTTP server and ``synth.client`` both use.
+
+Training talks to synthesis only through these models (DESIGN.md, "The data server"). A job is identified by the
+client-chosen ``job_id`` (e.g. ``f"{sample_id}@e{epoch}"``): resubmitting the same request is a no-op that returns
+the existing job, so a trainer that crashed and resumed never duplicates work or loses a sample. Boxes are
+``[x1, y1, x2, y2]`` in pixels of the input image (COCO / VLM-R1 convention); the result's boxes are in pixels of the
+output canvas.
+
+Endpoints (all need ``Authorization: Bearer <token>``):
+
+- ``POST /jobs`` body :class:`JobRequest` -> 202 :class:`JobStatus` (200 when the job already existed)
+- ``GET /jobs/{job_id}`` -> :class:`JobStatus`; ``?include_image=true`` adds the output PNG as base64
+- ``GET /jobs/{job_id}/image`` -> the output PNG
+- ``GET /jobs?state=done&state=failed&since=<cursor>&limit=<n>`` -> :class:`JobList`
+- ``POST /jobs/{job_id}/ack`` or ``DELETE /jobs/{job_id}`` -> :class:`Ack` (the server forgets the job)
+- ``GET /health`` -> :class:`Health`
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import math
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+API_VERSION = "1"
+
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@:+=-]{0,127}$"
+"""Job ids name output files, so they are restricted to a safe character set (no slashes), 1 to 128 characters."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ImageRef(_Model):
+    """The input image: a path readable by the server, or the encoded file itself. Exactly one of the two."""
+
+    path: str | None = None
+    """Absolute, or relative to the server's first root; must resolve under one of the server's ``roots``."""
+    data_b64: str | None = None
+    """Base64 of an encoded image file (PNG, JPEG, ...), for trainers that do not share a filesystem with the server."""
+
+    @model_validator(mode="after")
+    def _one_of(self) -> ImageRef:
+        if (self.path is None) == (self.data_b64 is None):
+            raise ValueError("give exactly one of image.path and image.data_b64")
+        if self.path is not None and not self.path.strip():
+            raise ValueError("image.path is empty")
+        return self
+
+    def decoded(self) -> bytes:
+        """The bytes of ``data_b64`` (raises ValueError on bad base64)."""
+        try:
+            return base64.b64decode(self.data_b64 or "", validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise ValueError(f"image.data_b64 is not valid base64: {e}") from e
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> ImageRef:
+        return cls(data_b64=base64.b64encode(data).decode("ascii"))
+
+
+class CanvasParams(_Model):
+    """Where the input goes on the output canvas (outpainting extends the canvas; boxes follow the same map).
+
+    The input is resized by ``scale``, then placed at (``offset_x``, ``offset_y``) on a canvas of ``width x height``
+    (default: the resized image grown by ``extend`` of its size, centred). Boxes map as
+    ``x' = x * scale + offset_x`` (exactly: ``x * img_w / src_w + offset_x``). The defaults leave the image as it is.
+    """
+
+    scale: float = Field(1.0, gt=0, le=8)
+    """Resize factor of the input. 1 keeps the foreground bit-identical to the input."""
+    extend: float = Field(0.0, ge=0, le=4)
+    """Extra canvas as a fraction of the resized image's width and height (0.5: a canvas 1.5 x as wide and high)."""
+    width: int | None = Field(None, ge=1)
+    """Canvas width in pixels (overrides ``extend``); at least the resized image's width."""
+    height: int | None = Field(None, ge=1)
+    """Canvas height in pixels (overrides ``extend``); at least the resized image's height."""
+    offset_x: int | None = Field(None, ge=0)
+    """Left edge of the image on the canvas; default centred."""
+    offset_y: int | None = Field(None, ge=0)
+    """Top edge of the image on the canvas; default centred."""
+
+
+class JobRequest(_Model):
+    """A synthesis job: repaint everything but the boxes' foreground of ``image`` after ``description``."""
+
+    job_id: str = Field(pattern=JOB_ID_PATTERN)
+    """Chosen by the client, unique per intended result (e.g. ``sample_id@e3``): the idempotency key."""
+    sample_id: str = Field(min_length=1, max_length=256)
+    """The sample this image belongs to (never changes across image versions)."""
+    image: ImageRef
+    boxes: list[list[float]] = Field(min_length=1, max_length=256)
+    """Ground-truth boxes ``[x1, y1, x2, y2]`` in input pixels; their contents are kept."""
+    description: str = Field(max_length=4000)
+    """What the new image should show (the policy's ``<description>``); may be empty."""
+    seed: int = Field(0, ge=0, lt=2**63)
+    canvas: CanvasParams = Field(default_factory=CanvasParams)
+    return_bytes: bool = False
+    """Include the output PNG (base64) in the job's result, for trainers without the shared filesystem."""
+
+    @field_validator("boxes")
+    @classmethod
+    def _boxes(cls, boxes: list[list[float]]) -> list[list[float]]:
+        for i, b in enumerate(boxes):
+            if len(b) != 4:
+                raise ValueError(f"boxes[{i}] must have 4 numbers [x1, y1, x2, y2], got {len(b)}")
+            if not all(math.isfinite(v) for v in b):
+                raise ValueError(f"boxes[{i}] has a non-finite coordinate: {b}")
+            if b[2] <= b[0] or b[3] <= b[1]:
+                raise ValueError(f"boxes[{i}] = {b} is empty: need x2 > x1 and y2 > y1")
+        return boxes
+
+    def fingerprint(self) -> str:
+        """sha256 of the canonical JSON: two requests with the same ``job_id`` must have the same fingerprint."""
+        return hashlib.sha256(self.model_dump_json().encode("utf-8")).hexdigest()
+
+
+class JobState(str, Enum):
+    queued = "queued"
+    running = "running"
+    done = "done"
+    failed = "failed"
+
+
+class AuditResult(_Model):
+    """Checks on the finished image, made on the file as written. ``passed`` only when all hold."""
+
+    passed: bool
+    foreground_pixels: int
+    """Pixels kept from the input (inside the boxes)."""
+    mismatched_pixels: int
+    """Kept pixels that differ from the input; 0 on a passed audit."""
+    boxes_inside: bool
+    boxes_nonempty: bool
+    size_ok: bool
+    message: str
+
+
+class Timings(_Model):
+    """Unix times and durations (seconds) of a job."""
+
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    queue_s: float | None = None
+    run_s: float | None = None
+    """Wall time of the attempt that finished, in the worker (mask + paint + compose + write + audit)."""
+    paint_s: float | None = None
+    """The painter's share of ``run_s`` (of the whole batch when jobs were painted together)."""
+
+
+class JobResult(_Model):
+    output_path: str
+    """Absolute path of the output PNG on the server's filesystem (written atomically; never an input file)."""
+    width: int
+    height: int
+    boxes: list[list[float]]
+    """The request's boxes on the output canvas."""
+    audit: AuditResult
+    painter: str
+    foreground: str
+    """Foreground masker used."""
+    batch_size: int = 1
+    """How many jobs were painted in the same batch."""
+    image_b64: str | None = None
+    """The output PNG, when the request asked for ``return_bytes`` (or the GET for ``include_image``)."""
+
+
+class JobStatus(_Model):
+    job_id: str
+    sample_id: str
+    state: JobState
+    attempts: int = 0
+    """Attempts started so far (a worker crash or timeout costs one; the server retries up to its limit)."""
+    cursor: int = 0
+    """Change counter: increases every time this job changes state; see :class:`JobList`."""
+    result: JobResult | None = None
+    error: str | None = None
+    timings: Timings
+
+
+class JobList(_Model):
+    jobs: list[JobStatus]
+    cursor: int
+    """Pass as ``since`` to the next list call to get only jobs that changed after this one."""
+
+
+class Ack(_Model):
+    job_id: str
+    acknowledged: bool
+    """False when the job was not known (already acknowledged, or never submitted)."""
+
+
+class WorkerInfo(_Model):
+    index: int
+    device: str
+    pid: int | None
+    alive: bool
+    ready: bool
+    busy: list[str]
+    """Jobs the worker is painting now."""
+    restarts: int
+    error: str | None = None
+    """Why the worker could not start (painter failed to load), if it could not."""
+
+
+class Health(_Model):
+    status: str
+    """``ok`` (all workers ready), ``starting``, ``degraded`` (some workers down) or ``failed`` (no worker can start)."""
+    version: str = API_VERSION
+    painter: str
+    foreground: str
+    workers: list[WorkerInfo]
+    queue_depth: int
+    queue_capacity: int
+    counts: dict[str, int]
+    """Jobs held, by state."""
+    uptime_s: float
+
+
+class ErrorBody(_Model):
+    """Body of every 4xx / 5xx answer."""
+
+    detail: str
+    """What went wrong and, where it helps, how to fix it."""
+    errors: list[dict] | None = None
+    """Per-field validation errors: ``{"field": "boxes.0", "message": ...}``."""

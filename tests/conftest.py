@@ -1,0 +1,62 @@
+"""Shared fixtures: a tiny Qwen2.5-VL built by the project's factory, and a small REC JSONL with real images."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from PIL import Image, ImageDraw
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+
+TINY_CORPUS = [
+    "Find: the small red circle",
+    "Find every: red shape",
+    "<think>The query asks for the small red circle. I look for red circles.</think>"
+    "<diversity>0.42</diversity><description>a striped blue background with many small green triangles"
+    "</description><answer>[12, 40, 96, 120]</answer>",
+    "system\nYou are a helpful assistant. user assistant",
+] * 20
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A random tiny Qwen2.5-VL (same classes as the 7B) saved with save_pretrained."""
+    from lightning_modules.policy import build_tiny_qwen2_5_vl
+
+    out = tmp_path_factory.mktemp("tiny-qwen2.5-vl")
+    return build_tiny_qwen2_5_vl(out, TINY_CORPUS, vocab_size=320, hidden_size=64, layers=2, heads=4, kv_heads=2,
+                                 intermediate_size=128, vision_hidden_size=32, vision_depth=2, vision_heads=2,
+                                 image_size=112)
+
+
+def write_rec_jsonl(root: Path, n: int = 8, size: int = 112, name: str = "train.jsonl") -> Path:
+    """``n`` images of one coloured rectangle each, with the rectangle's box as the REC solution."""
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    colours = ["red", "green", "blue", "yellow"]
+    lines = []
+    for i in range(n):
+        im = Image.new("RGB", (size, size), (240, 240, 240))
+        x1, y1 = 8 + 7 * i % 40, 10 + 5 * i % 30
+        box = [x1, y1, x1 + 40, y1 + 30]
+        ImageDraw.Draw(im).rectangle([box[0], box[1], box[2] - 1, box[3] - 1], fill=colours[i % 4])
+        im.save(root / "images" / f"{i}.png")
+        lines.append({"id": f"s{i}", "image": f"images/{i}.png", "solution": box, "task": "rec",
+                      "conversations": [{"from": "human", "value": f"<image>the {colours[i % 4]} rectangle"},
+                                        {"from": "gpt", "value": str(box)}]})
+    path = root / name
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+@pytest.fixture()
+def rec_dir(tmp_path) -> Path:
+    write_rec_jsonl(tmp_path, 8)
+    write_rec_jsonl(tmp_path, 4, name="val.jsonl")
+    return tmp_path
