@@ -162,11 +162,19 @@ def random_description(rng: np.random.Generator) -> Description:
     if count == "no":
         return Description(background, colour, colour2)
     free = [c for c in names if c not in (colour, colour2)]
-    return Description(background, colour, colour2, count, SHAPES[rng.integers(len(SHAPES))],
-                       free[rng.integers(len(free))], SIZES[rng.integers(len(SIZES))])
+    return Description(
+        background,
+        colour,
+        colour2,
+        count,
+        SHAPES[rng.integers(len(SHAPES))],
+        free[rng.integers(len(free))],
+        SIZES[rng.integers(len(SIZES))],
+    )
 
 
 # --- lenient parsing -------------------------------------------------------------------------------------------------
+
 
 def _lexicon() -> dict[str, tuple[str, str]]:
     """word -> (category, canonical value). Categories: kind, colour, shape, size, count, bg (a background noun),
@@ -181,13 +189,23 @@ def _lexicon() -> dict[str, tuple[str, str]]:
             "noisy": "noisy noise grainy speckled mottled static",
             "dotted": "dotted dots dot spotted spots polka dotty",
         },
-        "colour": {c: c for c in COLOURS} | {
-            "gray": "gray grey", "purple": "purple violet", "pink": "pink magenta", "cyan": "cyan teal turquoise aqua",
-            "yellow": "yellow gold golden", "green": "green lime", "blue": "blue navy",
+        "colour": {c: c for c in COLOURS}
+        | {
+            "gray": "gray grey",
+            "purple": "purple violet",
+            "pink": "pink magenta",
+            "cyan": "cyan teal turquoise aqua",
+            "yellow": "yellow gold golden",
+            "green": "green lime",
+            "blue": "blue navy",
         },
         "shape": {
-            "circle": "circle disc disk round", "square": "square rectangle", "triangle": "triangle",
-            "diamond": "diamond rhombus", "cross": "cross plus", "star": "star",
+            "circle": "circle disc disk round",
+            "square": "square rectangle",
+            "triangle": "triangle",
+            "diamond": "diamond rhombus",
+            "cross": "cross plus",
+            "star": "star",
         },
         "size": {"small": "small tiny little mini", "large": "large big huge giant"},
         "count": {
@@ -278,6 +296,7 @@ def as_description(description: Description | str) -> Description:
 
 # --- drawing ---------------------------------------------------------------------------------------------------------
 
+
 def _polygon_mask(vertices: np.ndarray, w: int, h: int, tol: float = 0.75) -> np.ndarray:
     """Pixels whose centre lies inside the polygon or within ``tol`` pixels of its outline; the tolerance makes sharp
     tips that touch the box edge light a pixel, so the drawn extent fills the box."""
@@ -334,8 +353,13 @@ def shape_mask(shape: str, w: int, h: int) -> np.ndarray:
 Box = tuple[int, int, int, int]
 
 
-def draw_shape(target: np.ndarray | Image.Image, shape: str, colour: str | tuple[int, int, int],
-               box: tuple[float, float, float, float] | list[float], mask: np.ndarray | None = None) -> Box | None:
+def draw_shape(
+    target: np.ndarray | Image.Image,
+    shape: str,
+    colour: str | tuple[int, int, int],
+    box: tuple[float, float, float, float] | list[float],
+    mask: np.ndarray | None = None,
+) -> Box | None:
     """Draw a filled ``shape`` in ``box`` (``[x1, y1, x2, y2]``, pixels ``x1 <= x < x2``) onto ``target`` in place.
 
     ``target`` is an ``[H, W, 3]`` uint8 array or an RGB PIL image; ``colour`` a name from COLOURS or an RGB triple.
@@ -347,7 +371,7 @@ def draw_shape(target: np.ndarray | Image.Image, shape: str, colour: str | tuple
         arr = np.array(target.convert("RGB"))
         drawn = draw_shape(arr, shape, rgb, box, mask)
         if drawn is not None:
-            target.paste(Image.fromarray(arr[drawn[1]:drawn[3], drawn[0]:drawn[2]]), drawn[:2])
+            target.paste(Image.fromarray(arr[drawn[1] : drawn[3], drawn[0] : drawn[2]]), drawn[:2])
         return drawn
     x1, y1, x2, y2 = (int(round(v)) for v in box)
     local = shape_mask(shape, x2 - x1, y2 - y1)
@@ -355,7 +379,7 @@ def draw_shape(target: np.ndarray | Image.Image, shape: str, colour: str | tuple
     cx1, cy1, cx2, cy2 = max(x1, 0), max(y1, 0), min(x2, w), min(y2, h)
     if cx1 >= cx2 or cy1 >= cy2:
         return None
-    sub = local[cy1 - y1:cy2 - y1, cx1 - x1:cx2 - x1]
+    sub = local[cy1 - y1 : cy2 - y1, cx1 - x1 : cx2 - x1]
     target[cy1:cy2, cx1:cx2][sub] = rgb
     if mask is not None:
         mask[cy1:cy2, cx1:cx2] |= sub
@@ -366,6 +390,7 @@ def draw_shape(target: np.ndarray | Image.Image, shape: str, colour: str | tuple
 
 
 # --- rendering -------------------------------------------------------------------------------------------------------
+
 
 class Placed(NamedTuple):
     """A distractor the painter drew: its attributes and tight box ``(x1, y1, x2, y2)`` in pixels."""
@@ -434,8 +459,9 @@ def _integral(mask: np.ndarray) -> np.ndarray:
     return out
 
 
-def _layout(d: Description, w: int, h: int, avoid: np.ndarray, rng: np.random.Generator,
-            n: int | None, candidates: int = 64) -> list[tuple[str, str, str, Box]]:
+def _layout(
+    d: Description, w: int, h: int, avoid: np.ndarray, rng: np.random.Generator, n: int | None, candidates: int = 64
+) -> list[tuple[str, str, str, Box]]:
     """Square boxes for the distractors: each takes, among ``candidates`` random positions, the first that overlaps
     ``avoid`` and the distractors placed before it the least (so it only lands on kept pixels when nothing else fits)."""
     if d.count == "no":
@@ -467,9 +493,15 @@ def _layout(d: Description, w: int, h: int, avoid: np.ndarray, rng: np.random.Ge
     return boxes
 
 
-def render_with_layout(image: Image.Image, keep_mask: np.ndarray, description: Description | str, seed: int, *,
-                       n_distractors: int | None = None,
-                       avoid_mask: np.ndarray | None = None) -> tuple[Image.Image, list[Placed]]:
+def render_with_layout(
+    image: Image.Image,
+    keep_mask: np.ndarray,
+    description: Description | str,
+    seed: int,
+    *,
+    n_distractors: int | None = None,
+    avoid_mask: np.ndarray | None = None,
+) -> tuple[Image.Image, list[Placed]]:
     """``render`` that also returns the distractors it drew (``Placed``, boxes before compositing).
 
     ``n_distractors`` overrides the number drawn from the count word's range; ``avoid_mask`` (bool ``[H, W]``,
@@ -496,13 +528,21 @@ def render_with_layout(image: Image.Image, keep_mask: np.ndarray, description: D
     return Image.fromarray(out, "RGB"), placed
 
 
-def render(image: Image.Image, keep_mask: np.ndarray, description: Description | str, seed: int, *,
-           n_distractors: int | None = None, avoid_mask: np.ndarray | None = None) -> Image.Image:
+def render(
+    image: Image.Image,
+    keep_mask: np.ndarray,
+    description: Description | str,
+    seed: int,
+    *,
+    n_distractors: int | None = None,
+    avoid_mask: np.ndarray | None = None,
+) -> Image.Image:
     """Paint ``description`` (background, then distractors) everywhere ``keep_mask`` is False.
 
     Returns a new RGB image of the input's size; pixels where ``keep_mask`` is True equal ``image.convert("RGB")``
     bit for bit. Deterministic per (description, seed, size, mask). A text description is parsed leniently; text with
     no grammar word raises ValueError.
     """
-    return render_with_layout(image, keep_mask, description, seed, n_distractors=n_distractors,
-                              avoid_mask=avoid_mask)[0]
+    return render_with_layout(image, keep_mask, description, seed, n_distractors=n_distractors, avoid_mask=avoid_mask)[
+        0
+    ]

@@ -110,8 +110,15 @@ def _side(rng: np.random.Generator, size: str, image_size: int) -> int:
     return max(3, int(round(rng.uniform(lo, hi) * image_size)))
 
 
-def _place(rng: np.random.Generator, side: int, boxes: list[tuple[int, int, int, int]], image_size: int,
-           near: tuple[int, int, int, int] | None = None, gap: int = 3, tries: int = 64) -> tuple[int, int, int, int] | None:
+def _place(
+    rng: np.random.Generator,
+    side: int,
+    boxes: list[tuple[int, int, int, int]],
+    image_size: int,
+    near: tuple[int, int, int, int] | None = None,
+    gap: int = 3,
+    tries: int = 64,
+) -> tuple[int, int, int, int] | None:
     """A ``side x side`` box inside the image, ``gap`` pixels clear of ``boxes``; with ``near``, within reach of that
     box. The first free candidate of ``tries`` random ones, or None."""
     lo, hi = 2, image_size - side - 2
@@ -179,7 +186,8 @@ def make_scene(split: str, index: int, seed: int, size: int = 224, task: str = "
         if box is None:
             if role == "target":
                 box = _place(rng, side, boxes, size, tries=4096)
-                assert box is not None, "a target found no room; the size ranges are too large for the image"
+                if box is None:
+                    raise RuntimeError(f"{split} scene {index}: no room for a target; grammar.SIZE_FRACTIONS too large")
             else:
                 continue
         boxes.append(box)
@@ -193,8 +201,9 @@ def make_scene(split: str, index: int, seed: int, size: int = 224, task: str = "
     if painted is None:
         description = Description(kind, colour, colour2)
     else:
-        description = Description(kind, colour, colour2, grammar.count_word(n_painted), painted.shape,
-                                  painted.colour, painted.size)
+        description = Description(
+            kind, colour, colour2, grammar.count_word(n_painted), painted.shape, painted.colour, painted.size
+        )
 
     canvas = np.zeros((size, size, 3), dtype=np.uint8)
     keep = np.zeros((size, size), dtype=bool)
@@ -203,12 +212,14 @@ def make_scene(split: str, index: int, seed: int, size: int = 224, task: str = "
         assert drawn == tuple(obj["box"]), "shape masks fill their box"
     avoid = np.zeros((size, size), dtype=bool)
     for x1, y1, x2, y2 in boxes:
-        avoid[max(0, y1 - 3):y2 + 3, max(0, x1 - 3):x2 + 3] = True
+        avoid[max(0, y1 - 3) : y2 + 3, max(0, x1 - 3) : x2 + 3] = True
     render_seed = int(rng.integers(2**31))
-    image, placed = grammar.render_with_layout(Image.fromarray(canvas), keep, description, render_seed,
-                                               n_distractors=n_painted, avoid_mask=avoid)
-    objects += [{"role": "distractor", "size": p.size, "colour": p.colour, "shape": p.shape, "box": list(p.box)}
-                for p in placed]
+    image, placed = grammar.render_with_layout(
+        Image.fromarray(canvas), keep, description, render_seed, n_distractors=n_painted, avoid_mask=avoid
+    )
+    objects += [
+        {"role": "distractor", "size": p.size, "colour": p.colour, "shape": p.shape, "box": list(p.box)} for p in placed
+    ]
 
     if task == "rec":
         query = f"the {target.size} {target.colour} {target.shape}"
@@ -218,14 +229,25 @@ def make_scene(split: str, index: int, seed: int, size: int = 224, task: str = "
         solution = sorted((o["box"] for o in objects if o["role"] == "target"), key=lambda b: (b[1], b[0]))
     prefix = "toy" if task == "rec" else "toy-ovd"
     meta = {
-        "split": split, "index": index, "seed": seed, "task": task, "width": size, "height": size,
-        "query": query, "objects": objects, "description": str(description), "render_seed": render_seed,
+        "split": split,
+        "index": index,
+        "seed": seed,
+        "task": task,
+        "width": size,
+        "height": size,
+        "query": query,
+        "objects": objects,
+        "description": str(description),
+        "render_seed": render_seed,
     }
     meta["difficulty"] = round(difficulty(meta), 4)
     return {
         "id": f"{prefix}-{split}-{index:06d}",
         "image": image,
-        "conversations": [{"from": "human", "value": f"<image>{query}"}, {"from": "gpt", "value": json.dumps(solution)}],
+        "conversations": [
+            {"from": "human", "value": f"<image>{query}"},
+            {"from": "gpt", "value": json.dumps(solution)},
+        ],
         "solution": solution,
         "task": task,
         "width": size,
@@ -245,6 +267,7 @@ def generate_split(split: str, n: int, seed: int, size: int = 224, task: str = "
 
 
 # --- difficulty ------------------------------------------------------------------------------------------------------
+
 
 def difficulty(scene: dict[str, Any]) -> float:
     """A [0, 1] estimate of how hard a scene is (a record with ``meta`` or the ``meta`` itself).
@@ -282,20 +305,26 @@ def difficulty(scene: dict[str, Any]) -> float:
 
 # --- SFT warm start --------------------------------------------------------------------------------------------------
 
+
 def _scale_box(box: Sequence[float], sx: float, sy: float, input_wh: tuple[int, int]) -> list[int]:
     w, h = input_wh
     x1, y1, x2, y2 = box
-    return [int(np.clip(np.floor(x1 * sx + 0.5), 0, w)), int(np.clip(np.floor(y1 * sy + 0.5), 0, h)),
-            int(np.clip(np.floor(x2 * sx + 0.5), 0, w)), int(np.clip(np.floor(y2 * sy + 0.5), 0, h))]
+    return [
+        int(np.clip(np.floor(x1 * sx + 0.5), 0, w)),
+        int(np.clip(np.floor(y1 * sy + 0.5), 0, h)),
+        int(np.clip(np.floor(x2 * sx + 0.5), 0, w)),
+        int(np.clip(np.floor(y2 * sy + 0.5), 0, h)),
+    ]
 
 
 def _query(record: dict[str, Any]) -> str:
-    if isinstance(record.get("problem"), str):
-        return record["problem"].replace("<image>", "").strip()
+    for key in ("query", "problem"):  # a Sample-like dict, or VLM-R1's alternative key
+        if isinstance(record.get(key), str):
+            return record[key].replace("<image>", "").strip()
     for turn in record.get("conversations", []):
         if turn.get("from") in ("human", "user"):
             return str(turn.get("value", "")).replace("<image>", "").strip()
-    return str(record.get("meta", {}).get("query", ""))
+    return str((record.get("meta") or {}).get("query", ""))
 
 
 def sft_target(record: dict[str, Any], input_wh: tuple[int, int]) -> str:
@@ -338,11 +367,14 @@ def sft_target(record: dict[str, Any], input_wh: tuple[int, int]) -> str:
     else:
         box = solution[0] if solution and isinstance(solution[0], list) else solution
         answer = json.dumps(_scale_box(box, sx, sy, input_wh))
-    return (f"<think>{think}</think><diversity>{value:.2f}</diversity>"
-            f"<description>{description}</description><answer>{answer}</answer>")
+    return (
+        f"<think>{think}</think><diversity>{value:.2f}</diversity>"
+        f"<description>{description}</description><answer>{answer}</answer>"
+    )
 
 
 # --- export ----------------------------------------------------------------------------------------------------------
+
 
 def jsonl_path(out_dir: str | Path, split: str, task: str = "rec") -> Path:
     """``out_dir/{split}.jsonl`` for REC, ``out_dir/{split}_ovd.jsonl`` for OVD (the two can share a folder)."""
@@ -382,8 +414,15 @@ def export_jsonl(out_dir: str | Path, split: str, n: int, seed: int, task: str =
     out_dir = Path(out_dir)
     path = jsonl_path(out_dir, split, task)
     manifest = path.with_name(path.name + ".manifest.json")
-    params = {"generator": "datamodules.toy", "version": TOY_VERSION, "split": split, "n": n, "seed": seed,
-              "size": size, "task": task}
+    params = {
+        "generator": "datamodules.toy",
+        "version": TOY_VERSION,
+        "split": split,
+        "n": n,
+        "seed": seed,
+        "size": size,
+        "task": task,
+    }
     if _reusable(path, manifest, params):
         return path
     (out_dir / "images").mkdir(parents=True, exist_ok=True)
@@ -403,8 +442,12 @@ def export_jsonl(out_dir: str | Path, split: str, n: int, seed: int, task: str =
 def main(argv: Sequence[str] | None = None) -> list[Path]:
     parser = argparse.ArgumentParser(prog="python -m datamodules.toy", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("data/toy"), help="output folder (images/ and *.jsonl)")
-    parser.add_argument("--splits", nargs="+", default=["train:512", "val:128", "ood:128"],
-                        help="split:count pairs, splits from " + ", ".join(SPLITS))
+    parser.add_argument(
+        "--splits",
+        nargs="+",
+        default=["train:512", "val:128", "ood:128"],
+        help="split:count pairs, splits from " + ", ".join(SPLITS),
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--size", type=int, default=224, help="square image side in pixels")
     parser.add_argument("--task", choices=TASKS, default="rec")

@@ -400,25 +400,23 @@ class GRPOModule(L.LightningModule):
         if not is_ovd:
             logs.update({f"{kind}/{name}/acc50": mets["acc50"], f"{kind}/{name}/miou": mets["miou"]})
         self.log_dict(logs, batch_size=len(batch), on_step=False, on_epoch=True, add_dataloader_idx=False)
-        if is_ovd:
-            self._ovd_pending.add(key)
 
     def _log_detection(self, kind: str) -> None:
-        for key in sorted(getattr(self, "_ovd_pending", set())):
-            if key.startswith(kind):
-                res = self.eval_metrics[key]["det"].compute()
-                name = key.split("__", 1)[1]
-                for k in ("map", "map_50", "gp", "gr"):
-                    self.log(f"{kind}/{name}/{k}", float(res[k]), add_dataloader_idx=False)
-                self.eval_metrics[key]["det"].reset()
-        self._ovd_pending = set()
+        """mAP / GP / GR of every OVD set. ``compute()`` is a collective: every rank walks the same sets (taken from
+        the datamodule, identical on all ranks) in the same order."""
+        dm = getattr(self.trainer, "datamodule", None)
+        sets = getattr(dm, "eval_sets", {}).get(kind, {}) if dm is not None else {}
+        for name, ds in sets.items():
+            key = f"{kind}__{name}"
+            if not ds.records or ds.records[0].task != "ovd" or key not in self.eval_metrics:
+                continue
+            res = self.eval_metrics[key]["det"].compute()
+            for k in ("map", "map_50", "gp", "gr"):
+                self.log(f"{kind}/{name}/{k}", float(res[k]), add_dataloader_idx=False, sync_dist=False)
+            self.eval_metrics[key]["det"].reset()
 
     def on_validation_epoch_start(self) -> None:
-        self._ovd_pending = set()
         self._move_reference()
-
-    def on_test_epoch_start(self) -> None:
-        self._ovd_pending = set()
 
     def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0):
         self._eval_step("val", batch, dataloader_idx)

@@ -381,7 +381,8 @@ def fast_generate(
     cuda_graph: bool | None = None,
     check_every: int = 16,
     image_embeds: torch.Tensor | None = None,
-) -> torch.LongTensor:
+    return_logprobs: bool = False,
+) -> torch.LongTensor | tuple[torch.LongTensor, torch.Tensor]:
     """Sample ``group_size`` completions for each of the B prompts.
 
     Args:
@@ -396,9 +397,13 @@ def fast_generate(
         cuda_graph: capture the decode step as a CUDA graph (default: on when the model is on CUDA).
         check_every: read "all rows finished?" back to the host every this many tokens (early exit).
         image_embeds: precomputed merged vision features (skip the vision tower), e.g. from `image_embeddings`.
+        return_logprobs: also return each sampled token's log-prob under ``log_softmax(logits / temperature)``
+            (temperature 1 when greedy; before suppression, min_new_tokens and top-p; 0 after EOS): the
+            "old log-probs" of the rollout policy, as TRL computes them.
 
     Returns:
-        ``[B*G, T_new]`` token ids, ``T_new <= max_new_tokens`` (the longest completion, like `generate`).
+        ``[B*G, T_new]`` token ids, ``T_new <= max_new_tokens`` (the longest completion, like `generate`);
+        with ``return_logprobs`` a pair (ids, float32 log-probs of the same shape).
     """
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
@@ -461,9 +466,14 @@ def fast_generate(
     finished = torch.zeros(N, dtype=torch.bool, device=device)
     lengths = torch.zeros(N, dtype=torch.long, device=device)  # tokens generated per row, EOS included
     pad = torch.full((N,), pad_token_id, dtype=torch.long, device=device)
+    out_lp = torch.zeros((N, T), dtype=torch.float32, device=device) if return_logprobs else None
+    lp_temp = temperature if temperature > 0 else 1.0
 
-    def accept(tok: torch.Tensor, j: int) -> torch.Tensor:
+    def accept(tok: torch.Tensor, j: int, logits: torch.Tensor) -> torch.Tensor:
         nonlocal finished
+        if out_lp is not None:
+            lp = (logits.float() / lp_temp).log_softmax(-1).gather(1, tok[:, None])[:, 0]
+            out_lp[:, j] = lp.masked_fill(finished, 0.0)
         tok = torch.where(finished, pad, tok)
         out[:, j] = tok
         lengths.add_((~finished).long())
@@ -471,7 +481,7 @@ def fast_generate(
             finished = finished | torch.isin(tok, eos)
         return tok
 
-    tok = accept(_process_and_sample(prefill_logits, 0, **sample), 0)
+    tok = accept(_process_and_sample(prefill_logits, 0, **sample), 0, prefill_logits)
 
     # 4) decode: token j is fed to produce token j+1
     for j in range(T - 1):
@@ -479,7 +489,9 @@ def fast_generate(
             break
         eng.tok.copy_(tok)
         logits = eng.run_step()
-        tok = accept(_process_and_sample(logits, j + 1, **sample), j + 1)
+        tok = accept(_process_and_sample(logits, j + 1, **sample), j + 1, logits)
 
-    t_out = int(lengths.max()) if N else 0
-    return out[:, : max(t_out, 1)].clone()
+    t_out = max(int(lengths.max()) if N else 0, 1)
+    if out_lp is not None:
+        return out[:, :t_out].clone(), out_lp[:, :t_out].clone()
+    return out[:, :t_out].clone()

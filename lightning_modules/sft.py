@@ -12,7 +12,7 @@ normal HF directory that ``configs/tiny.yaml`` loads with ``from_pretrained``.
 
 from __future__ import annotations
 
-import random
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,6 +87,8 @@ class SFTModule(L.LightningModule):
         dtype: ``auto``, ``bf16``, ``fp16`` or ``fp32``.
         export_dir: ``save_pretrained`` the trained policy and processor here at the end of fit.
         eval_max_new_tokens: generation length of validation (sampled format rate and greedy IoU).
+        warmup_ratio: fraction of the steps with a linear learning-rate warm-up.
+        cosine_decay: decay the learning rate to 0 with a cosine after the warm-up.
         gradient_checkpointing: trade compute for memory.
         optimizer: optimizer factory (LightningCLI).
     """
@@ -101,6 +103,8 @@ class SFTModule(L.LightningModule):
         local_files_only: bool = True,
         export_dir: str | None = None,
         eval_max_new_tokens: int = 96,
+        warmup_ratio: float = 0.05,
+        cosine_decay: bool = True,
         gradient_checkpointing: bool = False,
         optimizer: OptimizerCallable = _default_optimizer,
         seed: int = 0,
@@ -109,6 +113,7 @@ class SFTModule(L.LightningModule):
         if target not in TARGETS:
             raise ValueError(f"--model.target must be one of {sorted(TARGETS)}, got {target!r}")
         self.save_hyperparameters(ignore=["optimizer"])
+        self.tiny_spec = TinySpec(**build_tiny) if isinstance(build_tiny, dict) else build_tiny
         self.optimizer_factory = optimizer
         self.policy = None
         self.processor = None
@@ -121,20 +126,20 @@ class SFTModule(L.LightningModule):
 
         texts = [CHAT_TEMPLATE, "system\nYou are a helpful assistant.", "user\n", "assistant\n"]
         texts += [t for task in PROMPT_TEMPLATES.values() for t in task.values()]
-        size = self.hparams.build_tiny.image_size
+        size = self.tiny_spec.image_size
         for rec in dm.train_records():
             s = load_sample(rec)
             texts.append(PROMPT_TEMPLATES[self.hparams.prompt_template][s.task].format(query=s.query))
             texts.append(TARGETS[self.hparams.target](s, (size, size)))
-        return texts + list(self.hparams.build_tiny.extra_corpus)
+        return texts + list(self.tiny_spec.extra_corpus)
 
     def configure_model(self) -> None:
         if self.policy is not None:
             return
         hp = self.hparams
         path = Path(hp.model_name_or_path)
-        if hp.build_tiny is not None and not (path / "config.json").exists():
-            spec = hp.build_tiny
+        if self.tiny_spec is not None and not (path / "config.json").exists():
+            spec = self.tiny_spec
             build_tiny_qwen2_5_vl(
                 path, self._corpus(), vocab_size=spec.vocab_size, image_size=spec.image_size, seed=hp.seed,
                 hidden_size=spec.hidden_size, layers=spec.layers, heads=spec.heads, kv_heads=spec.kv_heads,
@@ -146,7 +151,19 @@ class SFTModule(L.LightningModule):
             self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
     def configure_optimizers(self):
-        return self.optimizer_factory([p for p in self.parameters() if p.requires_grad])
+        opt = self.optimizer_factory([p for p in self.parameters() if p.requires_grad])
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warm = max(1, int(self.hparams.warmup_ratio * total))
+
+        def factor(step: int) -> float:
+            if step < warm:
+                return (step + 1) / warm
+            if not self.hparams.cosine_decay:
+                return 1.0
+            return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm))))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def encode(self, batch) -> dict[str, torch.Tensor]:
         """Processor inputs for prompt + target, with ``labels`` = -100 everywhere but the target tokens."""

@@ -31,15 +31,18 @@ DISTRACTORS = [("no", None, None, None)] + list(itertools.product(COUNTS[1:], SH
 BACKS = list(itertools.product(BACKGROUNDS, NAMES, [None, *NAMES]))
 
 descriptions = st.builds(
-    lambda back, dis: Description(*back, *dis), st.sampled_from(BACKS), st.sampled_from(DISTRACTORS))
+    lambda back, dis: Description(*back, *dis), st.sampled_from(BACKS), st.sampled_from(DISTRACTORS)
+)
 
 
 def test_canonical_text():
     d = Description("striped", "blue", "white", "many", "triangle", "green", "small")
     assert format_description(d) == "a striped blue and white background with many small green triangles"
     assert str(Description()) == "a plain white background with no distractors"
-    assert format_description(Description("dotted", "gray", count="few", shape="cross", shape_colour="red",
-                                          size="large")) == "a dotted gray background with few large red crosses"
+    assert (
+        format_description(Description("dotted", "gray", count="few", shape="cross", shape_colour="red", size="large"))
+        == "a dotted gray background with few large red crosses"
+    )
 
 
 def test_round_trip_every_background_and_every_distractor_group():
@@ -74,17 +77,24 @@ def test_description_normalises_and_validates():
         Description(count="few", shape_colour="mauve")
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("Many tiny GREEN triangles on a Striped blue background.",
-     Description("striped", "blue", None, "many", "triangle", "green", "small")),
-    ("a grey backdrop", Description("plain", "gray")),
-    ("red", Description("plain", "red")),
-    ("lots of big stars", Description("plain", "white", None, "many", "star", "red", "large")),
-    ("3 yellow circles, blue and white checkerboard", Description("checkered", "blue", "white", "few", "circle",
-                                                                  "yellow", "small")),
-    ("A dog in a messy living room with knit blanket", None),
-    ("", None),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "Many tiny GREEN triangles on a Striped blue background.",
+            Description("striped", "blue", None, "many", "triangle", "green", "small"),
+        ),
+        ("a grey backdrop", Description("plain", "gray")),
+        ("red", Description("plain", "red")),
+        ("lots of big stars", Description("plain", "white", None, "many", "star", "red", "large")),
+        (
+            "3 yellow circles, blue and white checkerboard",
+            Description("checkered", "blue", "white", "few", "circle", "yellow", "small"),
+        ),
+        ("A dog in a messy living room with knit blanket", None),
+        ("", None),
+    ],
+)
 def test_parse_free_text(text, expected):
     assert parse_description(text) == expected
 
@@ -96,8 +106,26 @@ def test_parse_never_raises_on_any_text(text):
     assert d is None or parse_description(format_description(d)) == d
 
 
-VOCAB = ["a", "and", "with", "no", "background", "shapes", "12", "99999", "0", "stripes", *BACKGROUNDS, *NAMES,
-         *SHAPES, *SIZES, *COUNTS, "crosses", "grey", "big"]
+VOCAB = [
+    "a",
+    "and",
+    "with",
+    "no",
+    "background",
+    "shapes",
+    "12",
+    "99999",
+    "0",
+    "stripes",
+    *BACKGROUNDS,
+    *NAMES,
+    *SHAPES,
+    *SIZES,
+    *COUNTS,
+    "crosses",
+    "grey",
+    "big",
+]
 
 
 @settings(max_examples=300)
@@ -155,7 +183,7 @@ def _scene(seed: int, h: int, w: int) -> tuple[Image.Image, np.ndarray]:
     keep = rng.random((h, w)) < rng.uniform(0, 0.3)  # scattered pixels ...
     for _ in range(rng.integers(0, 4)):  # ... and solid rectangles, as a box mask would be
         x1, y1 = rng.integers(0, w), rng.integers(0, h)
-        keep[y1:y1 + rng.integers(1, h), x1:x1 + rng.integers(1, w)] = True
+        keep[y1 : y1 + rng.integers(1, h), x1 : x1 + rng.integers(1, w)] = True
     return image, keep
 
 
@@ -200,8 +228,9 @@ def test_distractor_count_and_avoidance(count):
             x1, y1, x2, y2 = p.box
             assert not keep[y1:y2, x1:x2].any()
             assert 0 <= x1 < x2 <= 224 and 0 <= y1 < y2 <= 224
-    _, placed = render_with_layout(Image.new("RGB", (224, 224)), keep, d.__class__("plain", count="many"), 0,
-                                   n_distractors=2)
+    _, placed = render_with_layout(
+        Image.new("RGB", (224, 224)), keep, d.__class__("plain", count="many"), 0, n_distractors=2
+    )
     assert len(placed) == 2
 
 
@@ -215,4 +244,12 @@ def test_render_errors_name_the_problem():
 
 def test_count_word():
     assert [grammar.count_word(n) for n in (0, 1, 3, 4, 6, 7, 10, 50)] == [
-        "no", "few", "few", "some", "some", "many", "many", "many"]
+        "no",
+        "few",
+        "few",
+        "some",
+        "some",
+        "many",
+        "many",
+        "many",
+    ]

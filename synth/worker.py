@@ -1,0 +1,200 @@
+"""The worker process: owns one painter on one device and turns work items into audited files.
+
+The HTTP process starts one of these per configured device (``multiprocessing`` spawn, so CUDA is initialised only
+here) and talks to it over a private pipe:
+
+- worker -> server: ``("ready", pid)`` once the painter is loaded, or ``("error", message)`` if it cannot be;
+  then ``("done", [result, ...])`` for every batch.
+- server -> worker: a list of work items (plain dicts, see :func:`run_batch`), or ``None`` to exit.
+
+A job that fails on its own (unreadable image, painter exception, failed audit) comes back as a failed result; the
+worker keeps going. A crash (segfault, OOM kill, ``os.kill``) ends the process: the server sees the pipe close,
+restarts the worker and retries the batch's jobs. The worker exits when the server's end of the pipe closes.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+import traceback
+import uuid
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from synth.compose import (
+    Audit,
+    CanvasGeometry,
+    audit_result,
+    mask_to_canvas,
+    paste_back,
+    place_image,
+)
+from synth.foreground import build_masker, keep_mask
+from synth.painters import PaintJob, build_painter
+
+
+def _limit_threads(n: int | None) -> None:
+    if n is None:
+        return
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(n)
+
+
+def worker_main(
+    index: int,
+    device: str,
+    painter_cfg: dict[str, Any],
+    foreground_cfg: dict[str, Any],
+    threads: int | None,
+    conn: Connection,
+) -> None:
+    """Entry point of a worker process (must stay importable without side effects: it is spawned)."""
+    _limit_threads(threads)
+    try:
+        if threads is not None:
+            import cv2
+
+            cv2.setNumThreads(threads)
+        painter = build_painter(device=device, **painter_cfg)
+        painter.load()
+        fg_cfg = dict(foreground_cfg)
+        if fg_cfg.get("name") == "ben2" and fg_cfg.get("device") is None:
+            fg_cfg["device"] = device
+        masker = build_masker(**fg_cfg)
+    except BaseException as e:  # report why, then exit: the server decides whether to try again
+        conn.send(("error", f"worker {index} on {device} could not start: {type(e).__name__}: {e}"))
+        conn.close()
+        return
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            items = conn.recv()
+        except (EOFError, OSError):
+            break  # the server is gone
+        if items is None:
+            break
+        conn.send(("done", run_batch(painter, masker, items)))
+    conn.close()
+
+
+def _audit_dict(a: Audit) -> dict[str, Any]:
+    return dict(
+        passed=a.passed,
+        foreground_pixels=a.foreground_pixels,
+        mismatched_pixels=a.mismatched_pixels,
+        boxes_inside=a.boxes_inside,
+        boxes_nonempty=a.boxes_nonempty,
+        size_ok=a.size_ok,
+        message=a.message,
+    )
+
+
+def _load_image(item: dict[str, Any]) -> Image.Image:
+    if item.get("image_bytes") is not None:
+        image = Image.open(io.BytesIO(item["image_bytes"]))
+    else:
+        image = Image.open(item["image_path"])
+    image.load()
+    return image
+
+
+def run_batch(painter, masker, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mask, paint, paste back, write and audit a batch of work items.
+
+    Each item: ``uid, job_id, image_path | image_bytes, boxes`` (input pixels, already clipped to the image),
+    ``description, seed, canvas`` (CanvasParams as a dict), ``output_path``. Each result: ``uid, ok, error, result``
+    (a ``JobResult`` dict) and the timings ``run_s, paint_s``.
+    """
+    t0 = time.perf_counter()
+    results: dict[str, dict[str, Any]] = {}
+    prepared: list[tuple[dict[str, Any], PaintJob, np.ndarray, list[list[float]], CanvasGeometry]] = []
+    for item in items:
+        try:
+            image = _load_image(item)
+            geom = CanvasGeometry.from_params(image.width, image.height, **item["canvas"])
+            canvas = place_image(image, geom)
+            sx, sy = geom.img_w / geom.src_w, geom.img_h / geom.src_h
+            rows, cols = geom.image_region()
+            img_boxes = [[b[0] * sx, b[1] * sy, b[2] * sx, b[3] * sy] for b in item["boxes"]]
+            fg = keep_mask(masker, canvas[rows, cols], img_boxes)
+            keep = mask_to_canvas(fg, geom)
+            known = mask_to_canvas(np.ones((geom.img_h, geom.img_w), dtype=bool), geom)
+            out_boxes = [geom.transform_box(b) for b in item["boxes"]]
+            job = PaintJob(item["job_id"], canvas, keep, known, item["description"], int(item["seed"]))
+            prepared.append((item, job, canvas, out_boxes, geom))
+        except Exception as e:
+            results[item["uid"]] = _failure(item, f"could not prepare the job: {type(e).__name__}: {e}")
+    paint_s = 0.0
+    painted: list[np.ndarray] = []
+    if prepared:
+        t_paint = time.perf_counter()
+        try:
+            painted = painter.paint([p[1] for p in prepared])
+            if len(painted) != len(prepared):
+                raise RuntimeError(f"painter returned {len(painted)} images for {len(prepared)} jobs")
+        except Exception as e:
+            msg = f"painter {painter.name!r} failed: {type(e).__name__}: {e}"
+            for item, *_ in prepared:
+                results[item["uid"]] = _failure(item, msg, detail=traceback.format_exc(limit=5))
+            prepared, painted = [], []
+        paint_s = time.perf_counter() - t_paint
+    for (item, job, canvas, out_boxes, geom), image in zip(prepared, painted):
+        try:
+            results[item["uid"]] = _finish(item, job, canvas, out_boxes, geom, image, painter, masker, len(prepared))
+        except Exception as e:
+            results[item["uid"]] = _failure(item, f"could not write the result: {type(e).__name__}: {e}")
+    run_s = time.perf_counter() - t0
+    out = []
+    for item in items:
+        r = results[item["uid"]]
+        r.update(run_s=run_s, paint_s=paint_s)
+        out.append(r)
+    return out
+
+
+def _failure(item: dict[str, Any], error: str, detail: str | None = None) -> dict[str, Any]:
+    return dict(uid=item["uid"], job_id=item["job_id"], ok=False, error=error, detail=detail, result=None)
+
+
+def _finish(item, job: PaintJob, canvas, out_boxes, geom: CanvasGeometry, image, painter, masker, batch_size):
+    image = np.asarray(image, dtype=np.uint8)
+    if image.shape != canvas.shape:
+        return _failure(item, f"painter returned a {image.shape} image for a {canvas.shape} canvas")
+    final = paste_back(image, canvas, job.keep)
+    # Atomic write: a temp file next to the output, read back and audited, then renamed over it (os.replace is
+    # atomic on POSIX) or deleted. A reader never sees a partial or unaudited file.
+    out_path = item["output_path"]
+    if item.get("image_path") and os.path.exists(out_path) and os.path.samefile(out_path, item["image_path"]):
+        return _failure(item, f"refusing to overwrite the input image {item['image_path']}")
+    os.makedirs(os.path.dirname(out_path), exist_ok=True)
+    tmp = os.path.join(os.path.dirname(out_path), f".{os.path.basename(out_path)}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            Image.fromarray(final, "RGB").save(f, format="PNG", compress_level=1)
+            f.flush()
+            os.fsync(f.fileno())
+        with Image.open(tmp) as written:
+            on_disk = np.asarray(written.convert("RGB"), dtype=np.uint8)
+        audit = audit_result(on_disk, canvas, job.keep, out_boxes, geom.canvas_w, geom.canvas_h)
+        if not audit.passed:
+            return dict(_failure(item, f"audit failed: {audit.message}"), audit=_audit_dict(audit))
+        os.replace(tmp, out_path)
+        tmp = None
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+    result = dict(
+        output_path=out_path,
+        width=geom.canvas_w,
+        height=geom.canvas_h,
+        boxes=out_boxes,
+        audit=_audit_dict(audit),
+        painter=painter.name,
+        foreground=getattr(masker, "name", type(masker).__name__),
+        batch_size=batch_size,
+    )
+    return dict(uid=item["uid"], job_id=item["job_id"], ok=True, error=None, detail=None, result=result)

@@ -1,0 +1,191 @@
+"""The toy world: reproducible scenes, unique queries, tight boxes, a loadable JSONL, a harder OOD split."""
+
+import json
+import re
+from collections import Counter
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from datamodules import grammar, toy
+
+
+@pytest.fixture(scope="module")
+def scenes():
+    return {split: toy.generate_split(split, 150, seed=0) for split in ("train", "ood")}
+
+
+def _triple(o):
+    return (o["size"], o["colour"], o["shape"])
+
+
+def test_same_seed_same_bytes_and_prefix_stable():
+    a = toy.generate_split("val", 6, seed=3)
+    b = toy.generate_split("val", 4, seed=3)  # n records are a prefix of n + k
+    for ra, rb in zip(a, b):
+        assert ra["image"].tobytes() == rb["image"].tobytes()
+        assert {k: v for k, v in ra.items() if k != "image"} == {k: v for k, v in rb.items() if k != "image"}
+    c = toy.generate_split("val", 4, seed=4)
+    assert all(ra["image"].tobytes() != rc["image"].tobytes() for ra, rc in zip(a, c))
+    train = toy.generate_split("train", 4, seed=3)  # splits never share scenes
+    assert all(ra["image"].tobytes() != rt["image"].tobytes() for ra, rt in zip(a, train))
+
+
+@pytest.mark.parametrize("split", ["train", "ood"])
+def test_query_names_exactly_one_object(scenes, split):
+    for rec in scenes[split]:
+        objects = rec["meta"]["objects"]
+        target = objects[0]
+        assert target["role"] == "target" and sum(o["role"] == "target" for o in objects) == 1
+        assert rec["conversations"][0]["value"] == "<image>the {} {} {}".format(*_triple(target))
+        assert Counter(_triple(o) for o in objects)[_triple(target)] == 1
+        assert rec["solution"] == target["box"]
+
+
+def test_boxes_are_tight_to_the_drawn_target(scenes):
+    checked = 0
+    for rec in scenes["train"]:
+        if grammar.parse_description(rec["meta"]["description"]).background != "plain":
+            continue
+        img = np.asarray(rec["image"])
+        target, *others = rec["meta"]["objects"]
+        x1, y1, x2, y2 = target["box"]
+        assert 0 <= x1 < x2 <= rec["width"] and 0 <= y1 < y2 <= rec["height"]
+        # the target is drawn exactly: its mask's pixels hold its colour and the mask fills the box
+        mask = grammar.shape_mask(target["shape"], x2 - x1, y2 - y1)
+        assert (img[y1:y2, x1:x2][mask] == grammar.COLOURS[target["colour"]]).all()
+        # every pixel of the target's colour outside the boxes of same-coloured objects lies in the target's box
+        hit = (img == grammar.COLOURS[target["colour"]]).all(-1)
+        for o in others:
+            if o["colour"] == target["colour"]:
+                ox1, oy1, ox2, oy2 = o["box"]
+                hit[oy1:oy2, ox1:ox2] = False
+        hit[y1:y2, x1:x2] = False
+        assert not hit.any()
+        checked += 1
+    assert checked > 20
+
+
+def test_ood_is_harder_than_train(scenes):
+    def others(split):
+        return np.mean([len(r["meta"]["objects"]) - 1 for r in scenes[split]])
+
+    assert others("ood") > others("train") + 2
+    assert all(1 <= len(r["meta"]["objects"]) - 1 <= 3 for r in scenes["train"])
+    for split, kinds in (("train", grammar.PLAIN_BACKGROUNDS), ("ood", grammar.TEXTURED_BACKGROUNDS)):
+        assert {grammar.parse_description(r["meta"]["description"]).background for r in scenes[split]} == set(kinds)
+    # OOD's other objects all share one or two attributes with the target
+    for rec in scenes["ood"]:
+        target, *rest = rec["meta"]["objects"]
+        assert all(1 <= sum(o[a] == target[a] for a in ("size", "colour", "shape")) <= 2 for o in rest)
+    train_d = [r["meta"]["difficulty"] for r in scenes["train"]]
+    ood_d = [r["meta"]["difficulty"] for r in scenes["ood"]]
+    assert all(0 <= v <= 1 for v in train_d + ood_d)
+    assert np.mean(ood_d) > np.mean(train_d) + 0.2
+
+
+def test_scene_repaints_around_the_target():
+    # the data server's move: keep the target box, paint a new description everywhere else
+    rec = toy.generate_split("train", 1, seed=0)[0]
+    x1, y1, x2, y2 = rec["solution"]
+    keep = np.zeros((rec["height"], rec["width"]), bool)
+    keep[y1:y2, x1:x2] = True
+    new = grammar.render(rec["image"], keep, "a dotted black and yellow background with many small gray stars", 5)
+    assert np.array_equal(np.asarray(new)[y1:y2, x1:x2], np.asarray(rec["image"])[y1:y2, x1:x2])
+
+
+def test_ovd_solution_is_every_object_of_the_colour():
+    for rec in toy.generate_split("ood", 30, seed=1, task="ovd") + toy.generate_split("train", 30, seed=1, task="ovd"):
+        colour = re.fullmatch(r"<image>every (\w+) shape", rec["conversations"][0]["value"]).group(1)
+        objects = rec["meta"]["objects"]
+        boxes = [o["box"] for o in objects if o["colour"] == colour]
+        assert all(o["role"] == "target" for o in objects if o["colour"] == colour)
+        assert rec["task"] == "ovd" and 1 <= len(boxes) <= 3
+        assert sorted(rec["solution"]) == sorted(boxes)
+        assert json.loads(rec["conversations"][1]["value"]) == rec["solution"]
+
+
+def test_export_jsonl_loads_and_is_idempotent(tmp_path):
+    path = toy.export_jsonl(tmp_path / "a", "train", 5, seed=2)
+    assert path == tmp_path / "a" / "train.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(lines) == 5
+    for rec in lines:
+        assert {"id", "image", "conversations", "solution", "task", "width", "height", "meta"} <= rec.keys()
+        assert rec["conversations"][0]["from"] == "human" and rec["conversations"][0]["value"].startswith("<image>")
+        with Image.open(path.parent / rec["image"]) as im:
+            assert im.size == (rec["width"], rec["height"]) and im.mode == "RGB"
+        assert json.loads(rec["conversations"][1]["value"]) == rec["solution"]
+    # same parameters: nothing is rewritten; other parameters: regenerated
+    stamp = path.stat().st_mtime_ns
+    assert toy.export_jsonl(tmp_path / "a", "train", 5, seed=2) == path and path.stat().st_mtime_ns == stamp
+    toy.export_jsonl(tmp_path / "a", "train", 3, seed=2)
+    assert len(path.read_text().splitlines()) == 3
+    # same seed, another folder: identical bytes
+    again = toy.export_jsonl(tmp_path / "b", "train", 3, seed=2)
+    assert again.read_bytes() == path.read_bytes()
+    for rec in lines[:3]:
+        assert (tmp_path / "b" / rec["image"]).read_bytes() == (tmp_path / "a" / rec["image"]).read_bytes()
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_export_reads_with_the_rec_reader(tmp_path):
+    rec_reader = pytest.importorskip("datamodules.rec")
+    path = toy.export_jsonl(tmp_path, "ood", 3, seed=0, task="ovd")
+    assert path.name == "ood_ovd.jsonl"
+    records = rec_reader.read_jsonl(path)
+    sample = rec_reader.load_sample(records[0])
+    assert sample.task == "ovd" and sample.query.startswith("every ") and sample.image.size == (224, 224)
+
+
+def test_sft_target_format_and_scaling():
+    rec = toy.generate_split("train", 1, seed=0)[0]
+    text = toy.sft_target(rec, (448, 336))
+    m = re.fullmatch(
+        r"<think>(.+)</think><diversity>(\d\.\d\d)</diversity><description>(.+)</description>"
+        r"<answer>(\[.+\])</answer>",
+        text,
+    )
+    assert m, text
+    assert m.group(1).startswith(f"The query asks for {rec['meta']['query']}.")
+    assert float(m.group(2)) == pytest.approx(rec["meta"]["difficulty"], abs=0.005)
+    assert grammar.parse_description(m.group(3)) is not None
+    x1, y1, x2, y2 = rec["solution"]
+    assert json.loads(m.group(4)) == [round(x1 * 2), round(y1 * 1.5 + 1e-9), round(x2 * 2), round(y2 * 1.5 + 1e-9)]
+    assert toy.sft_target(rec, (448, 336)) == text  # the description is seeded by the record
+    ovd = toy.generate_split("train", 1, seed=0, task="ovd")[0]
+    answer = json.loads(re.search(r"<answer>(.+)</answer>", toy.sft_target(ovd, (224, 224))).group(1))
+    assert answer == ovd["solution"]
+
+
+def test_cli(tmp_path, capsys):
+    paths = toy.main(["--out", str(tmp_path), "--splits", "train:2", "ood:2", "--seed", "1", "--size", "96"])
+    assert [p.name for p in paths] == ["train.jsonl", "ood.jsonl"]
+    assert capsys.readouterr().out.split() == [str(p) for p in paths]
+    with pytest.raises(SystemExit):
+        toy.main(["--out", str(tmp_path), "--splits", "test:2"])
+
+
+def test_errors_name_the_flag():
+    with pytest.raises(ValueError, match="--task"):
+        toy.generate_split("train", 1, seed=0, task="seg")
+    with pytest.raises(ValueError, match="unknown split"):
+        toy.generate_split("test", 1, seed=0)
+
+
+def test_sft_target_from_a_sample_like_dict():
+    # lightning_modules.sft builds this dict from a datamodules.rec.Sample: float boxes, a "query" key, no turns
+    rec = toy.generate_split("ood", 1, seed=0)[0]
+    sample_like = {
+        "id": rec["id"],
+        "solution": [float(v) for v in rec["solution"]],
+        "task": "rec",
+        "meta": rec["meta"],
+        "width": 224,
+        "height": 224,
+        "query": rec["meta"]["query"],
+    }
+    assert toy.sft_target(sample_like, (224, 224)) == toy.sft_target(rec, (224, 224))
+    bare = {"id": "x", "solution": [1.0, 2.0, 3.0, 4.0], "width": 10, "height": 10, "query": "the dog"}
+    assert toy.sft_target(bare, (20, 20)).endswith("<answer>[2, 4, 6, 8]</answer>")
