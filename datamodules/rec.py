@@ -233,7 +233,7 @@ class RECDataModule(L.LightningDataModule):
             from datamodules.toy import export_jsonl
 
             for split, n in self.toy.splits.items():
-                export_jsonl(self.data_root, split, n, seed=self.toy.seed, task=self.toy.task)
+                export_jsonl(self.data_root, split, n, seed=self.toy.seed, task=self.toy.task, size=self.toy.size)
 
     def _path(self, name: str) -> Path:
         p = Path(name)

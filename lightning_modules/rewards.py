@@ -155,8 +155,9 @@ def _walk(obj: Any, out: list[Box], depth: int = 0) -> None:
         for key in _BOX_KEYS:
             if key in obj:
                 value = obj[key]
-                box = _finite_box(value) if isinstance(value, list) else None
-                if box is not None:
+                if isinstance(value, str):  # a stringified list: "[1, 2, 3, 4]"
+                    out.extend(_regex_boxes(value)[:1])
+                elif isinstance(value, list) and (box := _finite_box(value)) is not None:
                     out.append(box)
                 return  # the object's box key decides; a point or an empty list is not a box
         for value in obj.values():

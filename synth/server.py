@@ -15,8 +15,6 @@ never imports torch or a diffusers pipeline. Guarantees (docs/data_server.md has
 - Bearer-token auth on every endpoint, loopback by default, images read only under the configured roots.
 """
 
-from __future__ import annotations
-
 import argparse
 import base64
 import collections
@@ -238,6 +236,11 @@ class JobManager:
             self._spawn(w)
         self._thread = threading.Thread(target=self._run, name="synth-dispatcher", daemon=True)
         self._thread.start()
+
+    def begin_shutdown(self) -> None:
+        """Stop restarting workers (called on SIGINT / SIGTERM, which may also reach the workers)."""
+        self._stop.set()
+        self._wake()
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
@@ -625,7 +628,10 @@ class JobManager:
 
 
 def create_app(cfg: ServerConfig, token: str | None, manager: JobManager | None = None):
-    """The FastAPI app. ``token`` None disables auth (only allowed on loopback; checked in ``main``)."""
+    """The FastAPI app. ``token`` None disables auth (only allowed on loopback; checked in ``main``).
+
+    (This module has no ``from __future__ import annotations``: FastAPI reads the handlers' annotations at run time.)
+    """
     from fastapi import Depends, FastAPI, Query, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import FileResponse, JSONResponse
@@ -792,8 +798,15 @@ def main(argv: list[str] | None = None) -> int:
     sock.listen(512)
     port = sock.getsockname()[1]
 
-    app = create_app(cfg, token)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=cfg.log_level.lower(), access_log=False, lifespan="on"))
+    manager = JobManager(cfg)
+    app = create_app(cfg, token, manager)
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            manager.begin_shutdown()
+            super().handle_exit(sig, frame)
+
+    server = _Server(uvicorn.Config(app, log_level=cfg.log_level.lower(), access_log=False, lifespan="on"))
 
     if args.parent_pid:
         def watch_parent() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import time
 import traceback
 import uuid
@@ -53,6 +54,8 @@ def worker_main(
     conn: Connection,
 ) -> None:
     """Entry point of a worker process (must stay importable without side effects: it is spawned)."""
+    # Ctrl-C reaches the whole process group: let the server shut its workers down in order instead.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _limit_threads(threads)
     try:
         if threads is not None:

@@ -90,6 +90,8 @@ def test_vlm_r1_bbox_2d_json():
     assert parse_completion(text).boxes == [GT] and parse_completion(text).format_ok
     text = full('[{"bbox_2d": [10, 20, 110, 220], "label": "a"}, {"bbox_2d": [1, 2, 3, 4], "label": "b"}]')
     assert parse_completion(text).boxes == [GT, [1.0, 2.0, 3.0, 4.0]]
+    assert extract_boxes('{"bbox_2d": "[10, 20, 110, 220]"}') == [GT]  # stringified list
+    assert extract_boxes('{"bounding_box": [10, 20, 110, 220]}') == [GT]
 
 
 def test_fenced_json():

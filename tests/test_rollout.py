@@ -215,7 +215,7 @@ def _chi2_bound(df: int) -> float:
     return float(chi2.ppf(1 - 1e-4, df))
 
 
-@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (1.3, 0.95)])
 def test_sampling_distribution_matches_generate(model, temperature, top_p):
     """First and third generated tokens: fast_generate vs generate, two-sample chi-square at alpha = 1e-4 (seeded)."""
     enc = _prompts(grids=((1, 4, 4),), text=((4, 5),))
