@@ -23,6 +23,7 @@ CLI: ``python -m datamodules.toy --out data/toy --splits train:512 val:128 ood:1
 
 from __future__ import annotations
 
+import dataclasses
 import argparse
 import json
 import os
@@ -464,3 +465,31 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
 
 if __name__ == "__main__":
     main()
+
+
+# --- guarding model descriptions -------------------------------------------------------------------------------------
+
+def guard_description(description: str, meta: dict[str, Any]) -> str:
+    """Rewrite a description whose repaint would break the scene's label; otherwise return it unchanged.
+
+    The painter draws what the policy asks for. Distractors identical to the referred object (same size, colour and
+    shape) would make a REC query ambiguous; distractors of the queried colour would be unlabelled OVD objects; a
+    plain background of the target's colour would hide it. Each clash swaps in the first object colour that clashes
+    with nothing. Text the grammar does not read is returned as it is.
+    """
+    d = grammar.parse_description(description)
+    targets = [o for o in meta.get("objects", []) if o.get("role") == "target"]
+    if d is None or not targets:
+        return description
+    target_colours = {t["colour"] for t in targets}
+    task = meta.get("task", "rec")
+    changes: dict[str, Any] = {}
+    if d.count != "no":
+        same = any((d.shape, d.shape_colour, d.size) == (t["shape"], t["colour"], t["size"]) for t in targets)
+        if same or (task == "ovd" and d.shape_colour in target_colours):
+            changes["shape_colour"] = next(c for c in OBJECT_COLOURS if c not in target_colours | {d.colour})
+    if d.background == "plain" and d.colour in target_colours:
+        changes["colour"] = next(c for c in ("white", "gray", "black") if c not in target_colours)
+    if not changes:
+        return description
+    return grammar.format_description(dataclasses.replace(d, **changes))

@@ -154,6 +154,7 @@ def aggregate(
     if loss_tok.dim() != 2 or mask.shape != loss_tok.shape:
         raise ValueError(f"loss_tok and mask must both be [N, T], got {tuple(loss_tok.shape)} and {tuple(mask.shape)}")
     m = mask.to(loss_tok.dtype)
+    loss_tok = torch.where(mask != 0, loss_tok, 0.0)  # a NaN / inf in padding must not leak into the sum
     if aggregation == "token-mean":
         return (loss_tok * m).sum() / m.sum().clamp(min=1.0)
     if aggregation == "seq-mean-token-mean":
@@ -228,8 +229,15 @@ def policy_loss(
         raise ValueError(f"advantages must be [N] or [N, T], got {tuple(advantages.shape)}")
     adv = adv.detach().to(logp.dtype)
     m = mask.to(logp.dtype)
+    # Padding positions may hold anything (-inf log-probs of pad tokens): zero them *before* any arithmetic, since
+    # masking afterwards by multiplication would turn a NaN into a NaN gradient.
+    valid = mask != 0
+    logp = torch.where(valid, logp, 0.0)
+    old_logp = torch.where(valid, old_logp.detach(), 0.0)
+    if ref_logp is not None:
+        ref_logp = torch.where(valid, ref_logp.detach(), 0.0)
 
-    log_ratio = (logp - old_logp.detach()).clamp(-20.0, 20.0)  # [N, T]
+    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)  # [N, T]
     ratio = torch.exp(log_ratio)  # [N, T]
     pg_unclipped = -adv * ratio  # [N, T]
     pg_clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)  # [N, T]
@@ -244,7 +252,7 @@ def policy_loss(
 
     loss_tok = pg_tok
     if ref_logp is not None:
-        kl_tok = kl_penalty(logp, ref_logp.detach(), kl_estimator)  # [N, T]
+        kl_tok = kl_penalty(logp, ref_logp, kl_estimator)  # [N, T]
         if kl_coef > 0:
             loss_tok = loss_tok + kl_coef * kl_tok
         kl_stat = masked_mean(kl_tok.detach(), m)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+import sys
 import time
 import traceback
 import uuid
@@ -64,6 +65,8 @@ def worker_main(
             cv2.setNumThreads(threads)
         painter = build_painter(device=device, **painter_cfg)
         painter.load()
+        if threads is not None and "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(threads)  # oversubscribed CPU threads spin: 20x slower here
         fg_cfg = dict(foreground_cfg)
         if fg_cfg.get("name") == "ben2" and fg_cfg.get("device") is None:
             fg_cfg["device"] = device

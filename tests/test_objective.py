@@ -357,6 +357,21 @@ def test_policy_loss_matches_verl_dual_clip(mode):
     assert close(stats["clip_frac_low"] + stats["clip_frac_high"], clipfrac)
 
 
+def test_policy_loss_padding_may_hold_inf():
+    # Pad tokens can get -inf log-probs; they are masked out and must not turn the loss or its gradient into NaN.
+    logp, old, ref, adv, mask = random_batch(seed=8)
+    expected, _ = policy_loss(logp, old, adv, mask, ref_logp=ref, kl_coef=0.1)
+    pad = mask == 0
+    assert pad.any()
+    leaf = logp.masked_fill(pad, float("-inf")).requires_grad_(True)
+    loss, stats = policy_loss(
+        leaf, old.masked_fill(pad, float("-inf")), adv, mask, ref_logp=ref.masked_fill(pad, float("nan")), kl_coef=0.1
+    )
+    loss.backward()
+    assert close(loss, expected) and torch.isfinite(leaf.grad).all() and (leaf.grad[pad] == 0).all()
+    assert all(torch.isfinite(v) for v in stats.values())
+
+
 def test_policy_loss_accepts_bool_mask_and_token_advantages():
     logp, old, ref, adv, mask = random_batch(seed=7)
     a, _ = policy_loss(logp, old, adv, mask.bool())

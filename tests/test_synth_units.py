@@ -172,8 +172,19 @@ def test_procedural_painter_maps_unknown_text_to_a_fixed_description():
     assert text_seed(text) == text_seed(text) and text_seed(text) != text_seed(text + " ")
 
 
+@pytest.fixture()
+def one_torch_thread():
+    """On 2 shared cores, torch's default threads spin against each other (a 2-step 64 x 64 run: 6 s instead of 0.3 s)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("pipeline", ["union_inpaint", "controlnet_inpaint"])
-def test_tiny_sdxl_controlnet_painter_paints_a_batch(pipeline):
+def test_tiny_sdxl_controlnet_painter_paints_a_batch(pipeline, one_torch_thread):
     from synth.random_sdxl import build_random_sdxl_components
 
     comps = build_random_sdxl_components("tiny", union=pipeline == "union_inpaint")
@@ -184,7 +195,8 @@ def test_tiny_sdxl_controlnet_painter_paints_a_batch(pipeline):
     assert [o.shape for o in out] == [j.canvas.shape for j in jobs]
     assert all(o.dtype == np.uint8 for o in out)
     again = p.paint(jobs[:1])[0]
-    np.testing.assert_array_equal(out[0], again)  # per-job generators: same seed, same image
+    # per-job generators: the same seed gives the same image in any batch (up to float rounding of batched matmuls)
+    assert np.abs(out[0].astype(int) - again).max() <= 2
 
 
 def test_diffusers_painter_config_errors_name_the_key():

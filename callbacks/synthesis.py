@@ -1,0 +1,353 @@
+"""SynthesisCallback: sends the policy's selected descriptions to the data server and swaps finished images into
+the DataPool at epoch boundaries (Syn-GRPO's self-evolving loop).
+
+Training never waits on HTTP in the default ``async`` mode: ``AsyncSubmitter`` posts and polls from a daemon thread,
+and the callback only enqueues (after each batch) and drains (at each epoch end). ``sync`` waits at the epoch
+boundary for every job of the epoch (the paper's Table 5 ablation); ``off`` disables synthesis (plain GRPO data).
+
+Failure semantics: a job that fails (painter error, failed foreground audit, rejected request) leaves the sample's
+current image in place. If the server dies, training goes on with the current images; a local server is restarted
+at the next epoch boundary and the outstanding jobs are resubmitted with the same ``job_id`` (idempotent), as they
+are after a resume from a checkpoint (the callback's state holds them).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Outstanding:
+    """A submitted job the pool has not swapped in yet."""
+
+    job_id: str
+    sample_id: str
+    description: str
+    epoch: int
+    parent: int
+    image_path: str
+    boxes: list[list[float]]
+    seed: int
+    submitted_at: float
+
+
+def _job_id(sample_id: str, epoch: int) -> str:
+    safe = re.sub(r"[^A-Za-z0-9._:+=-]", "-", sample_id)[:100] or "s"
+    if not safe[0].isalnum():
+        safe = "s" + safe
+    return f"{safe}@e{epoch}"
+
+
+class SynthesisCallback(Callback):
+    """Submit selected descriptions, poll in the background, swap finished images in at each epoch end.
+
+    Args:
+        mode: ``async`` (default), ``sync`` (wait at the epoch boundary: Table 5's ablation) or ``off``.
+        url: data server URL; ``None`` starts a local server subprocess with ``server_config``.
+        token: bearer token for ``url`` (default: the ``token_env`` environment variable).
+        token_env: environment variable holding the token.
+        server_config: YAML of the local server (procedural painter by default).
+        output_dir: where the local server writes images (default ``<default_root_dir>/synth``).
+        source: repaint the ``original`` image (default) or the ``current`` version (chained evolution).
+        unfinished: ``keep`` jobs not finished at an epoch end for a later swap, or ``drop`` them.
+        offline_descriptions: JSONL of ``{"sample_id", "description"}`` ("GRPO + Offline Generation"): the file's
+            descriptions are used instead of the policy's.
+        guard_toy_descriptions: rewrite a toy-world description that would paint a second copy of the referred
+            object (which would make the query ambiguous and the box label wrong).
+        poll_interval: seconds between the background thread's polls.
+        sync_timeout: seconds ``sync`` mode waits at an epoch boundary.
+        gallery_samples: lineages drawn in the gallery each epoch (0 disables).
+        gallery_dir: where gallery PNGs go (default ``<default_root_dir>/lineage``).
+    """
+
+    def __init__(
+        self,
+        mode: str = "async",
+        url: str | None = None,
+        token: str | None = None,
+        token_env: str = "SYNTH_TOKEN",
+        server_config: str = "configs/synth/procedural.yaml",
+        output_dir: str | None = None,
+        source: str = "original",
+        unfinished: str = "keep",
+        offline_descriptions: str | None = None,
+        guard_toy_descriptions: bool = True,
+        poll_interval: float = 0.2,
+        sync_timeout: float = 600.0,
+        gallery_samples: int = 4,
+        gallery_dir: str | None = None,
+    ):
+        if mode not in ("async", "sync", "off"):
+            raise ValueError(f"SynthesisCallback mode must be 'async', 'sync' or 'off', got {mode!r}")
+        if source not in ("original", "current"):
+            raise ValueError(f"SynthesisCallback source must be 'original' or 'current', got {source!r}")
+        if unfinished not in ("keep", "drop"):
+            raise ValueError(f"SynthesisCallback unfinished must be 'keep' or 'drop', got {unfinished!r}")
+        self.mode, self.url, self.token, self.token_env = mode, url, token, token_env
+        self.server_config, self.output_dir, self.source, self.unfinished = server_config, output_dir, source, unfinished
+        self.guard = guard_toy_descriptions
+        self.poll_interval, self.sync_timeout = poll_interval, sync_timeout
+        self.gallery_samples, self.gallery_dir = gallery_samples, gallery_dir
+        self.offline: dict[str, list[str]] = {}
+        if offline_descriptions:
+            self.offline = _read_offline(offline_descriptions)
+        self.outstanding: dict[str, Outstanding] = {}
+        self.totals = {"submitted": 0, "swapped": 0, "failed": 0, "dropped": 0, "server_restarts": 0}
+        self.history: list[dict[str, Any]] = []
+        self._server = None
+        self._submitter = None
+        self._pool = None
+        self._restored = False
+
+    # ------------------------------------------------------------------------------------------------ lifecycle
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit" or self.mode == "off":
+            return
+        dm = trainer.datamodule
+        if dm is None or not hasattr(dm, "pool"):
+            raise TypeError("SynthesisCallback needs --data.class_path datamodules.synthetic.SyntheticDataModule "
+                            f"(got {type(dm).__name__}); or set the callback's mode: off")
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.mode == "off":
+            return
+        self._pool = trainer.datamodule.pool
+        if trainer.is_global_zero:
+            self._connect(trainer)
+            for job in self.outstanding.values():  # restored from a checkpoint: resubmit idempotently
+                self._submit(job)
+
+    def _connect(self, trainer: L.Trainer) -> None:
+        from synth.client import AsyncSubmitter, LocalServer, SynthClient
+
+        if self.url is None:
+            root = Path(trainer.default_root_dir)
+            out = Path(self.output_dir) if self.output_dir else root / "synth"
+            out.mkdir(parents=True, exist_ok=True)
+            data_root = Path(trainer.datamodule.data_root)
+            image_root = trainer.datamodule.image_root
+            roots = sorted({str(p.resolve()) for p in (data_root, out, Path(image_root or data_root))})
+            self._server = LocalServer(self.server_config, roots=roots, output_dir=out,
+                                       log_path=root / "synth_server.log")
+            self._server.start()
+            client = self._server.client()
+        else:
+            import os
+
+            token = self.token or os.environ.get(self.token_env)
+            if not token:
+                raise ValueError(f"SynthesisCallback url={self.url!r} needs a token: set the {self.token_env} "
+                                 "environment variable or the callback's token")
+            client = SynthClient(self.url, token)
+        self._submitter = AsyncSubmitter(client, poll_interval=self.poll_interval)
+
+    def _local_server_dead(self) -> bool:
+        return self._server is not None and (self._server.proc is None or self._server.proc.poll() is not None)
+
+    def _restart_local_server(self, trainer: L.Trainer) -> None:
+        log.warning("synthesis server died; restarting it and resubmitting %d outstanding jobs",
+                    len(self.outstanding))
+        self._close()
+        self._connect(trainer)
+        self.totals["server_restarts"] += 1
+        for job in self.outstanding.values():
+            self._submit(job)
+
+    def _close(self) -> None:
+        if self._submitter is not None:
+            self._submitter.close(timeout=5.0)
+            self._submitter = None
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._close()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._close()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._close()
+
+    # ------------------------------------------------------------------------------------------------ submit
+    def _submit(self, job: Outstanding) -> None:
+        from synth.api import ImageRef, JobRequest
+
+        self._submitter.submit(JobRequest(job_id=job.job_id, sample_id=job.sample_id,
+                                          image=ImageRef(path=job.image_path), boxes=job.boxes,
+                                          description=job.description, seed=job.seed))
+
+    def _selections(self, trainer: L.Trainer, pl_module: L.LightningModule, batch) -> list[tuple[str, str]]:
+        if self.offline:
+            out = []
+            for s in batch:
+                options = self.offline.get(s.sample_id)
+                if options:
+                    out.append((s.sample_id, options[trainer.current_epoch % len(options)]))
+            return out
+        return [(s.sample_id, s.description) for s in getattr(pl_module, "last_selections", []) if s.description]
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx):
+        if self.mode == "off":
+            return
+        chosen = self._selections(trainer, pl_module, batch)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            gathered: list[Any] = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(gathered, chosen)
+            chosen = [c for part in gathered for c in part]
+        if not trainer.is_global_zero:
+            return
+        epoch = trainer.current_epoch
+        for sample_id, description in chosen:
+            job_id = _job_id(sample_id, epoch)
+            if job_id in self.outstanding:
+                continue
+            src = self._pool.original(sample_id) if self.source == "original" else self._pool.current(sample_id)
+            if self.guard:
+                description = _guard(description, self._pool.entries[sample_id].record.meta)
+            job = Outstanding(job_id=job_id, sample_id=sample_id, description=description, epoch=epoch,
+                              parent=src.version, image_path=str(Path(src.image_path).resolve()),
+                              boxes=[list(b) for b in src.boxes], seed=zlib.crc32(job_id.encode()) % (2**31),
+                              submitted_at=time.time())
+            self.outstanding[job_id] = job
+            self.totals["submitted"] += 1
+            self._submit(job)
+        stats = self._submitter.stats()
+        pl_module.log("synth/queue_depth", float(stats["unsent"] + stats["in_flight"]), batch_size=1,
+                      on_step=True, on_epoch=False, rank_zero_only=True)
+
+    # ------------------------------------------------------------------------------------------------ swap
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.mode == "off":
+            return
+        swaps: list[dict[str, Any]] = []
+        report: dict[str, Any] = {}
+        if trainer.is_global_zero:
+            swaps, report = self._collect(trainer)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            box = [swaps]
+            torch.distributed.broadcast_object_list(box, src=0)
+            swaps = box[0]
+        next_epoch = trainer.current_epoch + 1
+        for s in swaps:
+            self._pool.swap(s["sample_id"], s["image_path"], s["boxes"], epoch=next_epoch,
+                            description=s["description"], job_id=s["job_id"], parent=s["parent"])
+        if trainer.is_global_zero:
+            report.update(epoch=trainer.current_epoch, pool_swapped=self._pool.num_swapped(),
+                          pool_size=len(self._pool))
+            self.history.append(report)
+            pl_module.log_dict({f"synth/{k}": float(v) for k, v in report.items()
+                                if isinstance(v, int | float) and k != "epoch"},
+                               rank_zero_only=True, on_step=False, on_epoch=True)
+            self._write_gallery(trainer)
+
+    def _collect(self, trainer: L.Trainer) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        if self._local_server_dead():
+            self._restart_local_server(trainer)
+        if self.mode == "sync" and self.outstanding:
+            try:
+                self._submitter.wait(list(self.outstanding), timeout=self.sync_timeout)
+            except TimeoutError as err:
+                log.warning("sync synthesis: %s", err)
+        now = time.time()
+        swaps, lags, failed = [], [], 0
+        finished = self._submitter.pop_finished()
+        for status in finished:
+            job = self.outstanding.pop(status.job_id, None)
+            if job is None:
+                continue
+            res = status.result
+            if status.state.value == "done" and res is not None and res.audit.passed:
+                swaps.append({"sample_id": job.sample_id, "image_path": res.output_path, "boxes": res.boxes,
+                              "description": job.description, "job_id": job.job_id, "parent": job.parent})
+                lags.append(now - job.submitted_at)
+            else:
+                failed += 1
+                log.warning("synthesis job %s failed (the sample keeps its image): %s", status.job_id,
+                            status.error or (res.audit.message if res else "no result"))
+        self._submitter.ack([s.job_id for s in finished])
+        dropped = 0
+        if self.unfinished == "drop":
+            dropped = len(self.outstanding)
+            self.outstanding.clear()
+        self.totals["swapped"] += len(swaps)
+        self.totals["failed"] += failed
+        self.totals["dropped"] += dropped
+        stats = self._submitter.stats()
+        report = {"swaps": len(swaps), "failures": failed, "dropped": dropped, "outstanding": len(self.outstanding),
+                  "lag_s": sum(lags) / len(lags) if lags else 0.0, "queue_depth": stats["unsent"] + stats["in_flight"],
+                  "server_restarts": self.totals["server_restarts"]}
+        return swaps, report
+
+    # ------------------------------------------------------------------------------------------------ gallery
+    def _write_gallery(self, trainer: L.Trainer) -> None:
+        if self.gallery_samples <= 0:
+            return
+        from callbacks.gallery import lineage_strip
+
+        evolved = [sid for sid in self._pool.order if len(self._pool.entries[sid].versions) > 1]
+        if not evolved:
+            return
+        out_dir = Path(self.gallery_dir) if self.gallery_dir else Path(trainer.default_root_dir) / "lineage"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        images = []
+        for sid in evolved[: self.gallery_samples]:
+            strip = lineage_strip(self._pool.lineage(sid), query=self._pool.entries[sid].record.query)
+            path = out_dir / f"{_job_id(sid, trainer.current_epoch)}.png"
+            strip.save(path)
+            images.append(strip)
+        for logger in trainer.loggers:
+            if hasattr(logger, "log_image"):
+                try:
+                    logger.log_image(key="synth/lineage", images=images, step=trainer.global_step)
+                except Exception as err:  # a logger's image support must never stop training
+                    log.warning("could not log the lineage gallery to %s: %s", type(logger).__name__, err)
+
+    # ------------------------------------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        return {"outstanding": {k: asdict(v) for k, v in self.outstanding.items()}, "totals": dict(self.totals),
+                "history": list(self.history)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.outstanding = {k: Outstanding(**v) for k, v in state.get("outstanding", {}).items()}
+        self.totals.update(state.get("totals", {}))
+        self.history = list(state.get("history", []))
+
+
+def _read_offline(path: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"SynthesisCallback offline_descriptions={path!r}: no such file; write a JSONL of "
+                                '{"sample_id": ..., "description": ...} lines')
+    for lineno, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            out.setdefault(str(obj["sample_id"]), []).append(str(obj["description"]))
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ValueError(f"{path}:{lineno}: expected {{\"sample_id\": ..., \"description\": ...}} ({err})") from None
+    return out
+
+
+def _guard(description: str, meta: dict[str, Any]) -> str:
+    if not meta.get("objects"):
+        return description
+    from datamodules.toy import guard_description
+
+    return guard_description(description, meta)

@@ -1,0 +1,163 @@
+"""SyntheticDataModule and DataPool: the training data that co-evolves with the model.
+
+Every sample keeps its original (image, boxes, query) and a current version with lineage: which epoch made it, from
+which description, from which parent version, by which job. The train dataloader reads current versions, so an image
+swapped in at an epoch boundary is what the next epoch trains on. The pool is part of the checkpoint
+(``state_dict`` / ``load_state_dict``), so a resumed run continues the evolution instead of restarting it.
+
+A sample's identity (``sample_id``) never changes; its image version does; its boxes travel with the image (they
+change only if the data server extends the canvas).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import DataLoader, Dataset
+
+from datamodules.rec import DataError, RECDataModule, Record, collate_samples, load_sample
+
+
+@dataclass
+class Version:
+    """One image of a sample. Version 0 is the original."""
+
+    version: int
+    image_path: str
+    boxes: list[list[float]]
+    epoch: int = 0
+    """Training epoch whose descriptions produced it (0 for the original)."""
+    description: str | None = None
+    parent: int | None = None
+    job_id: str | None = None
+
+
+@dataclass
+class PoolEntry:
+    record: Record
+    versions: list[Version] = field(default_factory=list)
+
+    @property
+    def current(self) -> Version:
+        return self.versions[-1]
+
+
+class DataPool:
+    """Samples by ``sample_id``, each with its lineage of image versions."""
+
+    def __init__(self, records: list[Record]):
+        self.entries: dict[str, PoolEntry] = {}
+        for r in records:
+            if r.sample_id in self.entries:
+                raise DataError(f"{r.source}: duplicate sample id {r.sample_id!r} (also at "
+                                f"{self.entries[r.sample_id].record.source}); ids must be unique in the pool")
+            self.entries[r.sample_id] = PoolEntry(r, [Version(0, str(r.image_path), [list(b) for b in r.boxes])])
+        self.order = list(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __contains__(self, sample_id: str) -> bool:
+        return sample_id in self.entries
+
+    def current(self, sample_id: str) -> Version:
+        return self.entries[sample_id].current
+
+    def original(self, sample_id: str) -> Version:
+        return self.entries[sample_id].versions[0]
+
+    def lineage(self, sample_id: str) -> list[Version]:
+        return list(self.entries[sample_id].versions)
+
+    def record(self, index: int) -> Record:
+        """The record of the ``index``-th sample at its current version (what the dataloader serves)."""
+        entry = self.entries[self.order[index]]
+        cur = entry.current
+        rec = copy.copy(entry.record)
+        rec.image_path = Path(cur.image_path)
+        rec.boxes = [list(b) for b in cur.boxes]
+        rec.meta = {**entry.record.meta, "version": cur.version, "original_image": str(entry.record.image_path)}
+        return rec
+
+    def swap(self, sample_id: str, image_path: str, boxes: list[list[float]], *, epoch: int,
+             description: str | None, job_id: str | None, parent: int | None = None) -> Version:
+        """Make ``image_path`` the current version of ``sample_id``; returns the new version."""
+        if sample_id not in self.entries:
+            raise KeyError(f"swap for unknown sample {sample_id!r}")
+        entry = self.entries[sample_id]
+        if job_id is not None and any(v.job_id == job_id for v in entry.versions):
+            return next(v for v in entry.versions if v.job_id == job_id)  # idempotent: a resumed job swaps once
+        v = Version(len(entry.versions), str(image_path), [list(b) for b in boxes], epoch=epoch,
+                    description=description, parent=entry.current.version if parent is None else parent,
+                    job_id=job_id)
+        entry.versions.append(v)
+        return v
+
+    def num_swapped(self) -> int:
+        return sum(len(e.versions) > 1 for e in self.entries.values())
+
+    def state_dict(self) -> dict[str, Any]:
+        """Lineage of every sample (plain types): enough to rebuild the pool over the same base records."""
+        return {"lineage": {sid: [asdict(v) for v in e.versions[1:]] for sid, e in self.entries.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for sid, versions in state.get("lineage", {}).items():
+            if sid not in self.entries:
+                raise DataError(f"checkpoint pool holds sample {sid!r} that the configured training data lacks; "
+                                "resume with the same --data.train_files")
+            entry = self.entries[sid]
+            entry.versions = entry.versions[:1] + [Version(**v) for v in versions]
+
+
+class PoolDataset(Dataset):
+    """Reads each sample's *current* version at access time."""
+
+    def __init__(self, pool: DataPool):
+        self.pool = pool
+
+    def __len__(self) -> int:
+        return len(self.pool)
+
+    def __getitem__(self, i: int):
+        return load_sample(self.pool.record(i))
+
+
+class SyntheticDataModule(RECDataModule):
+    """``RECDataModule`` whose training set is a ``DataPool`` that the ``SynthesisCallback`` evolves.
+
+    Takes every argument of ``RECDataModule``. Set ``trainer.reload_dataloaders_every_n_epochs: 1`` when
+    ``num_workers > 0`` so worker processes see the swapped images (with ``num_workers: 0`` the pool is read live).
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.pool: DataPool | None = None
+        self._pending_state: dict[str, Any] | None = None
+
+    def setup(self, stage: str | None = None) -> None:
+        super().setup(stage)
+        if self.pool is None and self.train_set is not None:
+            self.pool = DataPool(self.train_set.records)
+            if self._pending_state is not None:
+                self.pool.load_state_dict(self._pending_state)
+                self._pending_state = None
+
+    def train_dataloader(self):
+        if self.pool is None:
+            raise DataError("no training data: set --data.train_files (or --data.toy for the toy world)")
+        return DataLoader(PoolDataset(self.pool), batch_size=self.batch_size, shuffle=self.shuffle,
+                          num_workers=self.num_workers, collate_fn=collate_samples)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pool": self.pool.state_dict()} if self.pool is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "pool" not in state:
+            return
+        if self.pool is None:
+            self._pending_state = state["pool"]
+        else:
+            self.pool.load_state_dict(state["pool"])
