@@ -60,6 +60,7 @@ class SynthesisCallback(Callback):
         token: bearer token for ``url`` (default: the ``token_env`` environment variable).
         token_env: environment variable holding the token.
         server_config: YAML of the local server (procedural painter by default).
+        server_overrides: overrides of that YAML, e.g. ``{devices: [cuda:4]}`` so synthesis gets its own GPU.
         output_dir: where the local server writes images (default ``<default_root_dir>/synth``).
         source: repaint the ``original`` image (default) or the ``current`` version (chained evolution).
         unfinished: ``keep`` jobs not finished at an epoch end for a later swap, or ``drop`` them.
@@ -80,6 +81,7 @@ class SynthesisCallback(Callback):
         token: str | None = None,
         token_env: str = "SYNTH_TOKEN",
         server_config: str = "configs/synth/procedural.yaml",
+        server_overrides: dict[str, Any] | None = None,
         output_dir: str | None = None,
         source: str = "original",
         unfinished: str = "keep",
@@ -99,6 +101,7 @@ class SynthesisCallback(Callback):
         self.mode, self.url, self.token, self.token_env = mode, url, token, token_env
         self.server_config, self.output_dir, self.source, self.unfinished = server_config, output_dir, source, unfinished
         self.guard = guard_toy_descriptions
+        self.server_overrides = dict(server_overrides or {})
         self.poll_interval, self.sync_timeout = poll_interval, sync_timeout
         self.gallery_samples, self.gallery_dir = gallery_samples, gallery_dir
         self.offline: dict[str, list[str]] = {}
@@ -141,7 +144,7 @@ class SynthesisCallback(Callback):
             image_root = trainer.datamodule.image_root
             roots = sorted({str(p.resolve()) for p in (data_root, out, Path(image_root or data_root))})
             self._server = LocalServer(self.server_config, roots=roots, output_dir=out,
-                                       log_path=root / "synth_server.log")
+                                       overrides=self.server_overrides, log_path=root / "synth_server.log")
             self._server.start()
             client = self._server.client()
         else:

@@ -230,10 +230,12 @@ class RECDataModule(L.LightningDataModule):
 
     def prepare_data(self) -> None:
         if self.toy is not None:
-            from datamodules.toy import export_jsonl
+            from datamodules.toy import export_jsonl, export_offline_descriptions
 
             for split, n in self.toy.splits.items():
                 export_jsonl(self.data_root, split, n, seed=self.toy.seed, task=self.toy.task, size=self.toy.size)
+            if "train" in self.toy.splits:  # for the "GRPO + Offline Generation" baseline
+                export_offline_descriptions(self.data_root, "train", seed=self.toy.seed, task=self.toy.task)
 
     def _path(self, name: str) -> Path:
         p = Path(name)

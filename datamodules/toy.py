@@ -493,3 +493,23 @@ def guard_description(description: str, meta: dict[str, Any]) -> str:
     if not changes:
         return description
     return grammar.format_description(dataclasses.replace(d, **changes))
+
+
+def export_offline_descriptions(out_dir: str | Path, split: str = "train", per_sample: int = 5, seed: int = 0,
+                                task: str = "rec") -> Path:
+    """Fixed grammar descriptions for every sample of an exported split: the toy stand-in for the paper's GPT-4o
+    descriptions ("GRPO + Offline Generation"). Lines ``{"sample_id", "description"}``, ``per_sample`` per sample
+    (the synthesis callback uses the ``epoch % per_sample``-th). Idempotent and atomic."""
+    src = jsonl_path(out_dir, split, task)
+    path = Path(out_dir) / f"{src.stem}_offline_descriptions.jsonl"
+    if path.exists() and path.stat().st_mtime >= src.stat().st_mtime:
+        return path
+    lines = []
+    for line in src.read_text().splitlines():
+        rec = json.loads(line)
+        rng = np.random.default_rng([seed, zlib.crc32(rec["id"].encode())])
+        for _ in range(per_sample):
+            text = guard_description(str(grammar.random_description(rng)), rec.get("meta") or {})
+            lines.append(json.dumps({"sample_id": rec["id"], "description": text}) + "\n")
+    _atomic_write(path, lambda tmp: tmp.write_text("".join(lines)))
+    return path

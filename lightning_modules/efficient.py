@@ -246,7 +246,9 @@ def pack_rollout(
     )
 
 
-def micro_batches(packed: PackedRollout, micro_batch_size: int = 8, max_tokens: int | None = None) -> list[torch.Tensor]:
+def micro_batches(
+    packed: PackedRollout, micro_batch_size: int = 8, max_tokens: int | None = None
+) -> list[torch.Tensor]:
     """Row indices of length-bucketed micro-batches: rows sorted by length (longest first), at most
     ``micro_batch_size`` rows and (if given) ``max_tokens`` padded tokens each."""
     order = torch.argsort(packed.lengths.cpu(), descending=True, stable=True)
@@ -314,8 +316,9 @@ def _feature_index(packed: PackedRollout, rows: torch.Tensor) -> torch.Tensor:
     return base + torch.arange(total, device=rows.device)
 
 
-def _forward_rows(model, packed: PackedRollout, rows, feats, *, temperature, with_entropy, grad, checkpoint_layers,
-                  chunk_tokens):
+def _forward_rows(
+    model, packed: PackedRollout, rows, feats, *, temperature, with_entropy, grad, checkpoint_layers, chunk_tokens
+):
     parts = model_parts(model)
     text = parts.text
     device = text.embed_tokens.weight.device
@@ -384,8 +387,17 @@ def completion_logprobs(
     logp = torch.zeros(N, T, device=dev)
     ent = torch.zeros(N, T, device=dev) if with_entropy else None
     for rows in micro_batches(packed, micro_batch_size, max_tokens):
-        lp, e = _forward_rows(model, packed, rows, image_embeds, temperature=temperature, with_entropy=with_entropy,
-                              grad=False, checkpoint_layers=False, chunk_tokens=chunk_tokens)
+        lp, e = _forward_rows(
+            model,
+            packed,
+            rows,
+            image_embeds,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            grad=False,
+            checkpoint_layers=False,
+            chunk_tokens=chunk_tokens,
+        )
         logp[rows.to(dev)] = lp
         if with_entropy:
             ent[rows.to(dev)] = e
@@ -430,8 +442,17 @@ def policy_backward(
     ent_all = torch.zeros(N, T, device=dev) if with_entropy else None
     total = torch.zeros((), device=dev)
     for rows in micro_batches(packed, micro_batch_size, max_tokens):
-        lp, e = _forward_rows(model, packed, rows, feats_leaf, temperature=temperature, with_entropy=with_entropy,
-                              grad=True, checkpoint_layers=gradient_checkpointing, chunk_tokens=chunk_tokens)
+        lp, e = _forward_rows(
+            model,
+            packed,
+            rows,
+            feats_leaf,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            grad=True,
+            checkpoint_layers=gradient_checkpointing,
+            chunk_tokens=chunk_tokens,
+        )
         loss = loss_fn(lp, e, rows.to(dev))
         backward(loss)
         total += loss.detach()
@@ -454,12 +475,19 @@ def model_flops_per_token(model) -> dict[str, float]:
     """Matmul parameters touched per token, for MFU: decoder layers (every token), LM head (scored tokens),
     vision tower (per patch, excluding the patch merger which runs per merged token)."""
     parts = model_parts(model)
-    layers = sum(p.numel() for layer in parts.text.layers for n, p in layer.named_parameters() if n.endswith("weight")
-                 and p.dim() == 2)
+    layers = sum(
+        p.numel()
+        for layer in parts.text.layers
+        for n, p in layer.named_parameters()
+        if n.endswith("weight") and p.dim() == 2
+    )
     head = parts.lm_head.weight.numel()
     blocks = sum(p.numel() for blk in parts.visual.blocks for n, p in blk.named_parameters() if p.dim() == 2)
     merger = sum(p.numel() for p in parts.visual.merger.parameters() if p.dim() == 2)
     patch = parts.visual.patch_embed.proj.weight.numel()
-    return {"decoder": float(layers), "lm_head": float(head), "vision_blocks": float(blocks + patch),
-            "vision_merger": float(merger)}
-
+    return {
+        "decoder": float(layers),
+        "lm_head": float(head),
+        "vision_blocks": float(blocks + patch),
+        "vision_merger": float(merger),
+    }

@@ -89,6 +89,8 @@ class GRPOModule(L.LightningModule):
         advantage_scale: ``group``, ``batch`` or ``none``.
         advantage_eps: added to the std before dividing.
         accuracy_weight: weight of R_acc.
+        format: which parts R_format requires: ``syn_grpo`` (think, diversity, description, answer) or
+            ``think_answer`` (VLM-R1's format, for the GRPO baselines).
         format_weight: weight of R_format.
         diversity_weight: weight of R_diversity (0 = plain GRPO rewards).
         diversity_reward_form: named form of R_diversity (see ``rewards.DIVERSITY_REWARD_FORMS``).
@@ -127,6 +129,7 @@ class GRPOModule(L.LightningModule):
         advantage_scale: str = "group",
         advantage_eps: float = 1e-4,
         accuracy_weight: float = 1.0,
+        format: str = "syn_grpo",
         format_weight: float = 1.0,
         diversity_weight: float = 1.0,
         diversity_reward_form: str = "linear",
@@ -152,6 +155,8 @@ class GRPOModule(L.LightningModule):
         if description_selection not in ("diversity", "random", "none"):
             raise ValueError("--model.description_selection must be 'diversity', 'random' or 'none', "
                              f"got {description_selection!r}")
+        if format not in rewards.FORMATS:
+            raise ValueError(f"--model.format must be one of {sorted(rewards.FORMATS)}, got {format!r}")
         if diversity_reward_form not in rewards.DIVERSITY_REWARD_FORMS:
             raise ValueError(f"--model.diversity_reward_form must be one of {sorted(rewards.DIVERSITY_REWARD_FORMS)}, "
                              f"got {diversity_reward_form!r}")
@@ -211,7 +216,7 @@ class GRPOModule(L.LightningModule):
             acc = rewards.rec_accuracy_reward(texts, [g[0] for g in gts], input_wh=ro.input_wh, orig_wh=orig)
         else:
             acc = rewards.ovd_reward(texts, gts, input_wh=ro.input_wh, orig_wh=orig)
-        fmt = rewards.format_reward(texts)
+        fmt = rewards.format_reward(texts, format=hp.format)
         parsed = [rewards.parse_completion(t) for t in texts]
         acc_t = torch.tensor(acc, dtype=torch.float32)
         gt_div = rewards.ground_truth_diversity(acc_t, G)  # [B]

@@ -226,11 +226,14 @@ def _section(text: str, name: str, tags: Tags, start: int = 0) -> tuple[str | No
     return text[begin:end], False, end
 
 
-def _strict_parts(text: str, tags: Tags) -> list[str] | None:
-    """The four contents if ``text`` is exactly <t1>..</t1> <t2>..</t2> ... with only whitespace around, else None."""
+def _strict_parts(text: str, tags: Tags, names: Sequence[str] | None = None) -> list[str] | None:
+    """The contents if ``text`` is exactly <t1>..</t1> <t2>..</t2> ... with only whitespace around, else None.
+
+    ``names``: the tags that must appear, in order (default: all four of ``tags``).
+    """
     markers = [m for name in tags.names for m in (f"<{name}>", f"</{name}>")]
     pos, n, parts = 0, len(text), []
-    for name in tags.names:
+    for name in names or tags.names:
         while pos < n and text[pos].isspace():
             pos += 1
         open_tag, close_tag = f"<{name}>", f"</{name}>"
@@ -422,16 +425,36 @@ def rec_accuracy_reward(
     return out
 
 
+FORMATS = {
+    "syn_grpo": ("think", "diversity", "description", "answer"),
+    "think_answer": ("think", "answer"),
+}
+"""Named formats: which tags (by ``Tags`` field) a well-formed completion has, in order. ``think_answer`` is
+VLM-R1's format, used by the GRPO baselines."""
+
+
 def format_reward(
     completions: list[Any],
     tags: Tags = Tags(),  # noqa: B008 - frozen, immutable default
     partial: bool = False,
+    format: str = "syn_grpo",
     **kwargs: Any,
 ) -> list[float]:
-    """1.0 when the completion has all four parts, in order, well formed; else 0.0.
+    """1.0 when the completion has all parts of ``format``, in order, well formed; else 0.0.
 
     With ``partial=True`` a malformed completion earns the fraction of the four parts that are present and valid.
     """
+    if format not in FORMATS:
+        raise ValueError(f"--model.format must be one of {sorted(FORMATS)}, got {format!r}")
+    if format != "syn_grpo":
+        names = [getattr(tags, f) for f in FORMATS[format]]
+        out = []
+        for text in completions:
+            text = _as_text(text)
+            parts = _strict_parts(text, tags, names)
+            ok = parts is not None and bool(extract_boxes(parts[-1]))
+            out.append(1.0 if ok else 0.0)
+        return out
     out = []
     for text in completions:
         parsed = parse_completion(text, tags)

@@ -31,6 +31,7 @@ random numbers: results match `generate` in distribution, not draw for draw. ``t
 from __future__ import annotations
 
 import math
+import warnings
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -194,8 +195,18 @@ class _DecodeEngine:
         self.j = torch.zeros(1, dtype=torch.long, device=device)  # index of the fed token among generated ones
         self.logits = None
         self.graph = None
+        self.use_graph = use_graph
+        self.capture_error: str | None = None
         if use_graph:
-            self._capture()
+            try:
+                self._capture()
+            except Exception as err:  # fall back to the eager step rather than fail the rollout
+                self.graph = None
+                self.capture_error = f"{type(err).__name__}: {err}"
+                warnings.warn(
+                    f"fast_generate: CUDA graph capture failed, decoding eagerly ({self.capture_error})", stacklevel=3
+                )
+                torch.cuda.synchronize()
 
     @torch.no_grad()
     def step(self) -> torch.Tensor:
@@ -260,7 +271,7 @@ def _engine_for(model, parts, N, S_needed, T, device, dtype, use_graph) -> _Deco
         and eng.T >= T
         and eng.k[0].device == device
         and eng.k[0].dtype == dtype
-        and (eng.graph is not None) == use_graph
+        and eng.use_graph == use_graph
     ):
         return eng
     _ENGINES.pop(model, None)
@@ -281,7 +292,9 @@ def _engine_for(model, parts, N, S_needed, T, device, dtype, use_graph) -> _Deco
 def image_embeddings(model, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> torch.Tensor:
     """Merged vision features of all images, in order: ``[sum_i t*h*w/merge**2, hidden]`` (grad flows if enabled)."""
     visual = model_parts(model).visual
-    out = visual(pixel_values.to(visual.dtype if hasattr(visual, "dtype") else pixel_values.dtype), grid_thw=image_grid_thw)
+    out = visual(
+        pixel_values.to(visual.dtype if hasattr(visual, "dtype") else pixel_values.dtype), grid_thw=image_grid_thw
+    )
     return out.pooler_output if hasattr(out, "pooler_output") else out
 
 
@@ -417,9 +430,7 @@ def fast_generate(
         raise NotImplementedError("fast_generate does not implement sliding-window attention")
     use_graph = (device.type == "cuda") if cuda_graph is None else (cuda_graph and device.type == "cuda")
     input_ids = input_ids.to(device)
-    attention_mask = (
-        torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)
-    ).long()
+    attention_mask = (torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)).long()
     B, P = input_ids.shape
     G = group_size
     N = B * G

@@ -13,6 +13,8 @@ normal HF directory that ``configs/tiny.yaml`` loads with ``from_pretrained``.
 from __future__ import annotations
 
 import math
+import re
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,7 +85,9 @@ class SFTModule(L.LightningModule):
             not hold a model yet: it is created there).
         build_tiny: build a small Qwen2.5-VL from scratch into ``model_name_or_path`` first (the toy checkpoint).
         target: how a sample becomes a completion: ``toy`` (4-part format) or ``answer`` (GT box only).
-        prompt_template: ``toy``, ``syn_grpo`` or ``vlm_r1``.
+        prompt_template: ``toy``, ``syn_grpo`` or ``vlm_r1``; a list mixes them (each sample gets one, fixed by
+            its id), so one checkpoint follows both the Syn-GRPO and the VLM-R1 instruction. Under ``vlm_r1`` the
+            target keeps only the think and answer parts, as VLM-R1's format asks.
         dtype: ``auto``, ``bf16``, ``fp16`` or ``fp32``.
         export_dir: ``save_pretrained`` the trained policy and processor here at the end of fit.
         eval_max_new_tokens: generation length of validation (sampled format rate and greedy IoU).
@@ -98,7 +102,7 @@ class SFTModule(L.LightningModule):
         model_name_or_path: str = "checkpoints/toy-qwen2.5-vl",
         build_tiny: TinySpec | None = None,
         target: str = "toy",
-        prompt_template: str = "toy",
+        prompt_template: str | list[str] = "toy",
         dtype: str = "auto",
         local_files_only: bool = True,
         export_dir: str | None = None,
@@ -129,8 +133,8 @@ class SFTModule(L.LightningModule):
         size = self.tiny_spec.image_size
         for rec in dm.train_records():
             s = load_sample(rec)
-            texts.append(PROMPT_TEMPLATES[self.hparams.prompt_template][s.task].format(query=s.query))
-            texts.append(TARGETS[self.hparams.target](s, (size, size)))
+            texts.append(PROMPT_TEMPLATES[self.template_for(s)][s.task].format(query=s.query))
+            texts.append(self.target_for(s, (size, size)))
         return texts + list(self.tiny_spec.extra_corpus)
 
     def configure_model(self) -> None:
@@ -165,16 +169,26 @@ class SFTModule(L.LightningModule):
         sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
+    def template_for(self, sample) -> str:
+        t = self.hparams.prompt_template
+        if isinstance(t, str):
+            return t
+        return list(t)[zlib.crc32(sample.sample_id.encode()) % len(t)]
+
+    def target_for(self, sample, input_wh) -> str:
+        text = TARGETS[self.hparams.target](sample, input_wh, seed=self.hparams.seed)
+        if self.template_for(sample) == "vlm_r1":  # VLM-R1's format: reasoning and answer only
+            text = re.sub(r"<diversity>.*?</diversity>|<description>.*?</description>", "", text, flags=re.S)
+        return text
+
     def encode(self, batch) -> dict[str, torch.Tensor]:
         """Processor inputs for prompt + target, with ``labels`` = -100 everywhere but the target tokens."""
         proc = self.processor
-        prompts = [build_prompt_text(proc, s.query, task=s.task, template=self.hparams.prompt_template)
-                   for s in batch]
+        prompts = [build_prompt_text(proc, s.query, task=s.task, template=self.template_for(s)) for s in batch]
         images = [s.image for s in batch]
         p_enc = proc(text=prompts, images=images, return_tensors="pt", padding=True)
         in_wh = model_input_size(p_enc["image_grid_thw"], getattr(proc.image_processor, "patch_size", 14))
-        targets = [TARGETS[self.hparams.target](s, wh, seed=self.hparams.seed) + "<|im_end|>"
-                   for s, wh in zip(batch, in_wh)]
+        targets = [self.target_for(s, wh) + "<|im_end|>" for s, wh in zip(batch, in_wh)]
         enc = proc(text=[p + t for p, t in zip(prompts, targets)], images=images, return_tensors="pt",
                    padding=True)
         prompt_len = p_enc["attention_mask"].sum(1)
@@ -212,7 +226,9 @@ class SFTModule(L.LightningModule):
     @torch.no_grad()
     def _eval(self, batch, prefix: str) -> None:
         """Greedy Acc@0.5 / IoU and the sampled (temperature 1) format rate: what GRPO starts from."""
-        common = dict(task=[s.task for s in batch], template=self.hparams.prompt_template,
+        first = self.hparams.prompt_template
+        first = first if isinstance(first, str) else list(first)[0]
+        common = dict(task=[s.task for s in batch], template=first,
                       max_new_tokens=self.hparams.eval_max_new_tokens)
         greedy = rollout(self.policy, self.processor, [s.image for s in batch], [s.query for s in batch],
                          group_size=1, do_sample=False, **common)

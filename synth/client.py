@@ -458,7 +458,7 @@ class LocalServer:
                             h = c.health()
                         if h.status == "ok":
                             return
-                        if h.status == "failed":
+                        if h.status == "failed" or all(w.error and not w.ready for w in h.workers):
                             errors = "; ".join(w.error or "" for w in h.workers)
                             raise RuntimeError(f"synth server workers cannot start: {errors}\n{self.log_tail()}")
                 time.sleep(0.1)

@@ -41,6 +41,8 @@ class ServerConfig(BaseModel):
     """Directories the server may read input images from (``image.path`` must resolve inside one)."""
     output_dir: str = "outputs/synth"
     """Where results are written (``<output_dir>/<job_id>.png``); created if missing."""
+    fsync_outputs: bool = False
+    """fsync each output before its rename: survives a power cut, costs ~3 ms a job. Atomicity needs no fsync."""
     devices: list[str] = Field(default_factory=lambda: ["cpu"])
     """One worker process per entry (``cpu``, ``cuda:0``, ...). Repeat ``cpu`` for several CPU workers."""
     threads_per_worker: int | None = 1

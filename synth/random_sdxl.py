@@ -228,6 +228,9 @@ def build_random_sdxl_components(
     from diffusers import UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
+    import diffusers
+
+    diffusers.utils.logging.set_verbosity_error()  # no "should be kept in float32" notes for random modules
     if size not in ("tiny", "full"):
         raise ValueError(f"size must be 'tiny' or 'full', got {size!r}")
     full = size == "full"

@@ -467,6 +467,7 @@ class JobManager:
                         uid=job.uid, job_id=job.request.job_id, image_path=inp.image_path,
                         image_bytes=inp.image_bytes, boxes=inp.boxes, description=job.request.description,
                         seed=job.request.seed, canvas=job.request.canvas.model_dump(), output_path=inp.output_path,
+                        fsync=self.cfg.fsync_outputs,
                     ))  # fmt: skip
                 w.busy = [j.uid for j in batch]
                 w.deadline = now + self.cfg.job_timeout_s * len(batch)
@@ -792,7 +793,9 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     family = socket.AF_INET6 if ":" in cfg.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets that say so; without it, keep-alive
+    # requests wait ~40 ms each for a delayed ACK (Nagle).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((cfg.host, cfg.port))
     sock.listen(512)

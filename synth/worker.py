@@ -63,7 +63,7 @@ def worker_main(
             import cv2
 
             cv2.setNumThreads(threads)
-        painter = build_painter(device=device, **painter_cfg)
+        painter = build_painter(**{"device": device, **painter_cfg})  # painter.device in the config wins
         painter.load()
         if threads is not None and "torch" in sys.modules:
             sys.modules["torch"].set_num_threads(threads)  # oversubscribed CPU threads spin: 20x slower here
@@ -181,8 +181,9 @@ def _finish(item, job: PaintJob, canvas, out_boxes, geom: CanvasGeometry, image,
     try:
         with open(tmp, "wb") as f:
             Image.fromarray(final, "RGB").save(f, format="PNG", compress_level=1)
-            f.flush()
-            os.fsync(f.fileno())
+            if item.get("fsync"):
+                f.flush()
+                os.fsync(f.fileno())
         with Image.open(tmp) as written:
             on_disk = np.asarray(written.convert("RGB"), dtype=np.uint8)
         audit = audit_result(on_disk, canvas, job.keep, out_boxes, geom.canvas_w, geom.canvas_h)

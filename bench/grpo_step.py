@@ -1,0 +1,734 @@
+"""One GRPO step of Syn-GRPO on one GPU, at the paper's setting, with random-weight Qwen2.5-VL-3B / 7B architectures.
+
+    python bench/grpo_step.py --models 3b,7b --out bench/results/grpo_step_h200.json
+    python bench/grpo_step.py --tiny                       # CPU smoke test of every code path (seconds)
+
+The work (never changed to meet a goal): B = 20 prompts x G = 6 completions = 120 sequences; each prompt holds one
+448 x 448 image (1024 patches, 256 merged image tokens) and 64 text tokens (vision start / end included); every
+completion is exactly 256 tokens (min_new_tokens = max_new_tokens: random weights rarely emit EOS, so lengths are
+fixed for every system). Sampling at temperature 1, top-p 1, special tokens suppressed.
+
+Measured, in this order (each phase timed with CUDA synchronisation around it):
+1. HF `generate` eager baseline (stock vision attention), at 120 sequences: ms per decode step from two runs of
+   different lengths (the difference removes the prefill), and the stock update path on one micro-batch.
+2. `fast_generate`: the whole 256-token rollout (vision once per prompt, prefill once per prompt, CUDA-graph decode);
+   ms per decode step from a 256-token and a 1-token run.
+3. The update: reference log-probs (no grad), old log-probs (no grad, needed when num_iterations > 1), policy
+   fwd + bwd over length-bucketed micro-batches (vision once per prompt) + fused AdamW step; with and without
+   gradient checkpointing.
+4. The whole step, end to end (rollout, packing, reference, update with the objective's clipped surrogate + k3 KL).
+5. Correctness on the real architecture: fast_generate's log-probs vs the efficient scorer vs the stock forward.
+
+MFU counts model FLOPs only: 6 x (matmul parameters) x tokens for fwd + bwd (2 x for forward-only passes): decoder
+layers over every real token, the LM head over completion tokens only (the positions that are scored), the vision
+blocks over 1024 patches per unique image (20), the merger over 256 merged tokens per image; plus attention
+(QK^T and PV: 4 x d x L^2 / 2 per causal sequence and layer forward, full for vision windows). Recomputation from
+gradient checkpointing is not counted. Peak: 790 TFLOP/s (bf16 dense matmul measured on this workplace's H200s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import gc
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lightning_modules.efficient import (  # noqa: E402
+    completion_logprobs,
+    enable_fast_vision_attention,
+    image_embeddings,
+    model_flops_per_token,
+    pack_rollout,
+    policy_backward,
+)
+from lightning_modules.rollout import _ENGINES, fast_generate, release_rollout_cache  # noqa: E402
+
+PEAK_FLOPS = 790e12
+SPECIAL_START = 151643  # Qwen2.5 special / added tokens start here; everything above is suppressed in sampling
+EOS_IDS = (151645, 151643)
+PAD_ID = 151643
+
+# Qwen2.5-VL-3B-Instruct / 7B-Instruct config.json (text and vision parts), written out: no downloads.
+_VISION = dict(
+    depth=32,
+    hidden_size=1280,
+    intermediate_size=3420,
+    num_heads=16,
+    in_channels=3,
+    patch_size=14,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+    window_size=112,
+    fullatt_block_indexes=[7, 15, 23, 31],
+    tokens_per_second=2,
+    hidden_act="silu",
+)
+CONFIGS = {
+    "3b": dict(
+        text=dict(
+            vocab_size=151936,
+            hidden_size=2048,
+            intermediate_size=11008,
+            num_hidden_layers=36,
+            num_attention_heads=16,
+            num_key_value_heads=2,
+            max_position_embeddings=128000,
+            rms_norm_eps=1e-6,
+            hidden_act="silu",
+            tie_word_embeddings=True,
+            use_sliding_window=False,
+            sliding_window=32768,
+            max_window_layers=70,
+            attention_dropout=0.0,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
+        ),
+        vision=dict(_VISION, out_hidden_size=2048),
+        tie=True,
+    ),
+    "7b": dict(
+        text=dict(
+            vocab_size=152064,
+            hidden_size=3584,
+            intermediate_size=18944,
+            num_hidden_layers=28,
+            num_attention_heads=28,
+            num_key_value_heads=4,
+            max_position_embeddings=128000,
+            rms_norm_eps=1e-6,
+            hidden_act="silu",
+            tie_word_embeddings=False,
+            use_sliding_window=False,
+            sliding_window=32768,
+            max_window_layers=28,
+            attention_dropout=0.0,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
+        ),
+        vision=dict(_VISION, out_hidden_size=3584),
+        tie=False,
+    ),
+    # CPU smoke test: the same code paths on a model of a few million parameters
+    "tiny": dict(
+        text=dict(
+            vocab_size=151936,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=4096,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [2, 3, 3]},
+        ),
+        vision=dict(
+            _VISION,
+            depth=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=64,
+            fullatt_block_indexes=[1],
+        ),
+        tie=True,
+    ),
+}
+
+
+def build_config(name: str):
+    from transformers import Qwen2_5_VLConfig
+
+    c = CONFIGS[name]
+    text = dict(c["text"], bos_token_id=151643, eos_token_id=151645)
+    return Qwen2_5_VLConfig(
+        text_config=text,
+        vision_config=c["vision"],
+        image_token_id=151655,
+        video_token_id=151656,
+        vision_start_token_id=151652,
+        vision_end_token_id=151653,
+        tie_word_embeddings=c["tie"],
+    )
+
+
+def build_model(name: str, device, dtype):
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    cfg = build_config(name)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen2_5_VLForConditionalGeneration._from_config(cfg, attn_implementation="sdpa", dtype=dtype)
+    return model.eval()
+
+
+def make_batch(cfg, B: int, text_tokens: int, image_size: int, device, dtype, seed: int = 0):
+    """B prompts: (text_tokens - 2) // 4 text, vision_start, 256 image pads, vision_end, the rest text (left-aligned,
+    all prompts the same length: no padding)."""
+    g = torch.Generator().manual_seed(seed)
+    merge = cfg.vision_config.spatial_merge_size
+    patch = cfg.vision_config.patch_size
+    gh = gw = image_size // patch
+    n_img = gh * gw // merge**2
+    pre = (text_tokens - 2) // 4
+    post = text_tokens - 2 - pre
+    rows = []
+    for _ in range(B):
+        a = torch.randint(0, 150000, (pre,), generator=g)
+        b = torch.randint(0, 150000, (post,), generator=g)
+        rows.append(
+            torch.cat(
+                [
+                    a,
+                    torch.tensor([cfg.vision_start_token_id]),
+                    torch.full((n_img,), cfg.image_token_id),
+                    torch.tensor([cfg.vision_end_token_id]),
+                    b,
+                ]
+            )
+        )
+    ids = torch.stack(rows).to(device)
+    mask = torch.ones_like(ids)
+    grid = torch.tensor([[1, gh, gw]] * B, device=device)
+    dim = 3 * cfg.vision_config.temporal_patch_size * patch * patch
+    pixels = torch.randn(B * gh * gw, dim, generator=g).to(device=device, dtype=dtype)
+    return dict(input_ids=ids, attention_mask=mask, pixel_values=pixels, image_grid_thw=grid)
+
+
+def repeat_batch(enc, G: int, image_token_id: int):
+    """The B prompts repeated G times (rows grouped), plus mm_token_type_ids: what `generate` / TRL feed the model."""
+    counts = enc["image_grid_thw"].prod(-1).tolist()
+    offs = [0]
+    for c in counts:
+        offs.append(offs[-1] + c)
+    pix = torch.cat([enc["pixel_values"][offs[b] : offs[b + 1]] for b in range(len(counts)) for _ in range(G)])
+    ids = enc["input_ids"].repeat_interleave(G, 0)
+    return dict(
+        input_ids=ids,
+        attention_mask=enc["attention_mask"].repeat_interleave(G, 0),
+        pixel_values=pix,
+        image_grid_thw=enc["image_grid_thw"].repeat_interleave(G, 0),
+        mm_token_type_ids=(ids == image_token_id).long(),
+    )
+
+
+class Timer:
+    def __init__(self, device):
+        self.cuda = torch.device(device).type == "cuda"
+
+    def __enter__(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.s = time.perf_counter() - self.t0
+
+
+def gib(x: float) -> float:
+    return round(x / 2**30, 2)
+
+
+def flops_update(fl: dict, packed, n_images: int, patches_per_image: int, cfg, passes: float) -> float:
+    """Model FLOPs of `passes` x (forward) over the packed batch: passes = 2 (forward), 6 (forward + backward)."""
+    tc = cfg.text_config
+    tokens = int(packed.lengths.sum())
+    comp_tokens = int(packed.completion_mask.sum())
+    lens = packed.lengths.double()
+    d_attn = tc.num_attention_heads * (tc.hidden_size // tc.num_attention_heads)
+    attn = 4 * d_attn * float((lens**2).sum()) / 2 * tc.num_hidden_layers  # causal QK^T + PV, forward
+    vc = cfg.vision_config
+    merge = vc.spatial_merge_size**2
+    win = (vc.window_size // vc.patch_size) ** 2
+    n_full = len(vc.fullatt_block_indexes)
+    v_attn = (
+        n_images * 4 * vc.hidden_size * patches_per_image * (n_full * patches_per_image + (vc.depth - n_full) * win)
+    )
+    matmul = (
+        fl["decoder"] * tokens
+        + fl["lm_head"] * comp_tokens
+        + fl["vision_blocks"] * n_images * patches_per_image
+        + fl["vision_merger"] * n_images * patches_per_image / merge
+    )
+    return passes / 2 * (2 * matmul + attn + v_attn)
+
+
+def grpo_loss_fn(packed, old_logp, ref_logp, adv, kl_coef: float, total_tokens: int):
+    """The objective's clipped surrogate + k3 KL, token-mean over the WHOLE batch, per micro-batch."""
+    try:
+        from lightning_modules.objective import policy_loss
+    except Exception:  # pragma: no cover - the objective module is another engineer's; fall back to the same math
+        policy_loss = None
+    mask_all = packed.completion_mask
+
+    def fn(logp, ent, rows):
+        mask = mask_all[rows].to(logp.device)
+        n_tok = int(mask.sum())
+        old = logp.detach() if old_logp is None else old_logp[rows]
+        if policy_loss is not None:
+            loss, _ = policy_loss(
+                logp, old, adv[rows], mask, ref_logp=ref_logp[rows], kl_coef=kl_coef, aggregation="token-mean"
+            )
+        else:
+            ratio = torch.exp(logp - old)
+            a = adv[rows][:, None]
+            pg = torch.maximum(-a * ratio, -a * ratio.clamp(0.8, 1.2))
+            lr = ref_logp[rows] - logp
+            kl = torch.exp(lr) - lr - 1
+            loss = ((pg + kl_coef * kl) * mask).sum() / max(n_tok, 1)
+        return loss * (n_tok / total_tokens)
+
+    return fn
+
+
+def run_model(name: str, args, device, dtype, result: dict, save) -> None:
+    r = result.setdefault("models", {}).setdefault(name, {})
+    B, G, T = args.prompts, args.group, args.new_tokens
+    N = B * G
+    t_build = time.perf_counter()
+    model = build_model(name, device, dtype)
+    cfg = model.config
+    r["params_total"] = sum(p.numel() for p in model.parameters())
+    r["params_vision"] = sum(p.numel() for p in model.model.visual.parameters())
+    fl = model_flops_per_token(model)
+    r["matmul_params"] = fl
+    r["build_s"] = round(time.perf_counter() - t_build, 1)
+    enc = make_batch(cfg, B, args.text_tokens, args.image_size, device, dtype)
+    P = enc["input_ids"].shape[1]
+    patches = int(enc["image_grid_thw"][0].prod())
+    r["shape"] = dict(
+        prompts=B,
+        group=G,
+        sequences=N,
+        prompt_tokens=P,
+        image_tokens=patches // 4,
+        new_tokens=T,
+        sequence_tokens=P + T,
+        total_tokens=N * (P + T),
+    )
+    suppress = list(range(SPECIAL_START, cfg.text_config.vocab_size))
+    gen_kw = dict(suppress_token_ids=suppress, eos_token_ids=EOS_IDS, pad_token_id=PAD_ID)
+    print(f"[{name}] {r['params_total'] / 1e9:.2f}B params, prompt {P} tokens, {N} sequences", flush=True)
+
+    # ---- 1. stock baselines (before the vision attention is patched) -------------------------------------------
+    if not args.skip_hf:
+        rep = repeat_batch(enc, G, cfg.image_token_id)
+        warm = repeat_batch(
+            {k: (v[:1] if k != "pixel_values" else v[:patches]) for k, v in enc.items()}, G, cfg.image_token_id
+        )
+        with torch.no_grad():  # warm-up: kernels, cuBLAS handles
+            model.generate(
+                **warm,
+                do_sample=True,
+                top_k=0,
+                max_new_tokens=2,
+                min_new_tokens=2,
+                suppress_tokens=suppress,
+                pad_token_id=PAD_ID,
+            )
+        hf = {}
+        for n_new in args.hf_steps:
+            with torch.no_grad(), Timer(device) as t:
+                model.generate(
+                    **rep,
+                    do_sample=True,
+                    temperature=1.0,
+                    top_p=1.0,
+                    top_k=0,
+                    max_new_tokens=n_new,
+                    min_new_tokens=n_new,
+                    suppress_tokens=suppress,
+                    pad_token_id=PAD_ID,
+                    eos_token_id=list(EOS_IDS),
+                )
+            hf[n_new] = t.s
+        a, b = args.hf_steps
+        step = (hf[b] - hf[a]) / (b - a)
+        r["hf_generate_eager"] = dict(
+            runs_s={str(k): round(v, 3) for k, v in hf.items()},
+            ms_per_decode_step=round(1e3 * step, 2),
+            tokens_per_s_decode=round(N / step, 1),
+            prefill_s_est=round(hf[a] - a * step, 3),
+            rollout_256_s_est=round(hf[a] - a * step + T * step, 2),
+        )
+        print(f"[{name}] HF generate eager: {1e3 * step:.1f} ms/step", flush=True)
+        # stock update path on one micro-batch (model(**inputs) with pixel_values per row, full logits)
+        mb = args.micro_batch
+        sub = repeat_batch({k: v for k, v in enc.items()}, G, cfg.image_token_id)
+        comp = torch.randint(0, 150000, (mb, T), device=device)
+        ids = torch.cat([sub["input_ids"][:mb], comp], 1)
+        am = torch.ones_like(ids)
+        pix = sub["pixel_values"][: mb * patches]
+        model.train()
+        for _ in range(2):
+            with Timer(device) as t:
+                out = model(
+                    input_ids=ids,
+                    attention_mask=am,
+                    pixel_values=pix,
+                    image_grid_thw=sub["image_grid_thw"][:mb],
+                    mm_token_type_ids=(ids == cfg.image_token_id).long(),
+                    logits_to_keep=T + 1,
+                )
+                lp = out.logits[:, :-1].float().log_softmax(-1).gather(-1, comp[..., None])
+                lp.mean().backward()
+            del out, lp
+            model.zero_grad(set_to_none=True)
+        model.eval()
+        r["stock_update_one_microbatch"] = dict(
+            micro_batch=mb, fwd_bwd_s=round(t.s, 3), extrapolated_120_s=round(t.s * N / mb, 2)
+        )
+        print(f"[{name}] stock fwd+bwd, one micro-batch of {mb}: {t.s:.2f} s", flush=True)
+        del rep, sub
+        gc.collect()
+        torch.cuda.empty_cache() if device.type == "cuda" else None
+        save()
+
+    # ---- 2. fast rollout ---------------------------------------------------------------------------------------
+    enable_fast_vision_attention(model)
+    gen = torch.Generator(device=device).manual_seed(0)
+    with Timer(device) as t_first:
+        fast_generate(model, **enc, group_size=G, max_new_tokens=T, min_new_tokens=T, generator=gen, **gen_kw)
+    runs = []
+    for _ in range(args.repeats):
+        with Timer(device) as t:
+            completion = fast_generate(
+                model, **enc, group_size=G, max_new_tokens=T, min_new_tokens=T, generator=gen, **gen_kw
+            )
+        runs.append(t.s)
+    with Timer(device) as t1:
+        fast_generate(model, **enc, group_size=G, max_new_tokens=1, min_new_tokens=1, generator=gen, **gen_kw)
+    with torch.no_grad(), Timer(device) as tv:
+        image_embeddings(model, enc["pixel_values"], enc["image_grid_thw"])
+    roll = min(runs)
+    step = (roll - t1.s) / (T - 1)
+    eng = _ENGINES.get(model)
+    replay_ms = None
+    if eng is not None and eng.graph is not None:  # the captured forward alone (no sampling), 50 replays
+        eng.slot.fill_(P)
+        eng.j.fill_(0)
+        with Timer(device) as tr:
+            for _ in range(50):
+                eng.graph.replay()
+        replay_ms = round(1e3 * tr.s / 50, 3)
+        eng.slot.fill_(P)
+        eng.j.fill_(0)
+    r["fast_generate"] = dict(
+        first_call_s=round(t_first.s, 2),
+        rollout_s=round(roll, 3),
+        rollout_runs_s=[round(x, 3) for x in runs],
+        prefill_and_first_token_s=round(t1.s, 3),
+        vision_20_images_s=round(tv.s, 3),
+        ms_per_decode_step=round(1e3 * step, 2),
+        tokens_per_s_decode=round(N / step, 1),
+        tokens_per_s_rollout=round(N * T / roll, 1),
+        cuda_graph=eng is not None and eng.graph is not None,
+        capture_error=getattr(eng, "capture_error", None),
+        graph_replay_ms=replay_ms,
+        shape=list(completion.shape),
+    )
+    if "hf_generate_eager" in r:
+        r["fast_generate"]["speedup_per_step_vs_hf_eager"] = round(
+            r["hf_generate_eager"]["ms_per_decode_step"] / (1e3 * step), 1
+        )
+    print(f"[{name}] fast_generate: {roll:.2f} s rollout, {1e3 * step:.2f} ms/step", flush=True)
+    save()
+
+    # ---- 3. update ---------------------------------------------------------------------------------------------
+    ref = copy.deepcopy(model).eval().requires_grad_(False)
+    release_rollout_cache(ref)
+    cmask = torch.ones_like(completion)
+    packed = pack_rollout(
+        model,
+        prompt_ids=enc["input_ids"],
+        prompt_mask=enc["attention_mask"],
+        pixel_values=enc["pixel_values"],
+        image_grid_thw=enc["image_grid_thw"],
+        completion_ids=completion,
+        completion_mask=cmask,
+        group_size=G,
+        pad_token_id=PAD_ID,
+    )
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6, fused=device.type == "cuda")
+    adv = torch.randn(N, device=device)
+    f_fwd = flops_update(fl, packed, B, patches, cfg, 2)
+    f_fb = flops_update(fl, packed, B, patches, cfg, 6)
+    upd = {}
+    for ckpt in args.ckpt_modes:
+        model.train()
+        res = None
+        for _ in range(2):  # warm-up, timed
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            try:
+                with Timer(device) as t_ref:
+                    ref_lp, _ = completion_logprobs(ref, packed, micro_batch_size=args.ref_micro_batch)
+                with Timer(device) as t_old:
+                    old_lp, _ = completion_logprobs(model, packed, micro_batch_size=args.ref_micro_batch)
+                loss_fn = grpo_loss_fn(packed, old_lp, ref_lp, adv, 0.04, int(packed.completion_mask.sum()))
+                with Timer(device) as t_fb:
+                    policy_backward(
+                        model, packed, loss_fn, micro_batch_size=args.micro_batch, gradient_checkpointing=ckpt
+                    )
+                with Timer(device) as t_opt:
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+            except torch.OutOfMemoryError as err:
+                res = dict(error=f"OOM: {str(err)[:200]}")
+                opt.zero_grad(set_to_none=True)
+                gc.collect()
+                torch.cuda.empty_cache()
+                break
+            peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else 0
+            res = dict(
+                ref_logp_s=round(t_ref.s, 3),
+                old_logp_s=round(t_old.s, 3),
+                fwd_bwd_s=round(t_fb.s, 3),
+                optimizer_s=round(t_opt.s, 3),
+                peak_mem_gib=gib(peak),
+                mfu_fwd_bwd=round(f_fb / t_fb.s / PEAK_FLOPS, 3),
+                mfu_ref=round(f_fwd / t_ref.s / PEAK_FLOPS, 3),
+                mfu_update_mu1=round((f_fb + f_fwd) / (t_fb.s + t_ref.s + t_opt.s) / PEAK_FLOPS, 3),
+                update_s_mu1=round(t_ref.s + t_fb.s + t_opt.s, 3),
+                update_s_mu2=round(t_ref.s + t_old.s + 2 * (t_fb.s + t_opt.s), 3),
+            )
+        upd["ckpt" if ckpt else "no_ckpt"] = res
+        print(f"[{name}] update (grad ckpt {ckpt}): {res}", flush=True)
+        save()
+    model.eval()
+    r["update"] = upd
+    r["flops"] = dict(
+        fwd_bwd_tflop=round(f_fb / 1e12, 1),
+        fwd_tflop=round(f_fwd / 1e12, 1),
+        tokens=packed.num_tokens,
+        completion_tokens=int(packed.completion_mask.sum()),
+    )
+    save()
+
+    # ---- 4. the whole step, end to end ---------------------------------------------------------------------------
+    best = min((k for k, v in upd.items() if v and "error" not in v), key=lambda k: upd[k]["fwd_bwd_s"], default=None)
+    if best is not None:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        model.train()
+        with Timer(device) as t_step:
+            with Timer(device) as a:
+                completion = fast_generate(
+                    model, **enc, group_size=G, max_new_tokens=T, min_new_tokens=T, generator=gen, **gen_kw
+                )
+            packed = pack_rollout(
+                model,
+                prompt_ids=enc["input_ids"],
+                prompt_mask=enc["attention_mask"],
+                pixel_values=enc["pixel_values"],
+                image_grid_thw=enc["image_grid_thw"],
+                completion_ids=completion,
+                completion_mask=torch.ones_like(completion),
+                group_size=G,
+                pad_token_id=PAD_ID,
+            )
+            with Timer(device) as b:
+                ref_lp, _ = completion_logprobs(ref, packed, micro_batch_size=args.ref_micro_batch)
+            with Timer(device) as c:  # num_iterations = 1: old log-probs are the detached current ones
+                loss_fn = grpo_loss_fn(packed, None, ref_lp, adv, 0.04, int(packed.completion_mask.sum()))
+                policy_backward(
+                    model, packed, loss_fn, micro_batch_size=args.micro_batch, gradient_checkpointing=best == "ckpt"
+                )
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        model.eval()
+        peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else 0
+        r["step"] = dict(
+            total_s=round(t_step.s, 2),
+            rollout_s=round(a.s, 2),
+            ref_s=round(b.s, 2),
+            update_s=round(c.s, 2),
+            grad_ckpt=best == "ckpt",
+            num_iterations=1,
+            peak_mem_gib=gib(peak),
+        )
+        if "hf_generate_eager" in r and "stock_update_one_microbatch" in r:
+            hf_step = (
+                r["hf_generate_eager"]["rollout_256_s_est"] + r["stock_update_one_microbatch"]["extrapolated_120_s"]
+            )
+            r["step"]["stock_hf_step_s_est"] = round(hf_step, 1)
+        print(f"[{name}] whole step: {r['step']}", flush=True)
+        save()
+
+    # ---- 5. correctness on the real architecture -------------------------------------------------------------------
+    sub = {k: (v[:2] if k != "pixel_values" else v[: 2 * patches]) for k, v in enc.items()}
+    g2 = torch.Generator(device=device).manual_seed(1)
+    toks, lp_gen = fast_generate(
+        model, **sub, group_size=2, max_new_tokens=16, min_new_tokens=16, generator=g2, return_logprobs=True, **gen_kw
+    )
+    pk = pack_rollout(
+        model,
+        prompt_ids=sub["input_ids"],
+        prompt_mask=sub["attention_mask"],
+        pixel_values=sub["pixel_values"],
+        image_grid_thw=sub["image_grid_thw"],
+        completion_ids=toks,
+        completion_mask=torch.ones_like(toks),
+        group_size=2,
+        pad_token_id=PAD_ID,
+    )
+    lp_eff, _ = completion_logprobs(model, pk)
+    rep2 = repeat_batch(sub, 2, cfg.image_token_id)
+    ids = torch.cat([rep2["input_ids"], toks], 1)
+    with torch.no_grad():
+        logits = (
+            model(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                pixel_values=rep2["pixel_values"],
+                image_grid_thw=rep2["image_grid_thw"],
+                mm_token_type_ids=(ids == cfg.image_token_id).long(),
+                logits_to_keep=17,
+            )
+            .logits[:, :-1]
+            .float()
+        )
+    lp_stock = logits.log_softmax(-1).gather(-1, toks[..., None])[..., 0]
+    r["check"] = dict(
+        max_abs_logp_fast_vs_stock=round(float((lp_gen - lp_stock).abs().max()), 4),
+        max_abs_logp_efficient_vs_stock=round(float((lp_eff - lp_stock).abs().max()), 4),
+        mean_abs_logp_fast_vs_stock=round(float((lp_gen - lp_stock).abs().mean()), 5),
+        mean_logp=round(float(lp_stock.mean()), 3),
+    )
+    print(f"[{name}] check: {r['check']}", flush=True)
+    save()
+    del model, ref, opt
+    release_rollout_cache()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="3b", help="comma list of 3b, 7b")
+    ap.add_argument("--prompts", type=int, default=20)
+    ap.add_argument("--group", type=int, default=6)
+    ap.add_argument("--text-tokens", type=int, default=64)
+    ap.add_argument("--image-size", type=int, default=448)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--micro-batch", type=int, default=8)
+    ap.add_argument("--ref-micro-batch", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--hf-steps", default="8,40", help="two generate lengths whose time difference gives ms/step")
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--ckpt-modes", default="0,1", help="gradient checkpointing settings to measure (0 and/or 1)")
+    ap.add_argument("--tiny", action="store_true", help="CPU smoke test with a tiny model and a small batch")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    args.hf_steps = [int(x) for x in args.hf_steps.split(",")]
+    args.ckpt_modes = [bool(int(x)) for x in args.ckpt_modes.split(",")]
+    if args.tiny:
+        args.models, args.prompts, args.group, args.new_tokens, args.image_size = "tiny", 2, 3, 6, 56
+        args.hf_steps, args.micro_batch, args.repeats = [2, 4], 2, 1
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    import transformers
+
+    result = dict(
+        date=datetime.date.today().isoformat(),
+        command="python " + " ".join(sys.argv),
+        device=torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        dtype=str(dtype),
+        attn="sdpa",
+        peak_flops=PEAK_FLOPS,
+        setting=dict(
+            prompts=args.prompts,
+            group=args.group,
+            text_tokens=args.text_tokens,
+            image_size=args.image_size,
+            new_tokens=args.new_tokens,
+            micro_batch=args.micro_batch,
+            temperature=1.0,
+            top_p=1.0,
+        ),
+        trl="not run: see docs/performance.md",
+    )
+    out = Path(args.out) if args.out else None
+
+    def save():
+        if out:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result, indent=1))
+
+    for name in args.models.split(","):
+        try:
+            run_model(name.strip(), args, device, dtype, result, save)
+        except Exception as err:  # keep what was measured; record the failure
+            import traceback
+
+            traceback.print_exc()
+            result.setdefault("models", {}).setdefault(name, {})["error"] = f"{type(err).__name__}: {err}"[:500]
+            save()
+            release_rollout_cache()
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    save()
+    print_table(result)
+
+
+def print_table(result: dict) -> None:
+    print(f"\n{result['device']}  torch {result['torch']}  transformers {result['transformers']}  {result['date']}")
+    rows = []
+    for name, r in result.get("models", {}).items():
+        hf = r.get("hf_generate_eager", {})
+        fg = r.get("fast_generate", {})
+        up = r.get("update", {})
+        st = r.get("step", {})
+        rows.append((name, "HF generate eager, ms/step", hf.get("ms_per_decode_step")))
+        rows.append((name, "fast_generate, ms/step", fg.get("ms_per_decode_step")))
+        rows.append((name, "fast_generate, tokens/s (decode)", fg.get("tokens_per_s_decode")))
+        rows.append((name, "fast_generate, whole rollout s", fg.get("rollout_s")))
+        rows.append(
+            (
+                name,
+                "stock fwd+bwd (1 micro-batch x N/mb), s",
+                r.get("stock_update_one_microbatch", {}).get("extrapolated_120_s"),
+            )
+        )
+        for k, v in up.items():
+            if v and "error" not in v:
+                rows.append((name, f"[{k}] ref log-probs s", v["ref_logp_s"]))
+                rows.append((name, f"[{k}] fwd+bwd s (MFU)", f"{v['fwd_bwd_s']} ({100 * v['mfu_fwd_bwd']:.0f}%)"))
+                rows.append((name, f"[{k}] optimizer s", v["optimizer_s"]))
+                rows.append((name, f"[{k}] peak GiB", v["peak_mem_gib"]))
+            elif v:
+                rows.append((name, f"[{k}] update", v["error"][:60]))
+        rows.append((name, "whole step s (measured)", st.get("total_s")))
+        rows.append((name, "stock HF step s (estimate)", st.get("stock_hf_step_s_est")))
+        rows.append(
+            (
+                name,
+                "check max |dlogp| fast/eff vs stock",
+                (
+                    r.get("check", {}).get("max_abs_logp_fast_vs_stock"),
+                    r.get("check", {}).get("max_abs_logp_efficient_vs_stock"),
+                ),
+            )
+        )
+        if "error" in r:
+            rows.append((name, "ERROR", r["error"][:80]))
+    for row in rows:
+        print(f"{row[0]:>5}  {row[1]:<42} {row[2]}")
+
+
+if __name__ == "__main__":
+    main()

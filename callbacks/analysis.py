@@ -1,0 +1,530 @@
+"""Load logged runs and draw the collapse curves: the logic behind notebooks/collapse_curves.ipynb.
+
+It lives next to ``callbacks.logging`` because it reads what that module writes (the reader beside the writer) and
+``callbacks`` is an installed package, so ``pip install -e .`` makes it importable from the notebook and the tests.
+
+Sources of runs (all become ``Run``):
+
+* the local metrics file of ``callbacks.logging.MetricsJSONL`` (``read_metrics_jsonl``); one file may hold several
+  runs (e.g. a sweep whose runs share ``default_root_dir``) and resumed segments;
+* a W&B offline run directory (``wandb/offline-run-*``), read straight from its ``.wandb`` log without syncing
+  (``load_wandb_offline``);
+* a W&B run through the public API (``load_wandb_api``), only when ``WANDB_API_KEY`` is set.
+
+Figures are ``matplotlib.figure.Figure`` objects built without pyplot (no backend needed); ``save_figure`` writes PNGs.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import re
+import struct
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+COLLAPSE_KEYS: dict[str, str] = {
+    "train/entropy": "token entropy",
+    "train/diversity/gt": "ground-truth diversity V(q)",
+    "train/diversity/smoothed": "smoothed diversity V~(q)",
+    "train/zero_variance_frac": "fraction of zero-variance groups",
+}
+"""Metric -> panel title of the collapse figure (entropy and diversity collapse)."""
+
+REWARD_KEYS: dict[str, str] = {
+    "train/reward/accuracy": "R_acc (IoU)",
+    "train/reward/format": "R_format",
+    "train/reward/diversity": "R_diversity",
+    "train/kl": "KL to reference",
+}
+
+
+@dataclass
+class Run:
+    """One run's curves. ``train`` has a row per logged step (``step``, ``epoch``, ``train/*``); ``val`` / ``test`` a
+    row per evaluation (``step``, ``epoch``, ``stage``, ``val/<set>/<metric>``)."""
+
+    name: str
+    hparams: dict[str, Any] = field(default_factory=dict)
+    train: pd.DataFrame = field(default_factory=pd.DataFrame)
+    val: pd.DataFrame = field(default_factory=pd.DataFrame)
+    test: pd.DataFrame = field(default_factory=pd.DataFrame)
+    source: str = ""
+    run_id: str | None = None
+    label: str = ""
+    """Legend text: ``name``, made unique by ``disambiguate``."""
+
+    def __post_init__(self) -> None:
+        self.label = self.label or self.name
+
+    def hparam(self, key: str, default: Any = None) -> Any:
+        """A hyper-parameter by name, also when stored flat with a prefix (``model.init_args.<key>``, W&B sweeps) or
+        nested (``{"model": {"init_args": {...}}}``)."""
+        return find_key(self.hparams, key, default)
+
+    @property
+    def beta(self) -> float | None:
+        """The smoothing beta: from the hparams (``diversity_beta``), else from the name (``beta0.7``, ``beta=0.7``)."""
+        value = self.hparam("diversity_beta")
+        if value is not None:
+            return float(value)
+        m = re.search(r"(?:beta|β)[=_-]?(\d*\.?\d+)", self.name)
+        return float(m.group(1)) if m else None
+
+    def eval_sets(self, kind: str = "val") -> list[str]:
+        frame = self.val if kind == "val" else self.test
+        sets = []
+        for col in frame.columns:
+            parts = col.split("/")
+            if len(parts) == 3 and parts[0] == kind and parts[1] not in sets:
+                sets.append(parts[1])
+        return sets
+
+
+def find_key(tree: Any, key: str, default: Any = None) -> Any:
+    if not isinstance(tree, Mapping):
+        return default
+    if key in tree:
+        return tree[key]
+    for k, v in tree.items():
+        if isinstance(k, str) and k.endswith("." + key):
+            return v.get("value", v) if isinstance(v, Mapping) else v  # W&B API config values may be {"value": x}
+    for v in tree.values():
+        found = find_key(v, key, None)
+        if found is not None:
+            return found
+    return default
+
+
+def _frame(rows: list[dict[str, Any]], dedupe: Sequence[str] = ("step",)) -> pd.DataFrame:
+    if not rows:
+        return pd.DataFrame(columns=["step", "epoch"])
+    df = pd.DataFrame(rows).drop(columns=["event"], errors="ignore")
+    for col in df.columns:
+        if col not in ("stage", "run"):
+            df[col] = pd.to_numeric(df[col], errors="coerce")
+    if dedupe and all(c in df for c in dedupe):
+        df = df.drop_duplicates(list(dedupe), keep="last")
+    return df.sort_values("step", kind="stable").reset_index(drop=True) if "step" in df else df.reset_index(drop=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Local metrics files
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Builder:
+    name: str
+    hparams: dict[str, Any]
+    run_id: str | None
+    rows: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"train": [], "val": [], "test": []})
+
+    def truncate(self, step: int) -> None:
+        """A resume from the checkpoint at ``step``: what the crashed segment logged after it is superseded."""
+        for kind in ("train", "val"):
+            self.rows[kind] = [r for r in self.rows[kind] if (r.get("step") or 0) <= step]
+
+
+def read_metrics_jsonl(path: str | os.PathLike, name: str | None = None) -> list[Run]:
+    """The runs in one ``MetricsJSONL`` file (docs/analysis.md has the format).
+
+    A ``start`` line of a fresh fit begins a new run; a resumed fit continues the run with the same ``run_id`` (else
+    the last run) and drops that run's rows after the resumed step; ``validate`` / ``test`` starts attach to the current
+    run. Rows before any ``start`` line, and a torn last line (a crash mid-write), are tolerated. ``name`` overrides the
+    run name when the file holds one run.
+    """
+    path = Path(path)
+    runs: list[_Builder] = []
+    cur: _Builder | None = None
+    with path.open(encoding="utf-8") as fh:
+        for line in fh:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # torn write
+            event = row.get("event")
+            if event == "start":
+                fresh = row.get("stage") == "fit" and not row.get("resumed")
+                if cur is None or fresh:
+                    cur = _Builder(row.get("run") or path.parent.name, dict(row.get("hparams") or {}), row.get("run_id"))
+                    runs.append(cur)
+                elif row.get("resumed"):
+                    same = [b for b in runs if row.get("run_id") and b.run_id == row.get("run_id")]
+                    cur = same[-1] if same else cur
+                    cur.truncate(int(row.get("step") or 0))
+            elif event in ("train", "val", "test"):
+                if cur is None:
+                    cur = _Builder(path.parent.name, {}, None)
+                    runs.append(cur)
+                cur.rows[event].append(row)
+    out = [Run(name=b.name, hparams=b.hparams, train=_frame(b.rows["train"]), val=_frame(b.rows["val"], ()),
+               test=_frame(b.rows["test"], ()), source=str(path), run_id=b.run_id) for b in runs]
+    if name and len(out) == 1:
+        out[0].name = out[0].label = name
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# W&B: offline run directories and the public API
+# ---------------------------------------------------------------------------------------------------------------------
+
+_BLOCK = 32768
+_HEADER = 7
+
+
+def iter_wandb_records(path: str | os.PathLike) -> Iterable[Any]:
+    """The protobuf ``Record``s of a ``run-*.wandb`` file (W&B's leveldb-style log: a 7-byte ``:W&B`` header, then
+    32 KiB blocks of chunks with a 7-byte header each: crc32, length, type FULL / FIRST / MIDDLE / LAST)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = Path(path).read_bytes()
+    if data[:4] != b":W&B":
+        raise ValueError(f"{path}: not a W&B run log (no :W&B header)")
+    pos, buf = _HEADER, b""
+    while pos + _HEADER <= len(data):
+        left = _BLOCK - pos % _BLOCK
+        if left < _HEADER:  # block trailer padding
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + _HEADER])
+        pos += _HEADER
+        if kind == 0 and length == 0:  # zero-filled rest of a block
+            pos += left - _HEADER
+            continue
+        chunk = data[pos:pos + length]
+        pos += length
+        if kind == 1:
+            buf = chunk
+        elif kind == 2:
+            buf = chunk
+            continue
+        elif kind == 3:
+            buf += chunk
+            continue
+        elif kind == 4:
+            buf += chunk
+        else:
+            break
+        rec = pb.Record()
+        rec.ParseFromString(buf)
+        buf = b""
+        yield rec
+
+
+def _item_value(item: Any) -> Any:
+    if item.value_json:
+        return json.loads(item.value_json)
+    which = item.WhichOneof("value") if "value" in [o.name for o in item.DESCRIPTOR.oneofs] else None
+    return getattr(item, which) if which else None
+
+
+def read_wandb_offline(run_dir: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
+    """(history rows, config, display name) of a W&B run directory (``.../wandb/offline-run-*`` or ``run-*``)."""
+    files = sorted(Path(run_dir).glob("run-*.wandb"))
+    if not files:
+        raise FileNotFoundError(f"{run_dir}: no run-*.wandb file; pass a wandb/offline-run-* directory")
+    rows: list[dict[str, Any]] = []
+    config: dict[str, Any] = {}
+    name = Path(run_dir).name
+    for rec in iter_wandb_records(files[0]):
+        kind = rec.WhichOneof("record_type")
+        if kind == "history":
+            rows.append({(it.key or "/".join(it.nested_key)): _item_value(it) for it in rec.history.item})
+        elif kind == "run":
+            name = rec.run.display_name or name
+            for it in rec.run.config.update:
+                config[it.key or "/".join(it.nested_key)] = _item_value(it)
+        elif kind == "config":
+            for it in rec.config.update:
+                config[it.key or "/".join(it.nested_key)] = _item_value(it)
+    config = {k: (v.get("value", v) if isinstance(v, dict) and set(v) <= {"value", "desc"} else v)
+              for k, v in config.items() if not k.startswith("_")}
+    return rows, config, name
+
+
+def run_from_history(rows: Iterable[Mapping[str, Any]], name: str, config: Mapping[str, Any] | None = None,
+                     source: str = "", run_id: str | None = None) -> Run:
+    """A ``Run`` from W&B-style history rows (``trainer/global_step`` is the step, as ``WandbLogger`` logs it)."""
+    buckets: dict[str, list[dict[str, Any]]] = {"train": [], "val": [], "test": []}
+    for row in rows:
+        step = row.get("trainer/global_step", row.get("_step"))
+        for kind in buckets:
+            vals = {k: v for k, v in row.items() if k.startswith(f"{kind}/") and isinstance(v, int | float)}
+            if vals:
+                buckets[kind].append({"step": step, "epoch": row.get("epoch"), **vals})
+    # W&B may split one logging call into several rows: merge rows of the same step (last non-null per column)
+    frames = {k: pd.DataFrame(v).groupby("step", sort=True).last().reset_index() if v
+              else pd.DataFrame(columns=["step", "epoch"]) for k, v in buckets.items()}
+    return Run(name=name, hparams=dict(config or {}), train=frames["train"], val=frames["val"], test=frames["test"],
+               source=source, run_id=run_id)
+
+
+def load_wandb_offline(run_dir: str | os.PathLike) -> Run:
+    rows, config, name = read_wandb_offline(run_dir)
+    return run_from_history(rows, name, config, source=str(run_dir), run_id=Path(run_dir).name.rsplit("-", 1)[-1])
+
+
+def load_wandb_api(paths: Sequence[str], api: Any = None) -> list[Run]:
+    """Runs ``entity/project/run_id`` through ``wandb.Api``; without ``WANDB_API_KEY`` (and no ``api``) prints a note
+    and returns nothing, so notebooks run offline."""
+    paths = [p for p in paths if p]
+    if not paths:
+        return []
+    if api is None:
+        if not os.environ.get("WANDB_API_KEY"):
+            print(f"W&B runs skipped (no WANDB_API_KEY in the environment): {', '.join(paths)}")
+            return []
+        import wandb
+
+        api = wandb.Api()
+    out = []
+    for p in paths:
+        r = api.run(p)
+        out.append(run_from_history(r.scan_history(), r.name, dict(r.config), source=f"wandb:{p}", run_id=r.id))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Many runs
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def split_spec(spec: str | Sequence[str] | None) -> list[str]:
+    """``RUNS`` as given in the environment: entries separated by commas, newlines or ``os.pathsep``."""
+    if spec is None:
+        return []
+    if isinstance(spec, str):
+        spec = re.split(rf"[,\n{re.escape(os.pathsep)}]", spec)
+    return [s.strip() for s in spec if s and s.strip()]
+
+
+def load_runs(spec: str | Sequence[str] | None, wandb_api: Any = None) -> list[Run]:
+    """Load every run named by ``spec``: metrics JSONL files, folders (searched for ``metrics*.jsonl`` and W&B
+    offline run directories), glob patterns, and ``wandb:<entity>/<project>/<run_id>`` (API). ``label=<entry>``
+    names the run(s) of an entry. Labels are made unique (``disambiguate``)."""
+    runs: list[Run] = []
+    api_paths: list[tuple[str | None, str]] = []
+    for entry in split_spec(spec):
+        label = None
+        if "=" in entry and not entry.startswith("wandb:"):
+            label, entry = entry.split("=", 1)
+        if entry.startswith("wandb:"):
+            api_paths.append((label, entry[len("wandb:"):]))
+            continue
+        for path in sorted(glob.glob(os.path.expanduser(entry))) or [entry]:
+            p = Path(path)
+            found: list[Run] = []
+            if p.is_dir() and list(p.glob("run-*.wandb")):
+                found = [load_wandb_offline(p)]
+            elif p.is_dir():
+                for f in sorted(p.rglob("metrics*.jsonl")):
+                    found += read_metrics_jsonl(f)
+                for d in sorted(p.rglob("offline-run-*")) if not found else []:
+                    found.append(load_wandb_offline(d))
+            elif p.is_file():
+                found = read_metrics_jsonl(p)
+            else:
+                print(f"no run at {entry}")
+            if label:
+                for i, r in enumerate(found):
+                    r.name = r.label = label if len(found) == 1 else f"{label}-{i}"
+            runs += found
+    for label, p in api_paths:
+        for r in load_wandb_api([p], api=wandb_api):
+            r.name = r.label = label or r.name
+            runs.append(r)
+    return disambiguate(runs)
+
+
+def disambiguate(runs: list[Run]) -> list[Run]:
+    """Give runs that share a name a unique label: the hparams that differ among them (``syn-grpo beta=0.3``), or an
+    index when none does."""
+    by_name: dict[str, list[Run]] = {}
+    for r in runs:
+        by_name.setdefault(r.name, []).append(r)
+    for name, group in by_name.items():
+        if len(group) == 1:
+            group[0].label = name
+            continue
+        keys = sorted({k for r in group for k in r.hparams})
+        differ = [k for k in keys if len({json.dumps(r.hparams.get(k), sort_keys=True, default=str)
+                                          for r in group}) > 1 and "path" not in k]
+        for i, r in enumerate(group):
+            extra = " ".join(f"{k}={r.hparams.get(k)}" for k in differ[:2])
+            r.label = f"{name} {extra}" if extra else f"{name} #{i + 1}"
+    return runs
+
+
+def ema(values: pd.Series, alpha: float) -> pd.Series:
+    """Exponential moving average (TensorBoard-style ``smoothing`` = alpha in [0, 1); 0 returns the values)."""
+    if not alpha:
+        return values
+    return values.ewm(alpha=1.0 - alpha, adjust=True, ignore_na=True).mean()
+
+
+def final_eval(run: Run, metric: str = "acc50", kind: str = "val") -> dict[str, float]:
+    """``{set: value}`` of the last evaluation row that has the metric, per set."""
+    frame = run.val if kind == "val" else run.test
+    out = {}
+    for s in run.eval_sets(kind):
+        col = f"{kind}/{s}/{metric}"
+        if col in frame:
+            vals = frame[col].dropna()
+            if len(vals):
+                out[s] = float(vals.iloc[-1])
+    return out
+
+
+def summary_table(runs: Sequence[Run], metric: str = "acc50") -> pd.DataFrame:
+    """One row per run: beta, steps logged, last entropy / GT diversity / zero-variance fraction, final ``metric`` per
+    validation set."""
+    rows = []
+    for r in runs:
+        row: dict[str, Any] = {"run": r.label, "beta": r.beta,
+                               "steps": int(r.train["step"].max()) if "step" in r.train and len(r.train) else 0}
+        for key in COLLAPSE_KEYS:
+            if key in r.train and r.train[key].notna().any():
+                row[key] = float(r.train[key].dropna().iloc[-1])
+        for s, v in final_eval(r, metric).items():
+            row[f"val/{s}/{metric}"] = v
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def beta_table(runs: Sequence[Run], metric: str = "acc50",
+               include: Callable[[Run], bool] | None = None) -> pd.DataFrame:
+    """Final validation ``metric`` per (run, set) against the smoothing beta: the paper's beta ablation.
+
+    By default only Syn-GRPO runs count (``diversity_weight != 0``: a GRPO baseline also carries a
+    ``diversity_beta`` hparam that it never uses)."""
+    def default_include(r: Run) -> bool:
+        return float(r.hparam("diversity_weight", 1.0) or 0.0) != 0.0
+
+    include = include or default_include
+    rows = [{"run": r.label, "beta": r.beta, "set": s, metric: v}
+            for r in runs if r.beta is not None and include(r) for s, v in final_eval(r, metric).items()]
+    return pd.DataFrame(rows, columns=["run", "beta", "set", metric])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Figures
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _colours(runs: Sequence[Run]) -> dict[str, Any]:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10"]
+    return {r.label: cmap(i % 10) for i, r in enumerate(runs)}
+
+
+def _grid(n: int, ncols: int = 2, size: tuple[float, float] = (5.0, 3.4)) -> tuple[Figure, list[Any]]:
+    ncols = max(1, min(ncols, n))
+    nrows = math.ceil(n / ncols)
+    fig = Figure(figsize=(size[0] * ncols, size[1] * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel().tolist()
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    return fig, axes[:n]
+
+
+def plot_curves(runs: Sequence[Run], keys: Mapping[str, str] = COLLAPSE_KEYS, smooth: float = 0.0,
+                title: str = "Entropy and diversity collapse") -> Figure:
+    """One panel per metric of ``keys`` against the training step, one line per run (smoothed when ``smooth`` > 0,
+    with the raw curve faint behind)."""
+    fig, axes = _grid(len(keys))
+    colours = _colours(runs)
+    for ax, (key, label) in zip(axes, keys.items()):
+        for r in runs:
+            if key not in r.train or not r.train[key].notna().any():
+                continue
+            df = r.train[["step", key]].dropna()
+            c = colours[r.label]
+            if smooth:
+                ax.plot(df["step"], df[key], color=c, alpha=0.25, linewidth=0.8)
+            ax.plot(df["step"], ema(df[key], smooth), color=c, label=r.label, marker="o" if len(df) < 20 else None,
+                    markersize=3)
+        ax.set_title(label)
+        ax.set_xlabel("step")
+        ax.set_ylabel(key)
+        ax.grid(alpha=0.3)
+    handles = {h.get_label(): h for ax in axes for h in ax.get_lines() if not h.get_label().startswith("_")}
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=min(4, len(handles)))
+    fig.suptitle(title)
+    return fig
+
+
+def plot_collapse(runs: Sequence[Run], smooth: float = 0.0) -> Figure:
+    """Entropy, GT diversity, smoothed diversity and the zero-variance fraction vs step (GRPO vs Syn-GRPO ...)."""
+    return plot_curves(runs, COLLAPSE_KEYS, smooth, "Entropy and diversity collapse")
+
+
+def plot_accuracy(runs: Sequence[Run], metric: str = "acc50", kind: str = "val") -> Figure:
+    """Validation ``metric`` per epoch, one panel per set, one line per run (the last evaluation of each epoch of the
+    fit; a run evaluated only by ``validate`` shows one point)."""
+    sets: list[str] = []
+    for r in runs:
+        sets += [s for s in r.eval_sets(kind) if s not in sets]
+    fig, axes = _grid(max(1, len(sets)))
+    colours = _colours(runs)
+    for ax, s in zip(axes, sets or ["(no evaluation logged)"]):
+        col = f"{kind}/{s}/{metric}"
+        for r in runs:
+            frame = r.val if kind == "val" else r.test
+            if col not in frame or not frame[col].notna().any():
+                continue
+            df = frame
+            if "stage" in df and (df["stage"] == "fit").any():
+                df = df[df["stage"] == "fit"]
+            df = df[["epoch", col]].dropna().groupby("epoch", as_index=False).last()
+            ax.plot(df["epoch"], df[col], marker="o", color=colours[r.label], label=r.label)
+        ax.set_title(f"{s}: {metric}")
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(metric)
+        ax.grid(alpha=0.3)
+        if ax.get_lines():
+            ax.legend(fontsize="small")
+    fig.suptitle(f"{kind} {metric} per epoch")
+    return fig
+
+
+def plot_beta_ablation(runs: Sequence[Run], metric: str = "acc50") -> Figure:
+    """Final validation ``metric`` against the smoothing beta, one line per set (mean over runs with the same beta,
+    runs as dots): the paper's beta ablation (0.1 ... 0.9, best 0.7)."""
+    table = beta_table(runs, metric)
+    fig = Figure(figsize=(5.5, 3.8), layout="constrained")
+    ax = fig.subplots()
+    if table.empty:
+        ax.text(0.5, 0.5, "no Syn-GRPO run with a diversity_beta", ha="center", va="center", transform=ax.transAxes)
+    for s, df in table.groupby("set", sort=False):
+        mean = df.groupby("beta", as_index=False)[metric].mean().sort_values("beta")
+        line = ax.plot(mean["beta"], mean[metric], marker="o", label=s)[0]
+        ax.scatter(df["beta"], df[metric], color=line.get_color(), alpha=0.4, s=12)
+    ax.set_xlabel("smoothing beta")
+    ax.set_ylabel(f"final val {metric}")
+    ax.set_title("beta ablation")
+    ax.grid(alpha=0.3)
+    if not table.empty:
+        ax.legend(fontsize="small")
+    return fig
+
+
+def save_figure(fig: Figure, out_dir: str | os.PathLike, name: str, dpi: int = 110) -> Path:
+    """Write ``fig`` as ``<out_dir>/<name>.png`` and return the path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.png"
+    fig.savefig(path, dpi=dpi)
+    return path

@@ -1,0 +1,469 @@
+"""Run logging: the local metrics file the analysis notebook reads, a W&B logger that goes offline by itself, and a
+gallery of rollouts with ground-truth and predicted boxes.
+
+* ``MetricsJSONL``: one JSON object per line, flushed at every write, appended across resumes. The format is the
+  notebook's contract (``callbacks.analysis.read_metrics_jsonl``) and is documented in docs/analysis.md.
+* ``OfflineAwareWandbLogger``: ``lightning.pytorch.loggers.WandbLogger`` that runs offline unless W&B can really be
+  reached (an API key in the environment, ``WANDB_MODE=online`` or a sweep agent), and finishes its run when the
+  trainer is done so that a second fit in the same process gets its own run.
+* ``RolloutGallery``: at validation end, greedy answers on a fixed handful of validation samples drawn over the image
+  (GT green, prediction red), written as PNGs under ``<default_root_dir>/gallery/`` and sent to every logger that has
+  ``log_image`` (W&B). Optionally, every n training steps, the G sampled boxes of one training prompt: the picture of
+  diversity (or of its collapse, when all G boxes coincide).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
+from PIL import Image, ImageDraw
+
+from callbacks.gallery import GT_COLOUR, PRED_COLOUR, draw_boxes
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The local metrics file
+# ---------------------------------------------------------------------------------------------------------------------
+
+METRICS_FORMAT_VERSION = 1
+
+
+def _fn(trainer: L.Trainer) -> str:
+    """The trainer's entry point as a plain string: ``fit``, ``validate``, ``test`` or ``predict``."""
+    fn = trainer.state.fn
+    return str(getattr(fn, "value", fn))
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` as strict JSON: tensors to numbers / lists, non-finite floats to ``None``, unknown objects to str."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu()
+        value = value.item() if value.numel() == 1 else value.tolist()
+    if isinstance(value, bool) or value is None or isinstance(value, str | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set):
+        return [json_safe(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy scalars
+        try:
+            return json_safe(value.item())
+        except (TypeError, ValueError):
+            pass
+    return str(value)
+
+
+class MetricsJSONL(Callback):
+    """Append the run's metrics to a JSONL file: one line per training step and per validation / test epoch.
+
+    Lines (each a JSON object with an ``event`` key; non-finite numbers are written as ``null``):
+
+    * ``start``: when fit / validate / test begins (after a checkpoint is restored): ``run``, ``run_id``, ``stage``,
+      ``resumed`` (fit from a checkpoint), ``step``, ``epoch``, ``hparams`` (the module's), ``time``, ``format``.
+    * ``train``: every ``every_n_steps`` optimizer steps: ``step`` (optimizer steps done, 1 after the first),
+      ``epoch``, ``batch_idx``, ``time`` (unix), ``elapsed`` (seconds since this process's ``start``), and every
+      ``train/*`` metric the module logged.
+    * ``val`` / ``test``: at the end of each validation / test run (sanity checks excluded): ``step``, ``epoch``,
+      ``stage`` and every ``val/*`` / ``test/*`` metric (``val/<set>/acc50``, ``val/<set>/miou``, OVD ``map``, ...).
+    * ``end``: when the trainer tears down: ``step``, ``status``.
+
+    A resumed fit appends to the same file; readers keep the rows of earlier segments up to the resumed step
+    (``callbacks.analysis.read_metrics_jsonl``). Only global rank 0 writes.
+
+    Args:
+        path: the file; default ``<dirpath>/<filename>``.
+        dirpath: folder of the file; default the trainer's ``default_root_dir``.
+        filename: file name inside ``dirpath``.
+        run_name: name of the run in the file (the notebook's legend); default the W&B run's name when a W&B logger
+            is attached, else the last folder of ``default_root_dir``.
+        every_n_steps: write a ``train`` line every n optimizer steps (GRPO steps are expensive: default every step).
+    """
+
+    def __init__(self, path: str | None = None, dirpath: str | None = None, filename: str = "metrics.jsonl",
+                 run_name: str | None = None, every_n_steps: int = 1):
+        if every_n_steps < 1:
+            raise ValueError(f"MetricsJSONL every_n_steps must be >= 1, got {every_n_steps}")
+        self.path = Path(path) if path else None
+        self.dirpath = dirpath
+        self.filename = filename
+        self.run_name = run_name
+        self.every_n_steps = every_n_steps
+        self._fh = None
+        self._t0: float | None = None
+        self._started: str | None = None
+        self._last_train_step: int | None = None
+
+    def __getstate__(self) -> dict[str, Any]:  # picklable for spawn launchers: the handle reopens on first write
+        state = dict(self.__dict__)
+        state["_fh"] = None
+        return state
+
+    def resolve_path(self, trainer: L.Trainer) -> Path:
+        if self.path is not None:
+            return self.path
+        return Path(self.dirpath or trainer.default_root_dir) / self.filename
+
+    # ---------------------------------------------------------------------------------------------- writing
+    def _write(self, trainer: L.Trainer, row: dict[str, Any]) -> None:
+        if self._fh is None:
+            path = self.resolve_path(trainer)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = path.open("a", encoding="utf-8")
+        self._fh.write(json.dumps(json_safe(row), allow_nan=False) + "\n")
+        self._fh.flush()
+
+    @staticmethod
+    def _metrics(trainer: L.Trainer, prefix: str) -> dict[str, Any]:
+        out = {}
+        for k, v in trainer.callback_metrics.items():
+            if k.startswith(prefix):
+                out[k] = json_safe(v)
+        return out
+
+    def _run_identity(self, trainer: L.Trainer) -> tuple[str, str | None]:
+        name, run_id = self.run_name, None
+        for lg in trainer.loggers:
+            if isinstance(lg, WandbLogger):
+                exp = lg.experiment
+                run_id = getattr(exp, "id", None)
+                name = name or getattr(exp, "name", None) or None
+        return name or Path(trainer.default_root_dir).resolve().name, run_id
+
+    def _start(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self._started == stage or not trainer.is_global_zero:
+            return
+        self._started = stage
+        self._t0 = time.time()
+        name, run_id = self._run_identity(trainer)
+        self._write(trainer, {
+            "event": "start", "format": METRICS_FORMAT_VERSION, "run": name, "run_id": run_id, "stage": stage,
+            "resumed": stage == "fit" and trainer.ckpt_path is not None, "ckpt_path": trainer.ckpt_path,
+            "step": trainer.global_step, "epoch": trainer.current_epoch, "time": self._t0,
+            "hparams": dict(pl_module.hparams),
+        })
+
+    # ---------------------------------------------------------------------------------------------- hooks
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._start(trainer, pl_module, "fit")
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking and _fn(trainer) == "validate":
+            self._start(trainer, pl_module, "validate")
+
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._start(trainer, pl_module, "test")
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int):
+        step = trainer.global_step
+        if not trainer.is_global_zero or step == self._last_train_step or step % self.every_n_steps:
+            return  # (the same step again: gradient accumulation in automatic optimization)
+        self._last_train_step = step
+        now = time.time()
+        self._write(trainer, {
+            "event": "train", "step": step, "epoch": trainer.current_epoch, "batch_idx": batch_idx, "time": now,
+            "elapsed": now - (self._t0 or now), **self._metrics(trainer, "train/"),
+        })
+
+    def _eval_end(self, trainer: L.Trainer, pl_module: L.LightningModule, kind: str) -> None:
+        if trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        self._start(trainer, pl_module, _fn(trainer))
+        now = time.time()
+        self._write(trainer, {
+            "event": kind, "stage": _fn(trainer), "step": trainer.global_step, "epoch": trainer.current_epoch,
+            "time": now, "elapsed": now - (self._t0 or now), **self._metrics(trainer, f"{kind}/"),
+        })
+
+    # on_*_end, not on_*_epoch_end: Lightning reduces the epoch metrics (and the module logs mAP) after the callbacks'
+    # epoch-end hooks, so only here does callback_metrics hold this evaluation's values.
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._eval_end(trainer, pl_module, "val")
+
+    def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._eval_end(trainer, pl_module, "test")
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self._fh is not None:
+            self._write(trainer, {"event": "end", "stage": stage, "step": trainer.global_step,
+                                  "status": str(getattr(trainer.state.status, "value", trainer.state.status)),
+                                  "time": time.time()})
+            self._fh.close()
+            self._fh = None
+        self._started = None
+        self._last_train_step = None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# W&B
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def wandb_should_be_offline(env: Mapping[str, str] | None = None) -> bool:
+    """Whether W&B must run offline, from the environment only.
+
+    ``WANDB_MODE`` offline / dryrun -> offline; ``WANDB_MODE=online`` -> online; a sweep agent's run
+    (``WANDB_SWEEP_ID``) -> online (it has to report to the sweep); else online iff ``WANDB_API_KEY`` is set. A key
+    stored by ``wandb login`` (netrc) is not looked for: set ``offline: false`` or ``WANDB_MODE=online`` to use it.
+    """
+    env = os.environ if env is None else env
+    mode = env.get("WANDB_MODE", "").strip().lower()
+    if mode in ("offline", "dryrun"):
+        return True
+    if mode == "online" or env.get("WANDB_SWEEP_ID"):
+        return False
+    return not env.get("WANDB_API_KEY")
+
+
+class OfflineAwareWandbLogger(WandbLogger):
+    """``WandbLogger`` that picks offline mode by itself when W&B cannot be reached (``wandb_should_be_offline``).
+
+    Offline runs land in ``<save_dir>/wandb/offline-run-*`` and upload later with ``wandb sync <dir>``. Unlike
+    ``WandbLogger(offline=True)`` it does not set ``WANDB_MODE`` in the process environment (it passes ``mode`` to
+    ``wandb.init``), so other runs in the process are not silently forced offline.
+
+    Args:
+        name: display name of the run.
+        save_dir: folder under which ``wandb/`` is created.
+        project: W&B project (ignored by W&B inside a sweep, which fixes its own).
+        tags: run tags, e.g. ``[syn-grpo, tiny]``.
+        group: W&B run group (e.g. one per ablation).
+        notes: free text attached to the run.
+        offline: ``None`` decides from the environment; ``True`` / ``False`` force.
+        finish_on_end: finish the W&B run when the trainer finalizes its loggers (end of fit / validate / test); a
+            later use of the logger resumes the same run id.
+        log_model: upload checkpoints as artifacts (needs online mode).
+        **kwargs: passed to ``WandbLogger`` / ``wandb.init``.
+    """
+
+    def __init__(
+        self,
+        name: str | None = None,
+        save_dir: str = ".",
+        project: str = "syn-grpo",
+        tags: list[str] | None = None,
+        group: str | None = None,
+        notes: str | None = None,
+        offline: bool | None = None,
+        finish_on_end: bool = True,
+        log_model: bool | str = False,
+        **kwargs: Any,
+    ):
+        self.offline = wandb_should_be_offline() if offline is None else bool(offline)
+        if self.offline and log_model:
+            raise ValueError("--trainer.logger.init_args.log_model needs online W&B; set WANDB_API_KEY (or offline: "
+                             "false) or turn log_model off")
+        if self.offline and os.environ.get("WANDB_MODE", "").lower() != "disabled":
+            kwargs.setdefault("mode", "offline")
+        for key, value in (("tags", tags), ("group", group), ("notes", notes)):
+            if value is not None:
+                kwargs[key] = list(value) if key == "tags" else value
+        super().__init__(name=name, save_dir=save_dir, project=project, offline=False, log_model=log_model, **kwargs)
+        self.finish_on_end = finish_on_end
+
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
+        super().finalize(status)
+        if not self.finish_on_end or self._experiment is None or not hasattr(self._experiment, "finish"):
+            return
+        run_id = getattr(self._experiment, "id", None)
+        self._experiment.finish(exit_code=0 if status in ("success", "finished") else 1)
+        if run_id:
+            self._wandb_init["id"] = run_id  # a later .experiment resumes this run instead of starting another
+        self._experiment = None
+
+
+def wandb_logger(project: str = "syn-grpo", name: str | None = None, tags: Sequence[str] | None = None,
+                 save_dir: str = ".", **kwargs: Any) -> OfflineAwareWandbLogger:
+    """Build the project's W&B logger from Python (configs use ``class_path: callbacks.logging.OfflineAwareWandbLogger``)."""
+    return OfflineAwareWandbLogger(name=name, save_dir=save_dir, project=project,
+                                   tags=list(tags) if tags is not None else None, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Rollout gallery
+# ---------------------------------------------------------------------------------------------------------------------
+
+_GROUP_COLOURS = [(230, 0, 0), (0, 90, 230), (230, 140, 0), (160, 0, 200), (0, 170, 170), (120, 80, 0),
+                  (255, 0, 140), (90, 90, 90)]
+
+
+def gallery_panel(image: Image.Image, gt_boxes: Sequence[Sequence[float]],
+                  pred_boxes: Sequence[Sequence[Sequence[float]]], lines: Sequence[str], min_side: int = 256,
+                  colours: Sequence[tuple[int, int, int]] | None = None) -> Image.Image:
+    """One picture: ``image`` with GT boxes (green) and predicted box sets (one colour per set), text lines below.
+
+    ``pred_boxes[k]`` is the k-th set of predicted boxes (one set for a greedy answer, G sets for a group). Small images
+    are enlarged (nearest) so that ``min(w, h) >= min_side``; boxes are in the original image's pixels.
+    """
+    scale = max(1.0, min_side / max(1, min(image.size)))
+    size = (round(image.width * scale), round(image.height * scale))
+    img = image.convert("RGB").resize(size, Image.NEAREST) if scale != 1.0 else image.convert("RGB")
+
+    def sc(boxes):
+        return [[float(v) * scale for v in b] for b in boxes]
+
+    img = draw_boxes(img, sc(gt_boxes), colour=GT_COLOUR, width=3)
+    colours = list(colours or ([PRED_COLOUR] if len(pred_boxes) <= 1 else _GROUP_COLOURS))
+    for k, boxes in enumerate(pred_boxes):
+        img = draw_boxes(img, sc(boxes), colour=colours[k % len(colours)], width=2)
+    chars = max(20, img.width // 6)
+    wrapped: list[str] = []
+    for line in lines:
+        line = " ".join(str(line).split())
+        wrapped += [line[i:i + chars] for i in range(0, max(len(line), 1), chars)][:3]
+    panel = Image.new("RGB", (img.width, img.height + 12 * len(wrapped) + 6), (255, 255, 255))
+    panel.paste(img, (0, 0))
+    draw = ImageDraw.Draw(panel)
+    for i, line in enumerate(wrapped):
+        draw.text((3, img.height + 3 + 12 * i), line, fill=(0, 0, 0))
+    return panel
+
+
+def _log_images(trainer: L.Trainer, key: str, images: list[Image.Image], captions: list[str]) -> None:
+    for lg in trainer.loggers:
+        log_image = getattr(lg, "log_image", None)
+        if callable(log_image):
+            log_image(key=key, images=images, step=trainer.global_step, caption=captions)
+
+
+class RolloutGallery(Callback):
+    """Pictures of what the policy answers, with GT (green) and predicted (red / one colour per completion) boxes.
+
+    At each validation end (``every_n_epochs``; sanity checks excluded) the policy answers greedily, as in evaluation,
+    on the first ``num_samples`` samples of one validation set (always the same samples, so epochs compare). With
+    ``train_every_n_steps > 0``, every n training steps the G completions of the first prompt of the batch
+    (``module.last_rollout_texts``) are drawn over that prompt's image. PNGs go to ``<default_root_dir>/<dirname>/``
+    (``val_e<epoch>_s<step>_<k>.png``, ``train_s<step>.png``) and to every logger with ``log_image`` (W&B:
+    ``val/gallery``, ``train/rollouts``). Only global rank 0 draws; it needs a module with ``policy``, ``processor``
+    and the GRPO hparams (``prompt_template``, ``max_new_tokens``).
+
+    Args:
+        num_samples: validation samples in the gallery.
+        set_name: validation set to draw from (default: the first).
+        every_n_epochs: draw at every n-th validation of a fit (validate / test stages always draw).
+        max_new_tokens: answer length limit (default: the module's).
+        train_every_n_steps: training-rollout pictures every n steps; 0 disables.
+        dirname: folder under ``default_root_dir``.
+        on_test: also draw at test end (from the first test set).
+    """
+
+    def __init__(self, num_samples: int = 4, set_name: str | None = None, every_n_epochs: int = 1,
+                 max_new_tokens: int | None = None, train_every_n_steps: int = 0, dirname: str = "gallery",
+                 on_test: bool = False):
+        if num_samples < 1:
+            raise ValueError(f"RolloutGallery num_samples must be >= 1, got {num_samples}")
+        self.num_samples = num_samples
+        self.set_name = set_name
+        self.every_n_epochs = max(1, every_n_epochs)
+        self.max_new_tokens = max_new_tokens
+        self.train_every_n_steps = train_every_n_steps
+        self.dirname = dirname
+        self.on_test = on_test
+        self._samples: dict[str, list] = {}
+        self._warned = False
+        self.written: list[Path] = []
+        """PNG files written by this callback (newest last)."""
+
+    def _out_dir(self, trainer: L.Trainer) -> Path:
+        out = Path(trainer.default_root_dir) / self.dirname
+        out.mkdir(parents=True, exist_ok=True)
+        return out
+
+    def _usable(self, pl_module: L.LightningModule) -> bool:
+        ok = getattr(pl_module, "policy", None) is not None and getattr(pl_module, "processor", None) is not None
+        if not ok and not self._warned:
+            rank_zero_warn("RolloutGallery: the module has no policy / processor; no gallery is drawn")
+            self._warned = True
+        return ok
+
+    def _fixed_samples(self, trainer: L.Trainer, kind: str) -> list:
+        if kind in self._samples:
+            return self._samples[kind]
+        sets = getattr(getattr(trainer, "datamodule", None), "eval_sets", {}).get(kind, {})
+        if not sets:
+            self._samples[kind] = []
+            return []
+        name = self.set_name if self.set_name in sets else next(iter(sets))
+        ds = sets[name]
+        self._samples[kind] = [ds[i] for i in range(min(self.num_samples, len(ds)))]
+        return self._samples[kind]
+
+    @torch.no_grad()
+    def _draw_eval(self, trainer: L.Trainer, pl_module: L.LightningModule, kind: str) -> None:
+        from lightning_modules import rewards
+        from lightning_modules.policy import rollout
+
+        samples = self._fixed_samples(trainer, kind)
+        if not samples or not self._usable(pl_module):
+            return
+        hp = pl_module.hparams
+        ro = rollout(pl_module.policy, pl_module.processor, [s.image for s in samples], [s.query for s in samples],
+                     group_size=1, task=[s.task for s in samples], template=hp.get("prompt_template", "syn_grpo"),
+                     do_sample=False, max_new_tokens=self.max_new_tokens or hp.get("max_new_tokens", 128),
+                     engine=hp.get("rollout_engine", "hf"))
+        out = self._out_dir(trainer)
+        panels, captions = [], []
+        for k, (s, text, in_wh) in enumerate(zip(samples, ro.texts, ro.input_wh)):
+            boxes = [rewards.rescale_box(b, in_wh, s.size) for b in rewards.parse_completion(text).boxes]
+            score = (f"IoU {rewards.iou(boxes[0], s.boxes[0]):.2f}" if s.task == "rec" and boxes
+                     else f"{len(boxes)} boxes / {len(s.boxes)} GT")
+            caption = f"{s.sample_id} | {s.query} | {score}"
+            panel = gallery_panel(s.image, s.boxes, [boxes], [caption, text])
+            path = out / f"{kind}_e{trainer.current_epoch:03d}_s{trainer.global_step:06d}_{k}.png"
+            panel.save(path)
+            self.written.append(path)
+            panels.append(panel)
+            captions.append(f"{caption} | {text[:200]}")
+        _log_images(trainer, f"{kind}/gallery", panels, captions)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        if _fn(trainer) == "fit" and trainer.current_epoch % self.every_n_epochs:
+            return
+        self._draw_eval(trainer, pl_module, "val")
+
+    def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.on_test and trainer.is_global_zero:
+            self._draw_eval(trainer, pl_module, "test")
+
+    @torch.no_grad()
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int):
+        n = self.train_every_n_steps
+        texts = getattr(pl_module, "last_rollout_texts", None)
+        if n <= 0 or not trainer.is_global_zero or trainer.global_step % n or not texts or not batch:
+            return
+        if not self._usable(pl_module):
+            return
+        from lightning_modules import rewards
+        from lightning_modules.policy import model_input_size
+
+        G = len(texts) // len(batch)
+        s = batch[0]
+        processor = pl_module.processor
+        grid = processor.image_processor(images=[s.image], return_tensors="pt")["image_grid_thw"]
+        in_wh = model_input_size(grid, getattr(processor.image_processor, "patch_size", 14))[0]
+        sets, lines = [], [f"{s.sample_id} | {s.query} | step {trainer.global_step}, G={G}"]
+        for i, text in enumerate(texts[:G]):
+            p = rewards.parse_completion(text)
+            boxes = [rewards.rescale_box(b, in_wh, s.size) for b in p.boxes]
+            sets.append(boxes)
+            score = f"IoU {rewards.iou(boxes[0], s.boxes[0]):.2f}" if s.task == "rec" and boxes else "no box"
+            lines.append(f"#{i} v={p.diversity} {score}: {p.description or ''}")
+        panel = gallery_panel(s.image, s.boxes, sets, lines)
+        path = self._out_dir(trainer) / f"train_s{trainer.global_step:06d}.png"
+        panel.save(path)
+        self.written.append(path)
+        _log_images(trainer, "train/rollouts", [panel], [lines[0]])

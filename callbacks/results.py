@@ -1,0 +1,147 @@
+"""The evaluation table: every ``val/<set>/<metric>`` (or ``test/...``) of a run, one row per set, as in the paper.
+
+``python train.py test --config ... --ckpt_path ...`` with ``ResultsTable`` in the callbacks prints::
+
+    | set       | Acc@0.5 | mIoU | mAP | mAP@50 | GP | GR | format |
+    | toy_val   |    62.5 | 55.1 |   - |      - |  - |  - |   98.4 |
+    | toy_ood   |    40.6 | 37.9 |   - |      - |  - |  - |   96.9 |
+
+(percentages) and writes ``<default_root_dir>/<dirname>/<stage>.md`` (that table and the paper's one-row layout: the
+run as a row, one column per set and metric, as Table 1 / 2 line up methods) and ``<stage>.csv`` (one row per set,
+raw fractions in [0, 1]).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+
+METRIC_LABELS = {"acc50": "Acc@0.5", "miou": "mIoU", "map": "mAP", "map_50": "mAP@50", "gp": "GP", "gr": "GR",
+                 "format": "format"}
+"""Metric key -> column header, in the order the table shows them."""
+
+_KEY = re.compile(r"^(?P<kind>val|test)/(?P<set>[^/]+)/(?P<metric>[^/]+)$")
+
+
+def collect_results(metrics: Mapping[str, Any], kind: str = "test",
+                    columns: Sequence[str] = tuple(METRIC_LABELS)) -> dict[str, dict[str, float]]:
+    """``{set: {metric: value}}`` from flat keys ``<kind>/<set>/<metric>`` (sets in first-seen order)."""
+    out: dict[str, dict[str, float]] = {}
+    for key, value in metrics.items():
+        m = _KEY.match(key)
+        if m is None or m["kind"] != kind or m["metric"] not in columns:
+            continue
+        v = float(value.item() if hasattr(value, "item") else value)
+        out.setdefault(m["set"], {})[m["metric"]] = v
+    return out
+
+
+def _present(results: Mapping[str, Mapping[str, float]], columns: Sequence[str]) -> list[str]:
+    return [c for c in columns if any(c in row for row in results.values())]
+
+
+def _fmt(v: float | None, scale: float, decimals: int) -> str:
+    if v is None:
+        return "-"
+    if math.isnan(v):
+        return "nan"
+    return f"{v * scale:.{decimals}f}"
+
+
+def markdown_table(results: Mapping[str, Mapping[str, float]], columns: Sequence[str] = tuple(METRIC_LABELS),
+                   scale: float = 100.0, decimals: int = 1) -> str:
+    """Rows = sets, columns = the metrics any set has; values times ``scale``; missing = ``-``."""
+    cols = _present(results, columns)
+    head = ["set"] + [METRIC_LABELS.get(c, c) for c in cols]
+    rows = [[name] + [_fmt(r.get(c), scale, decimals) for c in cols] for name, r in results.items()]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+
+    def line(cells):
+        return "| " + " | ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
+                                 for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+
+    sep = "|" + "|".join("-" * (w + 2) if i == 0 else "-" * (w + 1) + ":" for i, w in enumerate(widths)) + "|"
+    return "\n".join([line(head), sep] + [line(r) for r in rows])
+
+
+def paper_row(results: Mapping[str, Mapping[str, float]], method: str, columns: Sequence[str] = ("acc50",),
+              scale: float = 100.0, decimals: int = 1) -> str:
+    """The paper's layout: one row for the run (``method``), one column per (set, metric); stack rows of several runs
+    to get Table 1 (REC: Acc@0.5 per set) or Table 2 (OVD: mAP, GP, GR per set)."""
+    cells = [(name, c) for name, r in results.items() for c in columns if c in r]
+    head = ["method"] + [f"{name} {METRIC_LABELS.get(c, c)}" for name, c in cells]
+    row = [method] + [_fmt(results[name][c], scale, decimals) for name, c in cells]
+    sep = ["---"] + ["---:"] * len(cells)
+    return "\n".join("| " + " | ".join(r) + " |" for r in (head, sep, row))
+
+
+def write_csv(results: Mapping[str, Mapping[str, float]], path: Path, columns: Sequence[str] = tuple(METRIC_LABELS)):
+    cols = _present(results, columns)
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(["set", *cols])
+        for name, r in results.items():
+            w.writerow([name] + [r.get(c, "") for c in cols])
+
+
+class ResultsTable(Callback):
+    """Print and save the per-set evaluation table at the end of ``validate`` / ``test`` (Table 1 / 2 protocol).
+
+    Args:
+        dirname: folder under ``default_root_dir`` for ``<stage>.md`` / ``<stage>.csv``.
+        columns: metric keys, in order (``acc50``, ``miou``, ``map``, ``map_50``, ``gp``, ``gr``, ``format``).
+        paper_columns: metrics of the one-row paper layout (REC ``[acc50]``; OVD ``[map, gp, gr]``).
+        during_fit: also write (not print) ``val.md`` / ``val.csv`` after every validation of a fit.
+        method: row name in the paper layout (default: the last folder of ``default_root_dir``).
+        scale: multiply values in the printed / markdown tables (100: percentages, as the paper).
+        decimals: decimals shown.
+    """
+
+    def __init__(self, dirname: str = "results", columns: Sequence[str] = tuple(METRIC_LABELS),
+                 paper_columns: Sequence[str] = ("acc50", "map", "gp", "gr"), during_fit: bool = False,
+                 method: str | None = None, scale: float = 100.0, decimals: int = 1):
+        self.dirname = dirname
+        self.columns = list(columns)
+        self.paper_columns = list(paper_columns)
+        self.during_fit = during_fit
+        self.method = method
+        self.scale = scale
+        self.decimals = decimals
+        self.last: dict[str, dict[str, float]] = {}
+        """The last table, ``{set: {metric: value}}``."""
+
+    def render(self, results: Mapping[str, Mapping[str, float]], method: str) -> str:
+        return "\n\n".join([markdown_table(results, self.columns, self.scale, self.decimals),
+                            paper_row(results, method, self.paper_columns, self.scale, self.decimals)])
+
+    def _report(self, trainer: L.Trainer, kind: str) -> None:
+        fn = str(getattr(trainer.state.fn, "value", trainer.state.fn))
+        if trainer.sanity_checking or not trainer.is_global_zero or (fn == "fit" and not self.during_fit):
+            return
+        results = collect_results(trainer.callback_metrics, kind, self.columns)
+        if not results:
+            return
+        self.last = results
+        method = self.method or Path(trainer.default_root_dir).resolve().name
+        text = self.render(results, method)
+        out = Path(trainer.default_root_dir) / self.dirname
+        out.mkdir(parents=True, exist_ok=True)
+        title = f"# {kind} results: {method} (step {trainer.global_step}, epoch {trainer.current_epoch})"
+        (out / f"{kind}.md").write_text(f"{title}\n\n{text}\n", encoding="utf-8")
+        write_csv(results, out / f"{kind}.csv", self.columns)
+        if fn != "fit":
+            scale_note = " (percent)" if self.scale == 100.0 else ""
+            print(f"\n{kind} results{scale_note}: {method}\n{text}\nwritten to {out / (kind + '.md')}\n", flush=True)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._report(trainer, "val")
+
+    def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._report(trainer, "test")

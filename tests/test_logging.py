@@ -1,0 +1,212 @@
+"""Run logging end to end: a tiny GRPO fit with the offline-aware W&B logger, the metrics JSONL, the rollout gallery
+and the results table; plus the pieces on their own (offline decision, the JSONL reader's resume rules, the table)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from callbacks.analysis import load_runs, load_wandb_offline, read_metrics_jsonl, read_wandb_offline
+from callbacks.logging import MetricsJSONL, OfflineAwareWandbLogger, json_safe, wandb_should_be_offline
+from callbacks.results import ResultsTable, collect_results, markdown_table, paper_row
+from train import cli_main
+
+CURVE_KEYS = ("train/reward/total", "train/reward/accuracy", "train/reward/format", "train/reward/diversity",
+              "train/entropy", "train/diversity/gt", "train/diversity/smoothed", "train/diversity/global_avg",
+              "train/zero_variance_frac", "train/kl", "train/clip_frac_low", "train/clip_frac_high", "train/iou",
+              "train/acc50")
+
+
+def tiny_fit_config(path: Path, model_dir: Path, data_root: Path, out: Path, *, loggers: list, callbacks: list,
+                    epochs: int = 2) -> Path:
+    """A 1-batch-per-epoch GRPO fit on the tiny model: ``epochs`` training steps, a validation after each."""
+    cfg = {
+        "seed_everything": 0,
+        "trainer": {"accelerator": "cpu", "devices": 1, "max_epochs": epochs, "limit_train_batches": 1,
+                    "log_every_n_steps": 1, "num_sanity_val_steps": 0, "enable_model_summary": False,
+                    "enable_progress_bar": False, "enable_checkpointing": False, "default_root_dir": str(out),
+                    "logger": loggers or False, "callbacks": callbacks},
+        "model": {"class_path": "lightning_modules.grpo.GRPOModule", "init_args": {
+            "model_name_or_path": str(model_dir), "dtype": "fp32", "prompt_template": "toy", "group_size": 3,
+            "max_new_tokens": 12, "micro_batch_size": 6, "kl_coef": 0.04, "diversity_beta": 0.5}},
+        "data": {"class_path": "datamodules.rec.RECDataModule", "init_args": {
+            "data_root": str(data_root), "train_files": ["train.jsonl"], "val_files": {"rec_val": "val.jsonl"},
+            "batch_size": 2, "eval_batch_size": 4}},
+    }
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.fixture()
+def quiet_wandb(tmp_path, monkeypatch):
+    """No API key and no WANDB_MODE (so the logger must decide offline by itself); W&B's own files stay in tmp."""
+    for var in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_SWEEP_ID", "WANDB_RUN_ID", "WANDB_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    for var in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb-home"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DISABLE_CODE", "true")
+    monkeypatch.setenv("WANDB_DISABLE_GIT", "true")
+
+
+def test_tiny_fit_writes_wandb_offline_run_metrics_jsonl_and_gallery(tiny_model_dir, rec_dir, tmp_path, quiet_wandb):
+    out = tmp_path / "run"
+    cfg = tiny_fit_config(
+        tmp_path / "fit.yaml", tiny_model_dir, rec_dir, out,
+        loggers=[{"class_path": "callbacks.logging.OfflineAwareWandbLogger",
+                  "init_args": {"save_dir": str(out), "name": "syn-grpo-tiny", "tags": ["test"]}}],
+        callbacks=[{"class_path": "callbacks.logging.MetricsJSONL"},
+                   {"class_path": "callbacks.logging.RolloutGallery",
+                    "init_args": {"num_samples": 2, "train_every_n_steps": 1}},
+                   {"class_path": "callbacks.results.ResultsTable", "init_args": {"during_fit": True}}],
+    )
+    cli = cli_main(["fit", "--config", str(cfg)])
+    trainer = cli.trainer
+    assert trainer.global_step == 2
+    assert isinstance(trainer.logger, OfflineAwareWandbLogger) and trainer.logger.offline
+
+    # --- W&B offline run: curves, hparams and images
+    run_dirs = sorted((out / "wandb").glob("offline-run-*"))
+    assert len(run_dirs) == 1, list((out / "wandb").iterdir()) if (out / "wandb").exists() else "no wandb dir"
+    rows, config, name = read_wandb_offline(run_dirs[0])
+    assert name == "syn-grpo-tiny"
+    assert config["diversity_beta"] == 0.5
+    keys = {k for r in rows for k in r}
+    for key in (*CURVE_KEYS, "val/rec_val/acc50", "val/rec_val/miou"):
+        assert key in keys, key
+    assert sum("train/entropy" in r for r in rows) == 2  # one point per training step
+    assert {"val/gallery/_type", "train/rollouts/_type"} <= keys
+    media = sorted((run_dirs[0] / "files/media/images").rglob("*.png"))
+    assert len([m for m in media if "gallery" in m.name]) == 2 * 2  # 2 samples x 2 validations
+    assert all(m.stat().st_size > 0 for m in media)
+
+    # --- gallery PNGs under default_root_dir
+    pngs = sorted((out / "gallery").glob("*.png"))
+    assert len([p for p in pngs if p.name.startswith("val_e000_")]) == 2
+    assert len([p for p in pngs if p.name.startswith("train_s")]) == 2
+    assert all(p.stat().st_size > 0 for p in pngs)
+
+    # --- metrics JSONL: one line per training step and per validation, between start and end
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["event"] for r in lines] == ["start", "train", "val", "train", "val", "end"]
+    start = lines[0]
+    assert start["run"] == "syn-grpo-tiny" and start["stage"] == "fit" and not start["resumed"]
+    assert start["hparams"]["diversity_beta"] == 0.5
+    train = [r for r in lines if r["event"] == "train"]
+    assert [r["step"] for r in train] == [1, 2] and [r["epoch"] for r in train] == [0, 1]
+    for key in CURVE_KEYS:
+        assert all(key in r for r in train), key
+    last_logged = trainer.callback_metrics  # holds the last step's values
+    assert train[-1]["train/entropy"] == pytest.approx(float(last_logged["train/entropy"]))
+    val = [r for r in lines if r["event"] == "val"]
+    assert [(r["step"], r["epoch"]) for r in val] == [(1, 0), (2, 1)]
+    assert all(0.0 <= r["val/rec_val/acc50"] <= 1.0 and "val/rec_val/miou" in r for r in val)
+
+    # --- the same curves through both readers
+    (run,) = read_metrics_jsonl(out / "metrics.jsonl")
+    wb = load_wandb_offline(run_dirs[0])
+    assert run.beta == 0.5 == wb.beta
+    assert run.train["train/entropy"].tolist() == pytest.approx(wb.train["train/entropy"].tolist(), rel=1e-6)
+    assert run.val["val/rec_val/acc50"].tolist() == pytest.approx(wb.val["val/rec_val/acc50"].tolist())
+    assert [r.label for r in load_runs([str(out)])] == ["syn-grpo-tiny"]
+
+    # --- results table written after each validation of the fit
+    md = (out / "results/val.md").read_text()
+    assert "rec_val" in md and "Acc@0.5" in md
+    assert (out / "results/val.csv").read_text().splitlines()[0].startswith("set,acc50,miou")
+
+
+def test_offline_decision_from_the_environment():
+    assert wandb_should_be_offline({})
+    assert not wandb_should_be_offline({"WANDB_API_KEY": "x"})
+    assert wandb_should_be_offline({"WANDB_API_KEY": "x", "WANDB_MODE": "offline"})
+    assert not wandb_should_be_offline({"WANDB_MODE": "online"})
+    assert not wandb_should_be_offline({"WANDB_SWEEP_ID": "abc"})  # a sweep agent's run must report to the sweep
+
+
+def test_offline_logger_does_not_touch_the_process_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    lg = OfflineAwareWandbLogger(save_dir=str(tmp_path), project="p", tags=["a"])
+    assert lg.offline and lg._wandb_init["mode"] == "offline" and lg._wandb_init["tags"] == ["a"]
+    assert "WANDB_MODE" not in __import__("os").environ  # WandbLogger(offline=True) would have set it
+    with pytest.raises(ValueError, match="log_model"):
+        OfflineAwareWandbLogger(save_dir=str(tmp_path), offline=True, log_model=True)
+
+
+def test_json_safe_writes_strict_json():
+    row = json_safe({"a": torch.tensor(0.5), "b": float("nan"), "c": [torch.tensor([1, 2])], "d": Path("x")})
+    assert row == {"a": 0.5, "b": None, "c": [[1, 2]], "d": "x"}
+    json.dumps(row, allow_nan=False)
+    with pytest.raises(ValueError, match="every_n_steps"):
+        MetricsJSONL(every_n_steps=0)
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"event": "train", "ste')  # torn last line
+    return path
+
+
+def test_reader_splits_runs_and_applies_resumes(tmp_path):
+    def start(run, step=0, resumed=False, run_id=None, beta=0.7, stage="fit"):
+        return {"event": "start", "run": run, "run_id": run_id, "stage": stage, "resumed": resumed, "step": step,
+                "hparams": {"diversity_beta": beta, "diversity_weight": 1.0}}
+
+    def train(step, ent):
+        return {"event": "train", "step": step, "epoch": 0, "train/entropy": ent}
+
+    rows = [start("a", run_id="r1"), train(1, 1.0), train(2, 0.9), train(3, 0.8), train(4, 0.7),
+            {"event": "val", "step": 4, "epoch": 0, "stage": "fit", "val/x/acc50": 0.2},
+            train(5, 0.6), train(6, 0.5),  # crash after step 6; the checkpoint was at step 4
+            start("a", step=4, resumed=True, run_id="r1"), train(5, 0.65), train(6, 0.55),
+            {"event": "val", "step": 6, "epoch": 1, "stage": "fit", "val/x/acc50": 0.4},
+            start("a", run_id="r2", beta=0.3), train(1, 2.0),
+            start("a", stage="validate", beta=0.3), {"event": "val", "step": 1, "epoch": 0, "stage": "validate",
+                                                      "val/x/acc50": 0.1}]
+    runs = load_runs([str(_write_jsonl(tmp_path / "metrics.jsonl", rows))])
+    assert len(runs) == 2
+    a, b = runs
+    assert a.train["step"].tolist() == [1, 2, 3, 4, 5, 6]
+    assert a.train["train/entropy"].tolist() == [1.0, 0.9, 0.8, 0.7, 0.65, 0.55]  # the resumed segment wins
+    assert a.val["val/x/acc50"].tolist() == [0.2, 0.4]
+    assert b.train["step"].tolist() == [1] and b.val["val/x/acc50"].tolist() == [0.1]
+    assert (a.beta, b.beta) == (0.7, 0.3)
+    assert {a.label, b.label} == {"a diversity_beta=0.7", "a diversity_beta=0.3"}  # same name: labels say what differs
+
+
+def test_results_table_layouts(tmp_path, capsys):
+    metrics = {"test/refcoco_val/acc50": torch.tensor(0.625), "test/refcoco_val/miou": torch.tensor(0.5512),
+               "test/refcoco_val/format": 1.0, "test/d3/map": 0.12, "test/d3/map_50": 0.3, "test/d3/gp": 0.5,
+               "test/d3/gr": float("nan"), "test/d3/format": 0.9, "val/other/acc50": 0.1, "train/reward/total": 2.0}
+    res = collect_results(metrics, "test")
+    assert list(res) == ["refcoco_val", "d3"] and res["refcoco_val"]["acc50"] == pytest.approx(0.625)
+    table = markdown_table(res)
+    head, sep, row1, row2 = table.splitlines()
+    assert head.split("|")[1:-1] == [c.center(len(c)) for c in head.split("|")[1:-1]]
+    assert [c.strip() for c in head.split("|")[1:-1]] == ["set", "Acc@0.5", "mIoU", "mAP", "mAP@50", "GP", "GR",
+                                                           "format"]
+    assert [c.strip() for c in row1.split("|")[1:-1]] == ["refcoco_val", "62.5", "55.1", "-", "-", "-", "-", "100.0"]
+    assert [c.strip() for c in row2.split("|")[1:-1]] == ["d3", "-", "-", "12.0", "30.0", "50.0", "nan", "90.0"]
+    assert paper_row(res, "Syn-GRPO", ["acc50", "map"]).splitlines()[2] == "| Syn-GRPO | 62.5 | 12.0 |"
+
+    class _State:
+        fn = "test"
+
+    class _Trainer:  # what ResultsTable reads from a trainer
+        sanity_checking = False
+        is_global_zero = True
+        state = _State()
+        callback_metrics = metrics
+        default_root_dir = str(tmp_path / "eval")
+        global_step = 7
+        current_epoch = 1
+
+    ResultsTable().on_test_end(_Trainer(), None)
+    printed = capsys.readouterr().out
+    assert "refcoco_val" in printed and "62.5" in printed
+    assert (tmp_path / "eval/results/test.csv").read_text().splitlines()[1].startswith("refcoco_val,0.625")
+    assert "| method | refcoco_val Acc@0.5 | d3 mAP | d3 GP | d3 GR |" in (tmp_path / "eval/results/test.md").read_text()
