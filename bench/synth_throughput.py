@@ -37,7 +37,12 @@ sys.path.insert(0, str(REPO))
 
 
 def _machine() -> dict:
-    info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
+    info = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "loadavg_1m": os.getloadavg()[0],
+    }
     try:
         import torch
 
@@ -50,8 +55,12 @@ def _machine() -> dict:
 
 
 def _write(out: str | None, record: dict) -> None:
-    record = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": _machine(),
-              "command": " ".join([Path(sys.executable).name, *sys.argv]), **record}  # fmt: skip
+    record = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": _machine(),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        **record,
+    }
     text = json.dumps(record, indent=2)
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -94,11 +103,17 @@ def bench_procedural(args) -> None:
             startup_s = time.perf_counter() - t_start
             with server.client(timeout=60) as client:
                 reqs = [
-                    JobRequest(job_id=f"bench-{i}", sample_id=f"s{i % n_images}",
-                               image=ImageRef(path=str(scenes[i % n_images][0])), boxes=scenes[i % n_images][1],
-                               description=descriptions[i % 4], seed=i, canvas={"extend": args.extend})
+                    JobRequest(
+                        job_id=f"bench-{i}",
+                        sample_id=f"s{i % n_images}",
+                        image=ImageRef(path=str(scenes[i % n_images][0])),
+                        boxes=scenes[i % n_images][1],
+                        description=descriptions[i % 4],
+                        seed=i,
+                        canvas={"extend": args.extend},
+                    )
                     for i in range(args.jobs)
-                ]  # fmt: skip
+                ]
                 # warm-up (first job pays the grammar's lazy imports in each worker)
                 client.submit(reqs[0].model_copy(update={"job_id": "warmup"}))
                 client.wait(["warmup"], timeout=60)
@@ -125,10 +140,12 @@ def bench_procedural(args) -> None:
         "median_run_s": statistics.median(run_s),
         "median_paint_s": statistics.median(paint_s),
     }
-    print(f"procedural painter, {args.workers} worker(s), {w}x{h} (+{args.extend:.0%} canvas), {args.jobs} jobs: "
-          f"{record['jobs_per_s']:.1f} jobs/s ({ok} ok; worker time per job {1e3 * record['median_run_s']:.1f} ms, "
-          f"of which painting {1e3 * record['median_paint_s']:.1f} ms; submitting took {submit_s:.2f} s; "
-          f"server start {startup_s:.1f} s)")  # fmt: skip
+    print(
+        f"procedural painter, {args.workers} worker(s), {w}x{h} (+{args.extend:.0%} canvas), {args.jobs} jobs: "
+        f"{record['jobs_per_s']:.1f} jobs/s ({ok} ok; worker time per job {1e3 * record['median_run_s']:.1f} ms, "
+        f"of which painting {1e3 * record['median_paint_s']:.1f} ms; submitting took {submit_s:.2f} s; "
+        f"server start {startup_s:.1f} s)"
+    )
     _write(args.out, record)
 
 
@@ -150,13 +167,22 @@ def bench_sdxl(args) -> None:
     t0 = time.perf_counter()
     comps = build_random_sdxl_components(size, union=args.pipeline == "union_inpaint", device=device, dtype=dtype)
     params = count_parameters(comps)
-    print(f"built {size} SDXL components on {device} in {time.perf_counter() - t0:.1f} s: "
-          + ", ".join(f"{k} {v / 1e9:.2f}B" for k, v in params.items()))  # fmt: skip
+    print(
+        f"built {size} SDXL components on {device} in {time.perf_counter() - t0:.1f} s: "
+        + ", ".join(f"{k} {v / 1e9:.2f}B" for k, v in params.items())
+    )
     w, h = (int(v) for v in args.size.split("x"))
     painter = DiffusersOutpainter.from_components(
-        comps, pipeline=args.pipeline, device=device, dtype=args.dtype, resolution=[w, h], multiple_of=8,
-        guidance_scale=args.guidance, max_batch=max(args.batch), compile=args.compile,
-    )  # fmt: skip
+        comps,
+        pipeline=args.pipeline,
+        device=device,
+        dtype=args.dtype,
+        resolution=[w, h],
+        multiple_of=8,
+        guidance_scale=args.guidance,
+        max_batch=max(args.batch),
+        compile=args.compile,
+    )
     tmp = Path(tempfile.mkdtemp(prefix="synth-bench-sdxl-"))
     jobs = []
     for i in range(max(args.batch)):
@@ -185,15 +211,35 @@ def bench_sdxl(args) -> None:
                 times.append(time.perf_counter() - t)
             med = statistics.median(times)
             peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None
-            r = {"steps": steps, "batch": batch, "s_per_call": med, "images_per_s": batch / med, "peak_gib": peak,
-                 "times": times}  # fmt: skip
+            r = {
+                "steps": steps,
+                "batch": batch,
+                "s_per_call": med,
+                "images_per_s": batch / med,
+                "peak_gib": peak,
+                "times": times,
+            }
             results.append(r)
             peak_txt = f", peak {peak:.1f} GiB" if peak is not None else ""
-            print(f"{args.pipeline} {w}x{h} {args.dtype} {steps:>2} steps batch {batch}: {med:.2f} s per call, "
-                  f"{batch / med:.2f} images/s{peak_txt}", flush=True)  # fmt: skip
-    _write(args.out, {"mode": "sdxl", "size": size, "pipeline": args.pipeline, "resolution": [w, h],
-                      "dtype": args.dtype, "guidance_scale": args.guidance, "compile": args.compile,
-                      "parameters": params, "results": results})  # fmt: skip
+            print(
+                f"{args.pipeline} {w}x{h} {args.dtype} {steps:>2} steps batch {batch}: {med:.2f} s per call, "
+                f"{batch / med:.2f} images/s{peak_txt}",
+                flush=True,
+            )
+    _write(
+        args.out,
+        {
+            "mode": "sdxl",
+            "size": size,
+            "pipeline": args.pipeline,
+            "resolution": [w, h],
+            "dtype": args.dtype,
+            "guidance_scale": args.guidance,
+            "compile": args.compile,
+            "parameters": params,
+            "results": results,
+        },
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 COLLAPSE_KEYS: dict[str, str] = {
     "train/entropy": "token entropy",
@@ -222,6 +223,17 @@ def iter_wandb_records(path: str | os.PathLike) -> Iterable[Any]:
         yield rec
 
 
+def wandb_run_complete(run_dir: str | os.PathLike) -> bool:
+    """Whether the run's log ends with its ``exit`` record. W&B's service writes the log asynchronously: right after
+    ``finish()`` returns it can still be catching up."""
+    files = sorted(Path(run_dir).glob("run-*.wandb"))
+    try:
+        kinds = [rec.WhichOneof("record_type") for rec in iter_wandb_records(files[0])] if files else []
+    except ValueError:
+        return False
+    return bool(kinds) and kinds[-1] == "exit"
+
+
 def _item_value(item: Any) -> Any:
     if item.value_json:
         return json.loads(item.value_json)
@@ -255,12 +267,22 @@ def read_wandb_offline(run_dir: str | os.PathLike) -> tuple[list[dict[str, Any]]
 
 def run_from_history(rows: Iterable[Mapping[str, Any]], name: str, config: Mapping[str, Any] | None = None,
                      source: str = "", run_id: str | None = None) -> Run:
-    """A ``Run`` from W&B-style history rows (``trainer/global_step`` is the step, as ``WandbLogger`` logs it)."""
+    """A ``Run`` from W&B history rows, on the metrics file's step axis.
+
+    ``WandbLogger`` logs the metrics of the k-th optimizer step, and a validation that follows it, at
+    ``trainer/global_step = k - 1``; ``MetricsJSONL`` writes ``step = k`` (optimizer steps done, as checkpoint names).
+    The reader adds 1 so both sources share one axis (a ``validate`` run before any training shows at step 1).
+    """
     buckets: dict[str, list[dict[str, Any]]] = {"train": [], "val": [], "test": []}
     for row in rows:
         step = row.get("trainer/global_step", row.get("_step"))
+        if step is None:
+            continue
+        step = int(step) + 1  # WandbLogger logs step k's metrics (and the validation after it) at k - 1
+        media = tuple(k[: -len("_type")] for k in row if k.endswith("/_type"))  # images etc.: not curves
         for kind in buckets:
-            vals = {k: v for k, v in row.items() if k.startswith(f"{kind}/") and isinstance(v, int | float)}
+            vals = {k: v for k, v in row.items() if k.startswith(f"{kind}/") and not k.startswith(media or ("\0",))
+                    and isinstance(v, int | float) and not isinstance(v, bool)}
             if vals:
                 buckets[kind].append({"step": step, "epoch": row.get("epoch"), **vals})
     # W&B may split one logging call into several rows: merge rows of the same step (last non-null per column)
@@ -456,6 +478,7 @@ def plot_curves(runs: Sequence[Run], keys: Mapping[str, str] = COLLAPSE_KEYS, sm
             ax.plot(df["step"], ema(df[key], smooth), color=c, label=r.label, marker="o" if len(df) < 20 else None,
                     markersize=3)
         ax.set_title(label)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("step")
         ax.set_ylabel(key)
         ax.grid(alpha=0.3)
@@ -491,7 +514,8 @@ def plot_accuracy(runs: Sequence[Run], metric: str = "acc50", kind: str = "val")
             df = df[["epoch", col]].dropna().groupby("epoch", as_index=False).last()
             ax.plot(df["epoch"], df[col], marker="o", color=colours[r.label], label=r.label)
         ax.set_title(f"{s}: {metric}")
-        ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("epoch (0-based)")
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
         if ax.get_lines():

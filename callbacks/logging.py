@@ -65,6 +65,18 @@ def json_safe(value: Any) -> Any:
     return str(value)
 
 
+def run_identity(trainer: L.Trainer, name: str | None = None) -> tuple[str, str | None]:
+    """(run name, W&B run id or None): ``name`` if given, else the W&B run's name when a W&B logger is attached, else
+    the last folder of ``default_root_dir``."""
+    run_id = None
+    for lg in trainer.loggers:
+        if isinstance(lg, WandbLogger):
+            exp = lg.experiment
+            run_id = getattr(exp, "id", None)
+            name = name or getattr(exp, "name", None) or None
+    return name or Path(trainer.default_root_dir).resolve().name, run_id
+
+
 class MetricsJSONL(Callback):
     """Append the run's metrics to a JSONL file: one line per training step and per validation / test epoch.
 
@@ -132,21 +144,12 @@ class MetricsJSONL(Callback):
                 out[k] = json_safe(v)
         return out
 
-    def _run_identity(self, trainer: L.Trainer) -> tuple[str, str | None]:
-        name, run_id = self.run_name, None
-        for lg in trainer.loggers:
-            if isinstance(lg, WandbLogger):
-                exp = lg.experiment
-                run_id = getattr(exp, "id", None)
-                name = name or getattr(exp, "name", None) or None
-        return name or Path(trainer.default_root_dir).resolve().name, run_id
-
     def _start(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self._started == stage or not trainer.is_global_zero:
             return
         self._started = stage
         self._t0 = time.time()
-        name, run_id = self._run_identity(trainer)
+        name, run_id = run_identity(trainer, self.run_name)
         self._write(trainer, {
             "event": "start", "format": METRICS_FORMAT_VERSION, "run": name, "run_id": run_id, "stage": stage,
             "resumed": stage == "fit" and trainer.ckpt_path is not None, "ckpt_path": trainer.ckpt_path,
@@ -260,6 +263,9 @@ class OfflineAwareWandbLogger(WandbLogger):
         log_model: bool | str = False,
         **kwargs: Any,
     ):
+        # LightningCLI (jsonargparse) follows **kwargs down to wandb.init's signature and passes every one of its
+        # parameters, None included: a None must not override the defaults set here or WandbLogger's resume="allow".
+        kwargs = {k: v for k, v in kwargs.items() if v is not None}
         self.offline = wandb_should_be_offline() if offline is None else bool(offline)
         if self.offline and log_model:
             raise ValueError("--trainer.logger.init_args.log_model needs online W&B; set WANDB_API_KEY (or offline: "
@@ -314,10 +320,13 @@ def gallery_panel(image: Image.Image, gt_boxes: Sequence[Sequence[float]],
     def sc(boxes):
         return [[float(v) * scale for v in b] for b in boxes]
 
-    img = draw_boxes(img, sc(gt_boxes), colour=GT_COLOUR, width=3)
     colours = list(colours or ([PRED_COLOUR] if len(pred_boxes) <= 1 else _GROUP_COLOURS))
-    for k, boxes in enumerate(pred_boxes):
-        img = draw_boxes(img, sc(boxes), colour=colours[k % len(colours)], width=2)
+    layers = [(sc(gt_boxes), GT_COLOUR, 3)] + [(sc(b), colours[k % len(colours)], 2) for k, b in enumerate(pred_boxes)]
+    for boxes, _, width in layers:  # a dark halo first, so boxes stay visible on any background
+        img = draw_boxes(img, [[b[0] - 1, b[1] - 1, b[2] + 1, b[3] + 1] for b in boxes], colour=(0, 0, 0),
+                         width=width + 2)
+    for boxes, colour, width in layers:
+        img = draw_boxes(img, boxes, colour=colour, width=width)
     chars = max(20, img.width // 6)
     wrapped: list[str] = []
     for line in lines:
@@ -417,8 +426,10 @@ class RolloutGallery(Callback):
         panels, captions = [], []
         for k, (s, text, in_wh) in enumerate(zip(samples, ro.texts, ro.input_wh)):
             boxes = [rewards.rescale_box(b, in_wh, s.size) for b in rewards.parse_completion(text).boxes]
-            score = (f"IoU {rewards.iou(boxes[0], s.boxes[0]):.2f}" if s.task == "rec" and boxes
-                     else f"{len(boxes)} boxes / {len(s.boxes)} GT")
+            if s.task == "rec":
+                score = f"IoU {rewards.iou(boxes[0], s.boxes[0]):.2f}" if boxes else "no box"
+            else:
+                score = f"{len(boxes)} boxes / {len(s.boxes)} GT"
             caption = f"{s.sample_id} | {s.query} | {score}"
             panel = gallery_panel(s.image, s.boxes, [boxes], [caption, text])
             path = out / f"{kind}_e{trainer.current_epoch:03d}_s{trainer.global_step:06d}_{k}.png"

@@ -23,6 +23,8 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
+from callbacks.logging import run_identity
+
 METRIC_LABELS = {"acc50": "Acc@0.5", "miou": "mIoU", "map": "mAP", "map_50": "mAP@50", "gp": "GP", "gr": "GR",
                  "format": "format"}
 """Metric key -> column header, in the order the table shows them."""
@@ -99,7 +101,8 @@ class ResultsTable(Callback):
         columns: metric keys, in order (``acc50``, ``miou``, ``map``, ``map_50``, ``gp``, ``gr``, ``format``).
         paper_columns: metrics of the one-row paper layout (REC ``[acc50]``; OVD ``[map, gp, gr]``).
         during_fit: also write (not print) ``val.md`` / ``val.csv`` after every validation of a fit.
-        method: row name in the paper layout (default: the last folder of ``default_root_dir``).
+        method: row name in the paper layout (default: the W&B run name, else the last folder of
+            ``default_root_dir``).
         scale: multiply values in the printed / markdown tables (100: percentages, as the paper).
         decimals: decimals shown.
     """
@@ -129,7 +132,7 @@ class ResultsTable(Callback):
         if not results:
             return
         self.last = results
-        method = self.method or Path(trainer.default_root_dir).resolve().name
+        method = self.method or run_identity(trainer)[0]
         text = self.render(results, method)
         out = Path(trainer.default_root_dir) / self.dirname
         out.mkdir(parents=True, exist_ok=True)

@@ -175,7 +175,9 @@ def _finish_layer(layer, residual: torch.Tensor, attn_out: torch.Tensor) -> torc
 class _DecodeEngine:
     """Static KV cache + one decode step over N rows; captured as a CUDA graph on CUDA when asked."""
 
-    def __init__(self, parts: ModelParts, N: int, S: int, T: int, device, dtype, use_graph: bool):
+    def __init__(
+        self, parts: ModelParts, N: int, S: int, T: int, device, dtype, use_graph: bool, compile_step: bool = False
+    ):
         tc = parts.text.config
         self.parts = parts
         self.N, self.S, self.T = N, S, T
@@ -196,6 +198,9 @@ class _DecodeEngine:
         self.logits = None
         self.graph = None
         self.use_graph = use_graph
+        self.compile_step = compile_step
+        # torch.compile fuses the ~45 small kernels of a decoder layer (norms, rope, residuals, SiLU) into a few
+        self._step_fn = torch.compile(self.step, dynamic=False) if compile_step else self.step
         self.capture_error: str | None = None
         if use_graph:
             try:
@@ -237,18 +242,18 @@ class _DecodeEngine:
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
             for _ in range(2):
-                self.step()
+                self._step_fn()
         torch.cuda.current_stream().wait_stream(s)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            self.logits = self.step()
+            self.logits = self._step_fn()
         self.graph = g
 
     def run_step(self) -> torch.Tensor:
         if self.graph is not None:
             self.graph.replay()
             return self.logits
-        return self.step()
+        return self._step_fn()
 
 
 _ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -262,7 +267,7 @@ def release_rollout_cache(model: torch.nn.Module | None = None) -> None:
         _ENGINES.pop(model, None)
 
 
-def _engine_for(model, parts, N, S_needed, T, device, dtype, use_graph) -> _DecodeEngine:
+def _engine_for(model, parts, N, S_needed, T, device, dtype, use_graph, compile_step=False) -> _DecodeEngine:
     eng = _ENGINES.get(model)
     if (
         eng is not None
@@ -272,6 +277,7 @@ def _engine_for(model, parts, N, S_needed, T, device, dtype, use_graph) -> _Deco
         and eng.k[0].device == device
         and eng.k[0].dtype == dtype
         and eng.use_graph == use_graph
+        and eng.compile_step == compile_step
     ):
         return eng
     _ENGINES.pop(model, None)
@@ -279,7 +285,7 @@ def _engine_for(model, parts, N, S_needed, T, device, dtype, use_graph) -> _Deco
     if use_graph:
         torch.cuda.empty_cache()
     S = int(math.ceil(S_needed / 64) * 64)
-    eng = _DecodeEngine(parts, N, S, T, device, dtype, use_graph)
+    eng = _DecodeEngine(parts, N, S, T, device, dtype, use_graph, compile_step)
     _ENGINES[model] = eng
     return eng
 
@@ -395,6 +401,7 @@ def fast_generate(
     check_every: int = 16,
     image_embeds: torch.Tensor | None = None,
     return_logprobs: bool = False,
+    compile_step: bool = False,
 ) -> torch.LongTensor | tuple[torch.LongTensor, torch.Tensor]:
     """Sample ``group_size`` completions for each of the B prompts.
 
@@ -413,6 +420,8 @@ def fast_generate(
         return_logprobs: also return each sampled token's log-prob under ``log_softmax(logits / temperature)``
             (temperature 1 when greedy; before suppression, min_new_tokens and top-p; 0 after EOS): the
             "old log-probs" of the rollout policy, as TRL computes them.
+        compile_step: `torch.compile` the decode step before capturing it (fewer, fused kernels; the first call of
+            a shape pays the compilation).
 
     Returns:
         ``[B*G, T_new]`` token ids, ``T_new <= max_new_tokens`` (the longest completion, like `generate`);
@@ -451,7 +460,7 @@ def fast_generate(
     positions, next_pos = mrope_positions(parts.config, input_ids, attention_mask, image_grid_thw)
 
     # 2) engine (static cache; graph captured at first use of this shape), state reset
-    eng = _engine_for(model, parts, N, P + T, T, device, dtype, use_graph)
+    eng = _engine_for(model, parts, N, P + T, T, device, dtype, use_graph, compile_step)
     eng.valid.zero_()
     eng.valid[:, 0, 0, :P] = attention_mask.bool().repeat_interleave(G, dim=0)
     gen_pos = next_pos.repeat_interleave(G)[:, None] + torch.arange(T, device=device)[None]  # [N, T]

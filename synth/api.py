@@ -188,6 +188,9 @@ class JobList(_Model):
     jobs: list[JobStatus]
     cursor: int
     """Pass as ``since`` to the next list call to get only jobs that changed after this one."""
+    server_id: str
+    """Changes when the server restarts (its job table is in memory): cursors of another ``server_id`` mean nothing,
+    and jobs submitted to it are gone (``AsyncSubmitter`` resubmits them)."""
 
 
 class Ack(_Model):
@@ -210,6 +213,8 @@ class WorkerInfo(_Model):
 
 
 class Health(_Model):
+    server_id: str
+    """See :attr:`JobList.server_id`."""
     status: str
     """``ok`` (all workers ready), ``starting``, ``degraded`` (some workers down) or ``failed`` (no worker can start)."""
     version: str = API_VERSION

@@ -157,11 +157,19 @@ class SynthClient:
         """
         wanted = set(job_ids)
         found: dict[str, JobStatus] = {}
-        cursor = 0
+        cursor, server_id = 0, None
         deadline = time.monotonic() + timeout
         while True:
             page = self.list(FINISHED, since=cursor, limit=10000)
-            cursor = page.cursor
+            if server_id is not None and page.server_id != server_id:
+                log.warning(
+                    "synth server restarted (server_id %s -> %s): unfinished jobs are gone; resubmit them",
+                    server_id,
+                    page.server_id,
+                )
+                cursor, server_id = 0, page.server_id
+                continue
+            cursor, server_id = page.cursor, page.server_id
             for s in page.jobs:
                 if s.job_id in wanted:
                     found[s.job_id] = s
@@ -203,11 +211,13 @@ class AsyncSubmitter:
         self._outbox: queue.SimpleQueue[JobRequest | None] = queue.SimpleQueue()
         self._acks: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._lock = threading.Condition()
-        self._in_flight: set[str] = set()
+        self._in_flight: dict[str, JobRequest] = {}  # job_id -> request, kept to resubmit after a server restart
         self._finished: dict[str, JobStatus] = {}
         self._n_submitted = self._n_unsent = 0
         self.last_error: str | None = None
         self._cursor = 0
+        self._server_id: str | None = None
+        self._resubmit: list[JobRequest] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="synth-submitter", daemon=True)
         self._thread.start()
@@ -265,6 +275,8 @@ class AsyncSubmitter:
     # -- background thread --------------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        with contextlib.suppress(SynthError, ConnectionError, httpx.HTTPError):
+            self._server_id = self.client.health().server_id
         pending: list[JobRequest] = []
         next_poll = 0.0
         stopping = False
@@ -279,6 +291,8 @@ class AsyncSubmitter:
                     item = self._outbox.get_nowait()
             except queue.Empty:
                 pass
+            if self._resubmit:
+                pending, self._resubmit = self._resubmit + pending, []
             pending = self._send(pending)
             self._send_acks()
             now = time.monotonic()
@@ -311,14 +325,19 @@ class AsyncSubmitter:
                     self._finished[status.job_id] = status
                     self._lock.notify_all()
                 else:
-                    self._in_flight.add(status.job_id)
+                    self._in_flight[status.job_id] = req
         return []
 
     def _reject(self, req: JobRequest, e: SynthError) -> None:
         from synth.api import Timings
 
-        status = JobStatus(job_id=req.job_id, sample_id=req.sample_id, state=JobState.failed,
-                           error=f"rejected by the server: {e}", timings=Timings(created_at=time.time()))  # fmt: skip
+        status = JobStatus(
+            job_id=req.job_id,
+            sample_id=req.sample_id,
+            state=JobState.failed,
+            error=f"rejected by the server: {e}",
+            timings=Timings(created_at=time.time()),
+        )
         with self._lock:
             self._n_unsent -= 1
             self._finished[req.job_id] = status
@@ -347,11 +366,20 @@ class AsyncSubmitter:
         except (SynthError, ConnectionError, httpx.HTTPError) as e:
             self.last_error = f"poll: {e}"
             return
-        self._cursor = page.cursor
+        if self._server_id is not None and page.server_id != self._server_id:
+            # The server restarted and forgot its jobs: send ours again (idempotent, so nothing is done twice).
+            with self._lock:
+                log.warning("synth server restarted: resubmitting %d in-flight jobs", len(self._in_flight))
+                self._resubmit = list(self._in_flight.values())
+                self._n_unsent += len(self._resubmit)
+                self._n_submitted -= len(self._resubmit)
+                self._in_flight.clear()
+            self._server_id, self._cursor = page.server_id, 0
+            return
+        self._server_id, self._cursor = page.server_id, page.cursor
         with self._lock:
             for s in page.jobs:
-                if s.job_id in self._in_flight:
-                    self._in_flight.discard(s.job_id)
+                if self._in_flight.pop(s.job_id, None) is not None:
                     self._finished[s.job_id] = s
             self._lock.notify_all()
 
@@ -375,6 +403,8 @@ class LocalServer:
         output_dir: where results go (overrides the config's).
         overrides: more ``key: value`` config overrides (dotted keys allowed, e.g. ``{"painter.delay_s": 0.5}``).
         startup_timeout: seconds to wait for the workers to be ready.
+        port: TCP port (0, the default, picks a free one).
+        token: bearer token (default: a fresh random one).
     """
 
     def __init__(
@@ -386,6 +416,8 @@ class LocalServer:
         startup_timeout: float = 120.0,
         log_path: str | os.PathLike | None = None,
         env: Mapping[str, str] | None = None,
+        port: int = 0,
+        token: str | None = None,
     ):
         self.config = Path(config)
         if not self.config.is_file() and (REPO_ROOT / self.config).is_file():
@@ -394,7 +426,8 @@ class LocalServer:
         self.overrides = dict(overrides or {})
         self.startup_timeout, self.env = startup_timeout, dict(env or {})
         self.log_path = Path(log_path) if log_path else None
-        self.token = secrets.token_urlsafe(32)
+        self.token = token or secrets.token_urlsafe(32)
+        self.requested_port = port
         self.proc: subprocess.Popen | None = None
         self.url: str | None = None
         self.port: int | None = None
@@ -421,8 +454,21 @@ class LocalServer:
             sets["roots"] = [str(Path(r).resolve()) for r in self.roots]
         if self.output_dir is not None:
             sets["output_dir"] = str(Path(self.output_dir).resolve())
-        args = [sys.executable, "-m", "synth.server", "--config", str(self.config.resolve()), "--port", "0",
-                "--host", "127.0.0.1", "--port-file", port_file, "--parent-pid", str(os.getpid())]  # fmt: skip
+        args = [
+            sys.executable,
+            "-m",
+            "synth.server",
+            "--config",
+            str(self.config.resolve()),
+            "--port",
+            str(self.requested_port),
+            "--host",
+            "127.0.0.1",
+            "--port-file",
+            port_file,
+            "--parent-pid",
+            str(os.getpid()),
+        ]
         for k, v in sets.items():
             args += ["--set", f"{k}={json.dumps(v)}"]  # JSON is YAML
         return args
@@ -440,8 +486,14 @@ class LocalServer:
         self._log = open(self.log_path, "ab")
         env = {**os.environ, **self.env, "SYNTH_TOKEN": self.token, "PYTHONUNBUFFERED": "1"}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-        self.proc = subprocess.Popen(self._args(port_file), env=env, cwd=str(REPO_ROOT), stdout=self._log,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
+        self.proc = subprocess.Popen(
+            self._args(port_file),
+            env=env,
+            cwd=str(REPO_ROOT),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + self.startup_timeout
         try:
             while True:

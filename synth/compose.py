@@ -71,14 +71,23 @@ class CanvasGeometry:
         off_x = offset_x if offset_x is not None else (canvas_w - img_w) // 2
         off_y = offset_y if offset_y is not None else (canvas_h - img_h) // 2
         if not (0 <= off_x <= canvas_w - img_w):
-            raise ValueError(f"canvas.offset_x must be in [0, {canvas_w - img_w}] so the image stays on the canvas, got {off_x}")
+            raise ValueError(
+                f"canvas.offset_x must be in [0, {canvas_w - img_w}] so the image stays on the canvas, got {off_x}"
+            )
         if not (0 <= off_y <= canvas_h - img_h):
-            raise ValueError(f"canvas.offset_y must be in [0, {canvas_h - img_h}] so the image stays on the canvas, got {off_y}")
+            raise ValueError(
+                f"canvas.offset_y must be in [0, {canvas_h - img_h}] so the image stays on the canvas, got {off_y}"
+            )
         return cls(src_w, src_h, img_w, img_h, canvas_w, canvas_h, off_x, off_y)
 
     @property
     def is_identity(self) -> bool:
-        return (self.img_w, self.img_h, self.canvas_w, self.canvas_h) == (self.src_w, self.src_h, self.src_w, self.src_h)
+        return (self.img_w, self.img_h, self.canvas_w, self.canvas_h) == (
+            self.src_w,
+            self.src_h,
+            self.src_w,
+            self.src_h,
+        )
 
     def transform_box(self, box: Box) -> list[float]:
         """Map a box from input pixels to canvas pixels (same scale and offset as the image)."""

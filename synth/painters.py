@@ -101,9 +101,11 @@ class ProceduralPainter:
             if self.delay_s > 0:
                 time.sleep(self.delay_s)
             image = self._grammar.render(
-                Image.fromarray(job.canvas), keep_mask=job.keep, description=self.description_for(job.description),
+                Image.fromarray(job.canvas),
+                keep_mask=job.keep,
+                description=self.description_for(job.description),
                 seed=job.seed,
-            )  # fmt: skip
+            )
             out.append(np.asarray(image.convert("RGB"), dtype=np.uint8))
         return out
 
@@ -131,7 +133,8 @@ class DiffusersOutpainter:
         steps: denoising steps.
         guidance_scale: classifier-free guidance (1 disables the unconditional pass).
         controlnet_conditioning_scale: weight of the ControlNet residuals.
-        strength: inpainting strength (diffusers' default 0.9999 starts from noise mixed with the image latents).
+        strength: inpainting strength. 1 (the default) starts the repainted area from pure noise and runs exactly
+            ``steps`` steps; diffusers' own default 0.9999 would run ``int(steps * 0.9999)`` (7 of 8).
         resolution: working size. An int is the long side (aspect kept, sides rounded to ``multiple_of``); a pair
             ``[w, h]`` is a fixed size; None keeps the canvas size (rounded). Results are resized back to the canvas.
         multiple_of: side multiple of the working size (SDXL needs 8; 64 keeps every UNet level even).
@@ -159,7 +162,7 @@ class DiffusersOutpainter:
         steps: int = 25,
         guidance_scale: float = 5.0,
         controlnet_conditioning_scale: float = 1.0,
-        strength: float = 0.9999,
+        strength: float = 1.0,
         resolution: int | Sequence[int] | None = 1024,
         multiple_of: int = 64,
         max_batch: int = 4,
@@ -172,7 +175,9 @@ class DiffusersOutpainter:
         if pipeline not in PIPELINES:
             raise ValueError(f"painter.pipeline must be one of {sorted(PIPELINES)}, got {pipeline!r}")
         if not tiny and (not model or not controlnet):
-            raise ValueError("painter.model and painter.controlnet are required (hub ids or local paths) unless painter.tiny")
+            raise ValueError(
+                "painter.model and painter.controlnet are required (hub ids or local paths) unless painter.tiny"
+            )
         if steps < 1:
             raise ValueError(f"painter.steps must be >= 1, got {steps}")
         if multiple_of < 8 or multiple_of % 8:
@@ -260,9 +265,12 @@ class DiffusersOutpainter:
                 self.model, controlnet=controlnet, variant=self.variant, **common, **extra
             )
         except (OSError, ValueError) as e:
-            where = "local_files_only=True: download the weights first (huggingface-cli download <id>) or set " \
-                "painter.model / painter.controlnet / painter.vae to local directories" if self.local_files_only \
-                else "check the hub ids and the network"  # fmt: skip
+            where = (
+                "local_files_only=True: download the weights first (huggingface-cli download <id>) or set "
+                "painter.model / painter.controlnet / painter.vae to local directories"
+                if self.local_files_only
+                else "check the hub ids and the network"
+            )
             raise RuntimeError(
                 f"could not load the SDXL painter (model={self.model!r}, controlnet={self.controlnet!r}, "
                 f"vae={self.vae!r}) with {where}: {e}"

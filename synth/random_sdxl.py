@@ -92,13 +92,25 @@ FULL_VAE: dict[str, Any] = dict(
 
 # text_encoder (CLIP ViT-L/14) and text_encoder_2 (OpenCLIP ViT-bigG/14), random weights, real sizes.
 FULL_TEXT_1: dict[str, Any] = dict(
-    hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
-    max_position_embeddings=77, hidden_act="quick_gelu", projection_dim=768, vocab_size=49408,
-)  # fmt: skip
+    hidden_size=768,
+    intermediate_size=3072,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    max_position_embeddings=77,
+    hidden_act="quick_gelu",
+    projection_dim=768,
+    vocab_size=49408,
+)
 FULL_TEXT_2: dict[str, Any] = dict(
-    hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=20,
-    max_position_embeddings=77, hidden_act="gelu", projection_dim=1280, vocab_size=49408,
-)  # fmt: skip
+    hidden_size=1280,
+    intermediate_size=5120,
+    num_hidden_layers=32,
+    num_attention_heads=20,
+    max_position_embeddings=77,
+    hidden_act="gelu",
+    projection_dim=1280,
+    vocab_size=49408,
+)
 
 # The tiny versions follow diffusers' own SDXL ControlNet inpaint pipeline tests.
 TINY_UNET: dict[str, Any] = dict(
@@ -143,9 +155,14 @@ TINY_VAE: dict[str, Any] = dict(
     latent_channels=4,
 )
 TINY_TEXT: dict[str, Any] = dict(
-    hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
-    max_position_embeddings=77, hidden_act="gelu", projection_dim=32,
-)  # fmt: skip
+    hidden_size=32,
+    intermediate_size=37,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=77,
+    hidden_act="gelu",
+    projection_dim=32,
+)
 
 # SDXL's default scheduler (EulerDiscreteScheduler, scheduler/scheduler_config.json).
 SCHEDULER: dict[str, Any] = dict(
@@ -203,9 +220,10 @@ def tiny_clip_tokenizer(directory: str | None = None):
     """A ``CLIPTokenizer`` loaded from files written by :func:`write_tiny_clip_tokenizer` (no network)."""
     from transformers import CLIPTokenizer
 
-    directory = directory or tempfile.mkdtemp(prefix="synth-clip-tok-")
-    write_tiny_clip_tokenizer(directory)
-    return CLIPTokenizer.from_pretrained(directory, local_files_only=True)
+    if directory is not None:
+        return CLIPTokenizer.from_pretrained(write_tiny_clip_tokenizer(directory), local_files_only=True)
+    with tempfile.TemporaryDirectory(prefix="synth-clip-tok-") as tmp:
+        return CLIPTokenizer.from_pretrained(write_tiny_clip_tokenizer(tmp), local_files_only=True)
 
 
 # --- components ----------------------------------------------------------------------------------------------------
@@ -223,12 +241,16 @@ def build_random_sdxl_components(
     ``size`` is ``"tiny"`` or ``"full"``; ``union`` picks ``ControlNetUnionModel`` over ``ControlNetModel``. Modules are
     built directly on ``device`` (so the full 4.6B parameters never pass through host memory) and cast to ``dtype``.
     """
-    import torch
-    from diffusers import AutoencoderKL, ControlNetModel, ControlNetUnionModel, EulerDiscreteScheduler
-    from diffusers import UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
-
     import diffusers
+    import torch
+    from diffusers import (
+        AutoencoderKL,
+        ControlNetModel,
+        ControlNetUnionModel,
+        EulerDiscreteScheduler,
+        UNet2DConditionModel,
+    )
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     diffusers.utils.logging.set_verbosity_error()  # no "should be kept in float32" notes for random modules
     if size not in ("tiny", "full"):

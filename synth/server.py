@@ -90,8 +90,11 @@ class PreparedInput:
 def _resolve_image_path(path: str, cfg: ServerConfig) -> str:
     roots = cfg.resolved_roots()
     if not roots:
-        raise ApiError(403, "this server has no roots configured, so it reads no files: send image.data_b64, "
-                       "or start the server with roots: [<dir>] in its config")  # fmt: skip
+        raise ApiError(
+            403,
+            "this server has no roots configured, so it reads no files: send image.data_b64, "
+            "or start the server with roots: [<dir>] in its config",
+        )
     p = Path(path)
     if not p.is_absolute():
         p = roots[0] / p
@@ -116,8 +119,9 @@ def _image_size(source: Any, what: str, cfg: ServerConfig) -> tuple[int, int]:
     except Exception as e:
         raise ApiError(422, f"{what} is not a readable image: {type(e).__name__}: {e}") from e
     if w * h > cfg.max_image_pixels:
-        raise ApiError(413, f"{what} is {w} x {h} = {w * h} pixels, above the server's max_image_pixels "
-                       f"({cfg.max_image_pixels})")  # fmt: skip
+        raise ApiError(
+            413, f"{what} is {w} x {h} = {w * h} pixels, above the server's max_image_pixels ({cfg.max_image_pixels})"
+        )
     return w, h
 
 
@@ -128,8 +132,11 @@ def prepare_input(req: JobRequest, cfg: ServerConfig) -> PreparedInput:
     if req.image.path is not None:
         image_path, image_bytes = _resolve_image_path(req.image.path, cfg), None
         if image_path == output_path:
-            raise ApiError(422, f"image.path {req.image.path!r} is this job's own output file; "
-                           "the server never overwrites an input: choose another job_id")  # fmt: skip
+            raise ApiError(
+                422,
+                f"image.path {req.image.path!r} is this job's own output file; "
+                "the server never overwrites an input: choose another job_id",
+            )
         w, h = _image_size(image_path, f"image.path {req.image.path!r}", cfg)
     else:
         try:
@@ -155,8 +162,10 @@ def prepare_input(req: JobRequest, cfg: ServerConfig) -> PreparedInput:
     except ValueError as e:
         raise ApiError(422, str(e), [{"field": "canvas", "message": str(e)}]) from e
     if geom.canvas_w * geom.canvas_h > cfg.max_canvas_pixels:
-        msg = (f"the canvas would be {geom.canvas_w} x {geom.canvas_h} pixels, above the server's max_canvas_pixels "
-               f"({cfg.max_canvas_pixels}): lower canvas.scale / canvas.extend")  # fmt: skip
+        msg = (
+            f"the canvas would be {geom.canvas_w} x {geom.canvas_h} pixels, above the server's max_canvas_pixels "
+            f"({cfg.max_canvas_pixels}): lower canvas.scale / canvas.extend"
+        )
         raise ApiError(422, msg, [{"field": "canvas", "message": msg}])
     return PreparedInput(image_path, image_bytes, w, h, boxes, output_path)
 
@@ -226,6 +235,7 @@ class JobManager:
         os.set_blocking(self._wake_w, False)
         self._thread: threading.Thread | None = None
         self._started_at = time.time()
+        self.server_id = uuid.uuid4().hex[:12]
         self.output_dir = cfg.resolved_output_dir()
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
@@ -371,8 +381,10 @@ class JobManager:
                 if job is None or job.state != JobState.running:
                     continue
                 if job.attempts >= self.cfg.max_attempts:
-                    job.error = (f"worker {w.index} ({w.device}) {reason} while running this job, on attempt "
-                                 f"{job.attempts} of max_attempts = {self.cfg.max_attempts}; giving up")  # fmt: skip
+                    job.error = (
+                        f"worker {w.index} ({w.device}) {reason} while running this job, on attempt "
+                        f"{job.attempts} of max_attempts = {self.cfg.max_attempts}; giving up"
+                    )
                     job.finished_at = now
                     job.inp = None
                     self._set_state(job, JobState.failed)
@@ -393,8 +405,9 @@ class JobManager:
                 w.error = w.error or f"worker {w.index} ({w.device}) {reason} before its painter was ready"
             if w.start_failures > self.cfg.max_restarts:
                 w.given_up = True
-                log.error("worker %d (%s) given up after %d failed starts: %s",
-                          w.index, w.device, w.start_failures, w.error)  # fmt: skip
+                log.error(
+                    "worker %d (%s) given up after %d failed starts: %s", w.index, w.device, w.start_failures, w.error
+                )
                 self._fail_all_if_no_workers()
             else:
                 w.next_start = now + (0.0 if was_ready else min(30.0, 0.5 * 2 ** (w.start_failures - 1)))
@@ -463,12 +476,20 @@ class JobManager:
                     job.started_at = now
                     self._set_state(job, JobState.running)
                     inp = job.inp
-                    items.append(dict(
-                        uid=job.uid, job_id=job.request.job_id, image_path=inp.image_path,
-                        image_bytes=inp.image_bytes, boxes=inp.boxes, description=job.request.description,
-                        seed=job.request.seed, canvas=job.request.canvas.model_dump(), output_path=inp.output_path,
-                        fsync=self.cfg.fsync_outputs,
-                    ))  # fmt: skip
+                    items.append(
+                        dict(
+                            uid=job.uid,
+                            job_id=job.request.job_id,
+                            image_path=inp.image_path,
+                            image_bytes=inp.image_bytes,
+                            boxes=inp.boxes,
+                            description=job.request.description,
+                            seed=job.request.seed,
+                            canvas=job.request.canvas.model_dump(),
+                            output_path=inp.output_path,
+                            fsync=self.cfg.fsync_outputs,
+                        )
+                    )
                 w.busy = [j.uid for j in batch]
                 w.deadline = now + self.cfg.job_timeout_s * len(batch)
                 plans.append((w, items))
@@ -497,8 +518,11 @@ class JobManager:
             if job is None:
                 return None
             if job.fingerprint != fingerprint:
-                raise ApiError(409, f"job_id {job_id!r} already exists with a different request; a job_id names "
-                               "one request: resubmit the same body, or use a new job_id")  # fmt: skip
+                raise ApiError(
+                    409,
+                    f"job_id {job_id!r} already exists with a different request; a job_id names "
+                    "one request: resubmit the same body, or use a new job_id",
+                )
             return self._status(job)
 
     def submit(self, req: JobRequest, fingerprint: str, inp: PreparedInput) -> tuple[JobStatus, bool]:
@@ -511,11 +535,16 @@ class JobManager:
             if self._workers and all(w.given_up for w in self._workers):
                 raise ApiError(503, f"no worker can start, so no job can run: {self._workers[0].error}")
             if self._counts[JobState.queued.value] >= self.cfg.max_queued:
-                raise ApiError(429, f"queue full ({self.cfg.max_queued} jobs queued): retry later",
-                               headers={"Retry-After": "1"})  # fmt: skip
+                raise ApiError(
+                    429, f"queue full ({self.cfg.max_queued} jobs queued): retry later", headers={"Retry-After": "1"}
+                )
             if len(self._jobs) >= self.cfg.max_jobs_held:
-                raise ApiError(429, f"the server holds {len(self._jobs)} jobs (max_jobs_held): acknowledge finished "
-                               "jobs (POST /jobs/{id}/ack) to free room", headers={"Retry-After": "1"})  # fmt: skip
+                raise ApiError(
+                    429,
+                    f"the server holds {len(self._jobs)} jobs (max_jobs_held): acknowledge finished "
+                    "jobs (POST /jobs/{id}/ack) to free room",
+                    headers={"Retry-After": "1"},
+                )
             stored = req.model_copy(update={"image": req.image.model_copy(update={"data_b64": None})})
             job = _Job(uid=uuid.uuid4().hex, request=stored, fingerprint=fingerprint, inp=inp)
             self._jobs[req.job_id] = job
@@ -535,7 +564,11 @@ class JobManager:
                 raise ApiError(404, f"no job {job_id!r} (never submitted, or already acknowledged)")
             status = self._status(job)
         if status.result is not None and (include_image or job.request.return_bytes):
-            status.result.image_b64 = base64.b64encode(Path(status.result.output_path).read_bytes()).decode("ascii")
+            try:
+                data = Path(status.result.output_path).read_bytes()
+            except OSError as e:
+                raise ApiError(410, f"the output of job {job_id!r} is no longer on disk: {e}") from e
+            status.result.image_b64 = base64.b64encode(data).decode("ascii")
         return status
 
     def output_file(self, job_id: str) -> str:
@@ -561,7 +594,7 @@ class JobManager:
             out.reverse()
             if len(out) > limit:
                 out, truncated = out[:limit], True
-        return JobList(jobs=out, cursor=out[-1].cursor if truncated else cursor)
+        return JobList(jobs=out, cursor=out[-1].cursor if truncated else cursor, server_id=self.server_id)
 
     def ack(self, job_id: str) -> Ack:
         with self._lock:
@@ -575,10 +608,16 @@ class JobManager:
     def health(self) -> Health:
         with self._lock:
             workers = [
-                WorkerInfo(index=w.index, device=w.device, pid=w.pid if w.proc is not None else None,
-                           alive=w.proc is not None and w.proc.is_alive(), ready=w.ready,
-                           busy=[self._by_uid[u].request.job_id for u in w.busy if u in self._by_uid],
-                           restarts=w.restarts, error=w.error)  # fmt: skip
+                WorkerInfo(
+                    index=w.index,
+                    device=w.device,
+                    pid=w.pid if w.proc is not None else None,
+                    alive=w.proc is not None and w.proc.is_alive(),
+                    ready=w.ready,
+                    busy=[self._by_uid[u].request.job_id for u in w.busy if u in self._by_uid],
+                    restarts=w.restarts,
+                    error=w.error,
+                )
                 for w in self._workers
             ]
             n_ready = sum(w.ready for w in workers)
@@ -591,6 +630,7 @@ class JobManager:
             else:
                 status = "starting"
             return Health(
+                server_id=self.server_id,
                 status=status,
                 painter=self.cfg.painter.name,
                 foreground=self.cfg.foreground.name,
@@ -655,9 +695,12 @@ def create_app(cfg: ServerConfig, token: str | None, manager: JobManager | None 
         header = request.headers.get("authorization", "")
         scheme, _, given = header.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
-            raise ApiError(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>' with the "
-                           f"server's token (from ${cfg.token_env} or token_file)",
-                           headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+            raise ApiError(
+                401,
+                "missing or wrong bearer token: send 'Authorization: Bearer <token>' with the "
+                f"server's token (from ${cfg.token_env} or token_file)",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
 
     app = FastAPI(title="Syn-GRPO data server", version="1", lifespan=lifespan, dependencies=[Depends(auth)])
     app.state.manager = manager
@@ -673,8 +716,9 @@ def create_app(cfg: ServerConfig, token: str | None, manager: JobManager | None 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, e: RequestValidationError):
         errors = [{"field": ".".join(str(p) for p in err["loc"]), "message": err["msg"]} for err in e.errors()]
-        return error_response(422, "invalid request: " + "; ".join(f"{x['field']}: {x['message']}" for x in errors),
-                              errors)  # fmt: skip
+        return error_response(
+            422, "invalid request: " + "; ".join(f"{x['field']}: {x['message']}" for x in errors), errors
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException):
@@ -763,8 +807,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", help="override host")
     parser.add_argument("--port", type=int, help="override port; 0 picks a free one")
     parser.add_argument("--port-file", help="write the port actually bound to this file (for --port 0)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config key (dotted, value read as YAML), e.g. --set roots=[data]")  # fmt: skip
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key (dotted, value read as YAML), e.g. --set roots=[data]",
+    )
     parser.add_argument("--parent-pid", type=int, help="exit when this process is gone (set by LocalServer)")
     args = parser.parse_args(argv)
 
@@ -781,8 +830,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if cfg.auth and not token:
-        print(f"synth.server: no token: set ${cfg.token_env} or token_file in the config "
-              "(or auth: false on a loopback host)", file=sys.stderr)  # fmt: skip
+        print(
+            f"synth.server: no token: set ${cfg.token_env} or token_file in the config "
+            "(or auth: false on a loopback host)",
+            file=sys.stderr,
+        )
         return 2
     if not cfg.auth:
         if not _is_loopback(cfg.host):
@@ -812,6 +864,7 @@ def main(argv: list[str] | None = None) -> int:
     server = _Server(uvicorn.Config(app, log_level=cfg.log_level.lower(), access_log=False, lifespan="on"))
 
     if args.parent_pid:
+
         def watch_parent() -> None:
             while not server.should_exit:
                 if os.getppid() != args.parent_pid:
@@ -824,9 +877,11 @@ def main(argv: list[str] | None = None) -> int:
     host = f"[{cfg.host}]" if family == socket.AF_INET6 else cfg.host
     if args.port_file:
         _write_atomic(args.port_file, f"{port}\n")
-    print(f"synth.server listening on http://{host}:{port} (painter={cfg.painter.name}, "
-          f"foreground={cfg.foreground.name}, workers={cfg.devices}, output_dir={cfg.resolved_output_dir()})",
-          flush=True)  # fmt: skip
+    print(
+        f"synth.server listening on http://{host}:{port} (painter={cfg.painter.name}, "
+        f"foreground={cfg.foreground.name}, workers={cfg.devices}, output_dir={cfg.resolved_output_dir()})",
+        flush=True,
+    )
     server.run(sockets=[sock])
     return 0
 

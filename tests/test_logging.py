@@ -4,13 +4,20 @@ and the results table; plus the pieces on their own (offline decision, the JSONL
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-from callbacks.analysis import load_runs, load_wandb_offline, read_metrics_jsonl, read_wandb_offline
+from callbacks.analysis import (
+    load_runs,
+    load_wandb_offline,
+    read_metrics_jsonl,
+    read_wandb_offline,
+    wandb_run_complete,
+)
 from callbacks.logging import MetricsJSONL, OfflineAwareWandbLogger, json_safe, wandb_should_be_offline
 from callbacks.results import ResultsTable, collect_results, markdown_table, paper_row
 from train import cli_main
@@ -72,6 +79,9 @@ def test_tiny_fit_writes_wandb_offline_run_metrics_jsonl_and_gallery(tiny_model_
     # --- W&B offline run: curves, hparams and images
     run_dirs = sorted((out / "wandb").glob("offline-run-*"))
     assert len(run_dirs) == 1, list((out / "wandb").iterdir()) if (out / "wandb").exists() else "no wandb dir"
+    deadline = time.monotonic() + 30
+    while not wandb_run_complete(run_dirs[0]) and time.monotonic() < deadline:
+        time.sleep(0.2)  # the W&B service may still be flushing the run log after finish()
     rows, config, name = read_wandb_offline(run_dirs[0])
     assert name == "syn-grpo-tiny"
     assert config["diversity_beta"] == 0.5
@@ -110,7 +120,9 @@ def test_tiny_fit_writes_wandb_offline_run_metrics_jsonl_and_gallery(tiny_model_
     (run,) = read_metrics_jsonl(out / "metrics.jsonl")
     wb = load_wandb_offline(run_dirs[0])
     assert run.beta == 0.5 == wb.beta
+    assert run.train["step"].tolist() == wb.train["step"].tolist() == [1, 2]  # one step axis for both sources
     assert run.train["train/entropy"].tolist() == pytest.approx(wb.train["train/entropy"].tolist(), rel=1e-6)
+    assert run.val["step"].tolist() == wb.val["step"].tolist()
     assert run.val["val/rec_val/acc50"].tolist() == pytest.approx(wb.val["val/rec_val/acc50"].tolist())
     assert [r.label for r in load_runs([str(out)])] == ["syn-grpo-tiny"]
 
@@ -204,6 +216,7 @@ def test_results_table_layouts(tmp_path, capsys):
         default_root_dir = str(tmp_path / "eval")
         global_step = 7
         current_epoch = 1
+        loggers: list = []
 
     ResultsTable().on_test_end(_Trainer(), None)
     printed = capsys.readouterr().out

@@ -20,7 +20,7 @@ import pytest
 from PIL import Image, ImageDraw
 
 from synth.api import ImageRef, JobRequest, JobState
-from synth.client import AsyncSubmitter, LocalServer, SynthClient, SynthError
+from synth.client import AsyncSubmitter, LocalServer, SynthClient, SynthError, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 DESCRIPTIONS = [
@@ -95,16 +95,21 @@ def client(server):
 
 
 def request(job_id: str, path: Path, boxes, i: int = 0, **kw) -> JobRequest:
-    return JobRequest(job_id=job_id, sample_id=f"s{i}", image=ImageRef(path=str(path)), boxes=boxes,
-                      description=DESCRIPTIONS[i % len(DESCRIPTIONS)], seed=i, **kw)  # fmt: skip
+    return JobRequest(
+        job_id=job_id,
+        sample_id=f"s{i}",
+        image=ImageRef(path=str(path)),
+        boxes=boxes,
+        description=DESCRIPTIONS[i % len(DESCRIPTIONS)],
+        seed=i,
+        **kw,
+    )
 
 
 def test_procedural_jobs_complete_with_exact_foreground_and_boxes(client, data):
     before = {p: sha(p) for p, _ in data["items"]}
     extends = [0.0, 0.5, 0.25, 1.0]
-    reqs = [
-        request(f"proc-{i}", p, b, i, canvas={"extend": extends[i % 4]}) for i, (p, b) in enumerate(data["items"])
-    ]
+    reqs = [request(f"proc-{i}", p, b, i, canvas={"extend": extends[i % 4]}) for i, (p, b) in enumerate(data["items"])]
     for r in reqs:
         assert client.submit(r).state in (JobState.queued, JobState.running, JobState.done)
     done = client.wait([r.job_id for r in reqs], timeout=60)
@@ -137,7 +142,11 @@ def test_bad_requests_get_clear_4xx_and_the_server_keeps_serving(server, client,
         ({**good, "image": {"path": "images/../../../etc/passwd"}}, 403, "outside the server's roots"),
         ({**good, "image": {"path": str(data["root"] / "missing.png")}}, 400, "does not exist"),
         ({**good, "boxes": [[10, 10, 10, 20]]}, 422, "is empty"),
-        ({**good, "boxes": [[10, 10, 20, 20], [0, 0, 500, 20]]}, 422, "boxes[1] = [0.0, 0.0, 500.0, 20.0] lies outside"),
+        (
+            {**good, "boxes": [[10, 10, 20, 20], [0, 0, 500, 20]]},
+            422,
+            "boxes[1] = [0.0, 0.0, 500.0, 20.0] lies outside",
+        ),
         ({**good, "boxes": []}, 422, "boxes"),
         ({k: v for k, v in good.items() if k != "job_id"}, 422, "job_id"),
         ({**good, "canvas": {"width": 10}}, 422, "canvas.width"),
@@ -169,8 +178,15 @@ def test_bad_requests_get_clear_4xx_and_the_server_keeps_serving(server, client,
 
 def test_image_bytes_in_and_out(client, data):
     p, b = data["items"][2]
-    req = JobRequest(job_id="bytes-1", sample_id="s2", image=ImageRef.from_bytes(p.read_bytes()), boxes=b,
-                     description=DESCRIPTIONS[0], seed=5, return_bytes=True)  # fmt: skip
+    req = JobRequest(
+        job_id="bytes-1",
+        sample_id="s2",
+        image=ImageRef.from_bytes(p.read_bytes()),
+        boxes=b,
+        description=DESCRIPTIONS[0],
+        seed=5,
+        return_bytes=True,
+    )
     client.submit(req)
     st = client.wait(["bytes-1"], timeout=30)["bytes-1"]
     check_output(st, p, b)
@@ -197,6 +213,9 @@ def test_list_since_cursor_and_ack(client, data):
     assert e.value.status_code == 404 and "acknowledged" in e.value.detail
     assert os.path.exists(path)  # the file now belongs to the client
     assert client.health().counts["done"] >= 2
+    with httpx.Client(base_url=client.url, headers=client._http.headers) as http:
+        assert http.delete("/jobs/list-1").json() == {"job_id": "list-1", "acknowledged": True}
+        assert http.get("/jobs/list-1").status_code == 404
 
 
 def test_async_submitter_never_blocks_and_returns_every_job(server, data):
@@ -219,8 +238,9 @@ def test_async_submitter_never_blocks_and_returns_every_job(server, data):
 def test_async_submitter_with_the_server_down_keeps_the_job():
     sub = AsyncSubmitter(SynthClient("http://127.0.0.1:9", "t", timeout=0.5, retries=0), poll_interval=0.1)
     t0 = time.monotonic()
-    sub.submit(JobRequest(job_id="j", sample_id="s", image=ImageRef(path="x.png"), boxes=[[0, 0, 1, 1]],
-                          description=""))  # fmt: skip
+    sub.submit(
+        JobRequest(job_id="j", sample_id="s", image=ImageRef(path="x.png"), boxes=[[0, 0, 1, 1]], description="")
+    )
     assert time.monotonic() - t0 < 0.5  # only enqueued
     deadline = time.monotonic() + 10
     while sub.stats()["last_error"] is None and time.monotonic() < deadline:
@@ -230,14 +250,49 @@ def test_async_submitter_with_the_server_down_keeps_the_job():
     sub.close(timeout=1)
 
 
+def test_async_submitter_resubmits_after_a_server_restart(data, tmp_path):
+    """The job table is in memory: a restarted server has forgotten queued jobs; the submitter sends them again."""
+    p, b = data["items"][7]
+    port, token = free_port(), "restart-token"
+    common = dict(roots=[data["root"]], output_dir=tmp_path / "out", port=port, token=token, startup_timeout=60)
+    first = LocalServer(overrides={"painter.delay_s": 5.0}, **common)
+    first.start()
+    sub = AsyncSubmitter(first.client(retries=1, backoff=0.05), poll_interval=0.1)
+    try:
+        for i in range(3):
+            sub.submit(request(f"restart-{i}", p, b, i))
+        deadline = time.monotonic() + 20
+        while sub.stats()["in_flight"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sub.stats()["in_flight"] == 3
+        first.stop()  # the jobs die with it, unfinished
+        with LocalServer(**common):
+            sub.wait([f"restart-{i}" for i in range(3)], timeout=30)
+            got = sub.pop_finished()
+        assert sorted(s.job_id for s in got) == [f"restart-{i}" for i in range(3)]
+        for s in got:
+            check_output(s, p, b)
+    finally:
+        sub.close(timeout=2)
+        first.stop()
+
+
+def test_a_painter_that_cannot_load_is_reported_clearly(data, tmp_path):
+    bad = {"painter": {"name": "no_such_module:Painter"}, "max_restarts": 0}
+    with pytest.raises(RuntimeError, match="workers cannot start.*No module named 'no_such_module'"):
+        with LocalServer(roots=[data["root"]], output_dir=tmp_path, overrides=bad, startup_timeout=60):
+            pass
+
+
 # --- a slow painter: queue limits and crashes ----------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def slow_server(data, tmp_path_factory):
     overrides = {"painter.delay_s": 0.8, "max_attempts": 2, "max_queued": 3, "job_timeout_s": 20}
-    with LocalServer(roots=[data["root"]], output_dir=tmp_path_factory.mktemp("slow-out"), overrides=overrides,
-                     startup_timeout=60) as s:  # fmt: skip
+    with LocalServer(
+        roots=[data["root"]], output_dir=tmp_path_factory.mktemp("slow-out"), overrides=overrides, startup_timeout=60
+    ) as s:
         yield s
 
 

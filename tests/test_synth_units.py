@@ -199,6 +199,12 @@ def test_tiny_sdxl_controlnet_painter_paints_a_batch(pipeline, one_torch_thread)
     assert np.abs(out[0].astype(int) - again).max() <= 2
 
 
+def test_missing_sdxl_weights_say_how_to_get_them(tmp_path):
+    p = DiffusersOutpainter(model=str(tmp_path / "sdxl"), controlnet=str(tmp_path / "cn"), device="cpu")
+    with pytest.raises(RuntimeError, match="local_files_only=True: download the weights first"):
+        p.load()
+
+
 def test_diffusers_painter_config_errors_name_the_key():
     with pytest.raises(ValueError, match="painter.model"):
         DiffusersOutpainter(model=None, controlnet=None)
