@@ -4,6 +4,7 @@ and the results table; plus the pieces on their own (offline decision, the JSONL
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -145,7 +146,7 @@ def test_offline_logger_does_not_touch_the_process_environment(monkeypatch, tmp_
     monkeypatch.delenv("WANDB_MODE", raising=False)
     lg = OfflineAwareWandbLogger(save_dir=str(tmp_path), project="p", tags=["a"])
     assert lg.offline and lg._wandb_init["mode"] == "offline" and lg._wandb_init["tags"] == ["a"]
-    assert "WANDB_MODE" not in __import__("os").environ  # WandbLogger(offline=True) would have set it
+    assert "WANDB_MODE" not in os.environ  # WandbLogger(offline=True) would have set it
     with pytest.raises(ValueError, match="log_model"):
         OfflineAwareWandbLogger(save_dir=str(tmp_path), offline=True, log_model=True)
 
