@@ -226,6 +226,8 @@ class RECDataModule(L.LightningDataModule):
         self.seed = seed
         self.toy = toy
         self.train_set: GroundingDataset | None = None
+        self.train_collate = collate_samples
+        """Set by a module that prepares its inputs in the loader workers (``SFTModule``)."""
         self.eval_sets: dict[str, dict[str, GroundingDataset]] = {"val": {}, "test": {}}
 
     def prepare_data(self) -> None:
@@ -269,7 +271,8 @@ class RECDataModule(L.LightningDataModule):
         if self.train_set is None:
             raise DataError("no training data: set --data.train_files (or --data.toy for the toy world)")
         return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=self.shuffle,
-                          num_workers=self.num_workers, collate_fn=collate_samples, drop_last=False)
+                          num_workers=self.num_workers, collate_fn=self.train_collate, drop_last=False,
+                          persistent_workers=self.num_workers > 0)
 
     def _eval_loaders(self, kind: str):
         sets = self.eval_sets[kind]

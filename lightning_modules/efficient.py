@@ -283,7 +283,7 @@ def _head_chunk(h: torch.Tensor, weight: torch.Tensor, bias, targets: torch.Tens
     return logp, ent
 
 
-def _head_logprobs(lm_head, hid, targets, temperature, with_entropy, grad, chunk_tokens):
+def _head_logprobs(lm_head, hid, targets, temperature, with_entropy, grad, chunk_tokens, entropy_grad=False):
     """Per-token log-probs (and entropies) of ``targets`` [n, T] from hidden states [n, T, H], in chunks."""
     n, T, Hd = hid.shape
     flat, tgt = hid.reshape(n * T, Hd), targets.reshape(n * T)
@@ -300,7 +300,7 @@ def _head_logprobs(lm_head, hid, targets, temperature, with_entropy, grad, chunk
             lp, ent = _head_chunk(h, lm_head.weight, lm_head.bias, t, inv_temp, with_entropy)
         lps.append(lp)
         if with_entropy:
-            ents.append(ent.detach())
+            ents.append(ent if entropy_grad else ent.detach())
     logp = torch.cat(lps).view(n, T)
     ent = torch.cat(ents).view(n, T) if with_entropy else None
     return logp, ent
@@ -317,7 +317,17 @@ def _feature_index(packed: PackedRollout, rows: torch.Tensor) -> torch.Tensor:
 
 
 def _forward_rows(
-    model, packed: PackedRollout, rows, feats, *, temperature, with_entropy, grad, checkpoint_layers, chunk_tokens
+    model,
+    packed: PackedRollout,
+    rows,
+    feats,
+    *,
+    temperature,
+    with_entropy,
+    grad,
+    checkpoint_layers,
+    chunk_tokens,
+    entropy_grad=False,
 ):
     parts = model_parts(model)
     text = parts.text
@@ -349,7 +359,9 @@ def _forward_rows(
     col = (start[:, None] - 1 + torch.arange(T, device=device)[None]).clamp(max=L - 1)
     hid = h.gather(1, col[..., None].expand(-1, -1, h.shape[-1]))
     targets = packed.completion_ids.to(device)[rows]
-    logp, ent = _head_logprobs(parts.lm_head, hid, targets, temperature, with_entropy, grad, chunk_tokens)
+    logp, ent = _head_logprobs(
+        parts.lm_head, hid, targets, temperature, with_entropy, grad, chunk_tokens, entropy_grad=entropy_grad
+    )
     cmask = packed.completion_mask.to(device)[rows]
     logp = logp.masked_fill(~cmask, 0.0)
     if ent is not None:
@@ -417,6 +429,7 @@ def policy_backward(
     temperature: float = 1.0,
     with_entropy: bool = False,
     gradient_checkpointing: bool = False,
+    entropy_grad: bool = False,
     backward: Callable[[torch.Tensor], None] | None = None,
     chunk_tokens: int = 4096,
 ) -> dict[str, torch.Tensor]:
@@ -426,7 +439,8 @@ def policy_backward(
     (slice advantages / old / reference log-probs / masks with ``rows``; normalise by the WHOLE batch's token count
     for a token-mean, so that the accumulated gradient is the full-batch gradient). ``backward``: e.g. Lightning's
     ``self.manual_backward`` (default ``loss.backward()``). The vision tower runs forward once for the B prompts and
-    backward once after the last micro-batch. The optimizer step is the caller's.
+    backward once after the last micro-batch. The optimizer step is the caller's. ``entropy_grad``: the entropy given
+    to ``loss_fn`` carries gradient (the "GRPO + entropy loss" baseline); otherwise it is detached.
 
     Returns detached ``logp`` [N, T], ``entropy`` [N, T] (if asked) and the summed ``loss``.
     """
@@ -452,13 +466,14 @@ def policy_backward(
             grad=True,
             checkpoint_layers=gradient_checkpointing,
             chunk_tokens=chunk_tokens,
+            entropy_grad=entropy_grad,
         )
         loss = loss_fn(lp, e, rows.to(dev))
         backward(loss)
         total += loss.detach()
         logp_all[rows.to(dev)] = lp.detach()
         if with_entropy:
-            ent_all[rows.to(dev)] = e
+            ent_all[rows.to(dev)] = e.detach()
     if feats is not None and feats.requires_grad and feats_leaf.grad is not None:
         torch.autograd.backward(feats, feats_leaf.grad)  # the vision tower's backward, once for all micro-batches
     out = {"logp": logp_all, "loss": total}

@@ -176,7 +176,9 @@ class Rollout:
 
     Shapes: ``prompt_ids`` / ``prompt_mask`` [B*G, P] (left-padded), ``completion_ids`` / ``completion_mask``
     [B*G, T] (right-padded; mask is 1 up to and including EOS), ``pixel_values`` [sum of patches, D] for the B*G rows,
-    ``image_grid_thw`` [B*G, 3], ``texts`` B*G decoded completions, ``input_wh`` B*G model-input sizes.
+    ``image_grid_thw`` [B*G, 3], ``texts`` B*G decoded completions, ``input_wh`` B*G model-input sizes,
+    ``prompt_mm_types`` [B*G, P] the processor's ``mm_token_type_ids`` (1 on image tokens): without them the forward
+    falls back to 1-D positions and the training log-probs would not be those of the rollout's mRoPE positions.
     """
 
     prompt_ids: torch.Tensor
@@ -187,6 +189,7 @@ class Rollout:
     image_grid_thw: torch.Tensor
     texts: list[str]
     input_wh: list[tuple[int, int]]
+    prompt_mm_types: torch.Tensor | None = None
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -206,12 +209,16 @@ class Rollout:
         idx = list(range(self.prompt_ids.shape[0]))[index] if isinstance(index, slice) else list(index)
         offsets = self.patch_offsets()
         pixels = torch.cat([self.pixel_values[offsets[i]: offsets[i + 1]] for i in idx])
-        return {
+        out = {
             "input_ids": self.input_ids[idx],
             "attention_mask": self.attention_mask[idx],
             "pixel_values": pixels,
             "image_grid_thw": self.image_grid_thw[idx],
         }
+        if self.prompt_mm_types is not None:
+            types = torch.cat([self.prompt_mm_types, torch.zeros_like(self.completion_ids)], dim=1)
+            out["mm_token_type_ids"] = types[idx]
+        return out
 
 
 def completion_mask_from_ids(completion_ids: torch.Tensor, eos_ids: Sequence[int]) -> torch.Tensor:
@@ -292,7 +299,7 @@ def rollout(
     return Rollout(
         prompt_ids=enc["input_ids"], prompt_mask=enc["attention_mask"], completion_ids=completion_ids,
         completion_mask=completion_mask, pixel_values=enc["pixel_values"], image_grid_thw=grid, texts=decoded,
-        input_wh=model_input_size(grid, patch),
+        input_wh=model_input_size(grid, patch), prompt_mm_types=enc.get("mm_token_type_ids"),
     )
 
 
@@ -301,12 +308,15 @@ def _repeat_encoding(enc, group_size: int) -> dict[str, torch.Tensor]:
     counts = enc["image_grid_thw"].prod(dim=-1)
     offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).tolist()
     pixels = [enc["pixel_values"][offsets[i]: offsets[i + 1]] for i in range(len(counts)) for _ in range(group_size)]
-    return {
+    out = {
         "input_ids": enc["input_ids"].repeat_interleave(group_size, 0),
         "attention_mask": enc["attention_mask"].repeat_interleave(group_size, 0),
         "pixel_values": torch.cat(pixels),
         "image_grid_thw": enc["image_grid_thw"].repeat_interleave(group_size, 0),
     }
+    if "mm_token_type_ids" in enc:
+        out["mm_token_type_ids"] = enc["mm_token_type_ids"].repeat_interleave(group_size, 0)
+    return out
 
 
 def completion_logps(

@@ -200,8 +200,17 @@ class SFTModule(L.LightningModule):
         enc["labels"] = labels
         return enc
 
+    def setup(self, stage: str) -> None:
+        dm = getattr(self.trainer, "datamodule", None)
+        if stage == "fit" and dm is not None and hasattr(dm, "train_collate"):
+            dm.train_collate = self.collate  # tokenise and process images in the loader workers
+
+    def collate(self, samples) -> dict:
+        return {"samples": samples, "enc": dict(self.encode(samples))}
+
     def training_step(self, batch, batch_idx: int):
-        enc = {k: v.to(self.device) for k, v in self.encode(batch).items()}
+        enc = batch["enc"] if isinstance(batch, dict) else self.encode(batch)
+        enc = {k: v.to(self.device) for k, v in enc.items()}
         labels = enc.pop("labels")
         logits = self.policy(**enc, use_cache=False).logits[:, :-1].float()
         tgt = labels[:, 1:]
@@ -210,7 +219,8 @@ class SFTModule(L.LightningModule):
         with torch.no_grad():
             valid = tgt != -100
             tok_acc = ((logits.argmax(-1) == tgt) & valid).sum() / valid.sum().clamp(min=1)
-        self.log_dict({"train/loss": loss, "train/token_acc": tok_acc}, prog_bar=True, batch_size=len(batch))
+        self.log_dict({"train/loss": loss, "train/token_acc": tok_acc}, prog_bar=True,
+                      batch_size=len(batch["samples"]) if isinstance(batch, dict) else len(batch))
         return loss
 
     def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0):
