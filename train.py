@@ -7,7 +7,6 @@ chosen by ``class_path`` in the config (GRPOModule, SFTModule; RECDataModule, Sy
 from __future__ import annotations
 
 import os
-import sys
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -30,4 +29,4 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
 
 
 if __name__ == "__main__":
-    cli_main(sys.argv[1:] or None)
+    cli_main()

@@ -659,6 +659,157 @@ def run_model(name: str, args, device, dtype, result: dict, save) -> None:
         torch.cuda.empty_cache()
 
 
+TRL_CORPUS = [
+    "the small red circle on the left of the blue square",
+    "find every green triangle near the top of the image",
+    "<think>look at the shapes</think><answer>[12, 40, 96, 120]</answer>",
+    "a striped background with many small objects",
+] * 10
+
+
+def run_trl(name: str, args, device, dtype, result: dict, save) -> None:
+    """TRL's GRPOTrainer (use_vllm=False) on the same work: same architecture and random weights, 20 prompts x 6,
+    one 448x448 image and 64 text tokens per prompt, 256 new tokens (min_new_tokens), k3 KL (beta 0.04) against a
+    bf16 reference, token-mean loss (TRL "dapo"), micro-batch 8, one optimizer step per generation batch.
+
+    Offline there is no Qwen tokenizer: a byte-level BPE tokenizer with Qwen2.5-VL's special tokens
+    (`policy.train_bpe_tokenizer`) and a Qwen2.5-VL processor (`policy.build_processor`) stand in, and the model's
+    special-token ids are set to that tokenizer's. Ids the small tokenizer cannot decode are suppressed in sampling
+    (the compute per step is the same: logits over the full vocabulary). TRL builds its reference model from the
+    policy's path; here it is a deep copy of the policy (same bf16 weights).
+    """
+    import random
+
+    import trl.trainer.grpo_trainer as trl_grpo
+    from PIL import Image
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from lightning_modules.policy import build_processor, train_bpe_tokenizer
+
+    r = result.setdefault("trl_runs", {}).setdefault(name, {})
+    import trl as trl_mod
+
+    r["trl_version"] = trl_mod.__version__
+    B, G, T = args.prompts, args.group, args.new_tokens
+    tok = train_bpe_tokenizer(TRL_CORPUS, vocab_size=1024)
+    processor = build_processor(tok, image_size=args.image_size)
+    # prompt text so that the rendered prompt holds `text_tokens` text tokens (vision start / end included)
+    want = args.text_tokens + 1  # + the single <|image_pad|> placeholder before expansion
+    words = "abcdefghijklmnopqrstuvwxyz"
+    text = ""
+    i = 0
+    while True:
+        msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
+        rendered = processor.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        n = len(tok(rendered)["input_ids"])
+        if n >= want or i > 2000:
+            break
+        text += f" {words[i % 26]}{words[(i // 26) % 26]}"
+        i += 1
+    r["prompt_text_tokens"] = n - 1
+    model = build_model(name, device, dtype)
+    cfg = model.config
+    for key, t in (
+        ("image_token_id", "<|image_pad|>"),
+        ("video_token_id", "<|video_pad|>"),
+        ("vision_start_token_id", "<|vision_start|>"),
+        ("vision_end_token_id", "<|vision_end|>"),
+    ):
+        setattr(cfg, key, tok.convert_tokens_to_ids(t))
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    vocab = cfg.text_config.vocab_size
+    suppress = sorted(set(tok.all_special_ids) - {eos}) + list(range(len(tok), vocab))
+    trl_grpo.create_model_from_path = lambda *a, **k: copy.deepcopy(model).eval()  # the reference: same weights
+    rng = random.Random(0)
+    side = args.image_size
+
+    import datasets.arrow_dataset
+    from datasets import Dataset
+
+    # datasets hashes new tables with dill; some pyarrow / dill pairs cannot pickle pyarrow's types. A fixed
+    # fingerprint (nothing is cached here) sidesteps that.
+    datasets.arrow_dataset.generate_fingerprint = lambda *_a, **_k: "syn-grpo-bench"
+
+    n_rows = B * max(2, args.trl_steps)
+    images = [
+        Image.fromarray((torch.rand(side, side, 3, generator=torch.Generator().manual_seed(i)) * 255).byte().numpy())
+        for i in range(n_rows)
+    ]
+    dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": text}]] * n_rows, "image": images})
+
+    def reward(prompts, completions, **kw):
+        return [rng.random() for _ in completions]
+
+    times = []
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, a, state, control, **kw):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, a, state, control, **kw):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - self.t0)
+
+    mb = args.micro_batch
+    conf = GRPOConfig(
+        output_dir="/tmp/trl_out",
+        per_device_train_batch_size=mb,
+        gradient_accumulation_steps=B * G // mb,
+        num_generations=G,
+        max_completion_length=T,
+        temperature=1.0,
+        top_p=1.0,
+        beta=0.04,
+        loss_type="dapo",
+        num_iterations=1,
+        learning_rate=1e-6,
+        max_steps=args.trl_steps,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        bf16=device.type == "cuda",
+        use_cpu=device.type != "cuda",
+        use_vllm=False,
+        dataloader_num_workers=0,
+        seed=0,
+        generation_kwargs={"min_new_tokens": T, "suppress_tokens": suppress},
+    )
+    r["config"] = dict(
+        per_device_train_batch_size=mb,
+        gradient_accumulation_steps=B * G // mb,
+        generation_batch_size=conf.generation_batch_size,
+        gradient_checkpointing=conf.gradient_checkpointing,
+        loss_type=conf.loss_type,
+        beta=conf.beta,
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=conf,
+        train_dataset=dataset,
+        processing_class=processor,
+        callbacks=[StepTimer()],
+    )
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    trainer.train()
+    r["step_s"] = [round(x, 2) for x in times]
+    r["peak_mem_gib"] = gib(torch.cuda.max_memory_allocated()) if device.type == "cuda" else 0.0
+    ours = result.get("models", {}).get(name, {}).get("step", {}).get("total_s")
+    if ours and times:
+        r["ratio_trl_over_ours"] = round(min(times[1:] or times) / ours, 2)
+    print(f"[{name}] TRL GRPOTrainer steps: {r['step_s']}", flush=True)
+    save()
+    trainer = model = None
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="3b", help="comma list of 3b, 7b")
@@ -676,6 +827,9 @@ def main() -> None:
         "--decode-variants", default="graph", help="comma list: graph (CUDA graph), compile (+torch.compile)"
     )
     ap.add_argument("--ckpt-modes", default="0,1", help="gradient checkpointing settings to measure (0 and/or 1)")
+    ap.add_argument("--trl", action="store_true", help="also run TRL's GRPOTrainer on the same work")
+    ap.add_argument("--trl-only", action="store_true", help="run only TRL's GRPOTrainer")
+    ap.add_argument("--trl-steps", type=int, default=2, help="TRL optimizer steps (the first one warms up)")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test with a tiny model and a small batch")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -708,7 +862,7 @@ def main() -> None:
             temperature=1.0,
             top_p=1.0,
         ),
-        trl="not run: see docs/performance.md",
+        trl="see trl_runs" if (args.trl or args.trl_only) else "not run (pass --trl)",
     )
     out = Path(args.out) if args.out else None
 
@@ -719,7 +873,17 @@ def main() -> None:
 
     for name in args.models.split(","):
         try:
-            run_model(name.strip(), args, device, dtype, result, save)
+            if not args.trl_only:
+                run_model(name.strip(), args, device, dtype, result, save)
+            if args.trl or args.trl_only:
+                try:
+                    run_trl(name.strip(), args, device, dtype, result, save)
+                except Exception as err:  # report, never fake
+                    import traceback
+
+                    traceback.print_exc()
+                    result.setdefault("trl_runs", {})[name] = {"error": f"{type(err).__name__}: {err}"[:600]}
+                    save()
         except Exception as err:  # keep what was measured; record the failure
             import traceback
 

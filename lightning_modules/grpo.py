@@ -78,6 +78,9 @@ class GRPOModule(L.LightningModule):
         top_p: nucleus sampling threshold of the rollout.
         max_new_tokens: completion length limit.
         rollout_engine: ``hf`` (``model.generate``) or ``fast`` (static cache, one prefill per group).
+        update_engine: ``hf`` (the model's own forward per micro-batch) or ``packed`` (``efficient.py``: vision
+            tower once per image and its backward once per step, length-bucketed micro-batches, chunked log-probs
+            from hidden states; single-process only: its deferred vision backward is not DDP-aware).
         num_iterations: policy updates per rollout (mu); >1 computes old log-probs.
         micro_batch_size: completions per forward / backward (gradient accumulation inside a step).
         kl_coef: weight of the KL term to the frozen reference (TRL's beta); 0 builds no reference model.
@@ -118,6 +121,7 @@ class GRPOModule(L.LightningModule):
         top_p: float = 1.0,
         max_new_tokens: int = 256,
         rollout_engine: str = "hf",
+        update_engine: str = "hf",
         num_iterations: int = 1,
         micro_batch_size: int = 8,
         kl_coef: float = 0.04,
@@ -148,6 +152,8 @@ class GRPOModule(L.LightningModule):
             raise ValueError(f"--model.group_size must be >= 2 for group-normalised advantages, got {group_size}")
         if task not in ("rec", "ovd"):
             raise ValueError(f"--model.task must be 'rec' or 'ovd', got {task!r}")
+        if update_engine not in ("hf", "packed"):
+            raise ValueError(f"--model.update_engine must be 'hf' or 'packed', got {update_engine!r}")
         if num_iterations < 1:
             raise ValueError(f"--model.num_iterations must be >= 1, got {num_iterations}")
         if micro_batch_size < 1:
@@ -292,52 +298,77 @@ class GRPOModule(L.LightningModule):
         adv = adv.to(self.device)
         mask = ro.completion_mask.to(self.device).float()
         n = mask.shape[0]
-        ref_logp = self._frozen_logps(self.reference, ro) if self.reference is not None else None
-        old_logp = self._frozen_logps(self.policy, ro) if hp.num_iterations > 1 else None
-
         total_tokens = mask.sum().clamp(min=1)
         stats_acc: dict[str, float] = {}
         entropy_sum = torch.zeros((), device=self.device)
+
+        def loss_fn(logp, ent, rows, first: bool):
+            """The micro-batch's share of the full-batch loss (``rows``: its completion indices)."""
+            nonlocal entropy_sum
+            m = mask[rows]
+            a = adv[rows]
+            if hp.entropy_adv_coef > 0:
+                # sequence-level shaping: the completion's mean token entropy (docs/decisions.md)
+                h = (ent.detach() * m).sum(1) / m.sum(1).clamp(min=1)
+                a = a + torch.minimum(hp.entropy_adv_coef * h, a.abs() / hp.entropy_adv_kappa)
+            old = old_logp[rows] if old_logp is not None else logp.detach()
+            loss, stats = objective.policy_loss(
+                logp, old, a, m, clip_low=hp.clip_low, clip_high=hp.clip_high, dual_clip=hp.dual_clip,
+                ref_logp=ref_logp[rows] if ref_logp is not None else None, kl_coef=hp.kl_coef,
+                kl_estimator=hp.kl_estimator, aggregation=hp.aggregation, max_length=hp.max_new_tokens,
+            )
+            if hp.entropy_coef > 0:  # "GRPO + Entropy Loss": maximise the mean token entropy
+                loss = loss - hp.entropy_coef * objective.aggregate(ent, m, hp.aggregation, hp.max_new_tokens)
+            # weight so the accumulated gradient equals the full-batch aggregation
+            w = m.sum() / total_tokens if hp.aggregation == "token-mean" else torch.tensor(len(rows) / n)
+            w = w.to(self.device)
+            if first:
+                for k, v in stats.items():
+                    stats_acc[k] = stats_acc.get(k, 0.0) + float(v) * float(w)
+                entropy_sum = entropy_sum + (ent.detach() * m).sum()
+            return loss * w
+
+        want_ent_grad = hp.entropy_coef > 0
         self.policy.train()
-        for it in range(hp.num_iterations):
-            for rows in self._micro_batches(n):
-                want_entropy = it == 0 or hp.entropy_coef > 0 or hp.entropy_adv_coef > 0
-                logp, ent = self._logps(self.policy, ro, rows, with_entropy=want_entropy,
-                                        entropy_grad=hp.entropy_coef > 0)
-                m = mask[rows]
-                a = adv[rows]
-                if hp.entropy_adv_coef > 0:
-                    # token-level shaping; the per-sequence advantage gets the masked-mean entropy bonus
-                    h = (ent * m).sum(1) / m.sum(1).clamp(min=1)
-                    a = a + torch.minimum(hp.entropy_adv_coef * h, a.abs() / hp.entropy_adv_kappa)
-                old = old_logp[rows] if old_logp is not None else logp.detach()
-                loss, stats = objective.policy_loss(
-                    logp, old, a, m, clip_low=hp.clip_low, clip_high=hp.clip_high, dual_clip=hp.dual_clip,
-                    ref_logp=ref_logp[rows] if ref_logp is not None else None, kl_coef=hp.kl_coef,
-                    kl_estimator=hp.kl_estimator, aggregation=hp.aggregation, max_length=hp.max_new_tokens,
+        if hp.update_engine == "packed":
+            from lightning_modules.efficient import completion_logprobs, pack_rollout, policy_backward
+
+            packed = pack_rollout(
+                self.policy, prompt_ids=ro.prompt_ids.to(self.device), prompt_mask=ro.prompt_mask.to(self.device),
+                pixel_values=ro.pixel_values.to(self.device), image_grid_thw=ro.image_grid_thw.to(self.device),
+                completion_ids=ro.completion_ids.to(self.device), completion_mask=ro.completion_mask.to(self.device),
+                group_size=G, pad_token_id=self.processor.tokenizer.pad_token_id,
+            )
+            frozen = dict(packed=packed, micro_batch_size=hp.micro_batch_size, temperature=hp.temperature)
+            ref_logp = completion_logprobs(self.reference, **frozen)[0] if self.reference is not None else None
+            old_logp = completion_logprobs(self.policy, **frozen)[0] if hp.num_iterations > 1 else None
+            for it in range(hp.num_iterations):
+                policy_backward(
+                    self.policy, packed, lambda lp, ent, rows, _it=it: loss_fn(lp, ent, rows.tolist(), _it == 0),
+                    micro_batch_size=hp.micro_batch_size, temperature=hp.temperature, with_entropy=True,
+                    entropy_grad=want_ent_grad, gradient_checkpointing=hp.gradient_checkpointing,
+                    backward=self.manual_backward,
                 )
-                if hp.entropy_coef > 0:
-                    # "GRPO + Entropy Loss": maximise the mean token entropy (differentiable here)
-                    loss = loss - hp.entropy_coef * objective.aggregate(ent, m, hp.aggregation, hp.max_new_tokens)
-                # weight so the accumulated gradient equals the full-batch aggregation
-                if hp.aggregation == "token-mean":
-                    w = m.sum() / total_tokens
-                else:
-                    w = torch.tensor(len(rows) / n, device=self.device)
-                self.manual_backward(loss * w)
-                if it == 0:
-                    for k, v in stats.items():
-                        stats_acc[k] = stats_acc.get(k, 0.0) + float(v) * float(w)
-                    entropy_sum = entropy_sum + (ent.detach() * m).sum()
-            if hp.max_grad_norm > 0:
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), hp.max_grad_norm)
-                stats_acc["grad_norm"] = float(grad_norm)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+                self._optimizer_step(opt, stats_acc)
+        else:
+            ref_logp = self._frozen_logps(self.reference, ro) if self.reference is not None else None
+            old_logp = self._frozen_logps(self.policy, ro) if hp.num_iterations > 1 else None
+            for it in range(hp.num_iterations):
+                for rows in self._micro_batches(n):
+                    logp, ent = self._logps(self.policy, ro, rows, with_entropy=True, entropy_grad=want_ent_grad)
+                    self.manual_backward(loss_fn(logp, ent, rows, it == 0))
+                self._optimizer_step(opt, stats_acc)
 
         self.last_selections = self.select_descriptions(batch, parts)
         self._log_train(parts, ro, stats_acc, entropy_sum / total_tokens, len(batch))
         return None
+
+    def _optimizer_step(self, opt, stats_acc: dict[str, float]) -> None:
+        if self.hparams.max_grad_norm > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.hparams.max_grad_norm)
+            stats_acc["grad_norm"] = float(grad_norm)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
 
     def _log_train(self, parts, ro: Rollout, stats: dict[str, float], entropy: torch.Tensor, bsz: int) -> None:
         G = self.hparams.group_size
@@ -374,18 +405,26 @@ class GRPOModule(L.LightningModule):
         names = dm.eval_names(kind) if dm is not None and hasattr(dm, "eval_names") else []
         return names or ["default"]
 
-    def _eval_step(self, kind: str, batch, dataloader_idx: int) -> None:
+    def setup(self, stage: str) -> None:
+        """Build the metrics of every named eval set up front: Lightning finds logged metrics by attribute name, so
+        they must exist before the first ``log`` call."""
         from lightning_modules.metrics import DetectionMetrics, FormatRate, GroundingAccuracy, MeanIoU
 
+        kinds = {"fit": ["val"], "validate": ["val"], "test": ["test"]}.get(stage, [])
+        for kind in kinds:
+            for name in self._eval_names(kind):
+                key = f"{kind}__{name}"
+                if key not in self.eval_metrics:
+                    self.eval_metrics[key] = nn.ModuleDict({
+                        "acc50": GroundingAccuracy(0.5), "miou": MeanIoU(), "format": FormatRate(),
+                        "det": DetectionMetrics(),
+                    })
+        self._metric_attributes = None  # let Lightning re-scan the module for metric attributes
+
+    def _eval_step(self, kind: str, batch, dataloader_idx: int) -> None:
         names = self._eval_names(kind)
         name = names[dataloader_idx] if dataloader_idx < len(names) else f"set{dataloader_idx}"
-        key = f"{kind}__{name}"
-        if key not in self.eval_metrics:
-            self.eval_metrics[key] = nn.ModuleDict({
-                "acc50": GroundingAccuracy(0.5), "miou": MeanIoU(), "format": FormatRate(),
-                "det": DetectionMetrics(),
-            }).to(self.device)
-        mets = self.eval_metrics[key]
+        mets = self.eval_metrics[f"{kind}__{name}"]
         ro = rollout(self.policy, self.processor, [s.image for s in batch], [s.query for s in batch], group_size=1,
                      task=[s.task for s in batch], template=self.hparams.prompt_template, do_sample=False,
                      max_new_tokens=self.hparams.max_new_tokens, engine=self.hparams.rollout_engine)

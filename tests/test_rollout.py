@@ -580,3 +580,42 @@ def test_policy_backward_gradients_match_stock(ckpt):
         "model.language_model.embed_tokens.weight",
     ):
         torch.testing.assert_close(got[name], ref[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_policy_backward_entropy_gradient_matches_stock():
+    from lightning_modules.efficient import pack_rollout, policy_backward
+
+    torch.manual_seed(0)
+    m = Qwen2_5_VLForConditionalGeneration(_config()).train()
+    enc = _prompts()
+    G, T = 2, 6
+    comp, mask = _completions_with_eos(2 * G, T)
+    rep = _repeat(enc, G)
+    ids = torch.cat([rep["input_ids"], comp], 1)
+    logits = m(
+        input_ids=ids,
+        attention_mask=torch.cat([rep["attention_mask"], mask], 1),
+        pixel_values=rep["pixel_values"],
+        image_grid_thw=rep["image_grid_thw"],
+        mm_token_type_ids=(ids == IMG).long(),
+    ).logits[:, -T - 1 : -1]
+    logp = logits.float().log_softmax(-1)
+    ent = -(logp.exp() * logp).sum(-1)
+    ((ent * mask).sum() / mask.sum()).backward()
+    ref = m.lm_head.weight.grad.clone()
+    m.zero_grad(set_to_none=True)
+    packed = pack_rollout(
+        m,
+        prompt_ids=enc["input_ids"],
+        prompt_mask=enc["attention_mask"],
+        pixel_values=enc["pixel_values"],
+        image_grid_thw=enc["image_grid_thw"],
+        completion_ids=comp,
+        completion_mask=mask,
+        group_size=G,
+        pad_token_id=PAD,
+    )
+    policy_backward(
+        m, packed, lambda lp, e, rows: e.sum() / mask.sum(), micro_batch_size=3, with_entropy=True, entropy_grad=True
+    )
+    torch.testing.assert_close(m.lm_head.weight.grad, ref, atol=1e-5, rtol=1e-4)
