@@ -23,8 +23,8 @@ CLI: ``python -m datamodules.toy --out data/toy --splits train:512 val:128 ood:1
 
 from __future__ import annotations
 
-import dataclasses
 import argparse
+import dataclasses
 import json
 import os
 import zlib
