@@ -7,8 +7,14 @@ chosen by ``class_path`` in the config (GRPOModule, SFTModule; RECDataModule, Sy
 from __future__ import annotations
 
 import os
+import warnings
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# GRPOModule steps its optimizer inside training_step (several updates per rollout), so a checkpoint holding the
+# post-step state is exactly what a resume needs; Lightning's advice to save the pre-step state does not apply.
+warnings.filterwarnings("ignore", message=".*ModelCheckpoint with manual optimization.*")
+warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\).*")
 
 from lightning.pytorch.cli import LightningCLI  # noqa: E402
 
