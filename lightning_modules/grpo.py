@@ -22,8 +22,8 @@ How this departs from textbook GRPO (DeepSeekMath), and why:
 * **Selection**: after each batch, per prompt, the description of the completion with the highest ``R_diversity``
   (among completions whose description parses) is exposed in ``last_selections`` for the synthesis callback.
 * Entropy baselines from the paper's Table 1: ``entropy_coef`` adds ``-coef * H`` to the loss ("GRPO + Entropy Loss");
-  ``entropy_adv_coef`` shapes the advantage with ``min(coef * H_t, |A| / kappa)`` ("Reasoning with Exploration: An
-  Entropy Perspective", "GRPO + Entropy Adv.").
+  ``entropy_adv_coef`` shapes each token's advantage with ``min(coef * H_t, |A| / kappa)`` (detached entropy;
+  "Reasoning with Exploration: An Entropy Perspective", "GRPO + Entropy Adv.").
 """
 
 from __future__ import annotations
@@ -308,9 +308,8 @@ class GRPOModule(L.LightningModule):
             m = mask[rows]
             a = adv[rows]
             if hp.entropy_adv_coef > 0:
-                # sequence-level shaping: the completion's mean token entropy (docs/decisions.md)
-                h = (ent.detach() * m).sum(1) / m.sum(1).clamp(min=1)
-                a = a + torch.minimum(hp.entropy_adv_coef * h, a.abs() / hp.entropy_adv_kappa)
+                # token-level shaping [n, T]: A + min(alpha * H_t, |A| / kappa), entropy detached (a bonus, not a loss)
+                a = a[:, None] + torch.minimum(hp.entropy_adv_coef * ent.detach(), a.abs()[:, None] / hp.entropy_adv_kappa)
             old = old_logp[rows] if old_logp is not None else logp.detach()
             loss, stats = objective.policy_loss(
                 logp, old, a, m, clip_low=hp.clip_low, clip_high=hp.clip_high, dual_clip=hp.dual_clip,

@@ -380,15 +380,23 @@ def train_bpe_tokenizer(corpus: Iterable[str], vocab_size: int = 1024):
 
 def tiny_qwen2_5_vl_config(vocab_size: int, tokenizer=None, *, hidden_size: int = 128, layers: int = 4,
                            heads: int = 4, kv_heads: int = 2, intermediate_size: int = 384,
-                           vision_hidden_size: int = 64, vision_depth: int = 2, vision_heads: int = 2):
-    """A ``Qwen2_5_VLConfig`` of the 7B's shape in every respect but size (mRoPE, window attention, merger)."""
+                           vision_hidden_size: int = 64, vision_depth: int = 2, vision_heads: int = 2,
+                           rope_theta: float = 10000.0, mrope_section: list[int] | None = None):
+    """A ``Qwen2_5_VLConfig`` of the 7B's shape in every respect but size (mRoPE, window attention, merger).
+
+    ``rope_theta`` / ``mrope_section`` matter at this size: mRoPE gives the (t, h, w) sections contiguous slices of the
+    rotary frequencies, highest first, so with the 7B's theta and a 32-dim head the w section rotates by a few
+    hundredths of a radian across a toy image's 8 columns, and a small model cannot read column positions at all.
+    """
     from transformers import Qwen2_5_VLConfig
 
     head_dim = hidden_size // heads
     # mRoPE splits the rotary half-dimension into (t, h, w) sections; the 7B uses [16, 24, 24] of 64.
     half = head_dim // 2
     hw = (half - half // 4) // 2
-    mrope = [half - 2 * hw, hw, hw]
+    mrope = list(mrope_section) if mrope_section else [half - 2 * hw, hw, hw]
+    if sum(mrope) != half:
+        raise ValueError(f"mrope_section {mrope} must sum to head_dim / 2 = {half}")
     ids = {}
     if tokenizer is not None:
         for key, tok in (("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
@@ -398,7 +406,7 @@ def tiny_qwen2_5_vl_config(vocab_size: int, tokenizer=None, *, hidden_size: int 
         vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
         max_position_embeddings=4096, rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": mrope},
+        rope_parameters={"rope_type": "default", "rope_theta": float(rope_theta), "mrope_section": mrope},
         tie_word_embeddings=True,
     )
     if tokenizer is not None:

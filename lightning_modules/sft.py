@@ -52,6 +52,10 @@ class TinySpec:
     vision_depth: int = 2
     vision_heads: int = 2
     image_size: int = 224
+    rope_theta: float = 10000.0
+    """Rotary base of the language model; small models need a small one to resolve image positions."""
+    mrope_section: list[int] | None = None
+    """(t, h, w) split of the rotary half-dimension; None keeps the 7B's proportions."""
     extra_corpus: list[str] = field(default_factory=list)
 
 
@@ -148,7 +152,8 @@ class SFTModule(L.LightningModule):
                 path, self._corpus(), vocab_size=spec.vocab_size, image_size=spec.image_size, seed=hp.seed,
                 hidden_size=spec.hidden_size, layers=spec.layers, heads=spec.heads, kv_heads=spec.kv_heads,
                 intermediate_size=spec.intermediate_size, vision_hidden_size=spec.vision_hidden_size,
-                vision_depth=spec.vision_depth, vision_heads=spec.vision_heads,
+                vision_depth=spec.vision_depth, vision_heads=spec.vision_heads, rope_theta=spec.rope_theta,
+                mrope_section=spec.mrope_section,
             )
         self.policy, self.processor = load_policy(str(path), dtype=hp.dtype, local_files_only=hp.local_files_only)
         if hp.gradient_checkpointing:

@@ -116,3 +116,11 @@ def test_fast_rollout_engine_runs_a_grpo_step(tiny_model_dir, rec_dir, tmp_path)
     cli = cli_main(["fit", *_args(tiny_model_dir, rec_dir, tmp_path, "--trainer.max_steps", "1",
                                   "--trainer.limit_val_batches", "0", "--model.init_args.rollout_engine", "fast")])
     assert cli.trainer.global_step == 1 and len(cli.model.last_rollout_texts) == 6
+
+
+@pytest.mark.parametrize("engine", ["hf", "packed"])
+def test_entropy_adv_baseline_step(tiny_model_dir, rec_dir, tmp_path, engine):
+    cli = cli_main(["fit", *_args(tiny_model_dir, rec_dir, tmp_path, "--trainer.max_steps", "1",
+                                  "--trainer.limit_val_batches", "0", "--model.init_args.entropy_adv_coef", "0.4",
+                                  "--model.init_args.update_engine", engine)])
+    assert torch.isfinite(torch.as_tensor(cli.trainer.logged_metrics["train/pg_loss"]))
