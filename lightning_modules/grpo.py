@@ -210,6 +210,21 @@ class GRPOModule(L.LightningModule):
     def configure_optimizers(self):
         return self.optimizer_factory([p for p in self.parameters() if p.requires_grad])
 
+    def _full_params_for_generation(self):
+        """Under FSDP, generation runs outside ``forward``: gather the full parameters for it (as TRL does).
+        Elsewhere a no-op. Not exercised in CI (no multi-GPU machine); see docs/performance.md."""
+        import contextlib
+
+        trainer = self._trainer
+        wrapped = getattr(getattr(trainer, "strategy", None), "model", None) if trainer is not None else None
+        try:
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        except ImportError:  # pragma: no cover
+            return contextlib.nullcontext()
+        if isinstance(wrapped, FSDP):
+            return FSDP.summon_full_params(wrapped, writeback=False, recurse=True)
+        return contextlib.nullcontext()
+
     # ---------------------------------------------------------------------------------------------------- rewards
     def compute_rewards(self, batch, ro: Rollout) -> dict[str, torch.Tensor]:
         """Reward parts per completion [B*G] and per-prompt diversity [B], rows grouped by prompt."""
@@ -289,9 +304,10 @@ class GRPOModule(L.LightningModule):
         opt = self.optimizers()
         self._move_reference()
         images = [s.image for s in batch]
-        ro = rollout(self.policy, self.processor, images, [s.query for s in batch], group_size=G,
-                     task=[s.task for s in batch], template=hp.prompt_template, temperature=hp.temperature,
-                     top_p=hp.top_p, max_new_tokens=hp.max_new_tokens, engine=hp.rollout_engine)
+        with self._full_params_for_generation():
+            ro = rollout(self.policy, self.processor, images, [s.query for s in batch], group_size=G,
+                         task=[s.task for s in batch], template=hp.prompt_template, temperature=hp.temperature,
+                         top_p=hp.top_p, max_new_tokens=hp.max_new_tokens, engine=hp.rollout_engine)
         self.last_rollout_texts = ro.texts
         parts = self.compute_rewards(batch, ro)
         adv = objective.group_advantages(parts["total"], G, scale=hp.advantage_scale, eps=hp.advantage_eps)
