@@ -44,11 +44,13 @@ class Outstanding:
     submitted_at: float
 
 
-def _job_id(sample_id: str, epoch: int) -> str:
+def _job_id(sample_id: str, epoch: int, description: str = "") -> str:
+    """``<sample>@e<epoch>-<crc of the description>``: idempotent for a resubmitted job, and a batch replayed after
+    a mid-epoch resume (same sample and epoch, a new description) gets a new id instead of a 409."""
     safe = re.sub(r"[^A-Za-z0-9._:+=-]", "-", sample_id)[:100] or "s"
     if not safe[0].isalnum():
         safe = "s" + safe
-    return f"{safe}@e{epoch}"
+    return f"{safe}@e{epoch}-{zlib.crc32(description.encode()):08x}"
 
 
 class SynthesisCallback(Callback):
@@ -164,8 +166,8 @@ class SynthesisCallback(Callback):
         log.warning("synthesis server died; restarting it and resubmitting %d outstanding jobs",
                     len(self.outstanding))
         self._close()
-        self._connect(trainer)
         self.totals["server_restarts"] += 1
+        self._connect(trainer)
         for job in self.outstanding.values():
             self._submit(job)
 
@@ -215,20 +217,25 @@ class SynthesisCallback(Callback):
         if not trainer.is_global_zero:
             return
         epoch = trainer.current_epoch
+        busy = {j.sample_id for j in self.outstanding.values() if j.epoch == epoch}
         for sample_id, description in chosen:
-            job_id = _job_id(sample_id, epoch)
-            if job_id in self.outstanding:
+            if sample_id in busy:  # one job per sample per epoch
                 continue
             src = self._pool.original(sample_id) if self.source == "original" else self._pool.current(sample_id)
             if self.guard:
                 description = _guard(description, self._pool.entries[sample_id].record.meta)
+            job_id = _job_id(sample_id, epoch, description)
+            busy.add(sample_id)
             job = Outstanding(job_id=job_id, sample_id=sample_id, description=description, epoch=epoch,
                               parent=src.version, image_path=str(Path(src.image_path).resolve()),
                               boxes=[list(b) for b in src.boxes], seed=zlib.crc32(job_id.encode()) % (2**31),
                               submitted_at=time.time())
             self.outstanding[job_id] = job
             self.totals["submitted"] += 1
-            self._submit(job)
+            if self._submitter is not None:
+                self._submit(job)
+        if self._submitter is None:
+            return
         stats = self._submitter.stats()
         pl_module.log("synth/queue_depth", float(stats["unsent"] + stats["in_flight"]), batch_size=1,
                       on_step=True, on_epoch=False, rank_zero_only=True)
@@ -259,8 +266,14 @@ class SynthesisCallback(Callback):
             self._write_gallery(trainer)
 
     def _collect(self, trainer: L.Trainer) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        if self._local_server_dead():
-            self._restart_local_server(trainer)
+        if self._local_server_dead() or self._submitter is None:
+            try:
+                self._restart_local_server(trainer)
+            except Exception as err:  # training goes on with the current images; try again next epoch
+                log.warning("synthesis server could not be restarted (%s); no swaps this epoch", err)
+                self._submitter = None
+                return [], {"swaps": 0, "failures": 0, "dropped": 0, "outstanding": len(self.outstanding),
+                            "lag_s": 0.0, "queue_depth": 0, "server_restarts": self.totals["server_restarts"]}
         if self.mode == "sync" and self.outstanding:
             try:
                 self._submitter.wait(list(self.outstanding), timeout=self.sync_timeout)
@@ -310,7 +323,7 @@ class SynthesisCallback(Callback):
         images = []
         for sid in evolved[: self.gallery_samples]:
             strip = lineage_strip(self._pool.lineage(sid), query=self._pool.entries[sid].record.query)
-            path = out_dir / f"{_job_id(sid, trainer.current_epoch)}.png"
+            path = out_dir / f"{sid}@e{trainer.current_epoch}.png"
             strip.save(path)
             images.append(strip)
         for logger in trainer.loggers:

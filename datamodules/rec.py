@@ -245,8 +245,8 @@ class RECDataModule(L.LightningDataModule):
 
     def _records(self, files: Sequence[str], limit: int | None) -> list[Record]:
         out: list[Record] = []
-        for f in files:
-            out += read_jsonl(self._path(f), self.image_root, max_samples=limit)
+        for f in files:  # read everything, then sample: the paper's 2,000 are a random sample, not the first lines
+            out += read_jsonl(self._path(f), self.image_root)
         if limit is not None and len(out) > limit:
             out = random.Random(self.seed).sample(out, limit)
         return out

@@ -210,20 +210,23 @@ class GRPOModule(L.LightningModule):
     def configure_optimizers(self):
         return self.optimizer_factory([p for p in self.parameters() if p.requires_grad])
 
-    def _full_params_for_generation(self):
-        """Under FSDP, generation runs outside ``forward``: gather the full parameters for it (as TRL does).
-        Elsewhere a no-op. Not exercised in CI (no multi-GPU machine); see docs/performance.md."""
-        import contextlib
+    def setup(self, stage: str) -> None:
+        self._check_strategy()
+        self._build_eval_metrics(stage)
 
+    def _check_strategy(self) -> None:
         trainer = self._trainer
-        wrapped = getattr(getattr(trainer, "strategy", None), "model", None) if trainer is not None else None
-        try:
-            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        except ImportError:  # pragma: no cover
-            return contextlib.nullcontext()
-        if isinstance(wrapped, FSDP):
-            return FSDP.summon_full_params(wrapped, writeback=False, recurse=True)
-        return contextlib.nullcontext()
+        if trainer is None:
+            return
+        strategy = type(trainer.strategy).__name__
+        if "FSDP" in strategy:
+            raise ValueError(
+                "GRPOModule does not support FSDP yet (generation and several backward passes per step run inside "
+                "one FSDP forward): use --trainer.strategy ddp (the 7B fits in DDP on 141 GB GPUs) or one GPU "
+                "(configs/rec_3b_1gpu.yaml)")
+        if self.hparams.update_engine == "packed" and trainer.world_size > 1:
+            raise ValueError("--model.update_engine packed is single-process only (its deferred vision backward is "
+                             "not DDP-aware): use --model.update_engine hf with several GPUs")
 
     # ---------------------------------------------------------------------------------------------------- rewards
     def compute_rewards(self, batch, ro: Rollout) -> dict[str, torch.Tensor]:
@@ -304,10 +307,9 @@ class GRPOModule(L.LightningModule):
         opt = self.optimizers()
         self._move_reference()
         images = [s.image for s in batch]
-        with self._full_params_for_generation():
-            ro = rollout(self.policy, self.processor, images, [s.query for s in batch], group_size=G,
-                         task=[s.task for s in batch], template=hp.prompt_template, temperature=hp.temperature,
-                         top_p=hp.top_p, max_new_tokens=hp.max_new_tokens, engine=hp.rollout_engine)
+        ro = rollout(self.policy, self.processor, images, [s.query for s in batch], group_size=G,
+                     task=[s.task for s in batch], template=hp.prompt_template, temperature=hp.temperature,
+                     top_p=hp.top_p, max_new_tokens=hp.max_new_tokens, engine=hp.rollout_engine)
         self.last_rollout_texts = ro.texts
         parts = self.compute_rewards(batch, ro)
         adv = objective.group_advantages(parts["total"], G, scale=hp.advantage_scale, eps=hp.advantage_eps)
@@ -400,7 +402,10 @@ class GRPOModule(L.LightningModule):
             "train/diversity/smoothed": float(parts["smoothed_diversity"].mean()),
             "train/diversity/batch_avg": float(self.smoother.batch_avg or 0.0),
             "train/diversity/global_avg": float(self.smoother.global_avg or 0.0),
-            "train/zero_variance_frac": float((parts["gt_diversity"] == 0).float().mean()),
+            # groups whose total rewards are all equal: zero advantage, no policy-gradient signal
+            "train/zero_variance_frac": float(objective.zero_variance_groups(parts["total"], G).float().mean()),
+            # groups whose accuracy rewards are all equal: V(q) = 0 (the paper's diversity collapse)
+            "train/diversity/zero_frac": float((parts["gt_diversity"] == 0).float().mean()),
             "train/completion_length": float(ro.completion_mask.sum(1).float().mean()),
             "train/format_rate": float(parts["format"].mean()),
         }
@@ -420,7 +425,7 @@ class GRPOModule(L.LightningModule):
         names = dm.eval_names(kind) if dm is not None and hasattr(dm, "eval_names") else []
         return names or ["default"]
 
-    def setup(self, stage: str) -> None:
+    def _build_eval_metrics(self, stage: str) -> None:
         """Build the metrics of every named eval set up front: Lightning finds logged metrics by attribute name, so
         they must exist before the first ``log`` call."""
         from lightning_modules.metrics import DetectionMetrics, FormatRate, GroundingAccuracy, MeanIoU

@@ -146,7 +146,7 @@ class SFTModule(L.LightningModule):
             return
         hp = self.hparams
         path = Path(hp.model_name_or_path)
-        if self.tiny_spec is not None and not (path / "config.json").exists():
+        if self.tiny_spec is not None and not (path / "config.json").exists() and self.trainer.is_global_zero:
             spec = self.tiny_spec
             build_tiny_qwen2_5_vl(
                 path, self._corpus(), vocab_size=spec.vocab_size, image_size=spec.image_size, seed=hp.seed,
@@ -155,6 +155,8 @@ class SFTModule(L.LightningModule):
                 vision_depth=spec.vision_depth, vision_heads=spec.vision_heads, rope_theta=spec.rope_theta,
                 mrope_section=spec.mrope_section,
             )
+        if self.tiny_spec is not None:
+            self.trainer.strategy.barrier("toy model built")  # the other ranks load what rank 0 built
         self.policy, self.processor = load_policy(str(path), dtype=hp.dtype, local_files_only=hp.local_files_only)
         if hp.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -299,8 +299,8 @@ class AsyncSubmitter:
             if now >= next_poll or stopping:
                 self._poll()
                 next_poll = now + self.poll_interval
-            if stopping and not pending:
-                return
+            if stopping and (not pending or self._stop.is_set()):
+                return  # close() asked: what could not be sent now is the caller's to resubmit (idempotent ids)
             if pending:
                 time.sleep(min(self.poll_interval, 0.5))  # server unreachable: back off before trying again
 
