@@ -57,3 +57,13 @@ def test_rollout_groups_rows_and_never_samples_special_tokens(policy):
 def test_completion_mask_stops_after_first_eos():
     ids = torch.tensor([[5, 9, 7, 9], [5, 5, 5, 5]])
     assert completion_mask_from_ids(ids, [9]).tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
+
+
+def test_tiny_config_rope_options_are_checked():
+    from lightning_modules.policy import tiny_qwen2_5_vl_config
+
+    cfg = tiny_qwen2_5_vl_config(100, hidden_size=64, heads=2, rope_theta=10.0, mrope_section=[2, 7, 7])
+    assert cfg.text_config.rope_parameters["mrope_section"] == [2, 7, 7]
+    assert cfg.text_config.rope_parameters["rope_theta"] == 10.0
+    with pytest.raises(ValueError, match="must sum to head_dim / 2 = 16"):
+        tiny_qwen2_5_vl_config(100, hidden_size=64, heads=2, mrope_section=[4, 4, 4])
