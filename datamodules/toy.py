@@ -328,7 +328,7 @@ def _query(record: dict[str, Any]) -> str:
     return str((record.get("meta") or {}).get("query", ""))
 
 
-def sft_target(record: dict[str, Any], input_wh: tuple[int, int]) -> str:
+def sft_target(record: dict[str, Any], input_wh: tuple[int, int], grounded_think: bool = False) -> str:
     """The four-part completion that warm-starts the toy model on ``record``.
 
     ``<think>`` a templated reasoning grounded in the scene, ``<diversity>`` the scene's ``difficulty``,
@@ -368,6 +368,8 @@ def sft_target(record: dict[str, Any], input_wh: tuple[int, int]) -> str:
     else:
         box = solution[0] if solution and isinstance(solution[0], list) else solution
         answer = json.dumps(_scale_box(box, sx, sy, input_wh))
+    if grounded_think:  # state where it is first, as grounded reasoning traces do; the answer then repeats it
+        think = f"It is at {answer}. {think}"
     return (
         f"<think>{think}</think><diversity>{value:.2f}</diversity>"
         f"<description>{description}</description><answer>{answer}</answer>"

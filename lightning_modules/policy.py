@@ -51,6 +51,22 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+# The same with every image after the text of its turn. A model's chat template decides where images go; the toy
+# model uses this one so that the distance from its image to its answer does not depend on the prompt's length
+# (a small model reads positions through rotary phases, which that distance shifts; docs/toy_model.md).
+CHAT_TEMPLATE_IMAGE_LAST = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for item in message['content'] %}{% if item['type'] == 'text' %}{{ item['text'] }}{% endif %}"
+    "{% endfor %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
 REC_QUESTION = (
     "Please provide the bounding box coordinate of the region this sentence describes: {query}."
 )
@@ -421,18 +437,21 @@ def tiny_qwen2_5_vl_config(vocab_size: int, tokenizer=None, *, hidden_size: int 
     return Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids)
 
 
-def build_processor(tokenizer, image_size: int = 224):
-    """A Qwen2.5-VL processor whose image processor keeps ``image_size`` x ``image_size`` inputs at that size."""
+def build_processor(tokenizer, image_size: int = 224, image_last: bool = False):
+    """A Qwen2.5-VL processor whose image processor keeps ``image_size`` x ``image_size`` inputs at that size.
+
+    ``image_last``: its chat template puts images after the text of a turn (``CHAT_TEMPLATE_IMAGE_LAST``)."""
     from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor
 
     side = math.ceil(image_size / 28) * 28
     image_processor = Qwen2VLImageProcessor(min_pixels=28 * 28 * 4, max_pixels=side * side)
     return Qwen2_5_VLProcessor(image_processor=image_processor, tokenizer=tokenizer,
-                               video_processor=Qwen2VLVideoProcessor(), chat_template=CHAT_TEMPLATE)
+                               video_processor=Qwen2VLVideoProcessor(),
+                               chat_template=CHAT_TEMPLATE_IMAGE_LAST if image_last else CHAT_TEMPLATE)
 
 
 def build_tiny_qwen2_5_vl(out_dir: str | Path, corpus: Iterable[str], *, vocab_size: int = 1024,
-                          image_size: int = 224, seed: int = 0, **config_kwargs) -> Path:
+                          image_size: int = 224, seed: int = 0, image_last: bool = False, **config_kwargs) -> Path:
     """Train a tokenizer on ``corpus``, build a tiny Qwen2.5-VL + processor and ``save_pretrained`` both to ``out_dir``.
 
     The result loads with ``load_policy(out_dir)`` exactly like a real checkpoint.
@@ -441,7 +460,7 @@ def build_tiny_qwen2_5_vl(out_dir: str | Path, corpus: Iterable[str], *, vocab_s
 
     out_dir = Path(out_dir)
     tokenizer = train_bpe_tokenizer(corpus, vocab_size=vocab_size)
-    processor = build_processor(tokenizer, image_size=image_size)
+    processor = build_processor(tokenizer, image_size=image_size, image_last=image_last)
     config = tiny_qwen2_5_vl_config(len(tokenizer), tokenizer, **config_kwargs)
     torch.manual_seed(seed)
     model = Qwen2_5_VLForConditionalGeneration(config)

@@ -56,6 +56,8 @@ class TinySpec:
     """Rotary base of the language model; small models need a small one to resolve image positions."""
     mrope_section: list[int] | None = None
     """(t, h, w) split of the rotary half-dimension; None keeps the 7B's proportions."""
+    image_last: bool = False
+    """The chat template puts the image after the question (constant image-to-answer distance)."""
     extra_corpus: list[str] = field(default_factory=list)
 
 
@@ -78,7 +80,17 @@ def toy_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str:
     return sft_target(record, input_wh)
 
 
-TARGETS = {"answer": answer_target, "toy": toy_target}
+def toy_grounded_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str:
+    """``toy_target`` whose reasoning starts by stating the box (``It is at [...]``), then repeats it as the answer."""
+    from datamodules.toy import sft_target
+
+    record = {"id": sample.sample_id, "solution": sample.boxes[0] if sample.task == "rec" else sample.boxes,
+              "task": sample.task, "meta": sample.meta, "width": sample.size[0], "height": sample.size[1],
+              "query": sample.query}
+    return sft_target(record, input_wh, grounded_think=True)
+
+
+TARGETS = {"answer": answer_target, "toy": toy_target, "toy_grounded": toy_grounded_target}
 
 
 class SFTModule(L.LightningModule):
@@ -150,6 +162,7 @@ class SFTModule(L.LightningModule):
             spec = self.tiny_spec
             build_tiny_qwen2_5_vl(
                 path, self._corpus(), vocab_size=spec.vocab_size, image_size=spec.image_size, seed=hp.seed,
+                image_last=spec.image_last,
                 hidden_size=spec.hidden_size, layers=spec.layers, heads=spec.heads, kv_heads=spec.kv_heads,
                 intermediate_size=spec.intermediate_size, vision_hidden_size=spec.vision_hidden_size,
                 vision_depth=spec.vision_depth, vision_heads=spec.vision_heads, rope_theta=spec.rope_theta,

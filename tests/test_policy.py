@@ -67,3 +67,14 @@ def test_tiny_config_rope_options_are_checked():
     assert cfg.text_config.rope_parameters["rope_theta"] == 10.0
     with pytest.raises(ValueError, match="must sum to head_dim / 2 = 16"):
         tiny_qwen2_5_vl_config(100, hidden_size=64, heads=2, mrope_section=[4, 4, 4])
+
+
+def test_image_last_chat_template_puts_the_image_after_the_question():
+    from lightning_modules.policy import build_processor, build_prompt_text, train_bpe_tokenizer
+
+    tok = train_bpe_tokenizer(["Find: the red circle"] * 5, vocab_size=300)
+    first = build_prompt_text(build_processor(tok, 112), "the red", template="toy")
+    last = build_prompt_text(build_processor(tok, 112, image_last=True), "the red", template="toy")
+    assert first.index("<|image_pad|>") < first.index("Find: the red")
+    assert last.index("Find: the red") < last.index("<|image_pad|>")
+    assert last.endswith("<|vision_end|><|im_end|>\n<|im_start|>assistant\n")
