@@ -308,8 +308,7 @@ def rollout(
         completion_ids = completion_ids.new_full((completion_ids.shape[0], 1), tok.pad_token_id)
     completion_mask = completion_mask_from_ids(completion_ids, eos)
     completion_ids = completion_ids.masked_fill(completion_mask == 0, tok.pad_token_id)
-    decoded = tok.batch_decode(completion_ids.masked_fill(completion_mask == 0, tok.pad_token_id),
-                               skip_special_tokens=True)
+    decoded = tok.batch_decode(completion_ids, skip_special_tokens=True)
     grid = enc["image_grid_thw"]
     patch = getattr(processor.image_processor, "patch_size", 14)
     return Rollout(

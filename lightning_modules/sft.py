@@ -70,24 +70,25 @@ def answer_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str:
     return f"<answer>{body}</answer>"
 
 
+def _toy_record(sample) -> dict:
+    """A toy-world sample as the JSONL record ``datamodules.toy.sft_target`` reads."""
+    return {"id": sample.sample_id, "solution": sample.boxes[0] if sample.task == "rec" else sample.boxes,
+            "task": sample.task, "meta": sample.meta, "width": sample.size[0], "height": sample.size[1],
+            "query": sample.query}
+
+
 def toy_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str:
     """The 4-part toy target (``datamodules.toy.sft_target``) for a toy-world sample."""
     from datamodules.toy import sft_target
 
-    record = {"id": sample.sample_id, "solution": sample.boxes[0] if sample.task == "rec" else sample.boxes,
-              "task": sample.task, "meta": sample.meta, "width": sample.size[0], "height": sample.size[1],
-              "query": sample.query}
-    return sft_target(record, input_wh)
+    return sft_target(_toy_record(sample), input_wh)
 
 
 def toy_grounded_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str:
     """``toy_target`` whose reasoning starts by stating the box (``It is at [...]``), then repeats it as the answer."""
     from datamodules.toy import sft_target
 
-    record = {"id": sample.sample_id, "solution": sample.boxes[0] if sample.task == "rec" else sample.boxes,
-              "task": sample.task, "meta": sample.meta, "width": sample.size[0], "height": sample.size[1],
-              "query": sample.query}
-    return sft_target(record, input_wh, grounded_think=True)
+    return sft_target(_toy_record(sample), input_wh, grounded_think=True)
 
 
 TARGETS = {"answer": answer_target, "toy": toy_target, "toy_grounded": toy_grounded_target}
