@@ -178,6 +178,9 @@ class ToySpec:
     seed: int = 0
     task: str = "rec"
     size: int = 224
+    render_train: bool = False
+    """Render the ``train`` split on access in the loader workers instead of exporting it (``ToySceneDataset``):
+    for long SFT runs on many scenes. The other splits are still exported as JSONL."""
 
 
 class RECDataModule(L.LightningDataModule):
@@ -235,8 +238,10 @@ class RECDataModule(L.LightningDataModule):
             from datamodules.toy import export_jsonl, export_offline_descriptions
 
             for split, n in self.toy.splits.items():
+                if split == "train" and self.toy.render_train:
+                    continue
                 export_jsonl(self.data_root, split, n, seed=self.toy.seed, task=self.toy.task, size=self.toy.size)
-            if "train" in self.toy.splits:  # for the "GRPO + Offline Generation" baseline
+            if "train" in self.toy.splits and not self.toy.render_train:  # for the "GRPO + Offline Generation" baseline
                 export_offline_descriptions(self.data_root, "train", seed=self.toy.seed, task=self.toy.task)
 
     def _path(self, name: str) -> Path:
@@ -252,7 +257,14 @@ class RECDataModule(L.LightningDataModule):
         return out
 
     def setup(self, stage: str | None = None) -> None:
-        if stage in (None, "fit") and self.train_set is None and self.train_files:
+        if stage in (None, "fit") and self.train_set is None and self.toy is not None and self.toy.render_train:
+            from datamodules.toy import ToySceneDataset
+
+            n = self.toy.splits.get("train", 0)
+            if self.max_train_samples is not None:
+                n = min(n, self.max_train_samples)
+            self.train_set = ToySceneDataset("train", n, self.toy.seed, self.toy.size, self.toy.task)
+        elif stage in (None, "fit") and self.train_set is None and self.train_files:
             self.train_set = GroundingDataset(self._records(self.train_files, self.max_train_samples))
         for kind, files in (("val", self.val_files), ("test", self.test_files)):
             if stage in (None, "fit", "validate") and kind == "val" or stage in (None, "test") and kind == "test":
@@ -260,11 +272,22 @@ class RECDataModule(L.LightningDataModule):
                     if name not in self.eval_sets[kind]:
                         self.eval_sets[kind][name] = GroundingDataset(self._records([f], self.max_eval_samples))
 
+    def train_samples(self, limit: int | None = None):
+        """The first ``limit`` training samples (images loaded or rendered), in order."""
+        if self.train_set is None:
+            self.setup("fit")
+        if self.train_set is None:
+            raise DataError("no training data: set --data.train_files (or --data.toy for the toy world)")
+        n = len(self.train_set) if limit is None else min(limit, len(self.train_set))
+        return (self.train_set[i] for i in range(n))
+
     def train_records(self) -> list[Record]:
         if self.train_set is None:
             self.setup("fit")
         if self.train_set is None:
             raise DataError("no training data: set --data.train_files (or --data.toy for the toy world)")
+        if not hasattr(self.train_set, "records"):
+            raise DataError("the train split is rendered on access (--data.toy.render_train); it has no JSONL records")
         return self.train_set.records
 
     def train_dataloader(self):

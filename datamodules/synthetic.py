@@ -138,6 +138,9 @@ class SyntheticDataModule(RECDataModule):
         self._pending_state: dict[str, Any] | None = None
 
     def setup(self, stage: str | None = None) -> None:
+        if self.toy is not None and self.toy.render_train:
+            raise DataError("--data.toy.render_train is for SFT runs: the synthetic pool keeps image files and "
+                            "swaps them, so export the train split (set render_train: false)")
         super().setup(stage)
         if self.pool is None and self.train_set is not None:
             self.pool = DataPool(self.train_set.records)

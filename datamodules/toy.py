@@ -262,6 +262,33 @@ def iter_split(split: str, n: int, seed: int, size: int = 224, task: str = "rec"
         yield make_scene(split, index, seed, size, task)
 
 
+class ToySceneDataset:
+    """Scenes of a split rendered on access (index -> ``make_scene``), as ``datamodules.rec.Sample``.
+
+    The same scenes ``export_jsonl`` writes, without the PNG round trip: a long SFT run draws hundreds of thousands
+    of fresh scenes from loader workers instead of cycling over a few thousand files. Sample ids, queries, boxes and
+    ``meta`` match what ``read_jsonl`` makes of the exported line.
+    """
+
+    def __init__(self, split: str, n: int, seed: int, size: int = 224, task: str = "rec"):
+        _check_args(split, task, size)
+        self.split, self.n, self.seed, self.size, self.task = split, n, seed, size, task
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int):
+        from datamodules.rec import Sample
+
+        if not 0 <= index < self.n:
+            raise IndexError(f"scene {index} out of range for {self.n} {self.split} scenes")
+        rec = make_scene(self.split, index, self.seed, self.size, self.task)
+        boxes = [rec["solution"]] if self.task == "rec" else rec["solution"]
+        return Sample(sample_id=rec["id"], image=rec["image"], query=rec["meta"]["query"],
+                      boxes=[[float(v) for v in b] for b in boxes], task=self.task,
+                      source=f"toy:{self.split}:{index}", meta=rec["meta"])
+
+
 def generate_split(split: str, n: int, seed: int, size: int = 224, task: str = "rec") -> list[dict[str, Any]]:
     """``n`` scene records of ``split`` (``image`` is a PIL image; see ``make_scene``)."""
     return list(iter_split(split, n, seed, size, task))

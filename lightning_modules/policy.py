@@ -372,13 +372,24 @@ def completion_logps(
 # --------------------------------------------------------------------------------------------------------------------
 
 
+QWEN2_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+"""The pre-tokenizer split pattern of Qwen2 / Qwen2.5 (tokenizer.json of Qwen2.5-VL-7B-Instruct)."""
+
+
 def train_bpe_tokenizer(corpus: Iterable[str], vocab_size: int = 1024):
     """A byte-level BPE ``PreTrainedTokenizerFast`` trained on ``corpus`` with Qwen2.5-VL's special tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Qwen2's pre-tokenizer: its split pattern (every digit on its own, so "112" is "1", "1", "2" as in the 7B's
+    # vocabulary), then byte-level mapping without GPT-2's own pattern.
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=list(QWEN_SPECIAL_TOKENS), show_progress=False,

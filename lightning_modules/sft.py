@@ -59,6 +59,8 @@ class TinySpec:
     image_last: bool = False
     """The chat template puts the image after the question (constant image-to-answer distance)."""
     extra_corpus: list[str] = field(default_factory=list)
+    corpus_samples: int | None = 20000
+    """The tokenizer is trained on the prompts and targets of the first this many training samples (None: all)."""
 
 
 def answer_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str:
@@ -142,14 +144,12 @@ class SFTModule(L.LightningModule):
     def _corpus(self) -> list[str]:
         """Texts the tiny tokenizer is trained on: every prompt and target of the training set."""
         dm = self.trainer.datamodule
-        from datamodules.rec import load_sample
         from lightning_modules.policy import CHAT_TEMPLATE, PROMPT_TEMPLATES
 
         texts = [CHAT_TEMPLATE, "system\nYou are a helpful assistant.", "user\n", "assistant\n"]
         texts += [t for task in PROMPT_TEMPLATES.values() for t in task.values()]
         size = self.tiny_spec.image_size
-        for rec in dm.train_records():
-            s = load_sample(rec)
+        for s in dm.train_samples(self.tiny_spec.corpus_samples):
             texts.append(PROMPT_TEMPLATES[self.template_for(s)][s.task].format(query=s.query))
             texts.append(self.target_for(s, (size, size)))
         return texts + list(self.tiny_spec.extra_corpus)
@@ -174,6 +174,9 @@ class SFTModule(L.LightningModule):
         self.policy, self.processor = load_policy(str(path), dtype=hp.dtype, local_files_only=hp.local_files_only)
         if hp.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    def on_train_start(self) -> None:
+        self.policy.train()  # from_pretrained returns the model in eval mode
 
     def configure_optimizers(self):
         opt = self.optimizer_factory([p for p in self.parameters() if p.requires_grad])
@@ -203,22 +206,38 @@ class SFTModule(L.LightningModule):
         return text
 
     def encode(self, batch) -> dict[str, torch.Tensor]:
-        """Processor inputs for prompt + target, with ``labels`` = -100 everywhere but the target tokens."""
+        """Processor inputs for prompt + target, with ``labels`` = -100 everywhere but the target tokens.
+
+        The images go through the processor once (with the prompts); each target is tokenised on its own and
+        appended to its prompt's tokens, as a rollout appends sampled tokens to the prompt, and the rows are
+        left-padded again.
+        """
         proc = self.processor
+        tok = proc.tokenizer
         prompts = [build_prompt_text(proc, s.query, task=s.task, template=self.template_for(s)) for s in batch]
-        images = [s.image for s in batch]
-        p_enc = proc(text=prompts, images=images, return_tensors="pt", padding=True)
+        p_enc = proc(text=prompts, images=[s.image for s in batch], return_tensors="pt", padding=True)
         in_wh = model_input_size(p_enc["image_grid_thw"], getattr(proc.image_processor, "patch_size", 14))
         targets = [self.target_for(s, wh) + "<|im_end|>" for s, wh in zip(batch, in_wh)]
-        enc = proc(text=[p + t for p, t in zip(prompts, targets)], images=images, return_tensors="pt",
-                   padding=True)
-        prompt_len = p_enc["attention_mask"].sum(1)
-        full_len = enc["attention_mask"].sum(1)
-        n_target = full_len - prompt_len  # [B]: left padding puts every target at the end of its row
-        T = enc["input_ids"].shape[1]
-        pos = torch.arange(T)[None, :]
-        labels = enc["input_ids"].masked_fill(pos < (T - n_target)[:, None], -100)
-        enc["labels"] = labels
+        t_ids = tok(targets, add_special_tokens=False)["input_ids"]
+        keep = p_enc["attention_mask"].bool()
+        rows = [torch.cat([p_enc["input_ids"][i][keep[i]], torch.tensor(t, dtype=torch.long)])
+                for i, t in enumerate(t_ids)]
+        types = [torch.cat([p_enc["mm_token_type_ids"][i][keep[i]], torch.zeros(len(t), dtype=torch.long)])
+                 for i, t in enumerate(t_ids)] if "mm_token_type_ids" in p_enc else None
+        T = max(len(r) for r in rows)
+        pad = tok.pad_token_id
+        enc = {"input_ids": torch.full((len(rows), T), pad, dtype=torch.long),
+               "attention_mask": torch.zeros((len(rows), T), dtype=torch.long),
+               "labels": torch.full((len(rows), T), -100, dtype=torch.long),
+               "pixel_values": p_enc["pixel_values"], "image_grid_thw": p_enc["image_grid_thw"]}
+        if types is not None:
+            enc["mm_token_type_ids"] = torch.zeros((len(rows), T), dtype=torch.long)
+        for i, (r, t) in enumerate(zip(rows, t_ids)):  # left padding: every target ends its row
+            enc["input_ids"][i, T - len(r):] = r
+            enc["attention_mask"][i, T - len(r):] = 1
+            enc["labels"][i, T - len(t):] = torch.tensor(t, dtype=torch.long)
+            if types is not None:
+                enc["mm_token_type_ids"][i, T - len(r):] = types[i]
         return enc
 
     def setup(self, stage: str) -> None:

@@ -60,3 +60,41 @@ def test_vlm_r1_targets_keep_only_think_and_answer():
 
     s = Sample("x", Image.new("RGB", (100, 50)), "q", [[10, 10, 20, 20]])
     assert m.target_for(s, (200, 100)) == "<answer>[20, 20, 40, 40]</answer>"
+
+
+def test_encode_labels_are_exactly_the_targets(tiny_model_dir):
+    """One processor call: prompt tokens as the processor makes them, then each target, left-padded, labels on the
+    target only; the image features line up with the image tokens (the forward runs)."""
+    from datamodules.toy import ToySceneDataset
+    from lightning_modules.policy import build_prompt_text, model_input_size
+    from lightning_modules.sft import SFTModule
+
+    m = SFTModule(model_name_or_path=str(tiny_model_dir), target="toy", dtype="fp32")
+    m.policy, m.processor = load_policy(str(tiny_model_dir), dtype="fp32")
+    batch = [ToySceneDataset("train", 3, seed=0)[i] for i in range(3)]
+    enc = m.encode(batch)
+    tok = m.processor.tokenizer
+    for i, s in enumerate(batch):
+        row = enc["input_ids"][i][enc["attention_mask"][i].bool()]
+        prompt = m.processor(text=[build_prompt_text(m.processor, s.query, template="toy")], images=[s.image],
+                             return_tensors="pt")["input_ids"][0]
+        assert row[: len(prompt)].tolist() == prompt.tolist()
+        wh = model_input_size(enc["image_grid_thw"], 14)[i]
+        target = tok.decode(enc["labels"][i][enc["labels"][i] != -100])
+        assert target == m.target_for(s, wh) + "<|im_end|>"
+        assert (enc["labels"][i][enc["labels"][i] != -100] == row[len(prompt):]).all()
+    assert (enc["mm_token_type_ids"] == (enc["input_ids"] == m.policy.config.image_token_id)).all()
+    out = m.policy(**{k: v for k, v in enc.items() if k != "labels"}, use_cache=False)
+    assert out.logits.shape[:2] == enc["input_ids"].shape
+
+
+def test_tokenizer_splits_digits_as_qwen2(tmp_path):
+    from lightning_modules.policy import train_bpe_tokenizer
+
+    tok = train_bpe_tokenizer(["<answer>[112, 45, 160, 99]</answer> the small red circle"] * 20, vocab_size=300)
+    ids = tok("[112, 45]")["input_ids"]
+    assert [tok.decode([i]) for i in ids if tok.decode([i]).strip().isdigit()] == ["1", "1", "2", "4", "5"]
+    tok.save_pretrained(tmp_path)
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(tmp_path)("[112, 45]")["input_ids"] == ids

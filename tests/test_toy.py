@@ -189,3 +189,25 @@ def test_sft_target_from_a_sample_like_dict():
     assert toy.sft_target(sample_like, (224, 224)) == toy.sft_target(rec, (224, 224))
     bare = {"id": "x", "solution": [1.0, 2.0, 3.0, 4.0], "width": 10, "height": 10, "query": "the dog"}
     assert toy.sft_target(bare, (20, 20)).endswith("<answer>[2, 4, 6, 8]</answer>")
+
+
+def test_rendered_train_split_equals_the_exported_one(tmp_path):
+    """``ToySceneDataset`` (render on access) yields the samples the exported JSONL reads back as."""
+    from datamodules.rec import RECDataModule, ToySpec
+    from datamodules.toy import ToySceneDataset
+
+    path = toy.export_jsonl(tmp_path, "train", 4, seed=3)
+    from datamodules.rec import load_sample, read_jsonl
+
+    exported = [load_sample(r) for r in read_jsonl(path)]
+    rendered = ToySceneDataset("train", 4, seed=3)
+    for a, b in zip(exported, [rendered[i] for i in range(4)]):
+        assert (a.sample_id, a.query, a.boxes, a.meta) == (b.sample_id, b.query, b.boxes, b.meta)
+        assert np.array_equal(np.asarray(a.image), np.asarray(b.image))
+    with pytest.raises(IndexError):
+        rendered[4]
+    dm = RECDataModule(data_root=str(tmp_path / "dm"), toy=ToySpec(splits={"train": 5}, render_train=True))
+    dm.prepare_data()
+    dm.setup("fit")
+    assert len(dm.train_set) == 5 and not (tmp_path / "dm" / "train.jsonl").exists()
+    assert len(list(dm.train_samples(3))) == 3
