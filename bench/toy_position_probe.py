@@ -55,7 +55,7 @@ def main(argv=None) -> dict:
     out = Path(tempfile.mkdtemp(prefix="position-probe-"))
     build_tiny_qwen2_5_vl(out, corpus, vocab_size=600, hidden_size=192, layers=4, heads=6, kv_heads=2,
                           intermediate_size=512, vision_hidden_size=96, vision_depth=2, vision_heads=2,
-                          rope_theta=args.rope_theta, mrope_section=section, seed=args.seed)
+                          rope_theta=args.rope_theta, mrope_section=section, seed=args.seed, split_digits=False)
     model, proc = load_policy(str(out), dtype="fp32")
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -85,7 +85,7 @@ def main(argv=None) -> dict:
     model.eval()
     _, _, boxes, p_enc = batch(48)
     with torch.no_grad():
-        gen = model.generate(**p_enc, max_new_tokens=16, do_sample=False)
+        gen = model.generate(**p_enc, max_new_tokens=32, do_sample=False)
     texts = proc.tokenizer.batch_decode(gen[:, p_enc["input_ids"].shape[1]:], skip_special_tokens=True)
     pred_c, true_c, ious = [], [], []
     for text, b in zip(texts, boxes):

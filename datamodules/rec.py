@@ -181,6 +181,9 @@ class ToySpec:
     render_train: bool = False
     """Render the ``train`` split on access in the loader workers instead of exporting it (``ToySceneDataset``):
     for long SFT runs on many scenes. The other splits are still exported as JSONL."""
+    mix: dict[str, float] = field(default_factory=dict)
+    """With ``render_train``: fractions of the training scenes drawn from other splits, e.g. ``{varied: 0.5}``
+    (``datamodules.toy.SPLITS``: ``solo`` and ``varied`` exist for SFT)."""
 
 
 class RECDataModule(L.LightningDataModule):
@@ -263,7 +266,8 @@ class RECDataModule(L.LightningDataModule):
             n = self.toy.splits.get("train", 0)
             if self.max_train_samples is not None:
                 n = min(n, self.max_train_samples)
-            self.train_set = ToySceneDataset("train", n, self.toy.seed, self.toy.size, self.toy.task)
+            self.train_set = ToySceneDataset("train", n, self.toy.seed, self.toy.size, self.toy.task,
+                                             mix=self.toy.mix)
         elif stage in (None, "fit") and self.train_set is None and self.train_files:
             self.train_set = GroundingDataset(self._records(self.train_files, self.max_train_samples))
         for kind, files in (("val", self.val_files), ("test", self.test_files)):

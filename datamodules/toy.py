@@ -64,7 +64,13 @@ SPLITS: dict[str, SplitSpec] = {
     "train": SplitSpec(0, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False),
     "val": SplitSpec(1, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False),
     "ood": SplitSpec(2, grammar.TEXTURED_BACKGROUNDS, (4, 8), share=True, near=True),
+    "solo": SplitSpec(3, grammar.PLAIN_BACKGROUNDS, (0, 0), share=False, near=False),
+    "varied": SplitSpec(4, grammar.BACKGROUNDS, (1, 10), share=False, near=False),
 }
+"""Two SFT-only splits (``ToySceneDataset(mix=...)``). ``solo``: the target alone (where things are before which
+thing is meant). ``varied``: any background of the grammar and up to "many" distractors, the kind of image the
+procedural painter makes from the model's descriptions, so the warm-started model has seen what the self-evolving
+loop feeds it (OOD still differs: its distractors share the target's attributes and crowd it)."""
 
 
 class Triple(NamedTuple):
@@ -270,23 +276,42 @@ class ToySceneDataset:
     ``meta`` match what ``read_jsonl`` makes of the exported line.
     """
 
-    def __init__(self, split: str, n: int, seed: int, size: int = 224, task: str = "rec"):
+    def __init__(self, split: str, n: int, seed: int, size: int = 224, task: str = "rec",
+                 mix: dict[str, float] | None = None):
         _check_args(split, task, size)
+        self.mix = dict(mix or {})
+        for name, frac in self.mix.items():
+            if name not in SPLITS or name == split:
+                raise ValueError(f"--data.toy.mix: unknown or repeated split {name!r}; choose from {tuple(SPLITS)}")
+            if not 0.0 <= frac <= 1.0:
+                raise ValueError(f"--data.toy.mix: fraction of {name!r} must lie in [0, 1], got {frac}")
+        if sum(self.mix.values()) > 1.0:
+            raise ValueError(f"--data.toy.mix: fractions sum to {sum(self.mix.values())} > 1")
         self.split, self.n, self.seed, self.size, self.task = split, n, seed, size, task
 
     def __len__(self) -> int:
         return self.n
+
+    def split_of(self, index: int) -> str:
+        """The split scene ``index`` is drawn from: ``mix`` takes fixed, evenly spread fractions of the indices (by a
+        hash of the index), the rest is ``split``."""
+        u = (index * 2654435761) % 2**32 / 2**32
+        for name, frac in self.mix.items():
+            if u < frac:
+                return name
+            u -= frac
+        return self.split
 
     def __getitem__(self, index: int):
         from datamodules.rec import Sample
 
         if not 0 <= index < self.n:
             raise IndexError(f"scene {index} out of range for {self.n} {self.split} scenes")
-        rec = make_scene(self.split, index, self.seed, self.size, self.task)
+        rec = make_scene(self.split_of(index), index, self.seed, self.size, self.task)
         boxes = [rec["solution"]] if self.task == "rec" else rec["solution"]
         return Sample(sample_id=rec["id"], image=rec["image"], query=rec["meta"]["query"],
                       boxes=[[float(v) for v in b] for b in boxes], task=self.task,
-                      source=f"toy:{self.split}:{index}", meta=rec["meta"])
+                      source=f"toy:{rec['meta']['split']}:{index}", meta=rec["meta"])
 
 
 def generate_split(split: str, n: int, seed: int, size: int = 224, task: str = "rec") -> list[dict[str, Any]]:

@@ -378,8 +378,12 @@ QWEN2_SPLIT_PATTERN = (
 """The pre-tokenizer split pattern of Qwen2 / Qwen2.5 (tokenizer.json of Qwen2.5-VL-7B-Instruct)."""
 
 
-def train_bpe_tokenizer(corpus: Iterable[str], vocab_size: int = 1024):
-    """A byte-level BPE ``PreTrainedTokenizerFast`` trained on ``corpus`` with Qwen2.5-VL's special tokens."""
+def train_bpe_tokenizer(corpus: Iterable[str], vocab_size: int = 1024, split_digits: bool = True):
+    """A byte-level BPE ``PreTrainedTokenizerFast`` trained on ``corpus`` with Qwen2.5-VL's special tokens.
+
+    ``split_digits`` uses Qwen2's pre-tokenizer (one token per digit); False keeps GPT-2's byte-level pattern, under
+    which whole numbers of the corpus ("112") become single tokens.
+    """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -389,7 +393,7 @@ def train_bpe_tokenizer(corpus: Iterable[str], vocab_size: int = 1024):
     bpe.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(QWEN2_SPLIT_PATTERN), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    ]) if split_digits else pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=list(QWEN_SPECIAL_TOKENS), show_progress=False,
@@ -461,7 +465,8 @@ def build_processor(tokenizer, image_size: int = 224, image_last: bool = False):
 
 
 def build_tiny_qwen2_5_vl(out_dir: str | Path, corpus: Iterable[str], *, vocab_size: int = 1024,
-                          image_size: int = 224, seed: int = 0, image_last: bool = False, **config_kwargs) -> Path:
+                          image_size: int = 224, seed: int = 0, image_last: bool = False, split_digits: bool = True,
+                          **config_kwargs) -> Path:
     """Train a tokenizer on ``corpus``, build a tiny Qwen2.5-VL + processor and ``save_pretrained`` both to ``out_dir``.
 
     The result loads with ``load_policy(out_dir)`` exactly like a real checkpoint.
@@ -469,7 +474,7 @@ def build_tiny_qwen2_5_vl(out_dir: str | Path, corpus: Iterable[str], *, vocab_s
     from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
 
     out_dir = Path(out_dir)
-    tokenizer = train_bpe_tokenizer(corpus, vocab_size=vocab_size)
+    tokenizer = train_bpe_tokenizer(corpus, vocab_size=vocab_size, split_digits=split_digits)
     processor = build_processor(tokenizer, image_size=image_size, image_last=image_last)
     config = tiny_qwen2_5_vl_config(len(tokenizer), tokenizer, **config_kwargs)
     torch.manual_seed(seed)

@@ -13,7 +13,8 @@ from train import cli_main
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_CONFIGS = sorted(p for p in (REPO / "configs").rglob("*.yaml")
-                       if p.parent.name not in ("synth", "sweeps", "baselines"))
+                       if p.parent.name not in ("synth", "sweeps", "baselines") and "_stage" not in p.stem)
+TOY_STAGES = sorted((REPO / "configs").glob("toy_sft_stage*.yaml"))
 BASELINES = sorted((REPO / "configs/baselines").glob("*.yaml"))
 BASES = [REPO / "configs" / n for n in ("tiny.yaml", "rec_3b.yaml", "rec_7b.yaml")]
 
@@ -39,6 +40,20 @@ def test_cpu_config_instantiates_without_loading_weights(path):
 def test_every_config_is_listed():
     names = {p.relative_to(REPO / "configs").as_posix() for p in TRAIN_CONFIGS}
     assert {"tiny.yaml", "rec_3b.yaml", "rec_7b.yaml", "ovd_3b.yaml", "toy_sft.yaml"} <= names
+
+
+@pytest.mark.parametrize("stage", TOY_STAGES, ids=lambda p: p.stem)
+def test_toy_sft_stages_continue_the_previous_one(stage):
+    """``make toy-model``: each later stage stacks on toy_sft.yaml and loads what the stage before exported."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), pytest.raises(SystemExit) as exc:
+        cli_main(["fit", "--config", str(REPO / "configs/toy_sft.yaml"), "--config", str(stage), "--print_config"])
+    assert exc.value.code in (None, 0)
+    args = yaml.safe_load(buf.getvalue())["model"]["init_args"]
+    n = int(stage.stem.rsplit("stage", 1)[1])
+    assert args["build_tiny"] is None and args["model_name_or_path"] == f"outputs/toy_sft/stage{n - 1}"
+    last = n == len(TOY_STAGES) + 1
+    assert args["export_dir"] == ("checkpoints/toy-qwen2.5-vl" if last else f"outputs/toy_sft/stage{n}")
 
 
 @pytest.mark.parametrize("base", BASES, ids=lambda p: p.stem)

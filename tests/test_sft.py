@@ -23,7 +23,8 @@ class _Losses(L.Callback):
 
 def test_sft_builds_trains_and_exports(tmp_path):
     spec = {"vocab_size": 400, "hidden_size": 64, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate_size": 128,
-            "vision_hidden_size": 32, "vision_depth": 1, "vision_heads": 2, "image_size": 112}
+            "vision_hidden_size": 32, "vision_depth": 1, "vision_heads": 2, "image_size": 112,
+            "mrope_section": None}
     cli = cli_main([
         "--config", str(REPO / "configs/toy_sft.yaml"),
         "--model.init_args.model_name_or_path", str(tmp_path / "init"),
@@ -34,7 +35,7 @@ def test_sft_builds_trains_and_exports(tmp_path):
         "--data.init_args.toy", json.dumps({"splits": {"train": 4, "val": 2}, "seed": 0, "size": 112}),
         "--data.init_args.val_files", json.dumps({"toy_val": "val.jsonl"}),
         "--data.init_args.batch_size", "4", "--data.init_args.shuffle", "false",
-        "--trainer.max_epochs", "4", "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
+        "--trainer.max_epochs", "4", "--trainer.val_check_interval", "1.0", "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
         "--trainer.default_root_dir", str(tmp_path / "run"),
     ], run=False)
     losses = _Losses()

@@ -211,3 +211,19 @@ def test_rendered_train_split_equals_the_exported_one(tmp_path):
     dm.setup("fit")
     assert len(dm.train_set) == 5 and not (tmp_path / "dm" / "train.jsonl").exists()
     assert len(list(dm.train_samples(3))) == 3
+
+
+def test_mix_draws_fixed_fractions_from_the_sft_splits():
+    from datamodules.toy import ToySceneDataset
+
+    ds = ToySceneDataset("train", 4000, seed=0, mix={"varied": 0.5, "solo": 0.1})
+    counts = Counter(ds.split_of(i) for i in range(4000))
+    assert abs(counts["varied"] / 4000 - 0.5) < 0.03 and abs(counts["solo"] / 4000 - 0.1) < 0.02
+    solo = next(i for i in range(50) if ds.split_of(i) == "solo")
+    assert [o["role"] for o in ds[solo].meta["objects"]] == ["target"]
+    assert ds[solo].sample_id.startswith("toy-solo-") and ds.split_of(solo) == ToySceneDataset(
+        "train", 4000, seed=0, mix={"varied": 0.5, "solo": 0.1}).split_of(solo)
+    with pytest.raises(ValueError, match="mix"):
+        ToySceneDataset("train", 10, seed=0, mix={"nope": 0.1})
+    with pytest.raises(ValueError, match="sum"):
+        ToySceneDataset("train", 10, seed=0, mix={"varied": 0.8, "solo": 0.4})
