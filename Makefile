@@ -12,7 +12,7 @@ test: setup
 	$(PY) -m pytest -q
 
 # Rebuild the embedded toy checkpoint (checkpoints/toy-qwen2.5-vl) from scratch: three SFT stages (docs/toy_model.md),
-# bf16 on a GPU (stages 1-2: ~12 min on one H200), fp32 on a CPU.
+# bf16 on a GPU (stages 1-2: ~12 min on one H200), fp32 on a CPU (stage 3: 21 min on 2 cores).
 TOY_PRECISION = $(shell $(PY) -c "import torch; print('bf16-mixed' if torch.cuda.is_available() else '32-true')")
 toy-model: setup
 	$(PY) train.py fit --config configs/toy_sft.yaml --trainer.precision $(TOY_PRECISION)
