@@ -276,23 +276,24 @@ class RECDataModule(L.LightningDataModule):
                     if name not in self.eval_sets[kind]:
                         self.eval_sets[kind][name] = GroundingDataset(self._records([f], self.max_eval_samples))
 
+    def _train_set(self):
+        if self.train_set is None:
+            self.setup("fit")
+        if self.train_set is None:
+            raise DataError("no training data: set --data.train_files (or --data.toy for the toy world)")
+        return self.train_set
+
     def train_samples(self, limit: int | None = None):
         """The first ``limit`` training samples (images loaded or rendered), in order."""
-        if self.train_set is None:
-            self.setup("fit")
-        if self.train_set is None:
-            raise DataError("no training data: set --data.train_files (or --data.toy for the toy world)")
-        n = len(self.train_set) if limit is None else min(limit, len(self.train_set))
-        return (self.train_set[i] for i in range(n))
+        ds = self._train_set()
+        return (ds[i] for i in range(len(ds) if limit is None else min(limit, len(ds))))
 
     def train_records(self) -> list[Record]:
-        if self.train_set is None:
-            self.setup("fit")
-        if self.train_set is None:
-            raise DataError("no training data: set --data.train_files (or --data.toy for the toy world)")
-        if not hasattr(self.train_set, "records"):
-            raise DataError("the train split is rendered on access (--data.toy.render_train); it has no JSONL records")
-        return self.train_set.records
+        ds = self._train_set()
+        if not hasattr(ds, "records"):
+            raise DataError("the train split is rendered on access (--data.toy.render_train: true), so it has no "
+                            "JSONL records; set render_train: false to export it, or use train_samples()")
+        return ds.records
 
     def train_dataloader(self):
         if self.train_set is None:

@@ -147,7 +147,8 @@ class SFTModule(L.LightningModule):
         self.processor = None
 
     def _corpus(self) -> list[str]:
-        """Texts the tiny tokenizer is trained on: every prompt and target of the training set."""
+        """Texts the tiny tokenizer is trained on: the prompts and targets of the first ``corpus_samples`` training
+        samples, and the chat template's fixed parts."""
         dm = self.trainer.datamodule
         from lightning_modules.policy import CHAT_TEMPLATE, PROMPT_TEMPLATES
 
@@ -227,26 +228,23 @@ class SFTModule(L.LightningModule):
         p_enc = proc(text=prompts, images=[s.image for s in batch], return_tensors="pt", padding=True)
         in_wh = model_input_size(p_enc["image_grid_thw"], getattr(proc.image_processor, "patch_size", 14))
         targets = [self.target_for(s, wh) + "<|im_end|>" for s, wh in zip(batch, in_wh)]
-        t_ids = tok(targets, add_special_tokens=False)["input_ids"]
+        t_ids = [torch.tensor(t, dtype=torch.long) for t in tok(targets, add_special_tokens=False)["input_ids"]]
         keep = p_enc["attention_mask"].bool()
-        rows = [torch.cat([p_enc["input_ids"][i][keep[i]], torch.tensor(t, dtype=torch.long)])
-                for i, t in enumerate(t_ids)]
-        types = [torch.cat([p_enc["mm_token_type_ids"][i][keep[i]], torch.zeros(len(t), dtype=torch.long)])
-                 for i, t in enumerate(t_ids)] if "mm_token_type_ids" in p_enc else None
-        T = max(len(r) for r in rows)
-        pad = tok.pad_token_id
-        enc = {"input_ids": torch.full((len(rows), T), pad, dtype=torch.long),
-               "attention_mask": torch.zeros((len(rows), T), dtype=torch.long),
-               "labels": torch.full((len(rows), T), -100, dtype=torch.long),
+        lengths = [int(keep[i].sum()) + len(t) for i, t in enumerate(t_ids)]
+        B, T = len(t_ids), max(lengths)
+        enc = {"input_ids": torch.full((B, T), tok.pad_token_id, dtype=torch.long),
+               "attention_mask": torch.zeros((B, T), dtype=torch.long),
+               "labels": torch.full((B, T), -100, dtype=torch.long),
                "pixel_values": p_enc["pixel_values"], "image_grid_thw": p_enc["image_grid_thw"]}
+        types = p_enc.get("mm_token_type_ids")  # 1 on image tokens (transformers 5.x)
         if types is not None:
-            enc["mm_token_type_ids"] = torch.zeros((len(rows), T), dtype=torch.long)
-        for i, (r, t) in enumerate(zip(rows, t_ids)):  # left padding: every target ends its row
-            enc["input_ids"][i, T - len(r):] = r
-            enc["attention_mask"][i, T - len(r):] = 1
-            enc["labels"][i, T - len(t):] = torch.tensor(t, dtype=torch.long)
+            enc["mm_token_type_ids"] = torch.zeros((B, T), dtype=torch.long)
+        for i, (t, n) in enumerate(zip(t_ids, lengths)):  # left padding: every target ends its row
+            enc["input_ids"][i, T - n:] = torch.cat([p_enc["input_ids"][i][keep[i]], t])
+            enc["attention_mask"][i, T - n:] = 1
+            enc["labels"][i, T - len(t):] = t
             if types is not None:
-                enc["mm_token_type_ids"][i, T - len(r):] = types[i]
+                enc["mm_token_type_ids"][i, T - n:T - len(t)] = types[i][keep[i]]
         return enc
 
     def setup(self, stage: str) -> None:
