@@ -206,6 +206,8 @@ class GRPOModule(L.LightningModule):
 
     def on_fit_start(self) -> None:
         self._move_reference()
+        # from_pretrained returns the policy in eval mode; the fit loop checks the modes before on_train_start
+        self.policy.train()
 
     def configure_optimizers(self):
         return self.optimizer_factory([p for p in self.parameters() if p.requires_grad])

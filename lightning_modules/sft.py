@@ -185,8 +185,9 @@ class SFTModule(L.LightningModule):
         if hp.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
-    def on_train_start(self) -> None:
-        self.policy.train()  # from_pretrained returns the model in eval mode
+    def on_fit_start(self) -> None:
+        # from_pretrained returns the model in eval mode; the fit loop checks the modes before on_train_start
+        self.policy.train()
 
     def configure_optimizers(self):
         opt = self.optimizer_factory([p for p in self.parameters() if p.requires_grad])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -40,7 +41,10 @@ def test_sft_builds_trains_and_exports(tmp_path):
     ], run=False)
     losses = _Losses()
     cli.trainer.callbacks.append(losses)
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert not [w for w in caught if "eval mode" in str(w.message)], "the policy must train in train mode"
     assert len(losses.losses) == 4 and losses.losses[-1] < losses.losses[0]
     assert "val/toy_val/acc50" in cli.trainer.callback_metrics
     model, processor = load_policy(str(tmp_path / "export"), dtype="fp32")
