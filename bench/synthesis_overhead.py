@@ -43,22 +43,44 @@ class EpochTimer(L.Callback):
 
 def run(mode: str, args) -> dict:
     out = Path(args.workdir) / mode
-    callbacks = [{"class_path": "callbacks.synthesis.SynthesisCallback",
-                  "init_args": {"mode": mode, "gallery_samples": 0}}]
-    cli = cli_main([
-        "--config", str(REPO / "configs/tiny.yaml"),
-        "--trainer.max_epochs", str(args.epochs), "--trainer.logger", "false",
-        "--trainer.callbacks", json.dumps(callbacks), "--trainer.enable_progress_bar", "false",
-        "--trainer.limit_val_batches", "0", "--trainer.default_root_dir", str(out),
-        "--data.init_args.toy.splits", json.dumps({"train": args.train}),
-        "--data.init_args.data_root", str(Path(args.workdir) / "data"), "--data.init_args.val_files", "{}",
-    ], run=False)
+    callbacks = [
+        {"class_path": "callbacks.synthesis.SynthesisCallback", "init_args": {"mode": mode, "gallery_samples": 0}}
+    ]
+    cli = cli_main(
+        [
+            "--config",
+            str(REPO / "configs/tiny.yaml"),
+            "--trainer.max_epochs",
+            str(args.epochs),
+            "--trainer.logger",
+            "false",
+            "--trainer.callbacks",
+            json.dumps(callbacks),
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.limit_val_batches",
+            "0",
+            "--trainer.default_root_dir",
+            str(out),
+            "--data.init_args.toy.splits",
+            json.dumps({"train": args.train}),
+            "--data.init_args.data_root",
+            str(Path(args.workdir) / "data"),
+            "--data.init_args.val_files",
+            "{}",
+        ],
+        run=False,
+    )
     timer = EpochTimer()
     cli.trainer.callbacks.append(timer)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     synth = next(c for c in cli.trainer.callbacks if type(c).__name__ == "SynthesisCallback")
-    return {"mode": mode, "epoch_s": timer.epochs(), "totals": synth.totals,
-            "swapped": cli.datamodule.pool.num_swapped() if cli.datamodule.pool else 0}
+    return {
+        "mode": mode,
+        "epoch_s": timer.epochs(),
+        "totals": synth.totals,
+        "swapped": cli.datamodule.pool.num_swapped() if cli.datamodule.pool else 0,
+    }
 
 
 def main(argv=None) -> dict:
@@ -75,16 +97,22 @@ def main(argv=None) -> dict:
         later = r["epoch_s"][1:] or r["epoch_s"]
         r["mean_epoch_s"] = sum(later) / len(later)
     by = {r["mode"]: r for r in rows}
-    result = {"date": date.today().isoformat(), "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}",
-              "command": "python bench/synthesis_overhead.py " + " ".join(argv or sys.argv[1:]), "rows": rows}
+    result = {
+        "date": date.today().isoformat(),
+        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}",
+        "command": "python bench/synthesis_overhead.py " + " ".join(argv or sys.argv[1:]),
+        "rows": rows,
+    }
     if "off" in by and "async" in by:
         result["async_over_off"] = by["async"]["mean_epoch_s"] / by["off"]["mean_epoch_s"]
     if "off" in by and "sync" in by:
         result["sync_over_off"] = by["sync"]["mean_epoch_s"] / by["off"]["mean_epoch_s"]
     print(f"{'mode':<6} {'s/epoch (epochs 2+)':>20} {'epochs':>30} {'swapped':>8}")
     for r in rows:
-        print(f"{r['mode']:<6} {r['mean_epoch_s']:>20.2f} {str([round(x, 1) for x in r['epoch_s']]):>30} "
-              f"{r['swapped']:>8}")
+        print(
+            f"{r['mode']:<6} {r['mean_epoch_s']:>20.2f} {str([round(x, 1) for x in r['epoch_s']]):>30} "
+            f"{r['swapped']:>8}"
+        )
     for k in ("async_over_off", "sync_over_off"):
         if k in result:
             print(f"{k}: {result[k]:.3f}")

@@ -35,7 +35,7 @@ def evaluate(path: str, scenes: int = 64, samples: int = 4, batch: int = 32, see
         ss = [load_sample(r) for r in read_jsonl(toy.export_jsonl(data, split, scenes, seed=0))]
         greedy, fmt, sampled = [], [], []
         for i in range(0, len(ss), batch):
-            b = ss[i:i + batch]
+            b = ss[i : i + batch]
             kw = dict(task=[s.task for s in b], template="toy", max_new_tokens=112)
             ims, qs = [s.image for s in b], [s.query for s in b]
             g = rollout(model, proc, ims, qs, group_size=1, do_sample=False, **kw)
@@ -43,13 +43,21 @@ def evaluate(path: str, scenes: int = 64, samples: int = 4, batch: int = 32, see
             gts, orig = [s.boxes[0] for s in b], [s.size for s in b]
             greedy += rewards.rec_accuracy_reward(g.texts, gts, input_wh=g.input_wh, orig_wh=orig)
             fmt += rewards.format_reward(sm.texts)
-            sampled += rewards.rec_accuracy_reward(sm.texts, [x for x in gts for _ in range(samples)],
-                                                   input_wh=sm.input_wh,
-                                                   orig_wh=[x for x in orig for _ in range(samples)])
+            sampled += rewards.rec_accuracy_reward(
+                sm.texts,
+                [x for x in gts for _ in range(samples)],
+                input_wh=sm.input_wh,
+                orig_wh=[x for x in orig for _ in range(samples)],
+            )
         g_, s_ = np.array(greedy), np.array(sampled)
-        out[split] = {"greedy_acc50": float((g_ >= 0.5).mean()), "greedy_miou": float(g_.mean()),
-                      "sampled_format": float(np.mean(fmt)), "sampled_miou": float(s_.mean()),
-                      "sampled_acc50": float((s_ >= 0.5).mean()), "sampled_iou_nonzero": float((s_ > 0).mean())}
+        out[split] = {
+            "greedy_acc50": float((g_ >= 0.5).mean()),
+            "greedy_miou": float(g_.mean()),
+            "sampled_format": float(np.mean(fmt)),
+            "sampled_miou": float(s_.mean()),
+            "sampled_acc50": float((s_ >= 0.5).mean()),
+            "sampled_iou_nonzero": float((s_ > 0).mean()),
+        }
     return out
 
 
@@ -63,9 +71,11 @@ def main(argv=None) -> dict:
     res = evaluate(args.checkpoint, args.scenes, args.samples)
     for split in ("val", "ood"):
         r = res[split]
-        print(f"{split:>4}: greedy Acc@0.5 {r['greedy_acc50']:.3f} mIoU {r['greedy_miou']:.3f} | sampled (T=1, "
-              f"x{args.samples}) format {r['sampled_format']:.3f} mIoU {r['sampled_miou']:.3f} "
-              f"IoU>0 {r['sampled_iou_nonzero']:.3f}")
+        print(
+            f"{split:>4}: greedy Acc@0.5 {r['greedy_acc50']:.3f} mIoU {r['greedy_miou']:.3f} | sampled (T=1, "
+            f"x{args.samples}) format {r['sampled_format']:.3f} mIoU {r['sampled_miou']:.3f} "
+            f"IoU>0 {r['sampled_iou_nonzero']:.3f}"
+        )
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
     return res

@@ -53,9 +53,23 @@ def main(argv=None) -> dict:
     corpus = ["Find: the red circle", "<answer>[12, 40, 96, 120]</answer>"]
     corpus += [f"[{i}, {j}" for i in range(225) for j in range(0, 225, 7)]
     out = Path(tempfile.mkdtemp(prefix="position-probe-"))
-    build_tiny_qwen2_5_vl(out, corpus, vocab_size=600, hidden_size=192, layers=4, heads=6, kv_heads=2,
-                          intermediate_size=512, vision_hidden_size=96, vision_depth=2, vision_heads=2,
-                          rope_theta=args.rope_theta, mrope_section=section, seed=args.seed, split_digits=False)
+    build_tiny_qwen2_5_vl(
+        out,
+        corpus,
+        vocab_size=600,
+        hidden_size=192,
+        layers=4,
+        heads=6,
+        kv_heads=2,
+        intermediate_size=512,
+        vision_hidden_size=96,
+        vision_depth=2,
+        vision_heads=2,
+        rope_theta=args.rope_theta,
+        mrope_section=section,
+        seed=args.seed,
+        split_digits=False,
+    )
     model, proc = load_policy(str(out), dtype="fp32")
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -63,8 +77,12 @@ def main(argv=None) -> dict:
 
     def batch(n):
         ims, boxes = zip(*[scene() for _ in range(n)])
-        enc = proc(text=[prompt + f"<answer>{list(b)}</answer><|im_end|>" for b in boxes], images=list(ims),
-                   return_tensors="pt", padding=True)
+        enc = proc(
+            text=[prompt + f"<answer>{list(b)}</answer><|im_end|>" for b in boxes],
+            images=list(ims),
+            return_tensors="pt",
+            padding=True,
+        )
         p_enc = proc(text=[prompt] * n, images=list(ims), return_tensors="pt", padding=True)
         n_tgt = enc["attention_mask"].sum(1) - p_enc["attention_mask"].sum(1)
         T = enc["input_ids"].shape[1]
@@ -75,8 +93,9 @@ def main(argv=None) -> dict:
     for step in range(args.steps):
         enc, labels, _, _ = batch(16)
         logits = model(**enc, use_cache=False).logits[:, :-1]
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
-                                                 ignore_index=-100)
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
+        )
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -86,7 +105,7 @@ def main(argv=None) -> dict:
     _, _, boxes, p_enc = batch(48)
     with torch.no_grad():
         gen = model.generate(**p_enc, max_new_tokens=32, do_sample=False)
-    texts = proc.tokenizer.batch_decode(gen[:, p_enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    texts = proc.tokenizer.batch_decode(gen[:, p_enc["input_ids"].shape[1] :], skip_special_tokens=True)
     pred_c, true_c, ious = [], [], []
     for text, b in zip(texts, boxes):
         found = extract_boxes(text)
@@ -97,9 +116,16 @@ def main(argv=None) -> dict:
             true_c.append([(b[0] + b[2]) / 2, (b[1] + b[3]) / 2])
     pred_c, true_c = np.array(pred_c), np.array(true_c)
     corr = [float(np.corrcoef(pred_c[:, i], true_c[:, i])[0, 1]) if len(pred_c) > 2 else float("nan") for i in (0, 1)]
-    result = {"rope_theta": args.rope_theta, "mrope_section": section, "steps": args.steps, "parsed": len(pred_c),
-              "corr_x": corr[0], "corr_y": corr[1], "miou": float(np.mean(ious)),
-              "acc50": float(np.mean(np.array(ious) >= 0.5))}
+    result = {
+        "rope_theta": args.rope_theta,
+        "mrope_section": section,
+        "steps": args.steps,
+        "parsed": len(pred_c),
+        "corr_x": corr[0],
+        "corr_y": corr[1],
+        "miou": float(np.mean(ious)),
+        "acc50": float(np.mean(np.array(ious) >= 0.5)),
+    }
     print(result)
     return result
 

@@ -158,7 +158,9 @@ def read_metrics_jsonl(path: str | os.PathLike, name: str | None = None) -> list
             if event == "start":
                 fresh = row.get("stage") == "fit" and not row.get("resumed")
                 if cur is None or fresh:
-                    cur = _Builder(row.get("run") or path.parent.name, dict(row.get("hparams") or {}), row.get("run_id"))
+                    cur = _Builder(
+                        row.get("run") or path.parent.name, dict(row.get("hparams") or {}), row.get("run_id")
+                    )
                     runs.append(cur)
                 elif row.get("resumed"):
                     same = [b for b in runs if row.get("run_id") and b.run_id == row.get("run_id")]
@@ -169,8 +171,18 @@ def read_metrics_jsonl(path: str | os.PathLike, name: str | None = None) -> list
                     cur = _Builder(path.parent.name, {}, None)
                     runs.append(cur)
                 cur.rows[event].append(row)
-    out = [Run(name=b.name, hparams=b.hparams, train=_frame(b.rows["train"]), val=_frame(b.rows["val"], ()),
-               test=_frame(b.rows["test"], ()), source=str(path), run_id=b.run_id) for b in runs]
+    out = [
+        Run(
+            name=b.name,
+            hparams=b.hparams,
+            train=_frame(b.rows["train"]),
+            val=_frame(b.rows["val"], ()),
+            test=_frame(b.rows["test"], ()),
+            source=str(path),
+            run_id=b.run_id,
+        )
+        for b in runs
+    ]
     if name and len(out) == 1:
         out[0].name = out[0].label = name
     return out
@@ -198,12 +210,12 @@ def iter_wandb_records(path: str | os.PathLike) -> Iterable[Any]:
         if left < _HEADER:  # block trailer padding
             pos += left
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + _HEADER])
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + _HEADER])
         pos += _HEADER
         if kind == 0 and length == 0:  # zero-filled rest of a block
             pos += left - _HEADER
             continue
-        chunk = data[pos:pos + length]
+        chunk = data[pos : pos + length]
         pos += length
         if kind == 1:
             buf = chunk
@@ -260,13 +272,21 @@ def read_wandb_offline(run_dir: str | os.PathLike) -> tuple[list[dict[str, Any]]
         elif kind == "config":
             for it in rec.config.update:
                 config[it.key or "/".join(it.nested_key)] = _item_value(it)
-    config = {k: (v.get("value", v) if isinstance(v, dict) and set(v) <= {"value", "desc"} else v)
-              for k, v in config.items() if not k.startswith("_")}
+    config = {
+        k: (v.get("value", v) if isinstance(v, dict) and set(v) <= {"value", "desc"} else v)
+        for k, v in config.items()
+        if not k.startswith("_")
+    }
     return rows, config, name
 
 
-def run_from_history(rows: Iterable[Mapping[str, Any]], name: str, config: Mapping[str, Any] | None = None,
-                     source: str = "", run_id: str | None = None) -> Run:
+def run_from_history(
+    rows: Iterable[Mapping[str, Any]],
+    name: str,
+    config: Mapping[str, Any] | None = None,
+    source: str = "",
+    run_id: str | None = None,
+) -> Run:
     """A ``Run`` from W&B history rows, on the metrics file's step axis.
 
     ``WandbLogger`` logs the metrics of the k-th optimizer step, and a validation that follows it, at
@@ -281,15 +301,32 @@ def run_from_history(rows: Iterable[Mapping[str, Any]], name: str, config: Mappi
         step = int(step) + 1  # WandbLogger logs step k's metrics (and the validation after it) at k - 1
         media = tuple(k[: -len("_type")] for k in row if k.endswith("/_type"))  # images etc.: not curves
         for kind in buckets:
-            vals = {k: v for k, v in row.items() if k.startswith(f"{kind}/") and not k.startswith(media or ("\0",))
-                    and isinstance(v, int | float) and not isinstance(v, bool)}
+            vals = {
+                k: v
+                for k, v in row.items()
+                if k.startswith(f"{kind}/")
+                and not k.startswith(media or ("\0",))
+                and isinstance(v, int | float)
+                and not isinstance(v, bool)
+            }
             if vals:
                 buckets[kind].append({"step": step, "epoch": row.get("epoch"), **vals})
     # W&B may split one logging call into several rows: merge rows of the same step (last non-null per column)
-    frames = {k: pd.DataFrame(v).groupby("step", sort=True).last().reset_index() if v
-              else pd.DataFrame(columns=["step", "epoch"]) for k, v in buckets.items()}
-    return Run(name=name, hparams=dict(config or {}), train=frames["train"], val=frames["val"], test=frames["test"],
-               source=source, run_id=run_id)
+    frames = {
+        k: pd.DataFrame(v).groupby("step", sort=True).last().reset_index()
+        if v
+        else pd.DataFrame(columns=["step", "epoch"])
+        for k, v in buckets.items()
+    }
+    return Run(
+        name=name,
+        hparams=dict(config or {}),
+        train=frames["train"],
+        val=frames["val"],
+        test=frames["test"],
+        source=source,
+        run_id=run_id,
+    )
 
 
 def load_wandb_offline(run_dir: str | os.PathLike) -> Run:
@@ -342,7 +379,7 @@ def load_runs(spec: str | Sequence[str] | None, wandb_api: Any = None) -> list[R
         if "=" in entry and not entry.startswith("wandb:"):
             label, entry = entry.split("=", 1)
         if entry.startswith("wandb:"):
-            api_paths.append((label, entry[len("wandb:"):]))
+            api_paths.append((label, entry[len("wandb:") :]))
             continue
         for path in sorted(glob.glob(os.path.expanduser(entry))) or [entry]:
             p = Path(path)
@@ -380,8 +417,11 @@ def disambiguate(runs: list[Run]) -> list[Run]:
             group[0].label = name
             continue
         keys = sorted({k for r in group for k in r.hparams})
-        differ = [k for k in keys if len({json.dumps(r.hparams.get(k), sort_keys=True, default=str)
-                                          for r in group}) > 1 and "path" not in k]
+        differ = [
+            k
+            for k in keys
+            if len({json.dumps(r.hparams.get(k), sort_keys=True, default=str) for r in group}) > 1 and "path" not in k
+        ]
         for i, r in enumerate(group):
             extra = " ".join(f"{k}={r.hparams.get(k)}" for k in differ[:2])
             r.label = f"{name} {extra}" if extra else f"{name} #{i + 1}"
@@ -413,8 +453,11 @@ def summary_table(runs: Sequence[Run], metric: str = "acc50") -> pd.DataFrame:
     validation set."""
     rows = []
     for r in runs:
-        row: dict[str, Any] = {"run": r.label, "beta": r.beta,
-                               "steps": int(r.train["step"].max()) if "step" in r.train and len(r.train) else 0}
+        row: dict[str, Any] = {
+            "run": r.label,
+            "beta": r.beta,
+            "steps": int(r.train["step"].max()) if "step" in r.train and len(r.train) else 0,
+        }
         for key in COLLAPSE_KEYS:
             if key in r.train and r.train[key].notna().any():
                 row[key] = float(r.train[key].dropna().iloc[-1])
@@ -424,18 +467,24 @@ def summary_table(runs: Sequence[Run], metric: str = "acc50") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def beta_table(runs: Sequence[Run], metric: str = "acc50",
-               include: Callable[[Run], bool] | None = None) -> pd.DataFrame:
+def beta_table(
+    runs: Sequence[Run], metric: str = "acc50", include: Callable[[Run], bool] | None = None
+) -> pd.DataFrame:
     """Final validation ``metric`` per (run, set) against the smoothing beta: the paper's beta ablation.
 
     By default only Syn-GRPO runs count (``diversity_weight != 0``: a GRPO baseline also carries a
     ``diversity_beta`` hparam that it never uses)."""
+
     def default_include(r: Run) -> bool:
         return float(r.hparam("diversity_weight", 1.0) or 0.0) != 0.0
 
     include = include or default_include
-    rows = [{"run": r.label, "beta": r.beta, "set": s, metric: v}
-            for r in runs if r.beta is not None and include(r) for s, v in final_eval(r, metric).items()]
+    rows = [
+        {"run": r.label, "beta": r.beta, "set": s, metric: v}
+        for r in runs
+        if r.beta is not None and include(r)
+        for s, v in final_eval(r, metric).items()
+    ]
     return pd.DataFrame(rows, columns=["run", "beta", "set", metric])
 
 
@@ -461,8 +510,12 @@ def _grid(n: int, ncols: int = 2, size: tuple[float, float] = (5.0, 3.4)) -> tup
     return fig, axes[:n]
 
 
-def plot_curves(runs: Sequence[Run], keys: Mapping[str, str] = COLLAPSE_KEYS, smooth: float = 0.0,
-                title: str = "Entropy and diversity collapse") -> Figure:
+def plot_curves(
+    runs: Sequence[Run],
+    keys: Mapping[str, str] = COLLAPSE_KEYS,
+    smooth: float = 0.0,
+    title: str = "Entropy and diversity collapse",
+) -> Figure:
     """One panel per metric of ``keys`` against the training step, one line per run (smoothed when ``smooth`` > 0,
     with the raw curve faint behind)."""
     fig, axes = _grid(len(keys))
@@ -475,8 +528,14 @@ def plot_curves(runs: Sequence[Run], keys: Mapping[str, str] = COLLAPSE_KEYS, sm
             c = colours[r.label]
             if smooth:
                 ax.plot(df["step"], df[key], color=c, alpha=0.25, linewidth=0.8)
-            ax.plot(df["step"], ema(df[key], smooth), color=c, label=r.label, marker="o" if len(df) < 20 else None,
-                    markersize=3)
+            ax.plot(
+                df["step"],
+                ema(df[key], smooth),
+                color=c,
+                label=r.label,
+                marker="o" if len(df) < 20 else None,
+                markersize=3,
+            )
         ax.set_title(label)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("step")

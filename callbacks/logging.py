@@ -103,8 +103,14 @@ class MetricsJSONL(Callback):
         every_n_steps: write a ``train`` line every n optimizer steps (GRPO steps are expensive: default every step).
     """
 
-    def __init__(self, path: str | None = None, dirpath: str | None = None, filename: str = "metrics.jsonl",
-                 run_name: str | None = None, every_n_steps: int = 1):
+    def __init__(
+        self,
+        path: str | None = None,
+        dirpath: str | None = None,
+        filename: str = "metrics.jsonl",
+        run_name: str | None = None,
+        every_n_steps: int = 1,
+    ):
         if every_n_steps < 1:
             raise ValueError(f"MetricsJSONL every_n_steps must be >= 1, got {every_n_steps}")
         self.path = Path(path) if path else None
@@ -150,12 +156,22 @@ class MetricsJSONL(Callback):
         self._started = stage
         self._t0 = time.time()
         name, run_id = run_identity(trainer, self.run_name)
-        self._write(trainer, {
-            "event": "start", "format": METRICS_FORMAT_VERSION, "run": name, "run_id": run_id, "stage": stage,
-            "resumed": stage == "fit" and trainer.ckpt_path is not None, "ckpt_path": trainer.ckpt_path,
-            "step": trainer.global_step, "epoch": trainer.current_epoch, "time": self._t0,
-            "hparams": dict(pl_module.hparams),
-        })
+        self._write(
+            trainer,
+            {
+                "event": "start",
+                "format": METRICS_FORMAT_VERSION,
+                "run": name,
+                "run_id": run_id,
+                "stage": stage,
+                "resumed": stage == "fit" and trainer.ckpt_path is not None,
+                "ckpt_path": trainer.ckpt_path,
+                "step": trainer.global_step,
+                "epoch": trainer.current_epoch,
+                "time": self._t0,
+                "hparams": dict(pl_module.hparams),
+            },
+        )
 
     # ---------------------------------------------------------------------------------------------- hooks
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -174,20 +190,36 @@ class MetricsJSONL(Callback):
             return  # (the same step again: gradient accumulation in automatic optimization)
         self._last_train_step = step
         now = time.time()
-        self._write(trainer, {
-            "event": "train", "step": step, "epoch": trainer.current_epoch, "batch_idx": batch_idx, "time": now,
-            "elapsed": now - (self._t0 or now), **self._metrics(trainer, "train/"),
-        })
+        self._write(
+            trainer,
+            {
+                "event": "train",
+                "step": step,
+                "epoch": trainer.current_epoch,
+                "batch_idx": batch_idx,
+                "time": now,
+                "elapsed": now - (self._t0 or now),
+                **self._metrics(trainer, "train/"),
+            },
+        )
 
     def _eval_end(self, trainer: L.Trainer, pl_module: L.LightningModule, kind: str) -> None:
         if trainer.sanity_checking or not trainer.is_global_zero:
             return
         self._start(trainer, pl_module, _fn(trainer))
         now = time.time()
-        self._write(trainer, {
-            "event": kind, "stage": _fn(trainer), "step": trainer.global_step, "epoch": trainer.current_epoch,
-            "time": now, "elapsed": now - (self._t0 or now), **self._metrics(trainer, f"{kind}/"),
-        })
+        self._write(
+            trainer,
+            {
+                "event": kind,
+                "stage": _fn(trainer),
+                "step": trainer.global_step,
+                "epoch": trainer.current_epoch,
+                "time": now,
+                "elapsed": now - (self._t0 or now),
+                **self._metrics(trainer, f"{kind}/"),
+            },
+        )
 
     # on_*_end, not on_*_epoch_end: Lightning reduces the epoch metrics (and the module logs mAP) after the callbacks'
     # epoch-end hooks, so only here does callback_metrics hold this evaluation's values.
@@ -199,9 +231,16 @@ class MetricsJSONL(Callback):
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self._fh is not None:
-            self._write(trainer, {"event": "end", "stage": stage, "step": trainer.global_step,
-                                  "status": str(getattr(trainer.state.status, "value", trainer.state.status)),
-                                  "time": time.time()})
+            self._write(
+                trainer,
+                {
+                    "event": "end",
+                    "stage": stage,
+                    "step": trainer.global_step,
+                    "status": str(getattr(trainer.state.status, "value", trainer.state.status)),
+                    "time": time.time(),
+                },
+            )
             self._fh.close()
             self._fh = None
         self._started = None
@@ -268,8 +307,10 @@ class OfflineAwareWandbLogger(WandbLogger):
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
         self.offline = wandb_should_be_offline() if offline is None else bool(offline)
         if self.offline and log_model:
-            raise ValueError("--trainer.logger.init_args.log_model needs online W&B; set WANDB_API_KEY (or offline: "
-                             "false) or turn log_model off")
+            raise ValueError(
+                "--trainer.logger.init_args.log_model needs online W&B; set WANDB_API_KEY (or offline: "
+                "false) or turn log_model off"
+            )
         if self.offline and os.environ.get("WANDB_MODE", "").lower() != "disabled":
             kwargs.setdefault("mode", "offline")
         for key, value in (("tags", tags), ("group", group), ("notes", notes)):
@@ -290,24 +331,43 @@ class OfflineAwareWandbLogger(WandbLogger):
         self._experiment = None
 
 
-def wandb_logger(project: str = "syn-grpo", name: str | None = None, tags: Sequence[str] | None = None,
-                 save_dir: str = ".", **kwargs: Any) -> OfflineAwareWandbLogger:
+def wandb_logger(
+    project: str = "syn-grpo",
+    name: str | None = None,
+    tags: Sequence[str] | None = None,
+    save_dir: str = ".",
+    **kwargs: Any,
+) -> OfflineAwareWandbLogger:
     """Build the project's W&B logger from Python (configs use ``class_path: callbacks.logging.OfflineAwareWandbLogger``)."""
-    return OfflineAwareWandbLogger(name=name, save_dir=save_dir, project=project,
-                                   tags=list(tags) if tags is not None else None, **kwargs)
+    return OfflineAwareWandbLogger(
+        name=name, save_dir=save_dir, project=project, tags=list(tags) if tags is not None else None, **kwargs
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Rollout gallery
 # ---------------------------------------------------------------------------------------------------------------------
 
-_GROUP_COLOURS = [(230, 0, 0), (0, 90, 230), (230, 140, 0), (160, 0, 200), (0, 170, 170), (120, 80, 0),
-                  (255, 0, 140), (90, 90, 90)]
+_GROUP_COLOURS = [
+    (230, 0, 0),
+    (0, 90, 230),
+    (230, 140, 0),
+    (160, 0, 200),
+    (0, 170, 170),
+    (120, 80, 0),
+    (255, 0, 140),
+    (90, 90, 90),
+]
 
 
-def gallery_panel(image: Image.Image, gt_boxes: Sequence[Sequence[float]],
-                  pred_boxes: Sequence[Sequence[Sequence[float]]], lines: Sequence[str], min_side: int = 256,
-                  colours: Sequence[tuple[int, int, int]] | None = None) -> Image.Image:
+def gallery_panel(
+    image: Image.Image,
+    gt_boxes: Sequence[Sequence[float]],
+    pred_boxes: Sequence[Sequence[Sequence[float]]],
+    lines: Sequence[str],
+    min_side: int = 256,
+    colours: Sequence[tuple[int, int, int]] | None = None,
+) -> Image.Image:
     """One picture: ``image`` with GT boxes (green) and predicted box sets (one colour per set), text lines below.
 
     ``pred_boxes[k]`` is the k-th set of predicted boxes (one set for a greedy answer, G sets for a group). Small images
@@ -323,15 +383,16 @@ def gallery_panel(image: Image.Image, gt_boxes: Sequence[Sequence[float]],
     colours = list(colours or ([PRED_COLOUR] if len(pred_boxes) <= 1 else _GROUP_COLOURS))
     layers = [(sc(gt_boxes), GT_COLOUR, 3)] + [(sc(b), colours[k % len(colours)], 2) for k, b in enumerate(pred_boxes)]
     for boxes, _, width in layers:  # a dark halo first, so boxes stay visible on any background
-        img = draw_boxes(img, [[b[0] - 1, b[1] - 1, b[2] + 1, b[3] + 1] for b in boxes], colour=(0, 0, 0),
-                         width=width + 2)
+        img = draw_boxes(
+            img, [[b[0] - 1, b[1] - 1, b[2] + 1, b[3] + 1] for b in boxes], colour=(0, 0, 0), width=width + 2
+        )
     for boxes, colour, width in layers:
         img = draw_boxes(img, boxes, colour=colour, width=width)
     chars = max(20, img.width // 6)
     wrapped: list[str] = []
     for line in lines:
         line = " ".join(str(line).split())
-        wrapped += [line[i:i + chars] for i in range(0, max(len(line), 1), chars)][:3]
+        wrapped += [line[i : i + chars] for i in range(0, max(len(line), 1), chars)][:3]
     panel = Image.new("RGB", (img.width, img.height + 12 * len(wrapped) + 6), (255, 255, 255))
     panel.paste(img, (0, 0))
     draw = ImageDraw.Draw(panel)
@@ -368,9 +429,16 @@ class RolloutGallery(Callback):
         on_test: also draw at test end (from the first test set).
     """
 
-    def __init__(self, num_samples: int = 4, set_name: str | None = None, every_n_epochs: int = 1,
-                 max_new_tokens: int | None = None, train_every_n_steps: int = 0, dirname: str = "gallery",
-                 on_test: bool = False):
+    def __init__(
+        self,
+        num_samples: int = 4,
+        set_name: str | None = None,
+        every_n_epochs: int = 1,
+        max_new_tokens: int | None = None,
+        train_every_n_steps: int = 0,
+        dirname: str = "gallery",
+        on_test: bool = False,
+    ):
         if num_samples < 1:
             raise ValueError(f"RolloutGallery num_samples must be >= 1, got {num_samples}")
         self.num_samples = num_samples
@@ -418,10 +486,18 @@ class RolloutGallery(Callback):
         if not samples or not self._usable(pl_module):
             return
         hp = pl_module.hparams
-        ro = rollout(pl_module.policy, pl_module.processor, [s.image for s in samples], [s.query for s in samples],
-                     group_size=1, task=[s.task for s in samples], template=hp.get("prompt_template", "syn_grpo"),
-                     do_sample=False, max_new_tokens=self.max_new_tokens or hp.get("max_new_tokens", 128),
-                     engine=hp.get("rollout_engine", "hf"))
+        ro = rollout(
+            pl_module.policy,
+            pl_module.processor,
+            [s.image for s in samples],
+            [s.query for s in samples],
+            group_size=1,
+            task=[s.task for s in samples],
+            template=hp.get("prompt_template", "syn_grpo"),
+            do_sample=False,
+            max_new_tokens=self.max_new_tokens or hp.get("max_new_tokens", 128),
+            engine=hp.get("rollout_engine", "hf"),
+        )
         out = self._out_dir(trainer)
         panels, captions = [], []
         for k, (s, text, in_wh) in enumerate(zip(samples, ro.texts, ro.input_wh)):

@@ -25,15 +25,23 @@ from lightning.pytorch.callbacks import Callback
 
 from callbacks.logging import run_identity
 
-METRIC_LABELS = {"acc50": "Acc@0.5", "miou": "mIoU", "map": "mAP", "map_50": "mAP@50", "gp": "GP", "gr": "GR",
-                 "format": "format"}
+METRIC_LABELS = {
+    "acc50": "Acc@0.5",
+    "miou": "mIoU",
+    "map": "mAP",
+    "map_50": "mAP@50",
+    "gp": "GP",
+    "gr": "GR",
+    "format": "format",
+}
 """Metric key -> column header, in the order the table shows them."""
 
 _KEY = re.compile(r"^(?P<kind>val|test)/(?P<set>[^/]+)/(?P<metric>[^/]+)$")
 
 
-def collect_results(metrics: Mapping[str, Any], kind: str = "test",
-                    columns: Sequence[str] = tuple(METRIC_LABELS)) -> dict[str, dict[str, float]]:
+def collect_results(
+    metrics: Mapping[str, Any], kind: str = "test", columns: Sequence[str] = tuple(METRIC_LABELS)
+) -> dict[str, dict[str, float]]:
     """``{set: {metric: value}}`` from flat keys ``<kind>/<set>/<metric>`` (sets in first-seen order)."""
     out: dict[str, dict[str, float]] = {}
     for key, value in metrics.items():
@@ -57,8 +65,12 @@ def _fmt(v: float | None, scale: float, decimals: int) -> str:
     return f"{v * scale:.{decimals}f}"
 
 
-def markdown_table(results: Mapping[str, Mapping[str, float]], columns: Sequence[str] = tuple(METRIC_LABELS),
-                   scale: float = 100.0, decimals: int = 1) -> str:
+def markdown_table(
+    results: Mapping[str, Mapping[str, float]],
+    columns: Sequence[str] = tuple(METRIC_LABELS),
+    scale: float = 100.0,
+    decimals: int = 1,
+) -> str:
     """Rows = sets, columns = the metrics any set has; values times ``scale``; missing = ``-``."""
     cols = _present(results, columns)
     head = ["set"] + [METRIC_LABELS.get(c, c) for c in cols]
@@ -66,15 +78,23 @@ def markdown_table(results: Mapping[str, Mapping[str, float]], columns: Sequence
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
 
     def line(cells):
-        return "| " + " | ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
-                                 for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+        return (
+            "| "
+            + " | ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+            + " |"
+        )
 
     sep = "|" + "|".join("-" * (w + 2) if i == 0 else "-" * (w + 1) + ":" for i, w in enumerate(widths)) + "|"
     return "\n".join([line(head), sep] + [line(r) for r in rows])
 
 
-def paper_row(results: Mapping[str, Mapping[str, float]], method: str, columns: Sequence[str] = ("acc50",),
-              scale: float = 100.0, decimals: int = 1) -> str:
+def paper_row(
+    results: Mapping[str, Mapping[str, float]],
+    method: str,
+    columns: Sequence[str] = ("acc50",),
+    scale: float = 100.0,
+    decimals: int = 1,
+) -> str:
     """The paper's layout: one row for the run (``method``), one column per (set, metric); stack rows of several runs
     to get Table 1 (REC: Acc@0.5 per set) or Table 2 (OVD: mAP, GP, GR per set)."""
     cells = [(name, c) for name, r in results.items() for c in columns if c in r]
@@ -107,9 +127,16 @@ class ResultsTable(Callback):
         decimals: decimals shown.
     """
 
-    def __init__(self, dirname: str = "results", columns: Sequence[str] = tuple(METRIC_LABELS),
-                 paper_columns: Sequence[str] = ("acc50", "map", "gp", "gr"), during_fit: bool = False,
-                 method: str | None = None, scale: float = 100.0, decimals: int = 1):
+    def __init__(
+        self,
+        dirname: str = "results",
+        columns: Sequence[str] = tuple(METRIC_LABELS),
+        paper_columns: Sequence[str] = ("acc50", "map", "gp", "gr"),
+        during_fit: bool = False,
+        method: str | None = None,
+        scale: float = 100.0,
+        decimals: int = 1,
+    ):
         self.dirname = dirname
         self.columns = list(columns)
         self.paper_columns = list(paper_columns)
@@ -121,8 +148,12 @@ class ResultsTable(Callback):
         """The last table, ``{set: {metric: value}}``."""
 
     def render(self, results: Mapping[str, Mapping[str, float]], method: str) -> str:
-        return "\n\n".join([markdown_table(results, self.columns, self.scale, self.decimals),
-                            paper_row(results, method, self.paper_columns, self.scale, self.decimals)])
+        return "\n\n".join(
+            [
+                markdown_table(results, self.columns, self.scale, self.decimals),
+                paper_row(results, method, self.paper_columns, self.scale, self.decimals),
+            ]
+        )
 
     def _report(self, trainer: L.Trainer, kind: str) -> None:
         fn = str(getattr(trainer.state.fn, "value", trainer.state.fn))

@@ -101,7 +101,12 @@ class SynthesisCallback(Callback):
         if unfinished not in ("keep", "drop"):
             raise ValueError(f"SynthesisCallback unfinished must be 'keep' or 'drop', got {unfinished!r}")
         self.mode, self.url, self.token, self.token_env = mode, url, token, token_env
-        self.server_config, self.output_dir, self.source, self.unfinished = server_config, output_dir, source, unfinished
+        self.server_config, self.output_dir, self.source, self.unfinished = (
+            server_config,
+            output_dir,
+            source,
+            unfinished,
+        )
         self.guard = guard_toy_descriptions
         self.server_overrides = dict(server_overrides or {})
         self.poll_interval, self.sync_timeout = poll_interval, sync_timeout
@@ -123,8 +128,10 @@ class SynthesisCallback(Callback):
             return
         dm = trainer.datamodule
         if dm is None or not hasattr(dm, "pool"):
-            raise TypeError("SynthesisCallback needs --data.class_path datamodules.synthetic.SyntheticDataModule "
-                            f"(got {type(dm).__name__}); or set the callback's mode: off")
+            raise TypeError(
+                "SynthesisCallback needs --data.class_path datamodules.synthetic.SyntheticDataModule "
+                f"(got {type(dm).__name__}); or set the callback's mode: off"
+            )
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.mode == "off":
@@ -145,8 +152,13 @@ class SynthesisCallback(Callback):
             data_root = Path(trainer.datamodule.data_root)
             image_root = trainer.datamodule.image_root
             roots = sorted({str(p.resolve()) for p in (data_root, out, Path(image_root or data_root))})
-            self._server = LocalServer(self.server_config, roots=roots, output_dir=out,
-                                       overrides=self.server_overrides, log_path=root / "synth_server.log")
+            self._server = LocalServer(
+                self.server_config,
+                roots=roots,
+                output_dir=out,
+                overrides=self.server_overrides,
+                log_path=root / "synth_server.log",
+            )
             self._server.start()
             client = self._server.client()
         else:
@@ -154,8 +166,10 @@ class SynthesisCallback(Callback):
 
             token = self.token or os.environ.get(self.token_env)
             if not token:
-                raise ValueError(f"SynthesisCallback url={self.url!r} needs a token: set the {self.token_env} "
-                                 "environment variable or the callback's token")
+                raise ValueError(
+                    f"SynthesisCallback url={self.url!r} needs a token: set the {self.token_env} "
+                    "environment variable or the callback's token"
+                )
             client = SynthClient(self.url, token)
         self._submitter = AsyncSubmitter(client, poll_interval=self.poll_interval)
 
@@ -163,8 +177,7 @@ class SynthesisCallback(Callback):
         return self._server is not None and (self._server.proc is None or self._server.proc.poll() is not None)
 
     def _restart_local_server(self, trainer: L.Trainer) -> None:
-        log.warning("synthesis server died; restarting it and resubmitting %d outstanding jobs",
-                    len(self.outstanding))
+        log.warning("synthesis server died; restarting it and resubmitting %d outstanding jobs", len(self.outstanding))
         self._close()
         self.totals["server_restarts"] += 1
         self._connect(trainer)
@@ -192,9 +205,16 @@ class SynthesisCallback(Callback):
     def _submit(self, job: Outstanding) -> None:
         from synth.api import ImageRef, JobRequest
 
-        self._submitter.submit(JobRequest(job_id=job.job_id, sample_id=job.sample_id,
-                                          image=ImageRef(path=job.image_path), boxes=job.boxes,
-                                          description=job.description, seed=job.seed))
+        self._submitter.submit(
+            JobRequest(
+                job_id=job.job_id,
+                sample_id=job.sample_id,
+                image=ImageRef(path=job.image_path),
+                boxes=job.boxes,
+                description=job.description,
+                seed=job.seed,
+            )
+        )
 
     def _selections(self, trainer: L.Trainer, pl_module: L.LightningModule, batch) -> list[tuple[str, str]]:
         if self.offline:
@@ -226,10 +246,17 @@ class SynthesisCallback(Callback):
                 description = _guard(description, self._pool.entries[sample_id].record.meta)
             job_id = _job_id(sample_id, epoch, description)
             busy.add(sample_id)
-            job = Outstanding(job_id=job_id, sample_id=sample_id, description=description, epoch=epoch,
-                              parent=src.version, image_path=str(Path(src.image_path).resolve()),
-                              boxes=[list(b) for b in src.boxes], seed=zlib.crc32(job_id.encode()) % (2**31),
-                              submitted_at=time.time())
+            job = Outstanding(
+                job_id=job_id,
+                sample_id=sample_id,
+                description=description,
+                epoch=epoch,
+                parent=src.version,
+                image_path=str(Path(src.image_path).resolve()),
+                boxes=[list(b) for b in src.boxes],
+                seed=zlib.crc32(job_id.encode()) % (2**31),
+                submitted_at=time.time(),
+            )
             self.outstanding[job_id] = job
             self.totals["submitted"] += 1
             if self._submitter is not None:
@@ -237,8 +264,14 @@ class SynthesisCallback(Callback):
         if self._submitter is None:
             return
         stats = self._submitter.stats()
-        pl_module.log("synth/queue_depth", float(stats["unsent"] + stats["in_flight"]), batch_size=1,
-                      on_step=True, on_epoch=False, rank_zero_only=True)
+        pl_module.log(
+            "synth/queue_depth",
+            float(stats["unsent"] + stats["in_flight"]),
+            batch_size=1,
+            on_step=True,
+            on_epoch=False,
+            rank_zero_only=True,
+        )
 
     # ------------------------------------------------------------------------------------------------ swap
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -254,15 +287,24 @@ class SynthesisCallback(Callback):
             swaps = box[0]
         next_epoch = trainer.current_epoch + 1
         for s in swaps:
-            self._pool.swap(s["sample_id"], s["image_path"], s["boxes"], epoch=next_epoch,
-                            description=s["description"], job_id=s["job_id"], parent=s["parent"])
+            self._pool.swap(
+                s["sample_id"],
+                s["image_path"],
+                s["boxes"],
+                epoch=next_epoch,
+                description=s["description"],
+                job_id=s["job_id"],
+                parent=s["parent"],
+            )
         if trainer.is_global_zero:
-            report.update(epoch=trainer.current_epoch, pool_swapped=self._pool.num_swapped(),
-                          pool_size=len(self._pool))
+            report.update(epoch=trainer.current_epoch, pool_swapped=self._pool.num_swapped(), pool_size=len(self._pool))
             self.history.append(report)
-            pl_module.log_dict({f"synth/{k}": float(v) for k, v in report.items()
-                                if isinstance(v, int | float) and k != "epoch"},
-                               rank_zero_only=True, on_step=False, on_epoch=True)
+            pl_module.log_dict(
+                {f"synth/{k}": float(v) for k, v in report.items() if isinstance(v, int | float) and k != "epoch"},
+                rank_zero_only=True,
+                on_step=False,
+                on_epoch=True,
+            )
             self._write_gallery(trainer)
 
     def _collect(self, trainer: L.Trainer) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -272,8 +314,15 @@ class SynthesisCallback(Callback):
             except Exception as err:  # training goes on with the current images; try again next epoch
                 log.warning("synthesis server could not be restarted (%s); no swaps this epoch", err)
                 self._submitter = None
-                return [], {"swaps": 0, "failures": 0, "dropped": 0, "outstanding": len(self.outstanding),
-                            "lag_s": 0.0, "queue_depth": 0, "server_restarts": self.totals["server_restarts"]}
+                return [], {
+                    "swaps": 0,
+                    "failures": 0,
+                    "dropped": 0,
+                    "outstanding": len(self.outstanding),
+                    "lag_s": 0.0,
+                    "queue_depth": 0,
+                    "server_restarts": self.totals["server_restarts"],
+                }
         if self.mode == "sync" and self.outstanding:
             try:
                 self._submitter.wait(list(self.outstanding), timeout=self.sync_timeout)
@@ -288,13 +337,24 @@ class SynthesisCallback(Callback):
                 continue
             res = status.result
             if status.state.value == "done" and res is not None and res.audit.passed:
-                swaps.append({"sample_id": job.sample_id, "image_path": res.output_path, "boxes": res.boxes,
-                              "description": job.description, "job_id": job.job_id, "parent": job.parent})
+                swaps.append(
+                    {
+                        "sample_id": job.sample_id,
+                        "image_path": res.output_path,
+                        "boxes": res.boxes,
+                        "description": job.description,
+                        "job_id": job.job_id,
+                        "parent": job.parent,
+                    }
+                )
                 lags.append(now - job.submitted_at)
             else:
                 failed += 1
-                log.warning("synthesis job %s failed (the sample keeps its image): %s", status.job_id,
-                            status.error or (res.audit.message if res else "no result"))
+                log.warning(
+                    "synthesis job %s failed (the sample keeps its image): %s",
+                    status.job_id,
+                    status.error or (res.audit.message if res else "no result"),
+                )
         self._submitter.ack([s.job_id for s in finished])
         dropped = 0
         if self.unfinished == "drop":
@@ -304,9 +364,15 @@ class SynthesisCallback(Callback):
         self.totals["failed"] += failed
         self.totals["dropped"] += dropped
         stats = self._submitter.stats()
-        report = {"swaps": len(swaps), "failures": failed, "dropped": dropped, "outstanding": len(self.outstanding),
-                  "lag_s": sum(lags) / len(lags) if lags else 0.0, "queue_depth": stats["unsent"] + stats["in_flight"],
-                  "server_restarts": self.totals["server_restarts"]}
+        report = {
+            "swaps": len(swaps),
+            "failures": failed,
+            "dropped": dropped,
+            "outstanding": len(self.outstanding),
+            "lag_s": sum(lags) / len(lags) if lags else 0.0,
+            "queue_depth": stats["unsent"] + stats["in_flight"],
+            "server_restarts": self.totals["server_restarts"],
+        }
         return swaps, report
 
     # ------------------------------------------------------------------------------------------------ gallery
@@ -335,8 +401,11 @@ class SynthesisCallback(Callback):
 
     # ------------------------------------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        return {"outstanding": {k: asdict(v) for k, v in self.outstanding.items()}, "totals": dict(self.totals),
-                "history": list(self.history)}
+        return {
+            "outstanding": {k: asdict(v) for k, v in self.outstanding.items()},
+            "totals": dict(self.totals),
+            "history": list(self.history),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.outstanding = {k: Outstanding(**v) for k, v in state.get("outstanding", {}).items()}
@@ -348,8 +417,10 @@ def _read_offline(path: str) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     p = Path(path)
     if not p.exists():
-        raise FileNotFoundError(f"SynthesisCallback offline_descriptions={path!r}: no such file; write a JSONL of "
-                                '{"sample_id": ..., "description": ...} lines')
+        raise FileNotFoundError(
+            f"SynthesisCallback offline_descriptions={path!r}: no such file; write a JSONL of "
+            '{"sample_id": ..., "description": ...} lines'
+        )
     for lineno, line in enumerate(p.read_text().splitlines(), 1):
         if not line.strip():
             continue
@@ -357,7 +428,7 @@ def _read_offline(path: str) -> dict[str, list[str]]:
             obj = json.loads(line)
             out.setdefault(str(obj["sample_id"]), []).append(str(obj["description"]))
         except (json.JSONDecodeError, KeyError, TypeError) as err:
-            raise ValueError(f"{path}:{lineno}: expected {{\"sample_id\": ..., \"description\": ...}} ({err})") from None
+            raise ValueError(f'{path}:{lineno}: expected {{"sample_id": ..., "description": ...}} ({err})') from None
     return out
 
 

@@ -97,8 +97,9 @@ def _boxes_from(solution: Any, task: str, where: str) -> list[list[float]]:
     return [as_box(b) for b in solution]
 
 
-def read_jsonl(path: str | Path, image_root: str | Path | None = None, *, task: str | None = None,
-               max_samples: int | None = None) -> list[Record]:
+def read_jsonl(
+    path: str | Path, image_root: str | Path | None = None, *, task: str | None = None, max_samples: int | None = None
+) -> list[Record]:
     """Parse a REC / OVD JSONL file into records (images are not opened here)."""
     path = Path(path)
     if not path.exists():
@@ -124,11 +125,17 @@ def read_jsonl(path: str | Path, image_root: str | Path | None = None, *, task: 
             t = task or obj.get("task", "rec")
             if t not in ("rec", "ovd"):
                 raise DataError(f"{where}: 'task' must be 'rec' or 'ovd'; got {t!r}")
-            records.append(Record(
-                sample_id=str(obj.get("id", f"{path.stem}-{lineno}")), image_path=root / image,
-                query=_query_from(obj, where), boxes=_boxes_from(obj.get("solution"), t, where), task=t,
-                source=where, meta=obj.get("meta") or {},
-            ))
+            records.append(
+                Record(
+                    sample_id=str(obj.get("id", f"{path.stem}-{lineno}")),
+                    image_path=root / image,
+                    query=_query_from(obj, where),
+                    boxes=_boxes_from(obj.get("solution"), t, where),
+                    task=t,
+                    source=where,
+                    meta=obj.get("meta") or {},
+                )
+            )
             if max_samples is not None and len(records) >= max_samples:
                 break
     if not records:
@@ -139,16 +146,25 @@ def read_jsonl(path: str | Path, image_root: str | Path | None = None, *, task: 
 def load_sample(rec: Record) -> Sample:
     """Open the record's image and check its boxes against the image size."""
     if not rec.image_path.exists():
-        raise DataError(f"{rec.source}: image {rec.image_path} not found; set --data.image_root to the folder that "
-                        "holds the images")
+        raise DataError(
+            f"{rec.source}: image {rec.image_path} not found; set --data.image_root to the folder that holds the images"
+        )
     with Image.open(rec.image_path) as im:
         image = im.convert("RGB")
     w, h = image.size
     for b in rec.boxes:
         if b[0] < 0 or b[1] < 0 or b[2] > w + 0.5 or b[3] > h + 0.5:
             raise DataError(f"{rec.source}: box {b} lies outside the {w}x{h} image {rec.image_path}")
-    return Sample(sample_id=rec.sample_id, image=image, query=rec.query, boxes=[list(b) for b in rec.boxes],
-                  task=rec.task, image_path=str(rec.image_path), source=rec.source, meta=dict(rec.meta))
+    return Sample(
+        sample_id=rec.sample_id,
+        image=image,
+        query=rec.query,
+        boxes=[list(b) for b in rec.boxes],
+        task=rec.task,
+        image_path=str(rec.image_path),
+        source=rec.source,
+        meta=dict(rec.meta),
+    )
 
 
 class GroundingDataset(Dataset):
@@ -266,8 +282,7 @@ class RECDataModule(L.LightningDataModule):
             n = self.toy.splits.get("train", 0)
             if self.max_train_samples is not None:
                 n = min(n, self.max_train_samples)
-            self.train_set = ToySceneDataset("train", n, self.toy.seed, self.toy.size, self.toy.task,
-                                             mix=self.toy.mix)
+            self.train_set = ToySceneDataset("train", n, self.toy.seed, self.toy.size, self.toy.task, mix=self.toy.mix)
         elif stage in (None, "fit") and self.train_set is None and self.train_files:
             self.train_set = GroundingDataset(self._records(self.train_files, self.max_train_samples))
         for kind, files in (("val", self.val_files), ("test", self.test_files)):
@@ -291,21 +306,37 @@ class RECDataModule(L.LightningDataModule):
     def train_records(self) -> list[Record]:
         ds = self._train_set()
         if not hasattr(ds, "records"):
-            raise DataError("the train split is rendered on access (--data.toy.render_train: true), so it has no "
-                            "JSONL records; set render_train: false to export it, or use train_samples()")
+            raise DataError(
+                "the train split is rendered on access (--data.toy.render_train: true), so it has no "
+                "JSONL records; set render_train: false to export it, or use train_samples()"
+            )
         return ds.records
 
     def train_dataloader(self):
         if self.train_set is None:
             raise DataError("no training data: set --data.train_files (or --data.toy for the toy world)")
-        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=self.shuffle,
-                          num_workers=self.num_workers, collate_fn=self.train_collate, drop_last=False,
-                          persistent_workers=self.num_workers > 0)
+        return DataLoader(
+            self.train_set,
+            batch_size=self.batch_size,
+            shuffle=self.shuffle,
+            num_workers=self.num_workers,
+            collate_fn=self.train_collate,
+            drop_last=False,
+            persistent_workers=self.num_workers > 0,
+        )
 
     def _eval_loaders(self, kind: str):
         sets = self.eval_sets[kind]
-        return [DataLoader(ds, batch_size=self.eval_batch_size, shuffle=False, num_workers=self.num_workers,
-                           collate_fn=collate_samples) for ds in sets.values()]
+        return [
+            DataLoader(
+                ds,
+                batch_size=self.eval_batch_size,
+                shuffle=False,
+                num_workers=self.num_workers,
+                collate_fn=collate_samples,
+            )
+            for ds in sets.values()
+        ]
 
     def eval_names(self, kind: str) -> list[str]:
         return list(self.eval_sets[kind])

@@ -52,8 +52,10 @@ class DataPool:
         self.entries: dict[str, PoolEntry] = {}
         for r in records:
             if r.sample_id in self.entries:
-                raise DataError(f"{r.source}: duplicate sample id {r.sample_id!r} (also at "
-                                f"{self.entries[r.sample_id].record.source}); ids must be unique in the pool")
+                raise DataError(
+                    f"{r.source}: duplicate sample id {r.sample_id!r} (also at "
+                    f"{self.entries[r.sample_id].record.source}); ids must be unique in the pool"
+                )
             self.entries[r.sample_id] = PoolEntry(r, [Version(0, str(r.image_path), [list(b) for b in r.boxes])])
         self.order = list(self.entries)
 
@@ -82,17 +84,32 @@ class DataPool:
         rec.meta = {**entry.record.meta, "version": cur.version, "original_image": str(entry.record.image_path)}
         return rec
 
-    def swap(self, sample_id: str, image_path: str, boxes: list[list[float]], *, epoch: int,
-             description: str | None, job_id: str | None, parent: int | None = None) -> Version:
+    def swap(
+        self,
+        sample_id: str,
+        image_path: str,
+        boxes: list[list[float]],
+        *,
+        epoch: int,
+        description: str | None,
+        job_id: str | None,
+        parent: int | None = None,
+    ) -> Version:
         """Make ``image_path`` the current version of ``sample_id``; returns the new version."""
         if sample_id not in self.entries:
             raise KeyError(f"swap for unknown sample {sample_id!r}")
         entry = self.entries[sample_id]
         if job_id is not None and any(v.job_id == job_id for v in entry.versions):
             return next(v for v in entry.versions if v.job_id == job_id)  # idempotent: a resumed job swaps once
-        v = Version(len(entry.versions), str(image_path), [list(b) for b in boxes], epoch=epoch,
-                    description=description, parent=entry.current.version if parent is None else parent,
-                    job_id=job_id)
+        v = Version(
+            len(entry.versions),
+            str(image_path),
+            [list(b) for b in boxes],
+            epoch=epoch,
+            description=description,
+            parent=entry.current.version if parent is None else parent,
+            job_id=job_id,
+        )
         entry.versions.append(v)
         return v
 
@@ -106,8 +123,10 @@ class DataPool:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for sid, versions in state.get("lineage", {}).items():
             if sid not in self.entries:
-                raise DataError(f"checkpoint pool holds sample {sid!r} that the configured training data lacks; "
-                                "resume with the same --data.train_files")
+                raise DataError(
+                    f"checkpoint pool holds sample {sid!r} that the configured training data lacks; "
+                    "resume with the same --data.train_files"
+                )
             entry = self.entries[sid]
             entry.versions = entry.versions[:1] + [Version(**v) for v in versions]
 
@@ -139,8 +158,10 @@ class SyntheticDataModule(RECDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         if self.toy is not None and self.toy.render_train:
-            raise DataError("--data.toy.render_train is for SFT runs: the synthetic pool keeps image files and "
-                            "swaps them, so export the train split (set render_train: false)")
+            raise DataError(
+                "--data.toy.render_train is for SFT runs: the synthetic pool keeps image files and "
+                "swaps them, so export the train split (set render_train: false)"
+            )
         super().setup(stage)
         if self.pool is None and self.train_set is not None:
             self.pool = DataPool(self.train_set.records)
@@ -151,8 +172,13 @@ class SyntheticDataModule(RECDataModule):
     def train_dataloader(self):
         if self.pool is None:
             raise DataError("no training data: set --data.train_files (or --data.toy for the toy world)")
-        return DataLoader(PoolDataset(self.pool), batch_size=self.batch_size, shuffle=self.shuffle,
-                          num_workers=self.num_workers, collate_fn=collate_samples)
+        return DataLoader(
+            PoolDataset(self.pool),
+            batch_size=self.batch_size,
+            shuffle=self.shuffle,
+            num_workers=self.num_workers,
+            collate_fn=collate_samples,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {"pool": self.pool.state_dict()} if self.pool is not None else {}

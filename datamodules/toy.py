@@ -276,8 +276,9 @@ class ToySceneDataset:
     ``meta`` match what ``read_jsonl`` makes of the exported line.
     """
 
-    def __init__(self, split: str, n: int, seed: int, size: int = 224, task: str = "rec",
-                 mix: dict[str, float] | None = None):
+    def __init__(
+        self, split: str, n: int, seed: int, size: int = 224, task: str = "rec", mix: dict[str, float] | None = None
+    ):
         _check_args(split, task, size)
         self.mix = dict(mix or {})
         for name, frac in self.mix.items():
@@ -309,9 +310,15 @@ class ToySceneDataset:
             raise IndexError(f"scene {index} out of range for {self.n} {self.split} scenes")
         rec = make_scene(self.split_of(index), index, self.seed, self.size, self.task)
         boxes = [rec["solution"]] if self.task == "rec" else rec["solution"]
-        return Sample(sample_id=rec["id"], image=rec["image"], query=rec["meta"]["query"],
-                      boxes=[[float(v) for v in b] for b in boxes], task=self.task,
-                      source=f"toy:{rec['meta']['split']}:{index}", meta=rec["meta"])
+        return Sample(
+            sample_id=rec["id"],
+            image=rec["image"],
+            query=rec["meta"]["query"],
+            boxes=[[float(v) for v in b] for b in boxes],
+            task=self.task,
+            source=f"toy:{rec['meta']['split']}:{index}",
+            meta=rec["meta"],
+        )
 
 
 def generate_split(split: str, n: int, seed: int, size: int = 224, task: str = "rec") -> list[dict[str, Any]]:
@@ -523,6 +530,7 @@ if __name__ == "__main__":
 
 # --- guarding model descriptions -------------------------------------------------------------------------------------
 
+
 def guard_description(description: str, meta: dict[str, Any]) -> str:
     """Rewrite a description whose repaint would break the scene's label; otherwise return it unchanged.
 
@@ -549,8 +557,9 @@ def guard_description(description: str, meta: dict[str, Any]) -> str:
     return grammar.format_description(dataclasses.replace(d, **changes))
 
 
-def export_offline_descriptions(out_dir: str | Path, split: str = "train", per_sample: int = 5, seed: int = 0,
-                                task: str = "rec") -> Path:
+def export_offline_descriptions(
+    out_dir: str | Path, split: str = "train", per_sample: int = 5, seed: int = 0, task: str = "rec"
+) -> Path:
     """Fixed grammar descriptions for every sample of an exported split: the toy stand-in for the paper's GPT-4o
     descriptions ("GRPO + Offline Generation"). Lines ``{"sample_id", "description"}``, ``per_sample`` per sample
     (the synthesis callback uses the ``epoch % per_sample``-th). Idempotent and atomic."""

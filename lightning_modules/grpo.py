@@ -159,13 +159,16 @@ class GRPOModule(L.LightningModule):
         if micro_batch_size < 1:
             raise ValueError(f"--model.micro_batch_size must be >= 1, got {micro_batch_size}")
         if description_selection not in ("diversity", "random", "none"):
-            raise ValueError("--model.description_selection must be 'diversity', 'random' or 'none', "
-                             f"got {description_selection!r}")
+            raise ValueError(
+                f"--model.description_selection must be 'diversity', 'random' or 'none', got {description_selection!r}"
+            )
         if format not in rewards.FORMATS:
             raise ValueError(f"--model.format must be one of {sorted(rewards.FORMATS)}, got {format!r}")
         if diversity_reward_form not in rewards.DIVERSITY_REWARD_FORMS:
-            raise ValueError(f"--model.diversity_reward_form must be one of {sorted(rewards.DIVERSITY_REWARD_FORMS)}, "
-                             f"got {diversity_reward_form!r}")
+            raise ValueError(
+                f"--model.diversity_reward_form must be one of {sorted(rewards.DIVERSITY_REWARD_FORMS)}, "
+                f"got {diversity_reward_form!r}"
+            )
         self.save_hyperparameters(ignore=["optimizer"])
         self.optimizer_factory = optimizer
         self.automatic_optimization = False
@@ -183,9 +186,12 @@ class GRPOModule(L.LightningModule):
         if self.policy is not None:
             return
         hp = self.hparams
-        model, processor = load_policy(hp.model_name_or_path, dtype=hp.dtype,
-                                       attn_implementation=hp.attn_implementation,
-                                       local_files_only=hp.local_files_only)
+        model, processor = load_policy(
+            hp.model_name_or_path,
+            dtype=hp.dtype,
+            attn_implementation=hp.attn_implementation,
+            local_files_only=hp.local_files_only,
+        )
         if hp.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False
@@ -225,10 +231,13 @@ class GRPOModule(L.LightningModule):
             raise ValueError(
                 "GRPOModule does not support FSDP yet (generation and several backward passes per step run inside "
                 "one FSDP forward): use --trainer.strategy ddp (the 7B fits in DDP on 141 GB GPUs) or one GPU "
-                "(configs/rec_3b_1gpu.yaml)")
+                "(configs/rec_3b_1gpu.yaml)"
+            )
         if self.hparams.update_engine == "packed" and trainer.world_size > 1:
-            raise ValueError("--model.update_engine packed is single-process only (its deferred vision backward is "
-                             "not DDP-aware): use --model.update_engine hf with several GPUs")
+            raise ValueError(
+                "--model.update_engine packed is single-process only (its deferred vision backward is "
+                "not DDP-aware): use --model.update_engine hf with several GPUs"
+            )
 
     # ---------------------------------------------------------------------------------------------------- rewards
     def compute_rewards(self, batch, ro: Rollout) -> dict[str, torch.Tensor]:
@@ -258,8 +267,11 @@ class GRPOModule(L.LightningModule):
             "format": torch.tensor(fmt, dtype=torch.float32),
             "diversity": torch.tensor(div, dtype=torch.float32),
         }
-        parts["total"] = (hp.accuracy_weight * parts["accuracy"] + hp.format_weight * parts["format"]
-                          + hp.diversity_weight * parts["diversity"])
+        parts["total"] = (
+            hp.accuracy_weight * parts["accuracy"]
+            + hp.format_weight * parts["format"]
+            + hp.diversity_weight * parts["diversity"]
+        )
         parts["gt_diversity"] = gt_div
         parts["smoothed_diversity"] = smoothed
         parts["parsed"] = parsed  # type: ignore[assignment]
@@ -280,12 +292,19 @@ class GRPOModule(L.LightningModule):
                 best = max(rows, key=lambda r: (float(parts["diversity"][r]), -r))
             else:
                 best = self._rng.choice(rows)
-            out.append(Selection(
-                sample_id=sample.sample_id, description=parsed[best].description, index=best - b * G,
-                diversity_reward=float(parts["diversity"][best]), predicted_diversity=parsed[best].diversity,
-                gt_diversity=float(parts["gt_diversity"][b]), smoothed_diversity=float(parts["smoothed_diversity"][b]),
-                step=int(self.global_step), epoch=int(self.current_epoch),
-            ))
+            out.append(
+                Selection(
+                    sample_id=sample.sample_id,
+                    description=parsed[best].description,
+                    index=best - b * G,
+                    diversity_reward=float(parts["diversity"][best]),
+                    predicted_diversity=parsed[best].diversity,
+                    gt_diversity=float(parts["gt_diversity"][b]),
+                    smoothed_diversity=float(parts["smoothed_diversity"][b]),
+                    step=int(self.global_step),
+                    epoch=int(self.current_epoch),
+                )
+            )
         return out
 
     # ---------------------------------------------------------------------------------------------------- step
@@ -293,8 +312,15 @@ class GRPOModule(L.LightningModule):
         inputs = {k: v.to(self.device) for k, v in ro.rows(rows).items()}
         ids = ro.completion_ids[rows].to(self.device)
         mask = ro.completion_mask[rows].to(self.device)
-        return completion_logps(model, inputs, ids, mask, temperature=self.hparams.temperature,
-                                with_entropy=with_entropy, entropy_grad=entropy_grad)
+        return completion_logps(
+            model,
+            inputs,
+            ids,
+            mask,
+            temperature=self.hparams.temperature,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+        )
 
     def _micro_batches(self, n: int) -> list[list[int]]:
         mb = self.hparams.micro_batch_size
@@ -312,9 +338,19 @@ class GRPOModule(L.LightningModule):
         opt = self.optimizers()
         self._move_reference()
         images = [s.image for s in batch]
-        ro = rollout(self.policy, self.processor, images, [s.query for s in batch], group_size=G,
-                     task=[s.task for s in batch], template=hp.prompt_template, temperature=hp.temperature,
-                     top_p=hp.top_p, max_new_tokens=hp.max_new_tokens, engine=hp.rollout_engine)
+        ro = rollout(
+            self.policy,
+            self.processor,
+            images,
+            [s.query for s in batch],
+            group_size=G,
+            task=[s.task for s in batch],
+            template=hp.prompt_template,
+            temperature=hp.temperature,
+            top_p=hp.top_p,
+            max_new_tokens=hp.max_new_tokens,
+            engine=hp.rollout_engine,
+        )
         self.last_rollout_texts = ro.texts
         parts = self.compute_rewards(batch, ro)
         adv = objective.group_advantages(parts["total"], G, scale=hp.advantage_scale, eps=hp.advantage_eps)
@@ -332,12 +368,23 @@ class GRPOModule(L.LightningModule):
             a = adv[rows]
             if hp.entropy_adv_coef > 0:
                 # token-level shaping [n, T]: A + min(alpha * H_t, |A| / kappa), entropy detached (a bonus, not a loss)
-                a = a[:, None] + torch.minimum(hp.entropy_adv_coef * ent.detach(), a.abs()[:, None] / hp.entropy_adv_kappa)
+                a = a[:, None] + torch.minimum(
+                    hp.entropy_adv_coef * ent.detach(), a.abs()[:, None] / hp.entropy_adv_kappa
+                )
             old = old_logp[rows] if old_logp is not None else logp.detach()
             loss, stats = objective.policy_loss(
-                logp, old, a, m, clip_low=hp.clip_low, clip_high=hp.clip_high, dual_clip=hp.dual_clip,
-                ref_logp=ref_logp[rows] if ref_logp is not None else None, kl_coef=hp.kl_coef,
-                kl_estimator=hp.kl_estimator, aggregation=hp.aggregation, max_length=hp.max_new_tokens,
+                logp,
+                old,
+                a,
+                m,
+                clip_low=hp.clip_low,
+                clip_high=hp.clip_high,
+                dual_clip=hp.dual_clip,
+                ref_logp=ref_logp[rows] if ref_logp is not None else None,
+                kl_coef=hp.kl_coef,
+                kl_estimator=hp.kl_estimator,
+                aggregation=hp.aggregation,
+                max_length=hp.max_new_tokens,
             )
             if hp.entropy_coef > 0:  # "GRPO + Entropy Loss": maximise the mean token entropy
                 loss = loss - hp.entropy_coef * objective.aggregate(ent, m, hp.aggregation, hp.max_new_tokens)
@@ -356,19 +403,29 @@ class GRPOModule(L.LightningModule):
             from lightning_modules.efficient import completion_logprobs, pack_rollout, policy_backward
 
             packed = pack_rollout(
-                self.policy, prompt_ids=ro.prompt_ids.to(self.device), prompt_mask=ro.prompt_mask.to(self.device),
-                pixel_values=ro.pixel_values.to(self.device), image_grid_thw=ro.image_grid_thw.to(self.device),
-                completion_ids=ro.completion_ids.to(self.device), completion_mask=ro.completion_mask.to(self.device),
-                group_size=G, pad_token_id=self.processor.tokenizer.pad_token_id,
+                self.policy,
+                prompt_ids=ro.prompt_ids.to(self.device),
+                prompt_mask=ro.prompt_mask.to(self.device),
+                pixel_values=ro.pixel_values.to(self.device),
+                image_grid_thw=ro.image_grid_thw.to(self.device),
+                completion_ids=ro.completion_ids.to(self.device),
+                completion_mask=ro.completion_mask.to(self.device),
+                group_size=G,
+                pad_token_id=self.processor.tokenizer.pad_token_id,
             )
             frozen = dict(packed=packed, micro_batch_size=hp.micro_batch_size, temperature=hp.temperature)
             ref_logp = completion_logprobs(self.reference, **frozen)[0] if self.reference is not None else None
             old_logp = completion_logprobs(self.policy, **frozen)[0] if hp.num_iterations > 1 else None
             for it in range(hp.num_iterations):
                 policy_backward(
-                    self.policy, packed, lambda lp, ent, rows, _it=it: loss_fn(lp, ent, rows.tolist(), _it == 0),
-                    micro_batch_size=hp.micro_batch_size, temperature=hp.temperature, with_entropy=True,
-                    entropy_grad=want_ent_grad, gradient_checkpointing=hp.gradient_checkpointing,
+                    self.policy,
+                    packed,
+                    lambda lp, ent, rows, _it=it: loss_fn(lp, ent, rows.tolist(), _it == 0),
+                    micro_batch_size=hp.micro_batch_size,
+                    temperature=hp.temperature,
+                    with_entropy=True,
+                    entropy_grad=want_ent_grad,
+                    gradient_checkpointing=hp.gradient_checkpointing,
                     backward=self.manual_backward,
                 )
                 self._optimizer_step(opt, stats_acc)
@@ -440,19 +497,32 @@ class GRPOModule(L.LightningModule):
             for name in self._eval_names(kind):
                 key = f"{kind}__{name}"
                 if key not in self.eval_metrics:
-                    self.eval_metrics[key] = nn.ModuleDict({
-                        "acc50": GroundingAccuracy(0.5), "miou": MeanIoU(), "format": FormatRate(),
-                        "det": DetectionMetrics(),
-                    })
+                    self.eval_metrics[key] = nn.ModuleDict(
+                        {
+                            "acc50": GroundingAccuracy(0.5),
+                            "miou": MeanIoU(),
+                            "format": FormatRate(),
+                            "det": DetectionMetrics(),
+                        }
+                    )
         self._metric_attributes = None  # let Lightning re-scan the module for metric attributes
 
     def _eval_step(self, kind: str, batch, dataloader_idx: int) -> None:
         names = self._eval_names(kind)
         name = names[dataloader_idx] if dataloader_idx < len(names) else f"set{dataloader_idx}"
         mets = self.eval_metrics[f"{kind}__{name}"]
-        ro = rollout(self.policy, self.processor, [s.image for s in batch], [s.query for s in batch], group_size=1,
-                     task=[s.task for s in batch], template=self.hparams.prompt_template, do_sample=False,
-                     max_new_tokens=self.hparams.max_new_tokens, engine=self.hparams.rollout_engine)
+        ro = rollout(
+            self.policy,
+            self.processor,
+            [s.image for s in batch],
+            [s.query for s in batch],
+            group_size=1,
+            task=[s.task for s in batch],
+            template=self.hparams.prompt_template,
+            do_sample=False,
+            max_new_tokens=self.hparams.max_new_tokens,
+            engine=self.hparams.rollout_engine,
+        )
         parsed = [rewards.parse_completion(t) for t in ro.texts]
         mets["format"].update(torch.tensor([p.format_ok for p in parsed]))
         for s, p, in_wh in zip(batch, parsed, ro.input_wh):
@@ -517,4 +587,3 @@ class GRPOModule(L.LightningModule):
         """Write the current policy and processor as an HF model directory (loadable with ``from_pretrained``)."""
         self.policy.save_pretrained(out_dir)
         self.processor.save_pretrained(out_dir)
-

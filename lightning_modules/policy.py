@@ -67,9 +67,7 @@ CHAT_TEMPLATE_IMAGE_LAST = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-REC_QUESTION = (
-    "Please provide the bounding box coordinate of the region this sentence describes: {query}."
-)
+REC_QUESTION = "Please provide the bounding box coordinate of the region this sentence describes: {query}."
 OVD_QUESTION = "Please output the bounding box coordinates of every object that matches: {query}."
 SYN_GRPO_INSTRUCTIONS = (
     " First output the thinking process in <think> </think> tags."
@@ -95,8 +93,14 @@ def dtype_from_name(name: str | torch.dtype | None) -> torch.dtype | None:
     """``"bf16"``, ``"bfloat16"``, ``"fp16"``, ``"fp32"``, ``"auto"`` (bf16 on CUDA, fp32 on CPU) or ``None``."""
     if name is None or isinstance(name, torch.dtype):
         return name
-    table = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-             "fp32": torch.float32, "float32": torch.float32}
+    table = {
+        "bf16": torch.bfloat16,
+        "bfloat16": torch.bfloat16,
+        "fp16": torch.float16,
+        "float16": torch.float16,
+        "fp32": torch.float32,
+        "float32": torch.float32,
+    }
     if name == "auto":
         return torch.bfloat16 if torch.cuda.is_available() else torch.float32
     if name not in table:
@@ -129,11 +133,15 @@ def load_policy(
         )
     src = str(path) if looks_local else name_or_path
     try:
-        processor = AutoProcessor.from_pretrained(src, local_files_only=local_files_only,
-                                                  trust_remote_code=trust_remote_code)
+        processor = AutoProcessor.from_pretrained(
+            src, local_files_only=local_files_only, trust_remote_code=trust_remote_code
+        )
         model = AutoModelForImageTextToText.from_pretrained(
-            src, dtype=dtype_from_name(dtype), attn_implementation=attn_implementation,
-            local_files_only=local_files_only, trust_remote_code=trust_remote_code,
+            src,
+            dtype=dtype_from_name(dtype),
+            attn_implementation=attn_implementation,
+            local_files_only=local_files_only,
+            trust_remote_code=trust_remote_code,
         )
     except OSError as err:
         raise OSError(
@@ -224,7 +232,7 @@ class Rollout:
         """Model inputs (ids, mask, pixels, grid) for a subset of rows: a micro-batch."""
         idx = list(range(self.prompt_ids.shape[0]))[index] if isinstance(index, slice) else list(index)
         offsets = self.patch_offsets()
-        pixels = torch.cat([self.pixel_values[offsets[i]: offsets[i + 1]] for i in idx])
+        pixels = torch.cat([self.pixel_values[offsets[i] : offsets[i + 1]] for i in idx])
         out = {
             "input_ids": self.input_ids[idx],
             "attention_mask": self.attention_mask[idx],
@@ -282,24 +290,38 @@ def rollout(
 
             enc = processor(text=texts, images=list(images), return_tensors="pt", padding=True).to(device)
             completion_ids = fast_generate(
-                model, input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
-                pixel_values=enc["pixel_values"], image_grid_thw=enc["image_grid_thw"], group_size=group_size,
-                max_new_tokens=max_new_tokens, temperature=temperature if do_sample else 0.0, top_p=top_p,
-                suppress_token_ids=suppress, eos_token_ids=eos, pad_token_id=tok.pad_token_id,
+                model,
+                input_ids=enc["input_ids"],
+                attention_mask=enc["attention_mask"],
+                pixel_values=enc["pixel_values"],
+                image_grid_thw=enc["image_grid_thw"],
+                group_size=group_size,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature if do_sample else 0.0,
+                top_p=top_p,
+                suppress_token_ids=suppress,
+                eos_token_ids=eos,
+                pad_token_id=tok.pad_token_id,
             )
             enc = _repeat_encoding(enc, group_size)
         elif engine == "hf":
             enc = processor(
                 text=[t for t in texts for _ in range(group_size)],
                 images=[im for im in images for _ in range(group_size)],
-                return_tensors="pt", padding=True,
+                return_tensors="pt",
+                padding=True,
             ).to(device)
-            gen_kwargs = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, suppress_tokens=suppress,
-                              eos_token_id=eos, pad_token_id=tok.pad_token_id)
+            gen_kwargs = dict(
+                max_new_tokens=max_new_tokens,
+                do_sample=do_sample,
+                suppress_tokens=suppress,
+                eos_token_id=eos,
+                pad_token_id=tok.pad_token_id,
+            )
             if do_sample:
                 gen_kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
             out = model.generate(**enc, **gen_kwargs)
-            completion_ids = out[:, enc["input_ids"].shape[1]:]
+            completion_ids = out[:, enc["input_ids"].shape[1] :]
         else:
             raise ValueError(f"--model.rollout_engine must be 'hf' or 'fast'; got {engine!r}")
     finally:
@@ -312,9 +334,15 @@ def rollout(
     grid = enc["image_grid_thw"]
     patch = getattr(processor.image_processor, "patch_size", 14)
     return Rollout(
-        prompt_ids=enc["input_ids"], prompt_mask=enc["attention_mask"], completion_ids=completion_ids,
-        completion_mask=completion_mask, pixel_values=enc["pixel_values"], image_grid_thw=grid, texts=decoded,
-        input_wh=model_input_size(grid, patch), prompt_mm_types=enc.get("mm_token_type_ids"),
+        prompt_ids=enc["input_ids"],
+        prompt_mask=enc["attention_mask"],
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        pixel_values=enc["pixel_values"],
+        image_grid_thw=grid,
+        texts=decoded,
+        input_wh=model_input_size(grid, patch),
+        prompt_mm_types=enc.get("mm_token_type_ids"),
     )
 
 
@@ -322,7 +350,7 @@ def _repeat_encoding(enc, group_size: int) -> dict[str, torch.Tensor]:
     """Repeat a B-prompt processor output G times per prompt (rows grouped by prompt)."""
     counts = enc["image_grid_thw"].prod(dim=-1)
     offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).tolist()
-    pixels = [enc["pixel_values"][offsets[i]: offsets[i + 1]] for i in range(len(counts)) for _ in range(group_size)]
+    pixels = [enc["pixel_values"][offsets[i] : offsets[i + 1]] for i in range(len(counts)) for _ in range(group_size)]
     out = {
         "input_ids": enc["input_ids"].repeat_interleave(group_size, 0),
         "attention_mask": enc["attention_mask"].repeat_interleave(group_size, 0),
@@ -390,28 +418,51 @@ def train_bpe_tokenizer(corpus: Iterable[str], vocab_size: int = 1024, split_dig
     bpe = Tokenizer(models.BPE())
     # Qwen2's pre-tokenizer: its split pattern (every digit on its own, so "112" is "1", "1", "2" as in the 7B's
     # vocabulary), then byte-level mapping without GPT-2's own pattern.
-    bpe.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_SPLIT_PATTERN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ]) if split_digits else pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.pre_tokenizer = (
+        pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(QWEN2_SPLIT_PATTERN), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+        if split_digits
+        else pre_tokenizers.ByteLevel(add_prefix_space=False)
+    )
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=list(QWEN_SPECIAL_TOKENS), show_progress=False,
+        vocab_size=vocab_size,
+        special_tokens=list(QWEN_SPECIAL_TOKENS),
+        show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     bpe.train_from_iterator(list(corpus), trainer=trainer)
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>", unk_token=None,
+        tokenizer_object=bpe,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
         additional_special_tokens=[t for t in QWEN_SPECIAL_TOKENS if t not in ("<|im_end|>", "<|endoftext|>")],
-        model_max_length=4096, padding_side="left",
+        model_max_length=4096,
+        padding_side="left",
     )
     return tok
 
 
-def tiny_qwen2_5_vl_config(vocab_size: int, tokenizer=None, *, hidden_size: int = 128, layers: int = 4,
-                           heads: int = 4, kv_heads: int = 2, intermediate_size: int = 384,
-                           vision_hidden_size: int = 64, vision_depth: int = 2, vision_heads: int = 2,
-                           rope_theta: float = 10000.0, mrope_section: list[int] | None = None):
+def tiny_qwen2_5_vl_config(
+    vocab_size: int,
+    tokenizer=None,
+    *,
+    hidden_size: int = 128,
+    layers: int = 4,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate_size: int = 384,
+    vision_hidden_size: int = 64,
+    vision_depth: int = 2,
+    vision_heads: int = 2,
+    rope_theta: float = 10000.0,
+    mrope_section: list[int] | None = None,
+):
     """A ``Qwen2_5_VLConfig`` of the 7B's shape in every respect but size (mRoPE, window attention, merger).
 
     ``rope_theta`` / ``mrope_section`` matter at this size: mRoPE gives the (t, h, w) sections contiguous slices of the
@@ -429,24 +480,42 @@ def tiny_qwen2_5_vl_config(vocab_size: int, tokenizer=None, *, hidden_size: int 
         raise ValueError(f"mrope_section {mrope} must sum to head_dim / 2 = {half}")
     ids = {}
     if tokenizer is not None:
-        for key, tok in (("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
-                         ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>")):
+        for key, tok in (
+            ("image_token_id", "<|image_pad|>"),
+            ("video_token_id", "<|video_pad|>"),
+            ("vision_start_token_id", "<|vision_start|>"),
+            ("vision_end_token_id", "<|vision_end|>"),
+        ):
             ids[key] = tokenizer.convert_tokens_to_ids(tok)
     text = dict(
-        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
-        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-        max_position_embeddings=4096, rms_norm_eps=1e-6,
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-6,
         rope_parameters={"rope_type": "default", "rope_theta": float(rope_theta), "mrope_section": mrope},
         tie_word_embeddings=True,
     )
     if tokenizer is not None:
-        text.update(bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
-                    eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-                    pad_token_id=tokenizer.pad_token_id)
+        text.update(
+            bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+            eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+            pad_token_id=tokenizer.pad_token_id,
+        )
     vision = dict(
-        depth=vision_depth, hidden_size=vision_hidden_size, intermediate_size=vision_hidden_size * 2,
-        num_heads=vision_heads, out_hidden_size=hidden_size, patch_size=14, spatial_merge_size=2,
-        temporal_patch_size=2, window_size=112, fullatt_block_indexes=[vision_depth - 1],
+        depth=vision_depth,
+        hidden_size=vision_hidden_size,
+        intermediate_size=vision_hidden_size * 2,
+        num_heads=vision_heads,
+        out_hidden_size=hidden_size,
+        patch_size=14,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        window_size=112,
+        fullatt_block_indexes=[vision_depth - 1],
     )
     return Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids)
 
@@ -459,14 +528,25 @@ def build_processor(tokenizer, image_size: int = 224, image_last: bool = False):
 
     side = math.ceil(image_size / 28) * 28
     image_processor = Qwen2VLImageProcessor(min_pixels=28 * 28 * 4, max_pixels=side * side)
-    return Qwen2_5_VLProcessor(image_processor=image_processor, tokenizer=tokenizer,
-                               video_processor=Qwen2VLVideoProcessor(),
-                               chat_template=CHAT_TEMPLATE_IMAGE_LAST if image_last else CHAT_TEMPLATE)
+    return Qwen2_5_VLProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=Qwen2VLVideoProcessor(),
+        chat_template=CHAT_TEMPLATE_IMAGE_LAST if image_last else CHAT_TEMPLATE,
+    )
 
 
-def build_tiny_qwen2_5_vl(out_dir: str | Path, corpus: Iterable[str], *, vocab_size: int = 1024,
-                          image_size: int = 224, seed: int = 0, image_last: bool = False, split_digits: bool = True,
-                          **config_kwargs) -> Path:
+def build_tiny_qwen2_5_vl(
+    out_dir: str | Path,
+    corpus: Iterable[str],
+    *,
+    vocab_size: int = 1024,
+    image_size: int = 224,
+    seed: int = 0,
+    image_last: bool = False,
+    split_digits: bool = True,
+    **config_kwargs,
+) -> Path:
     """Train a tokenizer on ``corpus``, build a tiny Qwen2.5-VL + processor and ``save_pretrained`` both to ``out_dir``.
 
     The result loads with ``load_policy(out_dir)`` exactly like a real checkpoint.
@@ -480,8 +560,12 @@ def build_tiny_qwen2_5_vl(out_dir: str | Path, corpus: Iterable[str], *, vocab_s
     torch.manual_seed(seed)
     model = Qwen2_5_VLForConditionalGeneration(config)
     model.generation_config = GenerationConfig(
-        eos_token_id=eos_token_ids(tokenizer), pad_token_id=tokenizer.pad_token_id, do_sample=True,
-        temperature=1.0, top_p=1.0, top_k=0,
+        eos_token_id=eos_token_ids(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)

@@ -436,8 +436,10 @@ def fast_generate(
     device = text.embed_tokens.weight.device
     dtype = text.embed_tokens.weight.dtype
     if getattr(text.config, "use_sliding_window", False):
-        raise NotImplementedError("fast_generate does not implement sliding-window attention (use_sliding_window in the "
-                                  "model config): use --model.init_args.rollout_engine hf for this model")
+        raise NotImplementedError(
+            "fast_generate does not implement sliding-window attention (use_sliding_window in the "
+            "model config): use --model.init_args.rollout_engine hf for this model"
+        )
     use_graph = (device.type == "cuda") if cuda_graph is None else (cuda_graph and device.type == "cuda")
     input_ids = input_ids.to(device)
     attention_mask = (torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)).long()

@@ -76,9 +76,15 @@ def answer_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str:
 
 def _toy_record(sample) -> dict:
     """A toy-world sample as the JSONL record ``datamodules.toy.sft_target`` reads."""
-    return {"id": sample.sample_id, "solution": sample.boxes[0] if sample.task == "rec" else sample.boxes,
-            "task": sample.task, "meta": sample.meta, "width": sample.size[0], "height": sample.size[1],
-            "query": sample.query}
+    return {
+        "id": sample.sample_id,
+        "solution": sample.boxes[0] if sample.task == "rec" else sample.boxes,
+        "task": sample.task,
+        "meta": sample.meta,
+        "width": sample.size[0],
+        "height": sample.size[1],
+        "query": sample.query,
+    }
 
 
 def toy_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str:
@@ -168,11 +174,22 @@ class SFTModule(L.LightningModule):
         if self.tiny_spec is not None and not (path / "config.json").exists() and self.trainer.is_global_zero:
             spec = self.tiny_spec
             build_tiny_qwen2_5_vl(
-                path, self._corpus(), vocab_size=spec.vocab_size, image_size=spec.image_size, seed=hp.seed,
-                image_last=spec.image_last, split_digits=spec.split_digits,
-                hidden_size=spec.hidden_size, layers=spec.layers, heads=spec.heads, kv_heads=spec.kv_heads,
-                intermediate_size=spec.intermediate_size, vision_hidden_size=spec.vision_hidden_size,
-                vision_depth=spec.vision_depth, vision_heads=spec.vision_heads, rope_theta=spec.rope_theta,
+                path,
+                self._corpus(),
+                vocab_size=spec.vocab_size,
+                image_size=spec.image_size,
+                seed=hp.seed,
+                image_last=spec.image_last,
+                split_digits=spec.split_digits,
+                hidden_size=spec.hidden_size,
+                layers=spec.layers,
+                heads=spec.heads,
+                kv_heads=spec.kv_heads,
+                intermediate_size=spec.intermediate_size,
+                vision_hidden_size=spec.vision_hidden_size,
+                vision_depth=spec.vision_depth,
+                vision_heads=spec.vision_heads,
+                rope_theta=spec.rope_theta,
                 mrope_section=spec.mrope_section,
             )
         if self.tiny_spec is not None:
@@ -233,19 +250,22 @@ class SFTModule(L.LightningModule):
         keep = p_enc["attention_mask"].bool()
         lengths = [int(keep[i].sum()) + len(t) for i, t in enumerate(t_ids)]
         B, T = len(t_ids), max(lengths)
-        enc = {"input_ids": torch.full((B, T), tok.pad_token_id, dtype=torch.long),
-               "attention_mask": torch.zeros((B, T), dtype=torch.long),
-               "labels": torch.full((B, T), -100, dtype=torch.long),
-               "pixel_values": p_enc["pixel_values"], "image_grid_thw": p_enc["image_grid_thw"]}
+        enc = {
+            "input_ids": torch.full((B, T), tok.pad_token_id, dtype=torch.long),
+            "attention_mask": torch.zeros((B, T), dtype=torch.long),
+            "labels": torch.full((B, T), -100, dtype=torch.long),
+            "pixel_values": p_enc["pixel_values"],
+            "image_grid_thw": p_enc["image_grid_thw"],
+        }
         types = p_enc.get("mm_token_type_ids")  # 1 on image tokens (transformers 5.x)
         if types is not None:
             enc["mm_token_type_ids"] = torch.zeros((B, T), dtype=torch.long)
         for i, (t, n) in enumerate(zip(t_ids, lengths)):  # left padding: every target ends its row
-            enc["input_ids"][i, T - n:] = torch.cat([p_enc["input_ids"][i][keep[i]], t])
-            enc["attention_mask"][i, T - n:] = 1
-            enc["labels"][i, T - len(t):] = t
+            enc["input_ids"][i, T - n :] = torch.cat([p_enc["input_ids"][i][keep[i]], t])
+            enc["attention_mask"][i, T - n :] = 1
+            enc["labels"][i, T - len(t) :] = t
             if types is not None:
-                enc["mm_token_type_ids"][i, T - n:T - len(t)] = types[i][keep[i]]
+                enc["mm_token_type_ids"][i, T - n : T - len(t)] = types[i][keep[i]]
         return enc
 
     def setup(self, stage: str) -> None:
@@ -262,13 +282,17 @@ class SFTModule(L.LightningModule):
         labels = enc.pop("labels")
         logits = self.policy(**enc, use_cache=False).logits[:, :-1].float()
         tgt = labels[:, 1:]
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1),
-                                                 ignore_index=-100)
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), ignore_index=-100
+        )
         with torch.no_grad():
             valid = tgt != -100
             tok_acc = ((logits.argmax(-1) == tgt) & valid).sum() / valid.sum().clamp(min=1)
-        self.log_dict({"train/loss": loss, "train/token_acc": tok_acc}, prog_bar=True,
-                      batch_size=len(batch["samples"]) if isinstance(batch, dict) else len(batch))
+        self.log_dict(
+            {"train/loss": loss, "train/token_acc": tok_acc},
+            prog_bar=True,
+            batch_size=len(batch["samples"]) if isinstance(batch, dict) else len(batch),
+        )
         return loss
 
     def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0):
@@ -286,19 +310,40 @@ class SFTModule(L.LightningModule):
         """Greedy Acc@0.5 / IoU and the sampled (temperature 1) format rate: what GRPO starts from."""
         first = self.hparams.prompt_template
         first = first if isinstance(first, str) else list(first)[0]
-        common = dict(task=[s.task for s in batch], template=first,
-                      max_new_tokens=self.hparams.eval_max_new_tokens)
-        greedy = rollout(self.policy, self.processor, [s.image for s in batch], [s.query for s in batch],
-                         group_size=1, do_sample=False, **common)
-        sampled = rollout(self.policy, self.processor, [s.image for s in batch], [s.query for s in batch],
-                          group_size=1, do_sample=True, temperature=1.0, **common)
+        common = dict(task=[s.task for s in batch], template=first, max_new_tokens=self.hparams.eval_max_new_tokens)
+        greedy = rollout(
+            self.policy,
+            self.processor,
+            [s.image for s in batch],
+            [s.query for s in batch],
+            group_size=1,
+            do_sample=False,
+            **common,
+        )
+        sampled = rollout(
+            self.policy,
+            self.processor,
+            [s.image for s in batch],
+            [s.query for s in batch],
+            group_size=1,
+            do_sample=True,
+            temperature=1.0,
+            **common,
+        )
         gts = [s.boxes[0] for s in batch]
         orig = [s.size for s in batch]
         iou = rewards.rec_accuracy_reward(greedy.texts, gts, input_wh=greedy.input_wh, orig_wh=orig)
         fmt = rewards.format_reward(sampled.texts)
         bs = len(batch)
-        self.log_dict({f"{prefix}/miou": sum(iou) / bs, f"{prefix}/acc50": sum(i >= 0.5 for i in iou) / bs,
-                       f"{prefix}/format_sampled": sum(fmt) / bs}, batch_size=bs, add_dataloader_idx=False)
+        self.log_dict(
+            {
+                f"{prefix}/miou": sum(iou) / bs,
+                f"{prefix}/acc50": sum(i >= 0.5 for i in iou) / bs,
+                f"{prefix}/format_sampled": sum(fmt) / bs,
+            },
+            batch_size=bs,
+            add_dataloader_idx=False,
+        )
 
     def on_train_end(self) -> None:
         if self.hparams.export_dir and self.trainer.is_global_zero:
@@ -306,5 +351,3 @@ class SFTModule(L.LightningModule):
             out.mkdir(parents=True, exist_ok=True)
             self.policy.save_pretrained(out)
             self.processor.save_pretrained(out)
-
-

@@ -31,9 +31,20 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     from lightning_modules.policy import build_tiny_qwen2_5_vl
 
     out = tmp_path_factory.mktemp("tiny-qwen2.5-vl")
-    return build_tiny_qwen2_5_vl(out, TINY_CORPUS, vocab_size=320, hidden_size=64, layers=2, heads=4, kv_heads=2,
-                                 intermediate_size=128, vision_hidden_size=32, vision_depth=2, vision_heads=2,
-                                 image_size=112)
+    return build_tiny_qwen2_5_vl(
+        out,
+        TINY_CORPUS,
+        vocab_size=320,
+        hidden_size=64,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        intermediate_size=128,
+        vision_hidden_size=32,
+        vision_depth=2,
+        vision_heads=2,
+        image_size=112,
+    )
 
 
 def write_rec_jsonl(root: Path, n: int = 8, size: int = 112, name: str = "train.jsonl") -> Path:
@@ -47,9 +58,18 @@ def write_rec_jsonl(root: Path, n: int = 8, size: int = 112, name: str = "train.
         box = [x1, y1, x1 + 40, y1 + 30]
         ImageDraw.Draw(im).rectangle([box[0], box[1], box[2] - 1, box[3] - 1], fill=colours[i % 4])
         im.save(root / "images" / f"{i}.png")
-        lines.append({"id": f"s{i}", "image": f"images/{i}.png", "solution": box, "task": "rec",
-                      "conversations": [{"from": "human", "value": f"<image>the {colours[i % 4]} rectangle"},
-                                        {"from": "gpt", "value": str(box)}]})
+        lines.append(
+            {
+                "id": f"s{i}",
+                "image": f"images/{i}.png",
+                "solution": box,
+                "task": "rec",
+                "conversations": [
+                    {"from": "human", "value": f"<image>the {colours[i % 4]} rectangle"},
+                    {"from": "gpt", "value": str(box)},
+                ],
+            }
+        )
     path = root / name
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path

@@ -12,8 +12,11 @@ import yaml
 from train import cli_main
 
 REPO = Path(__file__).resolve().parents[1]
-TRAIN_CONFIGS = sorted(p for p in (REPO / "configs").rglob("*.yaml")
-                       if p.parent.name not in ("synth", "sweeps", "baselines") and "_stage" not in p.stem)
+TRAIN_CONFIGS = sorted(
+    p
+    for p in (REPO / "configs").rglob("*.yaml")
+    if p.parent.name not in ("synth", "sweeps", "baselines") and "_stage" not in p.stem
+)
 TOY_STAGES = sorted((REPO / "configs").glob("toy_sft_stage*.yaml"))
 BASELINES = sorted((REPO / "configs/baselines").glob("*.yaml"))
 BASES = [REPO / "configs" / n for n in ("tiny.yaml", "rec_3b.yaml", "rec_7b.yaml")]
@@ -30,8 +33,9 @@ def test_config_parses_with_print_config(path):
     assert printed["data"]["class_path"].startswith("datamodules.")
 
 
-@pytest.mark.parametrize("path", [p for p in TRAIN_CONFIGS if "accelerator: cpu" in p.read_text()],
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", [p for p in TRAIN_CONFIGS if "accelerator: cpu" in p.read_text()], ids=lambda p: p.name
+)
 def test_cpu_config_instantiates_without_loading_weights(path):
     cli = cli_main(["--config", str(path)], run=False)
     assert getattr(cli.model, "policy", None) is None  # weights load in configure_model(), not __init__
@@ -78,5 +82,11 @@ def test_baseline_overlays_compose_with_every_base(base, overlay):
 
 
 def test_baselines_cover_every_method_row_of_table_1():
-    assert {p.stem for p in BASELINES} == {"grpo", "grpo_entropy_loss", "grpo_entropy_adv", "offline_generation",
-                                           "syn_grpo_wo_rdiv", "sft"}
+    assert {p.stem for p in BASELINES} == {
+        "grpo",
+        "grpo_entropy_loss",
+        "grpo_entropy_adv",
+        "offline_generation",
+        "syn_grpo_wo_rdiv",
+        "sft",
+    }

@@ -16,25 +16,67 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.timeout(600)
 def test_two_ranks_share_pool_and_smoother(tiny_model_dir, rec_dir, tmp_path):
     offline = rec_dir / "offline.jsonl"
-    offline.write_text("".join(json.dumps({"sample_id": f"s{i}", "description": "a striped blue background"}) + "\n"
-                               for i in range(8)))
+    offline.write_text(
+        "".join(json.dumps({"sample_id": f"s{i}", "description": "a striped blue background"}) + "\n" for i in range(8))
+    )
     probe = tmp_path / "probe"
-    callbacks = json.dumps([
-        {"class_path": "callbacks.synthesis.SynthesisCallback",
-         "init_args": {"mode": "sync", "offline_descriptions": str(offline), "poll_interval": 0.05,
-                       "gallery_samples": 0}},
-        {"class_path": "ddp_probe.RankProbe", "init_args": {"out_dir": str(probe)}},
-    ])
-    cmd = [sys.executable, str(REPO / "train.py"), "fit", "--config", str(REPO / "configs/tiny.yaml"),
-           "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp",
-           "--trainer.max_epochs", "2", "--trainer.logger", "false", "--trainer.callbacks", callbacks,
-           "--trainer.enable_progress_bar", "false", "--trainer.limit_val_batches", "0",
-           "--trainer.default_root_dir", str(tmp_path / "run"),
-           "--model.init_args.model_name_or_path", str(tiny_model_dir), "--model.init_args.max_new_tokens", "4",
-           "--model.init_args.group_size", "2", "--model.init_args.kl_coef", "0.0",
-           "--data.init_args.data_root", str(rec_dir), "--data.init_args.toy", "null",
-           "--data.init_args.train_files", "[train.jsonl]", "--data.init_args.val_files", "{}",
-           "--data.init_args.batch_size", "2"]
+    callbacks = json.dumps(
+        [
+            {
+                "class_path": "callbacks.synthesis.SynthesisCallback",
+                "init_args": {
+                    "mode": "sync",
+                    "offline_descriptions": str(offline),
+                    "poll_interval": 0.05,
+                    "gallery_samples": 0,
+                },
+            },
+            {"class_path": "ddp_probe.RankProbe", "init_args": {"out_dir": str(probe)}},
+        ]
+    )
+    cmd = [
+        sys.executable,
+        str(REPO / "train.py"),
+        "fit",
+        "--config",
+        str(REPO / "configs/tiny.yaml"),
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.devices",
+        "2",
+        "--trainer.strategy",
+        "ddp",
+        "--trainer.max_epochs",
+        "2",
+        "--trainer.logger",
+        "false",
+        "--trainer.callbacks",
+        callbacks,
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.limit_val_batches",
+        "0",
+        "--trainer.default_root_dir",
+        str(tmp_path / "run"),
+        "--model.init_args.model_name_or_path",
+        str(tiny_model_dir),
+        "--model.init_args.max_new_tokens",
+        "4",
+        "--model.init_args.group_size",
+        "2",
+        "--model.init_args.kl_coef",
+        "0.0",
+        "--data.init_args.data_root",
+        str(rec_dir),
+        "--data.init_args.toy",
+        "null",
+        "--data.init_args.train_files",
+        "[train.jsonl]",
+        "--data.init_args.val_files",
+        "{}",
+        "--data.init_args.batch_size",
+        "2",
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)]), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, proc.stderr[-3000:]

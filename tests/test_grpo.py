@@ -14,37 +14,65 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _args(tiny_model_dir: Path, data_root: Path, out: Path, *extra: str) -> list[str]:
     return [
-        "--config", str(REPO / "configs/tiny.yaml"),
-        "--model.init_args.model_name_or_path", str(tiny_model_dir),
-        "--model.init_args.max_new_tokens", "12",
-        "--model.init_args.group_size", "3",
-        "--model.init_args.micro_batch_size", "4",
-        "--data.init_args.data_root", str(data_root),
-        "--data.init_args.toy", "null",
-        "--data.init_args.train_files", "[train.jsonl]",
-        "--data.init_args.val_files", "{rec_val: val.jsonl}",
-        "--data.init_args.batch_size", "2",
-        "--trainer.default_root_dir", str(out),
-        "--trainer.logger", "false",
-        "--trainer.callbacks", "[]",
-        "--trainer.enable_checkpointing", "true",
-        "--trainer.enable_progress_bar", "false",
+        "--config",
+        str(REPO / "configs/tiny.yaml"),
+        "--model.init_args.model_name_or_path",
+        str(tiny_model_dir),
+        "--model.init_args.max_new_tokens",
+        "12",
+        "--model.init_args.group_size",
+        "3",
+        "--model.init_args.micro_batch_size",
+        "4",
+        "--data.init_args.data_root",
+        str(data_root),
+        "--data.init_args.toy",
+        "null",
+        "--data.init_args.train_files",
+        "[train.jsonl]",
+        "--data.init_args.val_files",
+        "{rec_val: val.jsonl}",
+        "--data.init_args.batch_size",
+        "2",
+        "--trainer.default_root_dir",
+        str(out),
+        "--trainer.logger",
+        "false",
+        "--trainer.callbacks",
+        "[]",
+        "--trainer.enable_checkpointing",
+        "true",
+        "--trainer.enable_progress_bar",
+        "false",
         *extra,
     ]
 
 
 def test_fit_runs_grpo_steps_and_resumes_with_smoother_state(tiny_model_dir, rec_dir, tmp_path):
     out = tmp_path / "run"
-    cli = cli_main(["fit", *_args(tiny_model_dir, rec_dir, out, "--trainer.max_steps", "2",
-                                  "--trainer.limit_val_batches", "0")])
+    cli = cli_main(
+        ["fit", *_args(tiny_model_dir, rec_dir, out, "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0")]
+    )
     model = cli.model
     assert cli.trainer.global_step == 2
     assert model.smoother.steps == 2  # two batches went through the EMA
     logged = cli.trainer.logged_metrics
-    for key in ("train/reward/total", "train/reward/accuracy", "train/reward/format", "train/reward/diversity",
-                "train/entropy", "train/diversity/gt", "train/diversity/smoothed", "train/diversity/global_avg",
-                "train/zero_variance_frac", "train/kl", "train/clip_frac_low", "train/clip_frac_high", "train/iou",
-                "train/acc50"):
+    for key in (
+        "train/reward/total",
+        "train/reward/accuracy",
+        "train/reward/format",
+        "train/reward/diversity",
+        "train/entropy",
+        "train/diversity/gt",
+        "train/diversity/smoothed",
+        "train/diversity/global_avg",
+        "train/zero_variance_frac",
+        "train/kl",
+        "train/clip_frac_low",
+        "train/clip_frac_high",
+        "train/iou",
+        "train/acc50",
+    ):
         assert key in logged, key
         assert torch.isfinite(torch.as_tensor(logged[key])), key
     ckpts = sorted(out.rglob("*.ckpt"))
@@ -54,8 +82,22 @@ def test_fit_runs_grpo_steps_and_resumes_with_smoother_state(tiny_model_dir, rec
     assert not any(k.startswith("_ref") for k in ckpt["state_dict"]), "the frozen reference must not be saved"
 
     # resume: the smoother continues from its saved state, one more step
-    cli2 = cli_main(["fit", *_args(tiny_model_dir, rec_dir, tmp_path / "run2", "--trainer.max_steps", "3",
-                                   "--trainer.limit_val_batches", "0"), "--ckpt_path", str(ckpts[-1])])
+    cli2 = cli_main(
+        [
+            "fit",
+            *_args(
+                tiny_model_dir,
+                rec_dir,
+                tmp_path / "run2",
+                "--trainer.max_steps",
+                "3",
+                "--trainer.limit_val_batches",
+                "0",
+            ),
+            "--ckpt_path",
+            str(ckpts[-1]),
+        ]
+    )
     assert cli2.trainer.global_step == 3
     sm, saved = cli2.model.smoother, ckpt["diversity_smoother"]
     assert sm.steps == 3
@@ -72,9 +114,24 @@ def test_fit_runs_grpo_steps_and_resumes_with_smoother_state(tiny_model_dir, rec
 def test_policy_changes_and_reference_stays(tiny_model_dir, rec_dir, tmp_path):
     # A random model earns zero reward everywhere, so every group has zero advantage and GRPO alone gives no
     # gradient; the entropy bonus ("GRPO + Entropy Loss" baseline) does, which exercises the same backward path.
-    cli = cli_main(["fit", *_args(tiny_model_dir, rec_dir, tmp_path, "--trainer.max_steps", "1",
-                                  "--trainer.limit_val_batches", "0", "--model.init_args.entropy_coef", "0.1",
-                                  "--model.init_args.optimizer.init_args.lr", "1e-2")])
+    cli = cli_main(
+        [
+            "fit",
+            *_args(
+                tiny_model_dir,
+                rec_dir,
+                tmp_path,
+                "--trainer.max_steps",
+                "1",
+                "--trainer.limit_val_batches",
+                "0",
+                "--model.init_args.entropy_coef",
+                "0.1",
+                "--model.init_args.optimizer.init_args.lr",
+                "1e-2",
+            ),
+        ]
+    )
     model = cli.model
     ref = model.reference
     assert ref is not None and not any(p.requires_grad for p in ref.parameters())
@@ -83,8 +140,22 @@ def test_policy_changes_and_reference_stays(tiny_model_dir, rec_dir, tmp_path):
 
 
 def test_no_reference_when_kl_is_zero(tiny_model_dir, rec_dir, tmp_path):
-    cli = cli_main(["fit", *_args(tiny_model_dir, rec_dir, tmp_path, "--trainer.max_steps", "1",
-                                  "--trainer.limit_val_batches", "0", "--model.init_args.kl_coef", "0.0")])
+    cli = cli_main(
+        [
+            "fit",
+            *_args(
+                tiny_model_dir,
+                rec_dir,
+                tmp_path,
+                "--trainer.max_steps",
+                "1",
+                "--trainer.limit_val_batches",
+                "0",
+                "--model.init_args.kl_coef",
+                "0.0",
+            ),
+        ]
+    )
     assert cli.model.reference is None
 
 
@@ -106,12 +177,35 @@ def test_packed_update_engine_matches_the_hf_forward(tiny_model_dir, rec_dir, tm
     """The efficient update path (vision once per image, packed micro-batches) takes the same optimizer step."""
     results = {}
     for engine in ("hf", "packed"):
-        cli = cli_main(["fit", *_args(tiny_model_dir, rec_dir, tmp_path / engine, "--trainer.max_steps", "1",
-                                      "--trainer.limit_val_batches", "0", "--model.init_args.entropy_coef", "0.1",
-                                      "--model.init_args.update_engine", engine, "--model.init_args.kl_coef", "0.0",
-                                      "--model.init_args.optimizer.class_path", "torch.optim.SGD",
-                                      "--model.init_args.optimizer.init_args.lr", "1.0")])
-        results[engine] = (cli.model.policy.state_dict(), dict(cli.trainer.logged_metrics), cli.model.last_rollout_texts)
+        cli = cli_main(
+            [
+                "fit",
+                *_args(
+                    tiny_model_dir,
+                    rec_dir,
+                    tmp_path / engine,
+                    "--trainer.max_steps",
+                    "1",
+                    "--trainer.limit_val_batches",
+                    "0",
+                    "--model.init_args.entropy_coef",
+                    "0.1",
+                    "--model.init_args.update_engine",
+                    engine,
+                    "--model.init_args.kl_coef",
+                    "0.0",
+                    "--model.init_args.optimizer.class_path",
+                    "torch.optim.SGD",
+                    "--model.init_args.optimizer.init_args.lr",
+                    "1.0",
+                ),
+            ]
+        )
+        results[engine] = (
+            cli.model.policy.state_dict(),
+            dict(cli.trainer.logged_metrics),
+            cli.model.last_rollout_texts,
+        )
     (p_hf, m_hf, t_hf), (p_pk, m_pk, t_pk) = results["hf"], results["packed"]
     assert t_hf == t_pk  # same seed, same rollout
     assert float(m_hf["train/entropy"]) == pytest.approx(float(m_pk["train/entropy"]), rel=1e-4)
@@ -120,14 +214,43 @@ def test_packed_update_engine_matches_the_hf_forward(tiny_model_dir, rec_dir, tm
 
 
 def test_fast_rollout_engine_runs_a_grpo_step(tiny_model_dir, rec_dir, tmp_path):
-    cli = cli_main(["fit", *_args(tiny_model_dir, rec_dir, tmp_path, "--trainer.max_steps", "1",
-                                  "--trainer.limit_val_batches", "0", "--model.init_args.rollout_engine", "fast")])
+    cli = cli_main(
+        [
+            "fit",
+            *_args(
+                tiny_model_dir,
+                rec_dir,
+                tmp_path,
+                "--trainer.max_steps",
+                "1",
+                "--trainer.limit_val_batches",
+                "0",
+                "--model.init_args.rollout_engine",
+                "fast",
+            ),
+        ]
+    )
     assert cli.trainer.global_step == 1 and len(cli.model.last_rollout_texts) == 6
 
 
 @pytest.mark.parametrize("engine", ["hf", "packed"])
 def test_entropy_adv_baseline_step(tiny_model_dir, rec_dir, tmp_path, engine):
-    cli = cli_main(["fit", *_args(tiny_model_dir, rec_dir, tmp_path, "--trainer.max_steps", "1",
-                                  "--trainer.limit_val_batches", "0", "--model.init_args.entropy_adv_coef", "0.4",
-                                  "--model.init_args.update_engine", engine)])
+    cli = cli_main(
+        [
+            "fit",
+            *_args(
+                tiny_model_dir,
+                rec_dir,
+                tmp_path,
+                "--trainer.max_steps",
+                "1",
+                "--trainer.limit_val_batches",
+                "0",
+                "--model.init_args.entropy_adv_coef",
+                "0.4",
+                "--model.init_args.update_engine",
+                engine,
+            ),
+        ]
+    )
     assert torch.isfinite(torch.as_tensor(cli.trainer.logged_metrics["train/pg_loss"]))

@@ -23,27 +23,67 @@ from callbacks.logging import MetricsJSONL, OfflineAwareWandbLogger, json_safe, 
 from callbacks.results import ResultsTable, collect_results, markdown_table, paper_row
 from train import cli_main
 
-CURVE_KEYS = ("train/reward/total", "train/reward/accuracy", "train/reward/format", "train/reward/diversity",
-              "train/entropy", "train/diversity/gt", "train/diversity/smoothed", "train/diversity/global_avg",
-              "train/zero_variance_frac", "train/kl", "train/clip_frac_low", "train/clip_frac_high", "train/iou",
-              "train/acc50")
+CURVE_KEYS = (
+    "train/reward/total",
+    "train/reward/accuracy",
+    "train/reward/format",
+    "train/reward/diversity",
+    "train/entropy",
+    "train/diversity/gt",
+    "train/diversity/smoothed",
+    "train/diversity/global_avg",
+    "train/zero_variance_frac",
+    "train/kl",
+    "train/clip_frac_low",
+    "train/clip_frac_high",
+    "train/iou",
+    "train/acc50",
+)
 
 
-def tiny_fit_config(path: Path, model_dir: Path, data_root: Path, out: Path, *, loggers: list, callbacks: list,
-                    epochs: int = 2) -> Path:
+def tiny_fit_config(
+    path: Path, model_dir: Path, data_root: Path, out: Path, *, loggers: list, callbacks: list, epochs: int = 2
+) -> Path:
     """A 1-batch-per-epoch GRPO fit on the tiny model: ``epochs`` training steps, a validation after each."""
     cfg = {
         "seed_everything": 0,
-        "trainer": {"accelerator": "cpu", "devices": 1, "max_epochs": epochs, "limit_train_batches": 1,
-                    "log_every_n_steps": 1, "num_sanity_val_steps": 0, "enable_model_summary": False,
-                    "enable_progress_bar": False, "enable_checkpointing": False, "default_root_dir": str(out),
-                    "logger": loggers or False, "callbacks": callbacks},
-        "model": {"class_path": "lightning_modules.grpo.GRPOModule", "init_args": {
-            "model_name_or_path": str(model_dir), "dtype": "fp32", "prompt_template": "toy", "group_size": 3,
-            "max_new_tokens": 12, "micro_batch_size": 6, "kl_coef": 0.04, "diversity_beta": 0.5}},
-        "data": {"class_path": "datamodules.rec.RECDataModule", "init_args": {
-            "data_root": str(data_root), "train_files": ["train.jsonl"], "val_files": {"rec_val": "val.jsonl"},
-            "batch_size": 2, "eval_batch_size": 4}},
+        "trainer": {
+            "accelerator": "cpu",
+            "devices": 1,
+            "max_epochs": epochs,
+            "limit_train_batches": 1,
+            "log_every_n_steps": 1,
+            "num_sanity_val_steps": 0,
+            "enable_model_summary": False,
+            "enable_progress_bar": False,
+            "enable_checkpointing": False,
+            "default_root_dir": str(out),
+            "logger": loggers or False,
+            "callbacks": callbacks,
+        },
+        "model": {
+            "class_path": "lightning_modules.grpo.GRPOModule",
+            "init_args": {
+                "model_name_or_path": str(model_dir),
+                "dtype": "fp32",
+                "prompt_template": "toy",
+                "group_size": 3,
+                "max_new_tokens": 12,
+                "micro_batch_size": 6,
+                "kl_coef": 0.04,
+                "diversity_beta": 0.5,
+            },
+        },
+        "data": {
+            "class_path": "datamodules.rec.RECDataModule",
+            "init_args": {
+                "data_root": str(data_root),
+                "train_files": ["train.jsonl"],
+                "val_files": {"rec_val": "val.jsonl"},
+                "batch_size": 2,
+                "eval_batch_size": 4,
+            },
+        },
     }
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -64,13 +104,24 @@ def quiet_wandb(tmp_path, monkeypatch):
 def test_tiny_fit_writes_wandb_offline_run_metrics_jsonl_and_gallery(tiny_model_dir, rec_dir, tmp_path, quiet_wandb):
     out = tmp_path / "run"
     cfg = tiny_fit_config(
-        tmp_path / "fit.yaml", tiny_model_dir, rec_dir, out,
-        loggers=[{"class_path": "callbacks.logging.OfflineAwareWandbLogger",
-                  "init_args": {"save_dir": str(out), "name": "syn-grpo-tiny", "tags": ["test"]}}],
-        callbacks=[{"class_path": "callbacks.logging.MetricsJSONL"},
-                   {"class_path": "callbacks.logging.RolloutGallery",
-                    "init_args": {"num_samples": 2, "train_every_n_steps": 1}},
-                   {"class_path": "callbacks.results.ResultsTable", "init_args": {"during_fit": True}}],
+        tmp_path / "fit.yaml",
+        tiny_model_dir,
+        rec_dir,
+        out,
+        loggers=[
+            {
+                "class_path": "callbacks.logging.OfflineAwareWandbLogger",
+                "init_args": {"save_dir": str(out), "name": "syn-grpo-tiny", "tags": ["test"]},
+            }
+        ],
+        callbacks=[
+            {"class_path": "callbacks.logging.MetricsJSONL"},
+            {
+                "class_path": "callbacks.logging.RolloutGallery",
+                "init_args": {"num_samples": 2, "train_every_n_steps": 1},
+            },
+            {"class_path": "callbacks.results.ResultsTable", "init_args": {"during_fit": True}},
+        ],
     )
     cli = cli_main(["fit", "--config", str(cfg)])
     trainer = cli.trainer
@@ -166,20 +217,37 @@ def _write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 def test_reader_splits_runs_and_applies_resumes(tmp_path):
     def start(run, step=0, resumed=False, run_id=None, beta=0.7, stage="fit"):
-        return {"event": "start", "run": run, "run_id": run_id, "stage": stage, "resumed": resumed, "step": step,
-                "hparams": {"diversity_beta": beta, "diversity_weight": 1.0}}
+        return {
+            "event": "start",
+            "run": run,
+            "run_id": run_id,
+            "stage": stage,
+            "resumed": resumed,
+            "step": step,
+            "hparams": {"diversity_beta": beta, "diversity_weight": 1.0},
+        }
 
     def train(step, ent):
         return {"event": "train", "step": step, "epoch": 0, "train/entropy": ent}
 
-    rows = [start("a", run_id="r1"), train(1, 1.0), train(2, 0.9), train(3, 0.8), train(4, 0.7),
-            {"event": "val", "step": 4, "epoch": 0, "stage": "fit", "val/x/acc50": 0.2},
-            train(5, 0.6), train(6, 0.5),  # crash after step 6; the checkpoint was at step 4
-            start("a", step=4, resumed=True, run_id="r1"), train(5, 0.65), train(6, 0.55),
-            {"event": "val", "step": 6, "epoch": 1, "stage": "fit", "val/x/acc50": 0.4},
-            start("a", run_id="r2", beta=0.3), train(1, 2.0),
-            start("a", stage="validate", beta=0.3), {"event": "val", "step": 1, "epoch": 0, "stage": "validate",
-                                                      "val/x/acc50": 0.1}]
+    rows = [
+        start("a", run_id="r1"),
+        train(1, 1.0),
+        train(2, 0.9),
+        train(3, 0.8),
+        train(4, 0.7),
+        {"event": "val", "step": 4, "epoch": 0, "stage": "fit", "val/x/acc50": 0.2},
+        train(5, 0.6),
+        train(6, 0.5),  # crash after step 6; the checkpoint was at step 4
+        start("a", step=4, resumed=True, run_id="r1"),
+        train(5, 0.65),
+        train(6, 0.55),
+        {"event": "val", "step": 6, "epoch": 1, "stage": "fit", "val/x/acc50": 0.4},
+        start("a", run_id="r2", beta=0.3),
+        train(1, 2.0),
+        start("a", stage="validate", beta=0.3),
+        {"event": "val", "step": 1, "epoch": 0, "stage": "validate", "val/x/acc50": 0.1},
+    ]
     runs = load_runs([str(_write_jsonl(tmp_path / "metrics.jsonl", rows))])
     assert len(runs) == 2
     a, b = runs
@@ -192,16 +260,33 @@ def test_reader_splits_runs_and_applies_resumes(tmp_path):
 
 
 def test_results_table_layouts(tmp_path, capsys):
-    metrics = {"test/refcoco_val/acc50": torch.tensor(0.625), "test/refcoco_val/miou": torch.tensor(0.5512),
-               "test/refcoco_val/format": 1.0, "test/d3/map": 0.12, "test/d3/map_50": 0.3, "test/d3/gp": 0.5,
-               "test/d3/gr": float("nan"), "test/d3/format": 0.9, "val/other/acc50": 0.1, "train/reward/total": 2.0}
+    metrics = {
+        "test/refcoco_val/acc50": torch.tensor(0.625),
+        "test/refcoco_val/miou": torch.tensor(0.5512),
+        "test/refcoco_val/format": 1.0,
+        "test/d3/map": 0.12,
+        "test/d3/map_50": 0.3,
+        "test/d3/gp": 0.5,
+        "test/d3/gr": float("nan"),
+        "test/d3/format": 0.9,
+        "val/other/acc50": 0.1,
+        "train/reward/total": 2.0,
+    }
     res = collect_results(metrics, "test")
     assert list(res) == ["refcoco_val", "d3"] and res["refcoco_val"]["acc50"] == pytest.approx(0.625)
     table = markdown_table(res)
     head, sep, row1, row2 = table.splitlines()
     assert head.split("|")[1:-1] == [c.center(len(c)) for c in head.split("|")[1:-1]]
-    assert [c.strip() for c in head.split("|")[1:-1]] == ["set", "Acc@0.5", "mIoU", "mAP", "mAP@50", "GP", "GR",
-                                                           "format"]
+    assert [c.strip() for c in head.split("|")[1:-1]] == [
+        "set",
+        "Acc@0.5",
+        "mIoU",
+        "mAP",
+        "mAP@50",
+        "GP",
+        "GR",
+        "format",
+    ]
     assert [c.strip() for c in row1.split("|")[1:-1]] == ["refcoco_val", "62.5", "55.1", "-", "-", "-", "-", "100.0"]
     assert [c.strip() for c in row2.split("|")[1:-1]] == ["d3", "-", "-", "12.0", "30.0", "50.0", "nan", "90.0"]
     assert paper_row(res, "Syn-GRPO", ["acc50", "map"]).splitlines()[2] == "| Syn-GRPO | 62.5 | 12.0 |"
@@ -223,4 +308,6 @@ def test_results_table_layouts(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "refcoco_val" in printed and "62.5" in printed
     assert (tmp_path / "eval/results/test.csv").read_text().splitlines()[1].startswith("refcoco_val,0.625")
-    assert "| method | refcoco_val Acc@0.5 | d3 mAP | d3 GP | d3 GR |" in (tmp_path / "eval/results/test.md").read_text()
+    assert (
+        "| method | refcoco_val Acc@0.5 | d3 mAP | d3 GP | d3 GR |" in (tmp_path / "eval/results/test.md").read_text()
+    )

@@ -24,18 +24,42 @@ def _tiny_fit(model_dir: Path, data_root: Path, out: Path, run_name: str) -> Pat
     """2 GRPO steps on the tiny model (1 batch per epoch, 2 epochs), a validation after each; the metrics file."""
     cfg = {
         "seed_everything": 0,
-        "trainer": {"accelerator": "cpu", "devices": 1, "max_epochs": 2, "limit_train_batches": 1,
-                    "log_every_n_steps": 1, "num_sanity_val_steps": 0, "enable_model_summary": False,
-                    "enable_progress_bar": False, "enable_checkpointing": False, "default_root_dir": str(out),
-                    "logger": False,
-                    "callbacks": [{"class_path": "callbacks.logging.MetricsJSONL",
-                                   "init_args": {"run_name": run_name}}]},
-        "model": {"class_path": "lightning_modules.grpo.GRPOModule", "init_args": {
-            "model_name_or_path": str(model_dir), "dtype": "fp32", "prompt_template": "toy", "group_size": 3,
-            "max_new_tokens": 12, "micro_batch_size": 6, "diversity_beta": 0.7}},
-        "data": {"class_path": "datamodules.rec.RECDataModule", "init_args": {
-            "data_root": str(data_root), "train_files": ["train.jsonl"], "val_files": {"rec_val": "val.jsonl"},
-            "batch_size": 2, "eval_batch_size": 4}},
+        "trainer": {
+            "accelerator": "cpu",
+            "devices": 1,
+            "max_epochs": 2,
+            "limit_train_batches": 1,
+            "log_every_n_steps": 1,
+            "num_sanity_val_steps": 0,
+            "enable_model_summary": False,
+            "enable_progress_bar": False,
+            "enable_checkpointing": False,
+            "default_root_dir": str(out),
+            "logger": False,
+            "callbacks": [{"class_path": "callbacks.logging.MetricsJSONL", "init_args": {"run_name": run_name}}],
+        },
+        "model": {
+            "class_path": "lightning_modules.grpo.GRPOModule",
+            "init_args": {
+                "model_name_or_path": str(model_dir),
+                "dtype": "fp32",
+                "prompt_template": "toy",
+                "group_size": 3,
+                "max_new_tokens": 12,
+                "micro_batch_size": 6,
+                "diversity_beta": 0.7,
+            },
+        },
+        "data": {
+            "class_path": "datamodules.rec.RECDataModule",
+            "init_args": {
+                "data_root": str(data_root),
+                "train_files": ["train.jsonl"],
+                "val_files": {"rec_val": "val.jsonl"},
+                "batch_size": 2,
+                "eval_batch_size": 4,
+            },
+        },
     }
     path = out.parent / "fit.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -85,8 +109,9 @@ def test_notebook_executes_on_a_tiny_run_and_writes_figures(tiny_model_dir, rec_
     _ensure_python3_kernel()
 
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    NotebookClient(nb, timeout=120, kernel_name="python3",
-                   resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    NotebookClient(
+        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}
+    ).execute()
 
     for name in FIGURES:
         png = out / f"{name}.png"
@@ -99,9 +124,13 @@ def test_beta_ablation_reads_hparams_and_skips_grpo_baselines():
     def run(name, beta, weight, acc):
         import pandas as pd
 
-        return A.Run(name=name, hparams={"diversity_beta": beta, "diversity_weight": weight},
-                     val=pd.DataFrame({"step": [1, 2], "epoch": [0, 1], "stage": ["fit", "fit"],
-                                       "val/toy_val/acc50": [0.0, acc]}))
+        return A.Run(
+            name=name,
+            hparams={"diversity_beta": beta, "diversity_weight": weight},
+            val=pd.DataFrame(
+                {"step": [1, 2], "epoch": [0, 1], "stage": ["fit", "fit"], "val/toy_val/acc50": [0.0, acc]}
+            ),
+        )
 
     runs = [run("b1", 0.1, 1.0, 0.4), run("b7", 0.7, 1.0, 0.6), run("grpo", 0.7, 0.0, 0.2)]
     table = A.beta_table(runs)

@@ -26,7 +26,9 @@ def test_loads_with_from_pretrained_and_builds_chat_prompt(policy):
     assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
     text = processor.apply_chat_template(
         [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Find: x"}]}],
-        tokenize=False, add_generation_prompt=True)
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     assert "<|vision_start|><|image_pad|><|vision_end|>" in text and text.endswith("<|im_start|>assistant\n")
 
 
@@ -39,8 +41,16 @@ def test_rollout_groups_rows_and_never_samples_special_tokens(policy):
     model, processor = policy
     torch.manual_seed(0)
     images = [Image.new("RGB", (112, 112), (200, 10, 10)), Image.new("RGB", (112, 112), (10, 200, 10))]
-    ro = rollout(model, processor, images, ["the red", "the green"], group_size=3, template="toy",
-                 max_new_tokens=24, temperature=1.5)
+    ro = rollout(
+        model,
+        processor,
+        images,
+        ["the red", "the green"],
+        group_size=3,
+        template="toy",
+        max_new_tokens=24,
+        temperature=1.5,
+    )
     assert ro.completion_ids.shape[0] == 6 and len(ro.texts) == 6
     assert ro.image_grid_thw.shape == (6, 3) and ro.input_wh[0] == (112, 112)
     eos = set(eos_token_ids(processor.tokenizer))
@@ -48,8 +58,9 @@ def test_rollout_groups_rows_and_never_samples_special_tokens(policy):
     sampled = ro.completion_ids[ro.completion_mask.bool()].tolist()
     assert not banned & set(sampled), "a special token other than EOS was sampled"
     # the training forward accepts the rollout: image features and image tokens match
-    logp, ent = completion_logps(model, ro.rows([0, 4]), ro.completion_ids[[0, 4]], ro.completion_mask[[0, 4]],
-                                 with_entropy=True)
+    logp, ent = completion_logps(
+        model, ro.rows([0, 4]), ro.completion_ids[[0, 4]], ro.completion_mask[[0, 4]], with_entropy=True
+    )
     assert logp.shape == ro.completion_ids[[0, 4]].shape and torch.isfinite(logp).all() and (logp <= 0).all()
     assert (ent >= 0).all()
 

@@ -22,21 +22,28 @@ def test_reads_vlm_r1_lines_with_images(tmp_path):
 
 def _write(tmp_path, obj_or_text) -> str:
     p = tmp_path / "bad.jsonl"
-    good = {"id": "a", "image": "images/0.png", "solution": [1, 1, 5, 5],
-            "conversations": [{"from": "human", "value": "<image>x"}]}
+    good = {
+        "id": "a",
+        "image": "images/0.png",
+        "solution": [1, 1, 5, 5],
+        "conversations": [{"from": "human", "value": "<image>x"}],
+    }
     line = obj_or_text if isinstance(obj_or_text, str) else json.dumps(obj_or_text)
     p.write_text(json.dumps(good) + "\n" + line + "\n")
     return str(p)
 
 
-@pytest.mark.parametrize("bad, message", [
-    ("{not json", "not valid JSON"),
-    ({"image": "images/0.png", "conversations": [{"from": "human", "value": "x"}]}, "missing 'solution'"),
-    ({"solution": [1, 1, 5, 5], "conversations": [{"from": "human", "value": "x"}]}, "missing 'image'"),
-    ({"image": "i.png", "solution": [5, 5, 5, 9], "conversations": [{"from": "human", "value": "x"}]}, "empty box"),
-    ({"image": "i.png", "solution": [1, 2, 3], "conversations": [{"from": "human", "value": "x"}]}, "4 numbers"),
-    ({"image": "i.png", "solution": [1, 1, 5, 5]}, "no query"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("{not json", "not valid JSON"),
+        ({"image": "images/0.png", "conversations": [{"from": "human", "value": "x"}]}, "missing 'solution'"),
+        ({"solution": [1, 1, 5, 5], "conversations": [{"from": "human", "value": "x"}]}, "missing 'image'"),
+        ({"image": "i.png", "solution": [5, 5, 5, 9], "conversations": [{"from": "human", "value": "x"}]}, "empty box"),
+        ({"image": "i.png", "solution": [1, 2, 3], "conversations": [{"from": "human", "value": "x"}]}, "4 numbers"),
+        ({"image": "i.png", "solution": [1, 1, 5, 5]}, "no query"),
+    ],
+)
 def test_bad_line_names_file_and_line(tmp_path, bad, message):
     path = _write(tmp_path, bad)
     with pytest.raises(DataError, match=message) as exc:
@@ -46,28 +53,37 @@ def test_bad_line_names_file_and_line(tmp_path, bad, message):
 
 def test_missing_image_and_out_of_image_box(tmp_path):
     write_rec_jsonl(tmp_path, 1)
-    (tmp_path / "m.jsonl").write_text(json.dumps(
-        {"image": "images/nope.png", "solution": [1, 1, 5, 5], "problem": "x"}) + "\n")
+    (tmp_path / "m.jsonl").write_text(
+        json.dumps({"image": "images/nope.png", "solution": [1, 1, 5, 5], "problem": "x"}) + "\n"
+    )
     with pytest.raises(DataError, match="not found.*--data.image_root"):
         load_sample(read_jsonl(tmp_path / "m.jsonl")[0])
-    (tmp_path / "o.jsonl").write_text(json.dumps(
-        {"image": "images/0.png", "solution": [10, 10, 500, 50], "problem": "x"}) + "\n")
+    (tmp_path / "o.jsonl").write_text(
+        json.dumps({"image": "images/0.png", "solution": [10, 10, 500, 50], "problem": "x"}) + "\n"
+    )
     with pytest.raises(DataError, match=r"o.jsonl:1.*outside the 112x112 image"):
         load_sample(read_jsonl(tmp_path / "o.jsonl")[0])
 
 
 def test_ovd_solution_is_a_list_of_boxes(tmp_path):
     write_rec_jsonl(tmp_path, 1)
-    (tmp_path / "ovd.jsonl").write_text(json.dumps(
-        {"image": "images/0.png", "solution": [[1, 1, 5, 5], {"bbox_2d": [6, 6, 9, 9]}], "problem": "every red",
-         "task": "ovd"}) + "\n")
+    (tmp_path / "ovd.jsonl").write_text(
+        json.dumps(
+            {
+                "image": "images/0.png",
+                "solution": [[1, 1, 5, 5], {"bbox_2d": [6, 6, 9, 9]}],
+                "problem": "every red",
+                "task": "ovd",
+            }
+        )
+        + "\n"
+    )
     s = load_sample(read_jsonl(tmp_path / "ovd.jsonl")[0])
     assert s.task == "ovd" and s.boxes == [[1, 1, 5, 5], [6, 6, 9, 9]]
 
 
 def test_datamodule_named_eval_sets(rec_dir):
-    dm = RECDataModule(data_root=str(rec_dir), train_files=["train.jsonl"], val_files={"a": "val.jsonl"},
-                       batch_size=3)
+    dm = RECDataModule(data_root=str(rec_dir), train_files=["train.jsonl"], val_files={"a": "val.jsonl"}, batch_size=3)
     dm.setup("fit")
     assert len(dm.train_set) == 8 and dm.eval_names("val") == ["a"]
     batch = next(iter(dm.train_dataloader()))

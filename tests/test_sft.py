@@ -23,22 +23,54 @@ class _Losses(L.Callback):
 
 
 def test_sft_builds_trains_and_exports(tmp_path):
-    spec = {"vocab_size": 400, "hidden_size": 64, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate_size": 128,
-            "vision_hidden_size": 32, "vision_depth": 1, "vision_heads": 2, "image_size": 112,
-            "mrope_section": None}
-    cli = cli_main([
-        "--config", str(REPO / "configs/toy_sft.yaml"),
-        "--model.init_args.model_name_or_path", str(tmp_path / "init"),
-        "--model.init_args.build_tiny", json.dumps(spec),
-        "--model.init_args.export_dir", str(tmp_path / "export"),
-        "--model.init_args.eval_max_new_tokens", "8",
-        "--data.init_args.data_root", str(tmp_path / "data"),
-        "--data.init_args.toy", json.dumps({"splits": {"train": 4, "val": 2}, "seed": 0, "size": 112}),
-        "--data.init_args.val_files", json.dumps({"toy_val": "val.jsonl"}),
-        "--data.init_args.batch_size", "4", "--data.init_args.shuffle", "false",
-        "--trainer.max_epochs", "4", "--trainer.val_check_interval", "1.0", "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
-        "--trainer.default_root_dir", str(tmp_path / "run"),
-    ], run=False)
+    spec = {
+        "vocab_size": 400,
+        "hidden_size": 64,
+        "layers": 2,
+        "heads": 4,
+        "kv_heads": 2,
+        "intermediate_size": 128,
+        "vision_hidden_size": 32,
+        "vision_depth": 1,
+        "vision_heads": 2,
+        "image_size": 112,
+        "mrope_section": None,
+    }
+    cli = cli_main(
+        [
+            "--config",
+            str(REPO / "configs/toy_sft.yaml"),
+            "--model.init_args.model_name_or_path",
+            str(tmp_path / "init"),
+            "--model.init_args.build_tiny",
+            json.dumps(spec),
+            "--model.init_args.export_dir",
+            str(tmp_path / "export"),
+            "--model.init_args.eval_max_new_tokens",
+            "8",
+            "--data.init_args.data_root",
+            str(tmp_path / "data"),
+            "--data.init_args.toy",
+            json.dumps({"splits": {"train": 4, "val": 2}, "seed": 0, "size": 112}),
+            "--data.init_args.val_files",
+            json.dumps({"toy_val": "val.jsonl"}),
+            "--data.init_args.batch_size",
+            "4",
+            "--data.init_args.shuffle",
+            "false",
+            "--trainer.max_epochs",
+            "4",
+            "--trainer.val_check_interval",
+            "1.0",
+            "--trainer.logger",
+            "false",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.default_root_dir",
+            str(tmp_path / "run"),
+        ],
+        run=False,
+    )
     losses = _Losses()
     cli.trainer.callbacks.append(losses)
     with warnings.catch_warnings(record=True) as caught:
@@ -81,13 +113,14 @@ def test_encode_labels_are_exactly_the_targets(tiny_model_dir):
     tok = m.processor.tokenizer
     for i, s in enumerate(batch):
         row = enc["input_ids"][i][enc["attention_mask"][i].bool()]
-        prompt = m.processor(text=[build_prompt_text(m.processor, s.query, template="toy")], images=[s.image],
-                             return_tensors="pt")["input_ids"][0]
+        prompt = m.processor(
+            text=[build_prompt_text(m.processor, s.query, template="toy")], images=[s.image], return_tensors="pt"
+        )["input_ids"][0]
         assert row[: len(prompt)].tolist() == prompt.tolist()
         wh = model_input_size(enc["image_grid_thw"], 14)[i]
         target = tok.decode(enc["labels"][i][enc["labels"][i] != -100])
         assert target == m.target_for(s, wh) + "<|im_end|>"
-        assert (enc["labels"][i][enc["labels"][i] != -100] == row[len(prompt):]).all()
+        assert (enc["labels"][i][enc["labels"][i] != -100] == row[len(prompt) :]).all()
     assert (enc["mm_token_type_ids"] == (enc["input_ids"] == m.policy.config.image_token_id)).all()
     out = m.policy(**{k: v for k, v in enc.items() if k != "labels"}, use_cache=False)
     assert out.logits.shape[:2] == enc["input_ids"].shape

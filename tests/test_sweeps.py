@@ -49,8 +49,12 @@ def render_commands(sweep: dict) -> list[tuple[dict, list[str]]]:
     out = []
     for combo in itertools.product(*choices):
         params = {n: {"value": v} for n, v in zip(names, combo)}
-        macros = {**_args_macros(params), "env": ["/usr/bin/env"], "interpreter": ["python"],
-                  "program": [sweep["program"]]}
+        macros = {
+            **_args_macros(params),
+            "env": ["/usr/bin/env"],
+            "interpreter": ["python"],
+            "program": [sweep["program"]],
+        }
         argv: list[str] = []
         for c in _command_template(sweep["command"]):
             c = str(c)
@@ -81,8 +85,12 @@ def test_the_two_sweeps_exist_with_the_papers_grids():
 
 
 def test_render_follows_wandb_macros():
-    sweep = {"method": "grid", "program": "train.py", "parameters": {"a.b": {"values": [1, 2]}, "c": {"value": "x"}},
-             "command": ["${env}", "${interpreter}", "${program}", "fit", "${args}"]}
+    sweep = {
+        "method": "grid",
+        "program": "train.py",
+        "parameters": {"a.b": {"values": [1, 2]}, "c": {"value": "x"}},
+        "command": ["${env}", "${interpreter}", "${program}", "fit", "${args}"],
+    }
     assert [argv for _, argv in render_commands(sweep)] == [
         ["/usr/bin/env", "python", "train.py", "fit", "--a.b=1", "--c=x"],
         ["/usr/bin/env", "python", "train.py", "fit", "--a.b=2", "--c=x"],

@@ -50,27 +50,76 @@ class _Recorder(L.Callback):
             synth._server.proc.wait(10)
 
 
-def _fit(tiny_model_dir, rec_dir, out: Path, *extra: str, recorder: _Recorder | None = None, epochs: int = 2,
-         mode: str = "async"):
+def _fit(
+    tiny_model_dir,
+    rec_dir,
+    out: Path,
+    *extra: str,
+    recorder: _Recorder | None = None,
+    epochs: int = 2,
+    mode: str = "async",
+):
     offline = rec_dir / "offline.jsonl"
-    offline.write_text("".join(json.dumps({"sample_id": f"s{i}", "description": d}) + "\n" for i in range(8)
-                               for d in ("a striped blue background with many small green triangles",
-                                         "a checkered yellow background with some large pink stars")))
-    callbacks = json.dumps([{"class_path": "callbacks.synthesis.SynthesisCallback",
-                             "init_args": {"mode": mode, "offline_descriptions": str(offline), "poll_interval": 0.05,
-                                           "gallery_samples": 2}}])
+    offline.write_text(
+        "".join(
+            json.dumps({"sample_id": f"s{i}", "description": d}) + "\n"
+            for i in range(8)
+            for d in (
+                "a striped blue background with many small green triangles",
+                "a checkered yellow background with some large pink stars",
+            )
+        )
+    )
+    callbacks = json.dumps(
+        [
+            {
+                "class_path": "callbacks.synthesis.SynthesisCallback",
+                "init_args": {
+                    "mode": mode,
+                    "offline_descriptions": str(offline),
+                    "poll_interval": 0.05,
+                    "gallery_samples": 2,
+                },
+            }
+        ]
+    )
     ckpt = next((extra[i + 1] for i, a in enumerate(extra) if a == "--ckpt_path"), None)
     extra = tuple(a for i, a in enumerate(extra) if a != "--ckpt_path" and (i == 0 or extra[i - 1] != "--ckpt_path"))
-    args = ["--config", str(REPO / "configs/tiny.yaml"),
-            "--model.init_args.model_name_or_path", str(tiny_model_dir),
-            "--model.init_args.max_new_tokens", "4", "--model.init_args.group_size", "2",
-            "--model.init_args.kl_coef", "0.0",
-            "--data.init_args.data_root", str(rec_dir), "--data.init_args.toy", "null",
-            "--data.init_args.train_files", "[train.jsonl]", "--data.init_args.val_files", "{}",
-            "--data.init_args.batch_size", "4",
-            "--trainer.default_root_dir", str(out), "--trainer.logger", "false",
-            "--trainer.callbacks", callbacks, "--trainer.max_epochs", str(epochs),
-            "--trainer.enable_progress_bar", "false", "--trainer.limit_val_batches", "0", *extra]
+    args = [
+        "--config",
+        str(REPO / "configs/tiny.yaml"),
+        "--model.init_args.model_name_or_path",
+        str(tiny_model_dir),
+        "--model.init_args.max_new_tokens",
+        "4",
+        "--model.init_args.group_size",
+        "2",
+        "--model.init_args.kl_coef",
+        "0.0",
+        "--data.init_args.data_root",
+        str(rec_dir),
+        "--data.init_args.toy",
+        "null",
+        "--data.init_args.train_files",
+        "[train.jsonl]",
+        "--data.init_args.val_files",
+        "{}",
+        "--data.init_args.batch_size",
+        "4",
+        "--trainer.default_root_dir",
+        str(out),
+        "--trainer.logger",
+        "false",
+        "--trainer.callbacks",
+        callbacks,
+        "--trainer.max_epochs",
+        str(epochs),
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.limit_val_batches",
+        "0",
+        *extra,
+    ]
     cli = cli_main(args, run=False)
     if recorder is not None:
         cli.trainer.callbacks.append(recorder)
@@ -111,8 +160,12 @@ def test_server_killed_mid_run_training_continues_and_swaps_resume(tiny_model_di
 
 def test_resume_restores_pool_lineage_smoother_and_outstanding(tiny_model_dir, rec_dir, tmp_path):
     out = tmp_path / "run"
-    ckpt_cb = json.dumps({"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-                          "init_args": {"dirpath": str(out / "ckpt"), "save_last": True}})
+    ckpt_cb = json.dumps(
+        {
+            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+            "init_args": {"dirpath": str(out / "ckpt"), "save_last": True},
+        }
+    )
     cli = _fit(tiny_model_dir, rec_dir, out, "--trainer.callbacks+", ckpt_cb, epochs=2)
     last = out / "ckpt" / "last.ckpt"
     ckpt = torch.load(last, weights_only=False)

@@ -222,7 +222,8 @@ def test_mix_draws_fixed_fractions_from_the_sft_splits():
     solo = next(i for i in range(50) if ds.split_of(i) == "solo")
     assert [o["role"] for o in ds[solo].meta["objects"]] == ["target"]
     assert ds[solo].sample_id.startswith("toy-solo-") and ds.split_of(solo) == ToySceneDataset(
-        "train", 4000, seed=0, mix={"varied": 0.5, "solo": 0.1}).split_of(solo)
+        "train", 4000, seed=0, mix={"varied": 0.5, "solo": 0.1}
+    ).split_of(solo)
     with pytest.raises(ValueError, match="mix"):
         ToySceneDataset("train", 10, seed=0, mix={"nope": 0.1})
     with pytest.raises(ValueError, match="sum"):
