@@ -252,10 +252,7 @@ class GRPOModule(L.LightningModule):
         else:
             acc = rewards.ovd_reward(texts, gts, input_wh=ro.input_wh, orig_wh=orig)
         parsed = [rewards.parse_completion(t) for t in texts]
-        if hp.format == "syn_grpo":  # the 4-part check is the parse's own verdict: no second parse
-            fmt = [1.0 if p.format_ok else 0.0 for p in parsed]
-        else:
-            fmt = rewards.format_reward(texts, format=hp.format)
+        fmt = rewards.format_reward(texts, format=hp.format, parsed=parsed)
         acc_t = torch.tensor(acc, dtype=torch.float32)
         gt_div = rewards.ground_truth_diversity(acc_t, G)  # [B]
         gt_div = torch.as_tensor(gt_div, dtype=torch.float32)

@@ -438,11 +438,14 @@ def format_reward(
     tags: Tags = Tags(),  # noqa: B008 - frozen, immutable default
     partial: bool = False,
     format: str = "syn_grpo",
+    parsed: Sequence[ParsedCompletion] | None = None,
     **kwargs: Any,
 ) -> list[float]:
     """1.0 when the completion has all parts of ``format``, in order, well formed; else 0.0.
 
     With ``partial=True`` a malformed completion earns the fraction of the four parts that are present and valid.
+    ``parsed``: the completions' ``parse_completion`` results, when the caller has them (``syn_grpo`` reads its
+    verdict from them instead of parsing again).
     """
     if format not in FORMATS:
         raise ValueError(f"--model.format must be one of {sorted(FORMATS)}, got {format!r}")
@@ -455,14 +458,11 @@ def format_reward(
             ok = parts is not None and bool(extract_boxes(parts[-1]))
             out.append(1.0 if ok else 0.0)
         return out
-    out = []
-    for text in completions:
-        parsed = parse_completion(text, tags)
-        if parsed.format_ok:
-            out.append(1.0)
-        else:
-            out.append(parsed.parts_present / 4.0 if partial else 0.0)
-    return out
+    if parsed is None:
+        parsed = [parse_completion(text, tags) for text in completions]
+    elif len(parsed) != len(completions):
+        raise ValueError(f"format_reward: {len(parsed)} parsed completions for {len(completions)} completions")
+    return [1.0 if p.format_ok else (p.parts_present / 4.0 if partial else 0.0) for p in parsed]
 
 
 _MAP_METRIC_CLASS = None

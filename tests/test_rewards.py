@@ -151,6 +151,13 @@ def test_format_strictness():
     assert format_reward([no_desc]) == [0.0]
     assert format_reward([no_desc], partial=True) == [0.75]
     assert format_reward([full()], partial=True) == [1.0]
+    # the caller's parses give the same verdicts (the GRPO reward step parses once for format and diversity)
+    texts = [full(), "Sure! " + full(), swapped, no_desc]
+    parsed = [parse_completion(t) for t in texts]
+    for partial in (False, True):
+        assert format_reward(texts, parsed=parsed, partial=partial) == format_reward(texts, partial=partial)
+    with pytest.raises(ValueError, match="2 parsed completions for 4"):
+        format_reward(texts, parsed=parsed[:2])
 
 
 def test_custom_tags_and_conversational_completions():

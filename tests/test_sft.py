@@ -136,3 +136,8 @@ def test_tokenizer_splits_digits_as_qwen2(tmp_path):
     from transformers import AutoTokenizer
 
     assert AutoTokenizer.from_pretrained(tmp_path)("[112, 45]")["input_ids"] == ids
+    # split_digits=False (the toy checkpoint): a number of the corpus is one token
+    whole = train_bpe_tokenizer(
+        ["<answer>[112, 45, 160, 99]</answer> the small red circle"] * 20, vocab_size=300, split_digits=False
+    )
+    assert "112" in [whole.decode([i]).strip() for i in whole("[112, 45]")["input_ids"]]

@@ -193,12 +193,10 @@ def test_sft_target_from_a_sample_like_dict():
 
 def test_rendered_train_split_equals_the_exported_one(tmp_path):
     """``ToySceneDataset`` (render on access) yields the samples the exported JSONL reads back as."""
-    from datamodules.rec import RECDataModule, ToySpec
+    from datamodules.rec import RECDataModule, ToySpec, load_sample, read_jsonl
     from datamodules.toy import ToySceneDataset
 
     path = toy.export_jsonl(tmp_path, "train", 4, seed=3)
-    from datamodules.rec import load_sample, read_jsonl
-
     exported = [load_sample(r) for r in read_jsonl(path)]
     rendered = ToySceneDataset("train", 4, seed=3)
     for a, b in zip(exported, [rendered[i] for i in range(4)]):
