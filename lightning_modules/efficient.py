@@ -396,8 +396,8 @@ def completion_logprobs(
         image_embeds = image_embeddings(model, packed.pixel_values.to(dev), packed.image_grid_thw.to(dev))
     N, T = packed.completion_ids.shape
     dev = model_parts(model).text.embed_tokens.weight.device
-    logp = torch.zeros(N, T, device=dev)
-    ent = torch.zeros(N, T, device=dev) if with_entropy else None
+    logp = torch.zeros(N, T, dtype=torch.float32, device=dev)
+    ent = torch.zeros(N, T, dtype=torch.float32, device=dev) if with_entropy else None
     for rows in micro_batches(packed, micro_batch_size, max_tokens):
         lp, e = _forward_rows(
             model,
@@ -452,9 +452,9 @@ def policy_backward(
         feats = image_embeddings(model, packed.pixel_values.to(dev), packed.image_grid_thw.to(dev))
         feats_leaf = feats.detach().requires_grad_(feats.requires_grad)
     N, T = packed.completion_ids.shape
-    logp_all = torch.zeros(N, T, device=dev)
-    ent_all = torch.zeros(N, T, device=dev) if with_entropy else None
-    total = torch.zeros((), device=dev)
+    logp_all = torch.zeros(N, T, dtype=torch.float32, device=dev)
+    ent_all = torch.zeros(N, T, dtype=torch.float32, device=dev) if with_entropy else None
+    total = torch.zeros((), dtype=torch.float32, device=dev)
     for rows in micro_batches(packed, micro_batch_size, max_tokens):
         lp, e = _forward_rows(
             model,

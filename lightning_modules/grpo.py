@@ -39,6 +39,7 @@ from torch import nn
 
 from lightning_modules import objective, rewards
 from lightning_modules.policy import Rollout, completion_logps, load_policy, rollout
+from lightning_modules.precision import build_optimizer, fp32_default_dtype, optimizer_tensors
 
 OptimizerCallable = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
 
@@ -103,6 +104,10 @@ class GRPOModule(L.LightningModule):
         entropy_adv_coef: entropy-shaped advantage coefficient ("GRPO + Entropy Adv."); 0 disables.
         entropy_adv_kappa: the shaping term is capped at ``|A| / kappa``.
         gradient_checkpointing: trade compute for memory in the policy forward.
+        master_weights: ``fp32`` keeps an fp32 master copy of every low-precision trainable weight, the optimizer
+            state in fp32 and gradients accumulated in fp32 (``precision.MasterWeightOptimizer``; the policy itself
+            stays in ``dtype`` for rollout and forward); ``none`` steps the ``dtype`` weights directly (at lr 1e-6 a
+            bf16 weight barely moves). No effect when the policy is fp32.
         max_grad_norm: gradient clipping (0 disables).
         optimizer: optimizer factory (LightningCLI: ``optimizer: {class_path: torch.optim.AdamW, init_args: ...}``).
         seed: seed of the ``random`` selection.
@@ -143,6 +148,7 @@ class GRPOModule(L.LightningModule):
         entropy_adv_coef: float = 0.0,
         entropy_adv_kappa: float = 2.0,
         gradient_checkpointing: bool = False,
+        master_weights: str = "fp32",
         max_grad_norm: float = 1.0,
         optimizer: OptimizerCallable = _default_optimizer,
         seed: int = 0,
@@ -162,6 +168,8 @@ class GRPOModule(L.LightningModule):
             raise ValueError(
                 f"--model.description_selection must be 'diversity', 'random' or 'none', got {description_selection!r}"
             )
+        if master_weights not in ("fp32", "none"):
+            raise ValueError(f"--model.master_weights must be 'fp32' or 'none', got {master_weights!r}")
         if format not in rewards.FORMATS:
             raise ValueError(f"--model.format must be one of {sorted(rewards.FORMATS)}, got {format!r}")
         if diversity_reward_form not in rewards.DIVERSITY_REWARD_FORMS:
@@ -216,7 +224,13 @@ class GRPOModule(L.LightningModule):
         self.policy.train()
 
     def configure_optimizers(self):
-        return self.optimizer_factory([p for p in self.parameters() if p.requires_grad])
+        distributed = self._trainer is not None and self.trainer.world_size > 1
+        return build_optimizer(
+            [p for p in self.parameters() if p.requires_grad],
+            self.optimizer_factory,
+            master_weights=self.hparams.master_weights,
+            distributed=distributed,
+        )
 
     def setup(self, stage: str) -> None:
         self._check_strategy()
@@ -232,6 +246,15 @@ class GRPOModule(L.LightningModule):
                 "GRPOModule does not support FSDP yet (generation and several backward passes per step run inside "
                 "one FSDP forward): use --trainer.strategy ddp (the 7B fits in DDP on 141 GB GPUs) or one GPU "
                 "(configs/rec_3b_1gpu.yaml)"
+            )
+        plugin = type(trainer.precision_plugin).__name__
+        engines = [e for e in (self.hparams.rollout_engine, self.hparams.update_engine) if e in ("fast", "packed")]
+        if plugin == "MixedPrecision" and engines:
+            raise ValueError(
+                f"--trainer.precision {trainer.precision} (autocast over fp32 weights) does not drive the "
+                f"{' and '.join(engines)} engine(s), which run in the weights' dtype: use --trainer.precision "
+                "bf16-true with --model.dtype bf16 (fp32 master weights are on by default: --model.master_weights "
+                "fp32), or --model.rollout_engine hf --model.update_engine hf"
             )
         if self.hparams.update_engine == "packed" and trainer.world_size > 1:
             raise ValueError(
@@ -329,6 +352,7 @@ class GRPOModule(L.LightningModule):
         out = [self._logps(model, ro, rows)[0] for rows in self._micro_batches(n)]
         return torch.cat(out)
 
+    @fp32_default_dtype()
     def training_step(self, batch, batch_idx: int):
         hp = self.hparams
         G = hp.group_size
@@ -356,7 +380,7 @@ class GRPOModule(L.LightningModule):
         n = mask.shape[0]
         total_tokens = mask.sum().clamp(min=1)
         stats_acc: dict[str, float] = {}
-        entropy_sum = torch.zeros((), device=self.device)
+        entropy_sum = torch.zeros((), dtype=torch.float32, device=self.device)
 
         def loss_fn(logp, ent, rows, first: bool):
             """The micro-batch's share of the full-batch loss (``rows``: its completion indices)."""
@@ -386,7 +410,7 @@ class GRPOModule(L.LightningModule):
             if hp.entropy_coef > 0:  # "GRPO + Entropy Loss": maximise the mean token entropy
                 loss = loss - hp.entropy_coef * objective.aggregate(ent, m, hp.aggregation, hp.max_new_tokens)
             # weight so the accumulated gradient equals the full-batch aggregation
-            w = m.sum() / total_tokens if hp.aggregation == "token-mean" else torch.tensor(len(rows) / n)
+            w = m.sum() / total_tokens if hp.aggregation == "token-mean" else torch.tensor(len(rows) / n, dtype=torch.float32)
             w = w.to(self.device)
             if first:
                 for k, v in stats.items():
@@ -441,7 +465,8 @@ class GRPOModule(L.LightningModule):
 
     def _optimizer_step(self, opt, stats_acc: dict[str, float]) -> None:
         if self.hparams.max_grad_norm > 0:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.hparams.max_grad_norm)
+            # the tensors the optimizer steps: the fp32 masters (and their fp32 gradients) under master weights
+            grad_norm = torch.nn.utils.clip_grad_norm_(optimizer_tensors(opt), self.hparams.max_grad_norm)
             stats_acc["grad_norm"] = float(grad_norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -554,9 +579,11 @@ class GRPOModule(L.LightningModule):
     def on_validation_epoch_start(self) -> None:
         self._move_reference()
 
+    @fp32_default_dtype()
     def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0):
         self._eval_step("val", batch, dataloader_idx)
 
+    @fp32_default_dtype()
     def test_step(self, batch, batch_idx: int, dataloader_idx: int = 0):
         self._eval_step("test", batch, dataloader_idx)
 
