@@ -410,7 +410,11 @@ class GRPOModule(L.LightningModule):
             if hp.entropy_coef > 0:  # "GRPO + Entropy Loss": maximise the mean token entropy
                 loss = loss - hp.entropy_coef * objective.aggregate(ent, m, hp.aggregation, hp.max_new_tokens)
             # weight so the accumulated gradient equals the full-batch aggregation
-            w = m.sum() / total_tokens if hp.aggregation == "token-mean" else torch.tensor(len(rows) / n, dtype=torch.float32)
+            w = (
+                m.sum() / total_tokens
+                if hp.aggregation == "token-mean"
+                else torch.tensor(len(rows) / n, dtype=torch.float32)
+            )
             w = w.to(self.device)
             if first:
                 for k, v in stats.items():

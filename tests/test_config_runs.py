@@ -1,0 +1,157 @@
+"""Every training config under ``configs/`` runs real fit steps through ``train.py`` on the CPU.
+
+"It parses" says nothing about whether a config runs (a GPU config once asked the synthesis callback for a pool its
+data module did not have, and nothing caught it). Each config (bases, the toy SFT stages on ``toy_sft.yaml``, and
+every baseline overlay on the one-GPU paper base) is composed exactly as the CLI composes it, then only these are
+swapped for the CPU: model path -> the embedded toy checkpoint, data paths -> toy-world JSONL written under the
+config's own file names, accelerator / devices / strategy -> one CPU process (multi-GPU bases run as one process: their
+GPU runs belong to the multi-GPU work), the data server -> the procedural painter, and lengths (2 epochs of 2 steps,
+96 new tokens, the toy prompt for the Syn-GRPO format, one eval batch). Precision is kept: the paper configs run ``bf16-true`` with fp32 master weights here
+too, so their numerics path is what runs. Each run runs in its own folder (relative output paths land there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from train import cli_main
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs"
+TOY_CKPT = REPO / "checkpoints/toy-qwen2.5-vl"
+BASES = sorted(p for p in CONFIGS.glob("*.yaml") if "_stage" not in p.stem)
+STAGES = sorted(CONFIGS.glob("toy_sft_stage*.yaml"))
+OVERLAYS = sorted((CONFIGS / "baselines").glob("*.yaml"))
+RUNS = (
+    [(b,) for b in BASES]
+    + [(CONFIGS / "toy_sft.yaml", s) for s in STAGES]
+    + [(CONFIGS / "rec_3b_1gpu.yaml", o) for o in OVERLAYS]
+)
+
+
+def _id(run: tuple[Path, ...]) -> str:
+    return "+".join(p.relative_to(CONFIGS).with_suffix("").as_posix() for p in run)
+
+
+def compose(paths: tuple[Path, ...]) -> dict:
+    """The config exactly as ``train.py fit --config A --config B`` composes it."""
+    args = ["fit"] + [a for p in paths for a in ("--config", str(p))] + ["--print_config"]
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), pytest.raises(SystemExit):
+        cli_main(args)
+    return yaml.safe_load(buf.getvalue())
+
+
+@pytest.fixture(scope="module")
+def toy_data(tmp_path_factory) -> dict[str, Path]:
+    """A few toy scenes per task (REC and OVD), train and val, exported as VLM-R1 JSONL, plus offline descriptions."""
+    from datamodules.toy import export_jsonl, export_offline_descriptions
+
+    out = {}
+    for task in ("rec", "ovd"):
+        root = tmp_path_factory.mktemp(f"toy_{task}")
+        export_jsonl(root, "train", 8, seed=0, task=task)
+        export_jsonl(root, "val", 4, seed=0, task=task)
+        export_offline_descriptions(root, "train", task=task)
+        out[task] = root
+    return out
+
+
+def _data_dir(cfg: dict, toy: dict[str, Path], dest: Path) -> Path:
+    """A data root holding every file the config names, each a copy of the toy train or val split of its task."""
+    from datamodules.toy import jsonl_path
+
+    model_args = cfg["model"]["init_args"]
+    task = model_args.get("task", "rec")
+    src = toy[task]
+    shutil.copytree(src, dest)
+    d = cfg["data"]["init_args"]
+    for name in d.get("train_files") or []:
+        shutil.copy(jsonl_path(src, "train", task), dest / name)
+    for files in (d.get("val_files") or {}, d.get("test_files") or {}):
+        for name in files.values():
+            shutil.copy(jsonl_path(src, "val", task), dest / name)
+    return dest
+
+
+def cpu_swap(cfg: dict, toy: dict[str, Path], root: Path) -> dict:
+    cfg = json.loads(json.dumps(cfg))
+    t = cfg["trainer"]
+    sft = cfg["model"]["class_path"].endswith("SFTModule")
+    t.update(
+        accelerator="cpu",
+        devices=1,
+        strategy="auto",
+        num_nodes=1,
+        max_epochs=2,
+        max_steps=4 if sft else -1,
+        limit_val_batches=1,
+        limit_test_batches=1,
+        num_sanity_val_steps=0,
+        enable_progress_bar=False,
+        log_every_n_steps=1,
+        default_root_dir=str(root / "out"),
+        val_check_interval=None if sft else t.get("val_check_interval"),
+        check_val_every_n_epoch=1,
+    )
+    if sft:
+        t["limit_train_batches"] = 2
+    for cb in t.get("callbacks") or []:
+        a = cb.setdefault("init_args", {})
+        if cb["class_path"].endswith("ModelCheckpoint"):
+            if a.get("every_n_train_steps"):
+                a["every_n_train_steps"] = 2
+        if cb["class_path"].endswith("SynthesisCallback"):
+            a.update(url=None, server_config=str(CONFIGS / "synth/procedural.yaml"), server_overrides={})
+            if a.get("offline_descriptions"):
+                task = cfg["model"]["init_args"].get("task", "rec")
+                a["offline_descriptions"] = str(next(toy[task].glob("*offline_descriptions.jsonl")))
+    m = cfg["model"]["init_args"]
+    m["model_name_or_path"] = str(TOY_CKPT)
+    if sft:
+        m.update(build_tiny=None, export_dir=str(root / "export"), eval_max_new_tokens=16)
+    else:
+        m["max_new_tokens"] = 96  # the toy model's whole Syn-GRPO completion (tiny.yaml's length)
+        if m.get("prompt_template") == "syn_grpo":  # the toy checkpoint learnt Syn-GRPO's format under its own prompt
+            m["prompt_template"] = "toy"
+    d = cfg["data"]["init_args"]
+    d.update(
+        data_root=str(_data_dir(cfg, toy, root / "data")),
+        image_root=None,
+        batch_size=2,
+        eval_batch_size=2,
+        max_eval_samples=2,
+        num_workers=0,
+    )
+    toy_spec = d.get("toy")
+    if toy_spec and toy_spec.get("render_train"):  # SFT renders its train split on access: keep it, make it small
+        d["toy"] = dict(toy_spec, splits={"train": 4, "val": 2, "ood": 2}, mix=toy_spec.get("mix") or {})
+    else:
+        d["toy"] = None
+        d["max_train_samples"] = 4
+    return cfg
+
+
+@pytest.mark.parametrize("run", RUNS, ids=_id)
+def test_config_runs_fit_steps_on_cpu(run, toy_data, tmp_path, monkeypatch):
+    cfg = cpu_swap(compose(run), toy_data, tmp_path)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    monkeypatch.chdir(tmp_path)  # relative output paths of the config (outputs/<name>/...) land in this run's folder
+    cli = cli_main(["fit", "--config", str(path)])
+    trainer = cli.trainer
+    assert trainer.global_step >= 2, f"{_id(run)} ran {trainer.global_step} steps"
+    logged = trainer.callback_metrics
+    if cfg["model"]["class_path"].endswith("GRPOModule"):
+        assert "train/reward/total" in trainer.logged_metrics or any(k.startswith("train/") for k in logged)
+        assert any(k.startswith("val/") for k in logged), sorted(logged)
+        synth = [c for c in trainer.callbacks if type(c).__name__ == "SynthesisCallback"]
+        if synth and synth[0].mode != "off":
+            assert synth[0].totals["submitted"] > 0, synth[0].totals
