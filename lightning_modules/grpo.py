@@ -497,6 +497,9 @@ class GRPOModule(L.LightningModule):
             "train/completion_length": float(ro.completion_mask.sum(1).float().mean()),
             "train/format_rate": float(parts["format"].mean()),
         }
+        if torch.cuda.is_available() and self.device.type == "cuda":  # the step's peak, then reset for the next
+            logs["train/peak_mem_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+            torch.cuda.reset_peak_memory_stats(self.device)
         if self.hparams.task == "rec":
             logs["train/iou"] = iou_mean
             logs["train/acc50"] = float((acc >= 0.5).float().mean())

@@ -178,6 +178,17 @@ def special_token_ids(tokenizer, keep: Iterable[int] = ()) -> list[int]:
     return sorted(i for i in ids if i not in keep and i is not None and i >= 0)
 
 
+def untokenizable_ids(model, tokenizer) -> list[int]:
+    """Ids of output rows that no token of ``tokenizer`` maps to (masked during rollout).
+
+    Qwen2.5-VL pads its vocabulary (151,936 rows for 151,665 tokens); a trained model gives those rows no mass, but a
+    random-weight model (the GPU benchmarks) samples them, and they decode to nothing.
+    """
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    rows = head.weight.shape[0] if head is not None else 0
+    return list(range(len(tokenizer), rows))
+
+
 def eos_token_ids(tokenizer) -> list[int]:
     ids = []
     for tok in ("<|im_end|>", "<|endoftext|>"):
@@ -280,7 +291,7 @@ def rollout(
     tasks = [task] * len(queries) if isinstance(task, str) else list(task)
     texts = [build_prompt_text(processor, q, task=t, template=template) for q, t in zip(queries, tasks)]
     eos = eos_token_ids(tok)
-    suppress = special_token_ids(tok, keep=eos)
+    suppress = special_token_ids(tok, keep=eos) + untokenizable_ids(model, tok)
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()

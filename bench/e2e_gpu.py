@@ -1,0 +1,569 @@
+"""End-to-end GPU harness: the paper's configs through ``train.py fit``, on random-weight real architectures.
+
+Nothing here re-assembles the GRPO step: every figure of a ``fit`` run is read from what ``python train.py fit``
+wrote (``metrics.jsonl``, the CSV log, the data server's output folder). On the GPU machine (no network, no weights):
+
+    python bench/e2e_gpu.py --runs rec_3b_1gpu:off --trl --parity --out bench/results/e2e_gpu_h200.json
+    python bench/e2e_gpu.py --runs rec_3b_1gpu:async,rec_3b_1gpu:sync,ovd_3b_1gpu:async --out ...
+    python bench/e2e_gpu.py --server 640,1024 --out ...          # the SDXL data server alone, through its HTTP API
+    python bench/e2e_gpu.py --smoke                                # CPU: the same code paths, tiny architectures
+
+What a call does, in order:
+1. **Builds** local checkpoints from the real configs, random weights, saved with ``save_pretrained`` (no call needs to
+   carry them): Qwen2.5-VL-3B (``bench/grpo_step.py``'s written-out config.json) with a Qwen2.5-VL processor around a
+   byte-level BPE tokenizer trained here on the project's prompts (so prompts tokenize to about as many tokens as
+   with Qwen's tokenizer), and SDXL base + ControlNet-Union (``synth/random_sdxl.py``) as a diffusers directory.
+   Toy-world scenes at 448 x 448 are exported as VLM-R1 JSONL under the file names each config reads.
+2. **Runs** ``train.py fit`` on each config of ``--runs`` (``config[+overlay...]:synthesis``). The config is composed
+   exactly as ``train.py fit --config A --config B`` composes it, then **only paths and lengths** are overridden (the
+   list is written into the results): model / data / image paths and the data server's model paths; the train set
+   (``--train-samples``, 3 steps per epoch at 20 prompts), 2 epochs (so one swap happens), one validation batch; the
+   synthesis mode (``off`` / ``async`` / ``sync``); checkpoints go to the run folder. Random weights write no
+   parsable description, so with synthesis on the offline-descriptions path (the "offline generation" baseline's
+   source) drives jobs to the SDXL server; Syn-GRPO's own description selection is exercised on the CPU with the toy
+   model (tests/test_config_runs.py, ``make train``).
+3. Reads **s/step** (median of steps 2..n, steps that span an epoch boundary left out: those hold validation and the
+   swap), peak memory (``train/peak_mem_gib``, the training process's own allocator), epoch wall time, images
+   synthesized (files in the run's ``synth/``), swaps and audit failures (the callback's ``synth/*`` log), and the
+   server's images/s while training (output files over their time span). A paper epoch (2,000 samples / 20 = 100
+   steps) is longer than one 10-minute call: its time is **extrapolated** from the measured steps, and says so.
+4. ``--trl``: TRL's ``GRPOTrainer`` (use_vllm=False) on the same work (20 prompts x 6, one 448 x 448 image and the
+   same number of prompt text tokens per prompt, 256 new tokens) at the same precision policy (fp32 master weights:
+   fp32 parameters under bf16 autocast), in the same call: its median step after the first.
+5. ``--parity``: the fast rollout engine and the packed update engine against the HF path on the real 3B
+   architecture, on fixed (teacher-forced) completions: log-prob differences next to the bf16-vs-fp32 noise, the loss,
+   and the gradient cosine similarity.
+6. ``--server``: the data server alone (``python -m synth.server`` via ``LocalServer``), jobs through ``SynthClient``
+   over HTTP (queue, paint, paste-back, audit): images/s at each long side given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import io
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+PAPER_EPOCH_STEPS = 100  # 2,000 samples / 20 prompts
+
+
+# ------------------------------------------------------------------------------------------------------------ build
+def _corpus() -> list[str]:
+    """The project's prompts and answer formats: the text a REC / OVD run tokenizes."""
+    from datamodules.toy import generate_split
+    from lightning_modules.policy import PROMPT_TEMPLATES
+
+    lines = []
+    for templates in PROMPT_TEMPLATES.values():
+        for t in templates.values():
+            lines.append(t.format(query="the small red circle"))
+    for rec in generate_split("train", 200, seed=1, size=224):
+        lines.append(rec["conversations"][0]["value"].replace("<image>", ""))
+    lines += [
+        "<think>The query asks for the small red circle on the left.</think><diversity>0.42</diversity>"
+        "<description>a striped blue background with many small green triangles</description>"
+        "<answer>[112, 40, 296, 220]</answer>",
+        "system\nYou are a helpful assistant. user assistant",
+    ] * 20
+    return lines * 5
+
+
+def build_qwen(out: Path, arch: str, device: str, vocab_size: int) -> dict[str, Any]:
+    """A random-weight Qwen2.5-VL of ``arch`` (``3b`` / ``7b`` / ``tiny``) with a processor, via ``save_pretrained``."""
+    import torch
+
+    from bench.grpo_step import build_config
+    from lightning_modules.policy import build_processor, train_bpe_tokenizer
+
+    t0 = time.perf_counter()
+    if (out / "config.json").exists():
+        return {"path": str(out), "reused": True}
+    tok = train_bpe_tokenizer(_corpus(), vocab_size=vocab_size)
+    processor = build_processor(tok, image_size=448)
+    cfg = build_config(arch)
+    for key, t in (
+        ("image_token_id", "<|image_pad|>"),
+        ("video_token_id", "<|video_pad|>"),
+        ("vision_start_token_id", "<|vision_start|>"),
+        ("vision_end_token_id", "<|vision_end|>"),
+    ):
+        setattr(cfg, key, tok.convert_tokens_to_ids(t))
+    cfg.text_config.eos_token_id = tok.convert_tokens_to_ids("<|im_end|>")
+    cfg.text_config.bos_token_id = tok.convert_tokens_to_ids("<|endoftext|>")
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen2_5_VLForConditionalGeneration._from_config(cfg, attn_implementation="sdpa", dtype=dtype)
+    model.generation_config.eos_token_id = cfg.text_config.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    n = sum(p.numel() for p in model.parameters())
+    del model
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return {"path": str(out), "arch": arch, "params": n, "tokenizer_len": len(tok), "build_s": time.perf_counter() - t0}
+
+
+def build_sdxl(out: Path, size: str, device: str) -> dict[str, Any]:
+    """Random-weight SDXL base + ControlNet-Union ProMax saved as a diffusers pipeline directory."""
+    import torch
+    from diffusers import StableDiffusionXLControlNetUnionInpaintPipeline
+
+    from synth.random_sdxl import build_random_sdxl_components
+
+    t0 = time.perf_counter()
+    if (out / "model_index.json").exists():
+        return {"path": str(out), "reused": True}
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    comps = build_random_sdxl_components(size, union=True, device=device, dtype=dtype)
+    pipe = StableDiffusionXLControlNetUnionInpaintPipeline(**comps)
+    pipe.save_pretrained(out)
+    del pipe, comps
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return {"path": str(out), "size": size, "build_s": time.perf_counter() - t0}
+
+
+def export_toy(root: Path, task: str, n_train: int, n_val: int, size: int) -> Path:
+    from datamodules.toy import export_jsonl, export_offline_descriptions
+
+    d = root / f"toy_{task}_{size}"
+    export_jsonl(d, "train", n_train, seed=0, task=task, size=size)
+    export_jsonl(d, "val", n_val, seed=0, task=task, size=size)
+    export_offline_descriptions(d, "train", task=task)
+    return d
+
+
+# ------------------------------------------------------------------------------------------------------------ config
+def compose(paths: list[Path]) -> dict[str, Any]:
+    """The config exactly as ``train.py fit --config A --config B ...`` composes it (``--print_config``)."""
+    import yaml
+
+    from train import cli_main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):
+        cli_main(["fit", *[a for p in paths for a in ("--config", str(p))], "--print_config"])
+    return yaml.safe_load(buf.getvalue())
+
+
+def swap_paths_and_lengths(cfg: dict[str, Any], *, ctx: dict[str, Any], run_dir: Path, synthesis: str) -> list[str]:
+    """Override only paths and lengths (and the synthesis mode), in place; returns what was overridden."""
+    from datamodules.toy import jsonl_path
+
+    changed: list[str] = []
+
+    def put(d: dict, key: str, value: Any, where: str) -> None:
+        if d.get(key) != value:
+            changed.append(f"{where}.{key}: {d.get(key)!r} -> {value!r}")
+        d[key] = value
+
+    t, m, d = cfg["trainer"], cfg["model"]["init_args"], cfg["data"]["init_args"]
+    task = m.get("task", "rec")
+    put(m, "model_name_or_path", ctx["model_dir"], "model")
+    toy = ctx["toy"][task]
+    data = run_dir / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    for name in d.get("train_files") or []:
+        shutil.copy(jsonl_path(toy, "train", task), data / name)
+    for files in (d.get("val_files") or {}, d.get("test_files") or {}):
+        for name in files.values():
+            shutil.copy(jsonl_path(toy, "val", task), data / name)
+    put(d, "data_root", str(data), "data")
+    put(d, "image_root", str(toy), "data")
+    put(d, "max_train_samples", ctx["train_samples"], "data")
+    put(d, "max_eval_samples", ctx["val_samples"], "data")
+    put(t, "max_epochs", ctx["epochs"], "trainer")
+    put(t, "limit_val_batches", 1, "trainer")
+    put(t, "default_root_dir", str(run_dir), "trainer")
+    if ctx.get("smoke"):
+        put(t, "accelerator", "cpu", "trainer")
+        put(m, "max_new_tokens", 16, "model")
+    for lg in t.get("logger") or []:
+        if isinstance(lg, dict) and "save_dir" in lg.get("init_args", {}):
+            put(lg["init_args"], "save_dir", str(run_dir), f"logger[{lg['class_path'].rsplit('.', 1)[-1]}]")
+    for cb in t.get("callbacks") or []:
+        a = cb.setdefault("init_args", {})
+        name = cb["class_path"].rsplit(".", 1)[-1]
+        if name == "ModelCheckpoint":
+            put(a, "dirpath", str(run_dir / "checkpoints"), name)
+            put(a, "save_last", False, name)  # a 3B checkpoint with fp32 masters is ~60 GB: not part of the step
+        if name == "SynthesisCallback":
+            put(a, "mode", synthesis, name)
+            if synthesis != "off":
+                put(a, "offline_descriptions", str(next(toy.glob("*offline_descriptions.jsonl"))), name)
+                over = dict(a.get("server_overrides") or {})
+                over.update(ctx["server_overrides"])
+                put(a, "server_overrides", over, name)
+    return changed
+
+
+# ------------------------------------------------------------------------------------------------------------ reading
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                rows.append(json.loads(line))
+    return rows
+
+
+def step_times(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-step wall times from the metrics file. A delta that spans a validation (epoch boundary: validation, the
+    swap, a sync wait) is reported apart, not as a step."""
+    train = [r for r in rows if r.get("event") == "train"]
+    start = next((r for r in rows if r.get("event") == "start" and r.get("stage") == "fit"), None)
+    if not train or start is None:
+        return {}
+    times, boundary, prev_t, prev_epoch = [], [], start["time"], train[0]["epoch"]
+    for r in train:
+        dt = r["time"] - prev_t
+        (boundary if r["epoch"] != prev_epoch else times).append(round(dt, 3))
+        prev_t, prev_epoch = r["time"], r["epoch"]
+    steady = times[1:] if len(times) > 1 else times
+    epochs: dict[int, list[float]] = {}
+    for r in train:
+        epochs.setdefault(r["epoch"], []).append(r["time"])
+    return {
+        "steps": len(train),
+        "step_s": times,
+        "first_step_s": times[0] if times else None,
+        "median_step_s": round(statistics.median(steady), 3) if steady else None,
+        "boundary_step_s": boundary,
+        "fit_wall_s": round(train[-1]["time"] - start["time"], 1),
+    }
+
+
+def synth_figures(run_dir: Path, fit_start: float | None, fit_end: float | None) -> dict[str, Any]:
+    files = sorted(p for p in (run_dir / "synth").rglob("*") if p.is_file() and not p.name.startswith("."))
+    mtimes = sorted(p.stat().st_mtime for p in files)
+    out: dict[str, Any] = {"images_written": len(files)}
+    if fit_start is not None and fit_end is not None:
+        during = [t for t in mtimes if fit_start <= t <= fit_end]
+        out["images_during_training"] = len(during)
+        if len(during) >= 2:
+            out["server_images_per_s_while_training"] = round((len(during) - 1) / (during[-1] - during[0]), 3)
+    csvs = sorted(run_dir.rglob("metrics.csv"))
+    if csvs:
+        import pandas as pd
+
+        df = pd.read_csv(csvs[-1])
+        for col in ("synth/swaps", "synth/failures", "synth/dropped", "synth/pool_swapped", "synth/submitted"):
+            if col in df:
+                vals = df[col].dropna()
+                if len(vals):
+                    out[col.split("/", 1)[1]] = float(vals.iloc[-1])
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------ runs
+def run_fit(spec: str, ctx: dict[str, Any], timeout: float) -> dict[str, Any]:
+    import yaml
+
+    cfg_part, _, synthesis = spec.partition(":")
+    synthesis = synthesis or "off"
+    names = cfg_part.split("+")
+    paths = [REPO / "configs" / f"{names[0]}.yaml"] + [REPO / "configs/baselines" / f"{n}.yaml" for n in names[1:]]
+    run_dir = Path(ctx["work"]) / "runs" / spec.replace(":", "_").replace("+", "_")
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    cfg = compose(paths)
+    changed = swap_paths_and_lengths(cfg, ctx=ctx, run_dir=run_dir, synthesis=synthesis)
+    cfg_path = run_dir / "config.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    cmd = [sys.executable, "train.py", "fit", "--config", str(cfg_path)]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE="offline", TOKENIZERS_PARALLELISM="false")
+    t0 = time.time()
+    log = run_dir / "train.log"
+    with log.open("w") as fh:
+        try:
+            rc = subprocess.run(cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+    wall = time.time() - t0
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    r: dict[str, Any] = {
+        "command": "python " + " ".join(cmd[1:]),
+        "configs": [str(p.relative_to(REPO)) for p in paths],
+        "synthesis": synthesis,
+        "overridden": changed,
+        "rc": rc,
+        "process_wall_s": round(wall, 1),
+        **step_times(rows),
+    }
+    train = [x for x in rows if x.get("event") == "train"]
+    if train:
+        peaks = [x["train/peak_mem_gib"] for x in train if "train/peak_mem_gib" in x]
+        if peaks:
+            r["peak_mem_gib"] = round(max(peaks), 1)
+        r["completion_length"] = round(statistics.mean(x.get("train/completion_length", 0) for x in train), 1)
+        start = next(x for x in rows if x.get("event") == "start")
+        r.update(synth_figures(run_dir, start["time"], train[-1]["time"]))
+        if r.get("median_step_s"):
+            r["paper_epoch_s_extrapolated"] = round(PAPER_EPOCH_STEPS * r["median_step_s"], 1)
+            r["paper_epoch_note"] = (
+                f"extrapolated: {PAPER_EPOCH_STEPS} x the median measured step; the measured run had "
+                f"{len(train)} steps over {ctx['epochs']} epochs"
+            )
+    if rc != 0:
+        r["log_tail"] = log.read_text()[-3000:]
+    print(f"[fit {spec}] rc={rc} median step {r.get('median_step_s')} s, peak {r.get('peak_mem_gib')} GiB", flush=True)
+    return r
+
+
+def prompt_text_tokens(ctx: dict[str, Any], template: str = "syn_grpo") -> int:
+    """Text tokens (vision start / end included, the image pads not) of a REC prompt with this tokenizer."""
+    from transformers import AutoProcessor
+
+    from lightning_modules.policy import build_prompt_text
+
+    proc = AutoProcessor.from_pretrained(ctx["model_dir"])
+    text = build_prompt_text(proc, "the small red circle", task="rec", template=template)
+    ids = proc.tokenizer(text)["input_ids"]
+    return len(ids) - 1 + 2  # the one <|image_pad|> placeholder out; vision start / end are in the text already
+
+
+def run_trl(ctx: dict[str, Any], steps: int) -> dict[str, Any]:
+    """TRL on the same work, fp32 parameters under bf16 autocast (fp32 master weights, as our run)."""
+    import torch
+
+    from bench import grpo_step
+
+    args = argparse.Namespace(
+        prompts=20,
+        group=6,
+        new_tokens=256 if not ctx.get("smoke") else 8,
+        image_size=448 if not ctx.get("smoke") else 56,
+        text_tokens=ctx["prompt_text_tokens"],
+        micro_batch=8 if not ctx.get("smoke") else 4,
+        trl_steps=steps,
+    )
+    if ctx.get("smoke"):
+        args.prompts, args.group = 2, 2
+    device = torch.device("cuda" if torch.cuda.is_available() and not ctx.get("smoke") else "cpu")
+    result: dict[str, Any] = {}
+    grpo_step.run_trl(ctx["arch"], args, device, torch.float32, result, lambda: None)
+    r = result["trl_runs"][ctx["arch"]]
+    times = r.get("step_s", [])
+    after = times[1:] if len(times) > 1 else times
+    r["median_step_after_first_s"] = round(statistics.median(after), 2) if after else None
+    r["precision"] = "fp32 parameters, bf16 autocast (HF Trainer bf16=True): fp32 master weights and AdamW state"
+    r["work"] = vars(args)
+    return r
+
+
+def run_server(ctx: dict[str, Any], sides: list[int], jobs: int, batch: int) -> dict[str, Any]:
+    """The SDXL data server alone, through its HTTP API, at each long side: images/s over ``jobs`` jobs."""
+    from PIL import Image
+
+    from synth.api import ImageRef, JobRequest
+    from synth.client import LocalServer
+
+    toy = ctx["toy"]["rec"]
+    recs = [json.loads(x) for x in (toy / "train.jsonl").read_text().splitlines()]
+    descs = [json.loads(x) for x in (toy / "train_offline_descriptions.jsonl").read_text().splitlines()]
+    out: dict[str, Any] = {}
+    for side in sides:
+        # COCO-like canvases: each toy scene resized so its long side is `side` (a 4:3 crop, like a 640 x 480 photo)
+        src = Path(ctx["work"]) / f"server_{side}"
+        shutil.rmtree(src, ignore_errors=True)
+        src.mkdir(parents=True)
+        h = side * 3 // 4
+        scenes = []
+        for i, rec in enumerate(recs[:32]):
+            im = Image.open(toy / rec["image"]).convert("RGB")
+            sx, sy = side / im.width, h / im.height
+            im.resize((side, h)).save(src / f"{i}.png")
+            b = rec["solution"] if isinstance(rec["solution"][0], (int, float)) else rec["solution"][0]
+            scenes.append((src / f"{i}.png", [[b[0] * sx, b[1] * sy, b[2] * sx, b[3] * sy]]))
+        over = dict(ctx["server_overrides"], batch_size=batch, max_queued=jobs + 16)
+        over["painter.resolution"] = side
+        over["painter.max_batch"] = batch
+        t_start = time.perf_counter()
+        with LocalServer(
+            REPO / "configs/synth/sdxl.yaml",
+            roots=[src],
+            output_dir=src / "out",
+            overrides=over,
+            startup_timeout=900,
+            log_path=src / "server.log",
+        ) as server:
+            startup = time.perf_counter() - t_start
+            with server.client(timeout=120) as client:
+
+                def req(i: int, prefix: str) -> JobRequest:
+                    path, boxes = scenes[i % len(scenes)]
+                    return JobRequest(
+                        job_id=f"{prefix}-{i}",
+                        sample_id=f"s{i % len(scenes)}",
+                        image=ImageRef(path=str(path)),
+                        boxes=boxes,
+                        description=descs[i % len(descs)]["description"],
+                        seed=i,
+                    )
+
+                warm = [req(i, "warm") for i in range(batch)]  # first batch: kernels, allocator
+                for r in warm:
+                    client.submit(r)
+                client.wait([r.job_id for r in warm], timeout=600)
+                reqs = [req(i, "bench") for i in range(jobs)]
+                t0 = time.perf_counter()
+                for r in reqs:
+                    client.submit(r)
+                done = client.wait([r.job_id for r in reqs], timeout=1200, poll_interval=0.05)
+                wall = time.perf_counter() - t0
+        ok = sum(s.state == "done" for s in done.values())
+        audits = [s.result.audit.passed for s in done.values() if s.result is not None and s.result.audit is not None]
+        paint = [s.timings.paint_s for s in done.values() if s.timings.paint_s is not None]
+        run = [s.timings.run_s for s in done.values() if s.timings.run_s is not None]
+        out[str(side)] = {
+            "canvas": [side, h],
+            "working_size_long_side": side,
+            "jobs": jobs,
+            "ok": ok,
+            "audit_passed": sum(audits),
+            "batch": batch,
+            "images_per_s": round(jobs / wall, 3),
+            "wall_s": round(wall, 1),
+            "server_startup_s": round(startup, 1),
+            "median_batch_paint_s": round(statistics.median(paint), 3) if paint else None,
+            "median_batch_run_s": round(statistics.median(run), 3) if run else None,
+        }
+        print(f"[server {side}] {out[str(side)]['images_per_s']} images/s ({ok}/{jobs} ok)", flush=True)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------ main
+def machine() -> dict[str, Any]:
+    import torch
+    import transformers
+
+    info = {
+        "date": datetime.date.today().isoformat(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", default="", help="comma list of config[+overlay...]:off|async|sync")
+    ap.add_argument("--trl", action="store_true", help="TRL's GRPOTrainer on the same work, in the same call")
+    ap.add_argument("--trl-steps", type=int, default=2)
+    ap.add_argument("--parity", action="store_true", help="engine parity on the real architecture")
+    ap.add_argument("--server", default="", help="comma list of long sides for the data-server-alone bench")
+    ap.add_argument("--server-jobs", type=int, default=64)
+    ap.add_argument("--server-batch", type=int, default=8)
+    ap.add_argument("--arch", default="3b")
+    ap.add_argument("--work", default="/tmp/e2e")
+    ap.add_argument("--train-samples", type=int, default=60, help="3 steps per epoch at 20 prompts")
+    ap.add_argument("--val-samples", type=int, default=16)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--synth-resolution", type=int, default=640, help="the SDXL server's long side in fit runs")
+    ap.add_argument("--timeout", type=float, default=480, help="seconds per fit run")
+    ap.add_argument("--smoke", action="store_true", help="CPU, tiny architectures: a check of the harness itself")
+    ap.add_argument("--out", default=None, help="results JSON (merged into an existing one)")
+    args = ap.parse_args(argv)
+    import torch
+
+    cuda = torch.cuda.is_available() and not args.smoke
+    device = "cuda" if cuda else "cpu"
+    if args.smoke:
+        args.arch = "tiny"
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    ctx: dict[str, Any] = {
+        "work": str(work),
+        "arch": args.arch,
+        "smoke": args.smoke,
+        "epochs": args.epochs,
+        "train_samples": args.train_samples if not args.smoke else 4,
+        "val_samples": args.val_samples if not args.smoke else 2,
+    }
+    builds: dict[str, Any] = {}
+    builds["qwen"] = build_qwen(work / f"qwen-{args.arch}", args.arch, device, vocab_size=4096 if not args.smoke else 512)
+    ctx["model_dir"] = builds["qwen"]["path"]
+    need_sdxl = args.server or any(":async" in r or ":sync" in r for r in args.runs.split(","))
+    if need_sdxl:
+        builds["sdxl"] = build_sdxl(work / f"sdxl-{'tiny' if args.smoke else 'full'}", "tiny" if args.smoke else "full", device)
+        sd = builds["sdxl"]["path"]
+        ctx["server_overrides"] = {
+            "devices": [f"{device}:0" if cuda else "cpu"],
+            "painter.model": sd,
+            "painter.controlnet": str(Path(sd) / "controlnet"),
+            "painter.vae": None,
+            "painter.resolution": args.synth_resolution if not args.smoke else 64,
+            "startup_timeout_s": 900,
+        }
+    size = 448 if not args.smoke else 112
+    n_train = max(ctx["train_samples"], 32)
+    ctx["toy"] = {task: export_toy(work, task, n_train, ctx["val_samples"], size) for task in ("rec", "ovd")}
+    builds["build_s"] = round(time.perf_counter() - t0, 1)
+    ctx["prompt_text_tokens"] = prompt_text_tokens(ctx)
+
+    out = Path(args.out) if args.out else None
+    result: dict[str, Any] = json.loads(out.read_text()) if out and out.exists() else {}
+    result.setdefault("harness", __doc__.split("\n\n")[0])
+    result.setdefault("calls", []).append({"command": "python " + " ".join(sys.argv), **machine(), "builds": builds})
+
+    def save() -> None:
+        if out:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+
+    save()
+    if args.parity:
+        from bench.engine_parity import run_parity
+
+        result["parity"] = {**machine(), **run_parity(ctx["model_dir"], device=device, smoke=args.smoke)}
+        save()
+    for spec in [s for s in args.runs.split(",") if s]:
+        result.setdefault("fit", {})[spec] = {**machine(), **run_fit(spec, ctx, args.timeout)}
+        save()
+    if args.trl:
+        try:
+            result["trl"] = {**machine(), **run_trl(ctx, args.trl_steps)}
+        except Exception as err:  # report, never fake
+            import traceback
+
+            traceback.print_exc()
+            result["trl"] = {"error": f"{type(err).__name__}: {err}"[:800]}
+        ours = result.get("fit", {}).get("rec_3b_1gpu:off", {}).get("median_step_s")
+        trl = result["trl"].get("median_step_after_first_s")
+        if ours and trl:
+            result["trl_over_ours"] = round(trl / ours, 2)
+        save()
+    if args.server:
+        sides = [int(s) for s in args.server.split(",")]
+        result.setdefault("server", {}).update(
+            {**machine(), **run_server(ctx, sides, args.server_jobs if not args.smoke else 4, args.server_batch)}
+        )
+        save()
+    print(json.dumps({k: v for k, v in result.items() if k != "calls"}, indent=1, default=str)[:6000])
+    return result
+
+
+if __name__ == "__main__":
+    main()
