@@ -407,7 +407,7 @@ def run_server(ctx: dict[str, Any], sides: list[int], jobs: int, batch: int) -> 
             startup = time.perf_counter() - t_start
             with server.client(timeout=120) as client:
 
-                def req(i: int, prefix: str) -> JobRequest:
+                def req(i: int, prefix: str, scenes=scenes) -> JobRequest:
                     path, boxes = scenes[i % len(scenes)]
                     return JobRequest(
                         job_id=f"{prefix}-{i}",
@@ -503,11 +503,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "val_samples": args.val_samples if not args.smoke else 2,
     }
     builds: dict[str, Any] = {}
-    builds["qwen"] = build_qwen(work / f"qwen-{args.arch}", args.arch, device, vocab_size=4096 if not args.smoke else 512)
+    builds["qwen"] = build_qwen(
+        work / f"qwen-{args.arch}", args.arch, device, vocab_size=4096 if not args.smoke else 512
+    )
     ctx["model_dir"] = builds["qwen"]["path"]
     need_sdxl = args.server or any(":async" in r or ":sync" in r for r in args.runs.split(","))
     if need_sdxl:
-        builds["sdxl"] = build_sdxl(work / f"sdxl-{'tiny' if args.smoke else 'full'}", "tiny" if args.smoke else "full", device)
+        builds["sdxl"] = build_sdxl(
+            work / f"sdxl-{'tiny' if args.smoke else 'full'}", "tiny" if args.smoke else "full", device
+        )
         sd = builds["sdxl"]["path"]
         ctx["server_overrides"] = {
             "devices": [f"{device}:0" if cuda else "cpu"],
