@@ -538,13 +538,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             out.write_text(json.dumps(result, indent=1, default=str) + "\n")
 
     save()
-    if args.parity:
-        from bench.engine_parity import run_parity
-
-        result["parity"] = {**machine(), **run_parity(ctx["model_dir"], device=device, smoke=args.smoke)}
-        save()
     for spec in [s for s in args.runs.split(",") if s]:
         result.setdefault("fit", {})[spec] = {**machine(), **run_fit(spec, ctx, args.timeout)}
+        save()
+    if args.parity:  # its own process, so its GPU memory is gone before anything else runs
+        parity_out = work / "parity.json"
+        cmd = [sys.executable, "bench/engine_parity.py", "--model", ctx["model_dir"], "--out", str(parity_out)]
+        cmd += ["--device", device] + (["--smoke"] if args.smoke else [])
+        rc = subprocess.run(cmd, cwd=REPO, timeout=args.timeout).returncode
+        parity = json.loads(parity_out.read_text()) if rc == 0 and parity_out.exists() else {"rc": rc}
+        result["parity"] = {**machine(), "command": "python " + " ".join(cmd[1:]), **parity}
         save()
     if args.trl:
         try:
@@ -559,6 +562,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if ours and trl:
             result["trl_over_ours"] = round(trl / ours, 2)
         save()
+        import gc
+
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
     if args.server:
         sides = [int(s) for s in args.server.split(",")]
         result.setdefault("server", {}).update(
