@@ -189,6 +189,8 @@ def swap_paths_and_lengths(cfg: dict[str, Any], *, ctx: dict[str, Any], run_dir:
     put(d, "image_root", str(toy), "data")
     put(d, "max_train_samples", ctx["train_samples"], "data")
     put(d, "max_eval_samples", ctx["val_samples"], "data")
+    # random weights rarely sample EOS: fix every completion at the config's length (the same work as TRL's run)
+    put(m, "min_new_tokens", m.get("max_new_tokens", 256) if not ctx.get("smoke") else 16, "model")
     put(t, "max_epochs", ctx["epochs"], "trainer")
     put(t, "limit_val_batches", 1, "trainer")
     put(t, "default_root_dir", str(run_dir), "trainer")

@@ -424,7 +424,7 @@ def run_model(name: str, args, device, dtype, result: dict, save) -> None:
             continue
         roll = min(runs)
         step = (roll - t1.s) / (T - 1)
-        eng = _ENGINES.get(model)
+        eng = _ENGINES.get(model, {}).get(N)
         replay_ms = None
         if eng is not None and eng.graph is not None:  # the captured forward alone (no sampling), 50 replays
             eng.slot.fill_(P)

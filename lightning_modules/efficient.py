@@ -429,6 +429,7 @@ def policy_backward(
     temperature: float = 1.0,
     with_entropy: bool = False,
     gradient_checkpointing: bool = False,
+    vision_checkpointing: bool = False,
     entropy_grad: bool = False,
     backward: Callable[[torch.Tensor], None] | None = None,
     chunk_tokens: int = 4096,
@@ -441,6 +442,8 @@ def policy_backward(
     ``self.manual_backward`` (default ``loss.backward()``). The vision tower runs forward once for the B prompts and
     backward once after the last micro-batch. The optimizer step is the caller's. ``entropy_grad``: the entropy given
     to ``loss_fn`` carries gradient (the "GRPO + entropy loss" baseline); otherwise it is detached.
+    ``vision_checkpointing``: keep only the vision tower's inputs and recompute its forward in the deferred backward
+    (one extra vision forward; frees its activations across all micro-batches).
 
     Returns detached ``logp`` [N, T], ``entropy`` [N, T] (if asked) and the summed ``loss``.
     """
@@ -449,7 +452,13 @@ def policy_backward(
     dev = parts.text.embed_tokens.weight.device
     feats = feats_leaf = None
     if packed.pixel_values is not None:
-        feats = image_embeddings(model, packed.pixel_values.to(dev), packed.image_grid_thw.to(dev))
+        pix, grid = packed.pixel_values.to(dev), packed.image_grid_thw.to(dev)
+        if vision_checkpointing and torch.is_grad_enabled():
+            # keep only the vision tower's inputs: its activations (20 images x 1024 patches x 32 blocks for the 3B,
+            # ~30 GB) would live from this forward to the deferred backward; recomputing costs one vision forward
+            feats = checkpoint(image_embeddings, model, pix, grid, use_reentrant=False)
+        else:
+            feats = image_embeddings(model, pix, grid)
         feats_leaf = feats.detach().requires_grad_(feats.requires_grad)
     N, T = packed.completion_ids.shape
     logp_all = torch.zeros(N, T, dtype=torch.float32, device=dev)

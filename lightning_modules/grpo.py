@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import random
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 
@@ -46,6 +47,27 @@ OptimizerCallable = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimiz
 
 def _default_optimizer(params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=1e-6, weight_decay=0.0)
+
+
+class PhaseTimer:
+    """Wall time of a step's phases (rollout, rewards, reference, update, optimizer), logged as ``train/time/*_s``.
+
+    On CUDA each lap synchronizes, so a phase is charged for the kernels it queued (five host syncs per step)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = torch.device(device).type == "cuda"
+        self.times: dict[str, float] = {}
+        self._t = self._now()
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = self._now()
+        self.times[name] = self.times.get(name, 0.0) + now - self._t
+        self._t = now
 
 
 @dataclass
@@ -78,12 +100,20 @@ class GRPOModule(L.LightningModule):
         temperature: sampling temperature of the rollout (and of the log-probs).
         top_p: nucleus sampling threshold of the rollout.
         max_new_tokens: completion length limit.
+        min_new_tokens: EOS is masked before this many tokens (0: off). Benchmarks set it to ``max_new_tokens`` so that
+            random-weight models generate fixed lengths.
         rollout_engine: ``hf`` (``model.generate``) or ``fast`` (static cache, one prefill per group).
         update_engine: ``hf`` (the model's own forward per micro-batch) or ``packed`` (``efficient.py``: vision
             tower once per image and its backward once per step, length-bucketed micro-batches, chunked log-probs
             from hidden states; single-process only: its deferred vision backward is not DDP-aware).
+        rollout_compile: ``torch.compile`` the fast engine's decode step before capturing it (``fast`` only; the first
+            step pays the compilation, about a minute for the 3B).
         num_iterations: policy updates per rollout (mu); >1 computes old log-probs.
         micro_batch_size: completions per forward / backward (gradient accumulation inside a step).
+        ref_micro_batch_size: completions per no-grad forward (reference / old log-probs); default
+            ``micro_batch_size``. No activations are kept, so it can be larger.
+        vision_checkpointing: (``packed``) recompute the vision tower in the deferred backward instead of keeping its
+            activations over the step (costs one vision forward; ~30 GB less for 20 images on the 3B).
         kl_coef: weight of the KL term to the frozen reference (TRL's beta); 0 builds no reference model.
         kl_estimator: ``k1``, ``k2``, ``k3`` or ``abs``.
         clip_low: lower clip epsilon of the ratio.
@@ -125,10 +155,14 @@ class GRPOModule(L.LightningModule):
         temperature: float = 1.0,
         top_p: float = 1.0,
         max_new_tokens: int = 256,
+        min_new_tokens: int = 0,
         rollout_engine: str = "hf",
+        rollout_compile: bool = False,
         update_engine: str = "hf",
         num_iterations: int = 1,
         micro_batch_size: int = 8,
+        ref_micro_batch_size: int | None = None,
+        vision_checkpointing: bool = False,
         kl_coef: float = 0.04,
         kl_estimator: str = "k3",
         clip_low: float = 0.2,
@@ -162,6 +196,12 @@ class GRPOModule(L.LightningModule):
             raise ValueError(f"--model.update_engine must be 'hf' or 'packed', got {update_engine!r}")
         if num_iterations < 1:
             raise ValueError(f"--model.num_iterations must be >= 1, got {num_iterations}")
+        if min_new_tokens < 0 or min_new_tokens > max_new_tokens:
+            raise ValueError(
+                f"--model.min_new_tokens must be in [0, max_new_tokens={max_new_tokens}], got {min_new_tokens}"
+            )
+        if ref_micro_batch_size is not None and ref_micro_batch_size < 1:
+            raise ValueError(f"--model.ref_micro_batch_size must be >= 1, got {ref_micro_batch_size}")
         if micro_batch_size < 1:
             raise ValueError(f"--model.micro_batch_size must be >= 1, got {micro_batch_size}")
         if description_selection not in ("diversity", "random", "none"):
@@ -342,14 +382,18 @@ class GRPOModule(L.LightningModule):
             entropy_grad=entropy_grad,
         )
 
-    def _micro_batches(self, n: int) -> list[list[int]]:
-        mb = self.hparams.micro_batch_size
+    def _micro_batches(self, n: int, mb: int | None = None) -> list[list[int]]:
+        mb = mb or self.hparams.micro_batch_size
         return [list(range(i, min(i + mb, n))) for i in range(0, n, mb)]
+
+    @property
+    def _ref_micro_batch(self) -> int:
+        return self.hparams.ref_micro_batch_size or self.hparams.micro_batch_size
 
     @torch.no_grad()
     def _frozen_logps(self, model, ro: Rollout) -> torch.Tensor:
         n = ro.completion_ids.shape[0]
-        out = [self._logps(model, ro, rows)[0] for rows in self._micro_batches(n)]
+        out = [self._logps(model, ro, rows)[0] for rows in self._micro_batches(n, self._ref_micro_batch)]
         return torch.cat(out)
 
     @fp32_default_dtype()
@@ -358,6 +402,7 @@ class GRPOModule(L.LightningModule):
         G = hp.group_size
         opt = self.optimizers()
         self._move_reference()
+        timer = PhaseTimer(self.device)
         images = [s.image for s in batch]
         ro = rollout(
             self.policy,
@@ -370,12 +415,16 @@ class GRPOModule(L.LightningModule):
             temperature=hp.temperature,
             top_p=hp.top_p,
             max_new_tokens=hp.max_new_tokens,
+            min_new_tokens=hp.min_new_tokens,
             engine=hp.rollout_engine,
+            compile_step=hp.rollout_compile,
         )
+        timer.lap("rollout")
         self.last_rollout_texts = ro.texts
         parts = self.compute_rewards(batch, ro)
         adv = objective.group_advantages(parts["total"], G, scale=hp.advantage_scale, eps=hp.advantage_eps)
         adv = adv.to(self.device)
+        timer.lap("rewards")
         mask = ro.completion_mask.to(self.device).float()
         n = mask.shape[0]
         total_tokens = mask.sum().clamp(min=1)
@@ -438,9 +487,10 @@ class GRPOModule(L.LightningModule):
                 group_size=G,
                 pad_token_id=self.processor.tokenizer.pad_token_id,
             )
-            frozen = dict(packed=packed, micro_batch_size=hp.micro_batch_size, temperature=hp.temperature)
+            frozen = dict(packed=packed, micro_batch_size=self._ref_micro_batch, temperature=hp.temperature)
             ref_logp = completion_logprobs(self.reference, **frozen)[0] if self.reference is not None else None
             old_logp = completion_logprobs(self.policy, **frozen)[0] if hp.num_iterations > 1 else None
+            timer.lap("reference")
             for it in range(hp.num_iterations):
                 policy_backward(
                     self.policy,
@@ -451,19 +501,26 @@ class GRPOModule(L.LightningModule):
                     with_entropy=True,
                     entropy_grad=want_ent_grad,
                     gradient_checkpointing=hp.gradient_checkpointing,
+                    vision_checkpointing=hp.vision_checkpointing,
                     backward=self.manual_backward,
                 )
+                timer.lap("update")
                 self._optimizer_step(opt, stats_acc)
+                timer.lap("optimizer")
         else:
             ref_logp = self._frozen_logps(self.reference, ro) if self.reference is not None else None
             old_logp = self._frozen_logps(self.policy, ro) if hp.num_iterations > 1 else None
+            timer.lap("reference")
             for it in range(hp.num_iterations):
                 for rows in self._micro_batches(n):
                     logp, ent = self._logps(self.policy, ro, rows, with_entropy=True, entropy_grad=want_ent_grad)
                     self.manual_backward(loss_fn(logp, ent, rows, it == 0))
+                timer.lap("update")
                 self._optimizer_step(opt, stats_acc)
+                timer.lap("optimizer")
 
         self.last_selections = self.select_descriptions(batch, parts)
+        stats_acc.update({f"time/{k}_s": v for k, v in timer.times.items()})
         self._log_train(parts, ro, stats_acc, entropy_sum / total_tokens, len(batch))
         return None
 

@@ -281,11 +281,15 @@ def rollout(
     max_new_tokens: int = 128,
     do_sample: bool = True,
     engine: str = "hf",
+    min_new_tokens: int = 0,
+    compile_step: bool = False,
 ) -> Rollout:
     """Sample ``group_size`` completions for each (image, query) with special tokens masked.
 
     ``engine="hf"`` uses ``model.generate``; ``engine="fast"`` uses the project's static-cache engine
-    (``lightning_modules.rollout.fast_generate``), which prefills each prompt once per group.
+    (``lightning_modules.rollout.fast_generate``), which prefills each prompt once per group; ``compile_step``
+    ``torch.compile``s its decode step. ``min_new_tokens``: EOS is masked before this many tokens (benchmarks fix the
+    completion length with it).
     """
     tok = processor.tokenizer
     tasks = [task] * len(queries) if isinstance(task, str) else list(task)
@@ -313,6 +317,8 @@ def rollout(
                 suppress_token_ids=suppress,
                 eos_token_ids=eos,
                 pad_token_id=tok.pad_token_id,
+                min_new_tokens=min_new_tokens,
+                compile_step=compile_step,
             )
             enc = _repeat_encoding(enc, group_size)
         elif engine == "hf":
@@ -329,6 +335,8 @@ def rollout(
                 eos_token_id=eos,
                 pad_token_id=tok.pad_token_id,
             )
+            if min_new_tokens:
+                gen_kwargs["min_new_tokens"] = min_new_tokens
             if do_sample:
                 gen_kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
             out = model.generate(**enc, **gen_kwargs)

@@ -256,7 +256,7 @@ class _DecodeEngine:
         return self._step_fn()
 
 
-_ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_ENGINES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {rows N: engine}
 
 
 def release_rollout_cache(model: torch.nn.Module | None = None) -> None:
@@ -268,10 +268,12 @@ def release_rollout_cache(model: torch.nn.Module | None = None) -> None:
 
 
 def _engine_for(model, parts, N, S_needed, T, device, dtype, use_graph, compile_step=False) -> _DecodeEngine:
-    eng = _ENGINES.get(model)
+    """The model's engine for ``N`` rows (kept per row count, so a validation's greedy rollout does not evict the
+    training rollout's cache, graph and compiled step)."""
+    engines = _ENGINES.setdefault(model, {})
+    eng = engines.get(N)
     if (
         eng is not None
-        and eng.N == N
         and eng.S >= S_needed
         and eng.T >= T
         and eng.k[0].device == device
@@ -280,13 +282,13 @@ def _engine_for(model, parts, N, S_needed, T, device, dtype, use_graph, compile_
         and eng.compile_step == compile_step
     ):
         return eng
-    _ENGINES.pop(model, None)
+    engines.pop(N, None)
     eng = None
     if use_graph:
         torch.cuda.empty_cache()
     S = int(math.ceil(S_needed / 64) * 64)
     eng = _DecodeEngine(parts, N, S, T, device, dtype, use_graph, compile_step)
-    _ENGINES[model] = eng
+    engines[N] = eng
     return eng
 
 
@@ -420,7 +422,7 @@ def fast_generate(
         return_logprobs: also return each sampled token's log-prob under ``log_softmax(logits / temperature)``
             (temperature 1 when greedy; before suppression, min_new_tokens and top-p; 0 after EOS): the
             "old log-probs" of the rollout policy, as TRL computes them.
-        compile_step: `torch.compile` the decode step before capturing it (fewer, fused kernels; the first call of
+        compile_step: `torch.compile` the decode step before capturing it (CUDA graphs only; fewer, fused kernels; the first call of
             a shape pays the compilation).
 
     Returns:
@@ -463,6 +465,7 @@ def fast_generate(
     positions, next_pos = mrope_positions(parts.config, input_ids, attention_mask, image_grid_thw)
 
     # 2) engine (static cache; graph captured at first use of this shape), state reset
+    compile_step = compile_step and use_graph  # a CPU run (tests, the toy default) stays eager
     eng = _engine_for(model, parts, N, P + T, T, device, dtype, use_graph, compile_step)
     eng.valid.zero_()
     eng.valid[:, 0, 0, :P] = attention_mask.bool().repeat_interleave(G, dim=0)
