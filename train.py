@@ -10,6 +10,9 @@ import os
 import warnings
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# GRPO's shapes change every step (prompt and completion lengths); expandable segments keep the caching allocator from
+# fragmenting near the memory limit (the 3B one-GPU config peaks at ~113 GiB). Set before CUDA initialises.
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 # GRPOModule steps its optimizer inside training_step (several updates per rollout), so a checkpoint holding the
 # post-step state is exactly what a resume needs; Lightning's advice to save the pre-step state does not apply.

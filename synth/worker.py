@@ -21,6 +21,7 @@ import sys
 import time
 import traceback
 import uuid
+from concurrent.futures import Executor, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -76,6 +77,9 @@ def worker_main(
         conn.close()
         return
     conn.send(("ready", os.getpid()))
+    # image decoding and the per-job finishing work (paste-back, PNG encode, fsync, re-read, audit) release the GIL:
+    # run them across the worker's threads, so the GPU waits ~1/threads as long between batches
+    pool = ThreadPoolExecutor(max_workers=max(1, threads or 1), thread_name_prefix="synth-io")
     while True:
         try:
             items = conn.recv()
@@ -83,7 +87,8 @@ def worker_main(
             break  # the server is gone
         if items is None:
             break
-        conn.send(("done", run_batch(painter, masker, items)))
+        conn.send(("done", run_batch(painter, masker, items, pool=pool)))
+    pool.shutdown(wait=False)
     conn.close()
 
 
@@ -108,7 +113,14 @@ def _load_image(item: dict[str, Any]) -> Image.Image:
     return image
 
 
-def run_batch(painter, masker, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _try_load(item: dict[str, Any]) -> Image.Image | Exception:
+    try:
+        return _load_image(item)
+    except Exception as e:  # reported per job below
+        return e
+
+
+def run_batch(painter, masker, items: list[dict[str, Any]], pool: Executor | None = None) -> list[dict[str, Any]]:
     """Mask, paint, paste back, write and audit a batch of work items.
 
     Each item: ``uid, job_id, image_path | image_bytes, boxes`` (input pixels, already clipped to the image),
@@ -118,9 +130,12 @@ def run_batch(painter, masker, items: list[dict[str, Any]]) -> list[dict[str, An
     t0 = time.perf_counter()
     results: dict[str, dict[str, Any]] = {}
     prepared: list[tuple[dict[str, Any], PaintJob, np.ndarray, list[list[float]], CanvasGeometry]] = []
-    for item in items:
+    mapper = pool.map if pool is not None else map
+    loaded = list(mapper(_try_load, items))
+    for item, image in zip(items, loaded):
         try:
-            image = _load_image(item)
+            if isinstance(image, Exception):
+                raise image
             geom = CanvasGeometry.from_params(image.width, image.height, **item["canvas"])
             canvas = place_image(image, geom)
             sx, sy = geom.img_w / geom.src_w, geom.img_h / geom.src_h
@@ -148,11 +163,16 @@ def run_batch(painter, masker, items: list[dict[str, Any]]) -> list[dict[str, An
                 results[item["uid"]] = _failure(item, msg, detail=traceback.format_exc(limit=5))
             prepared, painted = [], []
         paint_s = time.perf_counter() - t_paint
-    for (item, job, canvas, out_boxes, geom), image in zip(prepared, painted):
+
+    def finish(args) -> dict[str, Any]:
+        (item, job, canvas, out_boxes, geom), image = args
         try:
-            results[item["uid"]] = _finish(item, job, canvas, out_boxes, geom, image, painter, masker, len(prepared))
+            return _finish(item, job, canvas, out_boxes, geom, image, painter, masker, len(prepared))
         except Exception as e:
-            results[item["uid"]] = _failure(item, f"could not write the result: {type(e).__name__}: {e}")
+            return _failure(item, f"could not write the result: {type(e).__name__}: {e}")
+
+    for (item, *_), res in zip(prepared, mapper(finish, zip(prepared, painted))):
+        results[item["uid"]] = res
     run_s = time.perf_counter() - t0
     out = []
     for item in items:
