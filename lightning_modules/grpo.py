@@ -243,6 +243,13 @@ class GRPOModule(L.LightningModule):
         if hp.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False
+        if hp.rollout_engine == "fast" or hp.update_engine == "packed":
+            # the vision tower's window attention as one batched SDPA call per layer instead of HF's loop over
+            # windows (exact; the loop runs ~16 x 20 small kernels per layer for 20 images, in the prefill, the
+            # reference, the update and its recompute)
+            from lightning_modules.efficient import enable_fast_vision_attention
+
+            enable_fast_vision_attention(model)
         self.policy = model
         self.processor = processor
         if hp.kl_coef > 0:
