@@ -50,6 +50,8 @@ class ImageRef(_Model):
             raise ValueError("give exactly one of image.path and image.data_b64")
         if self.path is not None and not self.path.strip():
             raise ValueError("image.path is empty")
+        if self.path is not None and "\x00" in self.path:
+            raise ValueError("image.path contains a NUL byte, which no file name can hold: send the path as written")
         return self
 
     def decoded(self) -> bytes:

@@ -98,15 +98,24 @@ def _resolve_image_path(path: str, cfg: ServerConfig) -> str:
     p = Path(path)
     if not p.is_absolute():
         p = roots[0] / p
-    real = Path(os.path.realpath(p))
+    try:
+        real = Path(os.path.realpath(p))
+    except (OSError, ValueError) as e:  # a NUL byte (ValueError), a symlink loop, ...
+        raise ApiError(400, f"image.path {path!r} cannot be resolved on the server: {e}") from e
     if not any(real == r or real.is_relative_to(r) for r in roots):
         raise ApiError(
             403,
             f"image.path {path!r} resolves to {str(real)!r}, outside the server's roots {[str(r) for r in roots]}: "
             "put the image under a root or add its directory to roots in the server config",
         )
-    if not real.is_file():
+    try:
+        exists, is_file = real.exists(), real.is_file()
+    except OSError as e:  # ENAMETOOLONG, EACCES on a parent, ...: the client's path is unusable, not a server fault
+        raise ApiError(400, f"image.path {path!r} cannot be read on the server: {e.strerror or e}") from e
+    if not exists:
         raise ApiError(400, f"image.path {path!r} does not exist on the server (looked at {str(real)!r})")
+    if not is_file:
+        raise ApiError(400, f"image.path {path!r} is not a file on the server (looked at {str(real)!r})")
     return str(real)
 
 
@@ -675,7 +684,7 @@ def create_app(cfg: ServerConfig, token: str | None, manager: JobManager | None 
     """
     from fastapi import Depends, FastAPI, Query, Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import FileResponse, JSONResponse
+    from fastapi.responses import JSONResponse, StreamingResponse
     from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -762,7 +771,19 @@ def create_app(cfg: ServerConfig, token: str | None, manager: JobManager | None 
 
     @app.get("/jobs/{job_id}/image")
     async def get_image(job_id: str):
-        return FileResponse(manager.output_file(job_id), media_type="image/png")
+        path = manager.output_file(job_id)
+        try:  # open first: the open handle outlives a removal, so the answer is the whole file or a 410, never a 500
+            fh = await run_in_threadpool(open, path, "rb")
+        except OSError as e:
+            raise ApiError(410, f"the output of job {job_id!r} is no longer on disk: {e}") from e
+        size = os.fstat(fh.fileno()).st_size
+
+        def chunks():
+            with fh:
+                while block := fh.read(1 << 20):
+                    yield block
+
+        return StreamingResponse(chunks(), media_type="image/png", headers={"Content-Length": str(size)})
 
     @app.get("/jobs", response_model=JobList)
     async def list_jobs(

@@ -1,0 +1,95 @@
+"""Reliability of the data server (issue #13): inputs that used to answer 500, cancel semantics, temp-file sweeps,
+the client's retry policy. Real ``python -m synth.server`` subprocesses on 127.0.0.1 and real workers throughout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from synth.api import ImageRef, JobRequest
+from synth.client import LocalServer, SynthError
+
+DESCRIPTION = "a striped blue and white background with many small green triangles"
+
+
+def make_image(path: Path, w: int = 48, h: int = 40, seed: int = 0) -> list[list[float]]:
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(path)
+    return [[4.0, 5.0, 20.0, 22.0]]
+
+
+def sha(path: Path | str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def request(job_id: str, path: Path, boxes, seed: int = 0, description: str = DESCRIPTION, **kw) -> JobRequest:
+    return JobRequest(
+        job_id=job_id,
+        sample_id=job_id,
+        image=ImageRef(path=str(path)),
+        boxes=boxes,
+        description=description,
+        seed=seed,
+        **kw,
+    )
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("rel-data")
+    items = []
+    for i in range(4):
+        p = root / f"{i}.png"
+        items.append((p, make_image(p, seed=i)))
+    return {"root": root, "items": items}
+
+
+@pytest.fixture(scope="module")
+def server(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("rel-out")
+    with LocalServer(roots=[data["root"]], output_dir=out, startup_timeout=60) as s:
+        yield s
+
+
+@pytest.fixture()
+def http(server):
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.token}"}, timeout=20) as c:
+        yield c
+
+
+# --- inputs that used to answer 500 ----------------------------------------------------------------------------------
+
+
+def test_hostile_image_paths_get_4xx_not_500(http, data):
+    p, b = data["items"][0]
+    good = request("path-0", p, b).model_dump(mode="json", exclude_none=True)
+    cases = [
+        (str(data["root"] / "0.png\x00.txt"), 422, "NUL"),  # os.path.realpath raised ValueError
+        (str(data["root"] / ("x" * 300 + ".png")), 400, "File name too long"),  # is_file raised ENAMETOOLONG
+        (str(data["root"] / ("d" * 300) / "0.png"), 400, "File name too long"),
+        (str(data["root"]), 400, "not a file"),
+    ]
+    for path, code, text in cases:
+        r = http.post("/jobs", json={**good, "image": {"path": path}})
+        assert r.status_code == code, (path[:60], r.status_code, r.text)
+        assert text in r.json()["detail"], r.text
+    assert http.get("/health").json()["status"] == "ok"
+
+
+def test_image_of_a_job_whose_output_was_removed_is_410(server, data):
+    p, b = data["items"][1]
+    with server.client(timeout=20) as c:
+        c.submit(request("gone-1", p, b))
+        st = c.wait(["gone-1"], timeout=30)["gone-1"]
+        os.unlink(st.result.output_path)
+        for call in (lambda: c.image("gone-1"), lambda: c.get("gone-1", include_image=True)):
+            with pytest.raises(SynthError) as e:
+                call()
+            assert e.value.status_code == 410 and "no longer on disk" in e.value.detail
