@@ -199,6 +199,9 @@ class Ack(_Model):
     job_id: str
     acknowledged: bool
     """False when the job was not known (already acknowledged, or never submitted)."""
+    cancelled: bool = False
+    """True when the job had not finished (queued or running): it will not run, or its result is discarded and no
+    file is written; the ``job_id`` is free again."""
 
 
 class WorkerInfo(_Model):
@@ -208,7 +211,7 @@ class WorkerInfo(_Model):
     alive: bool
     ready: bool
     busy: list[str]
-    """Jobs the worker is painting now."""
+    """Jobs the worker is painting now (a job cancelled while running stays here until its worker finishes)."""
     restarts: int
     error: str | None = None
     """Why the worker could not start (painter failed to load), if it could not."""

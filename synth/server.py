@@ -24,6 +24,7 @@ import io
 import logging
 import multiprocessing as mp
 import os
+import re
 import signal
 import socket
 import sys
@@ -181,6 +182,22 @@ def prepare_input(req: JobRequest, cfg: ServerConfig) -> PreparedInput:
 
 # --- job table and workers -----------------------------------------------------------------------------------------
 
+TEMP_NAME = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")
+"""Worker temp files in ``output_dir``: ``.<output name>.<job uid>.tmp``. One server per ``output_dir``: at start-up
+it removes every such file (a worker killed mid-write leaves one; the server killed with workers mid-write does too)."""
+
+
+def temp_path(output_path: str, uid: str) -> str:
+    """Where a job's worker writes before the server publishes the file as ``output_path``."""
+    head, name = os.path.split(output_path)
+    return os.path.join(head, f".{name}.{uid}.tmp")
+
+
+def _unlink_quietly(path: str | None) -> None:
+    if path:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
 
 @dataclass
 class _Job:
@@ -212,6 +229,11 @@ class _Worker:
     pid: int | None = None
     ready: bool = False
     busy: list[str] = field(default_factory=list)
+    """uids of the jobs the worker is running."""
+    busy_ids: list[str] = field(default_factory=list)
+    """Their job ids (a job cancelled while running stays here until its worker finishes)."""
+    temps: list[str] = field(default_factory=list)
+    """Temp files the busy jobs write (removed if the worker dies before the server publishes or discards them)."""
     deadline: float | None = None
     started: float = 0.0
     restarts: int = 0
@@ -251,10 +273,22 @@ class JobManager:
 
     def start(self) -> None:
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.sweep_temp_files()
         for w in self._workers:
             self._spawn(w)
         self._thread = threading.Thread(target=self._run, name="synth-dispatcher", daemon=True)
         self._thread.start()
+
+    def sweep_temp_files(self) -> int:
+        """Remove worker temp files left in ``output_dir`` by a run that was killed mid-write; returns how many."""
+        n = 0
+        for entry in os.scandir(self.output_dir):
+            if TEMP_NAME.match(entry.name) and entry.is_file(follow_symlinks=False):
+                _unlink_quietly(entry.path)
+                n += 1
+        if n:
+            log.warning("removed %d temp files left in %s by an earlier run", n, self.output_dir)
+        return n
 
     def begin_shutdown(self) -> None:
         """Stop restarting workers (called on SIGINT / SIGTERM, which may also reach the workers)."""
@@ -299,7 +333,8 @@ class JobManager:
         )
         proc.start()
         child.close()
-        w.proc, w.conn, w.pid, w.ready, w.busy, w.deadline = proc, parent, proc.pid, False, [], None
+        w.proc, w.conn, w.pid, w.ready, w.deadline = proc, parent, proc.pid, False, None
+        w.busy, w.busy_ids, w.temps = [], [], []
         w.started = time.time()
         log.info("worker %d (%s) started, pid %d", w.index, w.device, proc.pid)
 
@@ -365,20 +400,29 @@ class JobManager:
                     self._apply_results(w, msg[1])
 
     def _apply_results(self, w: _Worker, results: list[dict]) -> None:
+        """Publish or discard a batch's results (caller holds the lock, so an ``ack`` cannot interleave)."""
         now = time.time()
         for r in results:
             job = self._by_uid.get(r["uid"])
-            if job is None or job.state != JobState.running:
-                continue  # acknowledged (cancelled) while running
+            if job is None or job.state != JobState.running or self._jobs.get(job.request.job_id) is not job:
+                _unlink_quietly(r.get("tmp_path"))  # cancelled while running: its file must never replace another's
+                continue
             job.run_s, job.paint_s, job.finished_at = r.get("run_s"), r.get("paint_s"), now
             if r["ok"]:
-                job.result = r["result"]
-                self._set_state(job, JobState.done)
+                try:
+                    os.replace(r["tmp_path"], r["result"]["output_path"])
+                except OSError as e:
+                    _unlink_quietly(r.get("tmp_path"))
+                    job.error = f"could not publish the output {r['result']['output_path']!r}: {e}"
+                    self._set_state(job, JobState.failed)
+                else:
+                    job.result = r["result"]
+                    self._set_state(job, JobState.done)
             else:
                 job.error = r["error"]
                 self._set_state(job, JobState.failed)
             job.inp = None  # drop decoded bytes
-        w.busy, w.deadline = [], None
+        w.busy, w.busy_ids, w.temps, w.deadline = [], [], [], None
 
     def _on_exit(self, w: _Worker, reason: str) -> None:
         """A worker process ended: retry or fail its jobs, then schedule a restart (or give the worker up)."""
@@ -401,7 +445,9 @@ class JobManager:
                     job.solo = True
                     self._set_state(job, JobState.queued)
                     self._pending.appendleft(job.uid)
-            w.busy, w.deadline, w.ready = [], None, False
+            for tmp in w.temps:  # a worker killed mid-write leaves a partial temp file
+                _unlink_quietly(tmp)
+            w.busy, w.busy_ids, w.temps, w.deadline, w.ready = [], [], [], None, False
             with contextlib.suppress(OSError):
                 w.conn.close()
             w.proc, w.conn = None, None
@@ -496,10 +542,12 @@ class JobManager:
                             seed=job.request.seed,
                             canvas=job.request.canvas.model_dump(),
                             output_path=inp.output_path,
+                            tmp_path=temp_path(inp.output_path, job.uid),
                             fsync=self.cfg.fsync_outputs,
                         )
                     )
-                w.busy = [j.uid for j in batch]
+                w.busy, w.busy_ids = [j.uid for j in batch], [j.request.job_id for j in batch]
+                w.temps = [it["tmp_path"] for it in items]
                 w.deadline = now + self.cfg.job_timeout_s * len(batch)
                 plans.append((w, items))
         for w, items in plans:
@@ -612,7 +660,11 @@ class JobManager:
                 return Ack(job_id=job_id, acknowledged=False)
             self._by_uid.pop(job.uid, None)
             self._counts[job.state.value] -= 1
-        return Ack(job_id=job_id, acknowledged=True)
+            job.inp = None
+            cancelled = job.state in (JobState.queued, JobState.running)
+        if cancelled:
+            log.info("job %s cancelled while %s", job_id, job.state.value)
+        return Ack(job_id=job_id, acknowledged=True, cancelled=cancelled)
 
     def health(self) -> Health:
         with self._lock:
@@ -623,7 +675,7 @@ class JobManager:
                     pid=w.pid if w.proc is not None else None,
                     alive=w.proc is not None and w.proc.is_alive(),
                     ready=w.ready,
-                    busy=[self._by_uid[u].request.job_id for u in w.busy if u in self._by_uid],
+                    busy=list(w.busy_ids),
                     restarts=w.restarts,
                     error=w.error,
                 )

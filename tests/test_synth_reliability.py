@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from pathlib import Path
 
 import httpx
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from synth.api import ImageRef, JobRequest
+from synth.api import ImageRef, JobRequest, JobState
 from synth.client import LocalServer, SynthError
 
 DESCRIPTION = "a striped blue and white background with many small green triangles"
@@ -93,3 +94,52 @@ def test_image_of_a_job_whose_output_was_removed_is_410(server, data):
             with pytest.raises(SynthError) as e:
                 call()
             assert e.value.status_code == 410 and "no longer on disk" in e.value.detail
+
+
+# --- cancel semantics: a cancelled job's late output never replaces a newer job's ---------------------------------
+
+
+def busy_jobs(c, timeout: float = 30.0, want: str | None = None) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        busy = [j for w in c.health().workers for j in w.busy]
+        if want is None or want in busy:
+            return busy
+        time.sleep(0.03)
+    raise TimeoutError(f"{want} never ran")
+
+
+def test_a_cancelled_running_job_never_overwrites_the_newer_job_with_its_id(data, tmp_path):
+    p, b = data["items"][2]
+    painter = {"name": "tests.slow_painter:SeedDelayPainter", "delays": {"7": 2.5}}
+    out = tmp_path / "out"
+    with LocalServer(
+        roots=[data["root"]], output_dir=out, overrides={"devices": ["cpu", "cpu"], "painter": painter}
+    ) as s:
+        with s.client(timeout=20) as c:
+            c.submit(request("stale-1", p, b, seed=7))  # the old body: slow
+            busy_jobs(c, want="stale-1")
+            t_old = time.monotonic()
+            ack = c.ack("stale-1")
+            assert ack.acknowledged and ack.cancelled
+            c.submit(request("stale-1", p, b, seed=8))  # a new body under the same id, on the other worker
+            new = c.wait(["stale-1"], timeout=30)["stale-1"]
+            assert new.state == JobState.done
+            new_sha = sha(new.result.output_path)
+            time.sleep(max(0.0, t_old + 2.5 + 1.0 - time.monotonic()))  # the cancelled job has finished painting
+            assert not any(w.busy for w in c.health().workers)
+            assert sha(new.result.output_path) == new_sha, "the cancelled job's late output replaced the new one"
+            assert c.get("stale-1").state == JobState.done
+    assert sorted(os.listdir(out)) == ["stale-1.png"]  # the cancelled job's temp file is gone too
+
+
+def test_temp_files_of_a_killed_run_are_swept_at_start_up(data, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    stale = [f".a.png.{'0' * 32}.tmp", f".s0@e1-1234abcd.png.{'f1' * 16}.tmp"]
+    kept = ["a.png", "notes.tmp", ".hidden.png"]
+    for name in stale + kept:
+        (out / name).write_bytes(b"partial")
+    with LocalServer(roots=[data["root"]], output_dir=out):
+        pass
+    assert sorted(os.listdir(out)) == sorted(kept)
