@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -15,7 +17,7 @@ import pytest
 from PIL import Image
 
 from synth.api import ImageRef, JobRequest, JobState
-from synth.client import LocalServer, SynthError
+from synth.client import AsyncSubmitter, LocalServer, SynthClient, SynthError
 
 DESCRIPTION = "a striped blue and white background with many small green triangles"
 
@@ -143,3 +145,98 @@ def test_temp_files_of_a_killed_run_are_swept_at_start_up(data, tmp_path):
     with LocalServer(roots=[data["root"]], output_dir=out):
         pass
     assert sorted(os.listdir(out)) == sorted(kept)
+
+
+# --- the client's retry policy ---------------------------------------------------------------------------------------
+
+
+class FaultProxy:
+    """A real loopback HTTP server in front of the data server that answers chosen requests with an error itself.
+
+    ``rules``: ``(marker, status, times)``: a request whose body holds ``marker`` gets ``status`` (``times`` times;
+    None: always); everything else is forwarded.
+    """
+
+    def __init__(self, upstream: str, rules: list[tuple[str, int, int | None]]):
+        self.rules = [[m, s, t] for m, s, t in rules]
+        self.hits: list[tuple[str, int]] = []
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def _handle(self):
+                n = int(self.headers.get("content-length") or 0)
+                body = self.rfile.read(n) if n else b""
+                for rule in proxy.rules:
+                    marker, status, times = rule
+                    if marker.encode() in body and (times is None or times > 0):
+                        if times is not None:
+                            rule[2] -= 1
+                        proxy.hits.append((marker, status))
+                        payload = b'{"detail": "injected by the test proxy"}'
+                        self.send_response(status)
+                        self.send_header("Content-Type", "application/json")
+                        self.send_header("Content-Length", str(len(payload)))
+                        self.end_headers()
+                        self.wfile.write(payload)
+                        return
+                headers = {k: v for k, v in self.headers.items() if k.lower() in ("authorization", "content-type")}
+                r = httpx.request(self.command, upstream + self.path, content=body, headers=headers, timeout=20)
+                self.send_response(r.status_code)
+                self.send_header("Content-Type", r.headers.get("content-type", "application/json"))
+                self.send_header("Content-Length", str(len(r.content)))
+                self.end_headers()
+                self.wfile.write(r.content)
+
+            do_GET = do_POST = do_DELETE = _handle
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> FaultProxy:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_deterministic_500_is_dropped_and_counted_and_never_blocks_the_jobs_behind_it(server, data):
+    p, b = data["items"][3]
+    with FaultProxy(server.url, [("poison", 500, None), ("flaky", 503, 2), ("always-busy", 503, None)]) as proxy:
+        client = SynthClient(proxy.url, server.token, timeout=10)
+        sub = AsyncSubmitter(client, poll_interval=0.05, max_retries=3, backoff=0.05, max_backoff=0.2)
+        try:
+            ids = ["poison-1", "flaky-1", "always-busy-1", "ok-1", "ok-2", "ok-3"]
+            for i, j in enumerate(ids):
+                sub.submit(request(j, p, b, seed=i))
+            sub.wait(ids, timeout=20)
+            got = {s.job_id: s for s in sub.pop_finished()}
+        finally:
+            sub.close(timeout=5)
+    assert set(got) == set(ids)  # every job comes back exactly once
+    for j in ("flaky-1", "ok-1", "ok-2", "ok-3"):
+        assert got[j].state == JobState.done, (j, got[j].error)
+    assert got["poison-1"].state == JobState.failed and "500" in got["poison-1"].error
+    assert proxy.hits.count(("poison", 500)) == 1  # not retried: a 500 is not transient
+    assert got["always-busy-1"].state == JobState.failed and "gave up after 4 attempts" in got["always-busy-1"].error
+    assert proxy.hits.count(("always-busy", 503)) == 4  # 1 try + max_retries, then dropped
+    stats = sub.stats()
+    assert stats["rejected"] == 2 and stats["unsent"] == 0 and stats["in_flight"] == 0
+
+
+def test_sync_client_retries_only_transient_answers(server):
+    with FaultProxy(server.url, [("poison", 500, None), ("flaky", 503, 2)]) as proxy:
+        with SynthClient(proxy.url, server.token, timeout=10, retries=3, backoff=0.01) as c:
+            with pytest.raises(SynthError) as e:
+                c._request("POST", "/jobs", content=b'{"job_id": "poison"}')
+            assert e.value.status_code == 500
+            assert proxy.hits == [("poison", 500)]
+            with pytest.raises(SynthError) as e:  # 503, 503 (retried), then the server's own answer: 422
+                c._request("POST", "/jobs", content=b'{"job_id": "flaky"}')
+            assert e.value.status_code == 422
+    assert proxy.hits.count(("flaky", 503)) == 2
