@@ -14,6 +14,9 @@ Endpoints (all need ``Authorization: Bearer <token>``):
 - ``GET /jobs?state=done&state=failed&since=<cursor>&limit=<n>`` -> :class:`JobList`
 - ``POST /jobs/{job_id}/ack`` or ``DELETE /jobs/{job_id}`` -> :class:`Ack` (the server forgets the job)
 - ``GET /health`` -> :class:`Health`
+- ``GET /openapi.json``, ``/docs``, ``/redoc``: the schema and its viewers (config ``docs``)
+
+Every error answer is an :class:`ErrorBody`.
 """
 
 from __future__ import annotations
@@ -233,10 +236,20 @@ class Health(_Model):
     uptime_s: float
 
 
+class FieldError(_Model):
+    """One invalid field of a request."""
+
+    field: str
+    """Where: the field path joined with dots (``boxes.0``, ``image.data_b64``, ``query.limit``), or ``body``."""
+    message: str
+    type: str | None = None
+    """pydantic's error type (``missing``, ``string_pattern_mismatch``, ...), when the error came from validation."""
+
+
 class ErrorBody(_Model):
     """Body of every 4xx / 5xx answer."""
 
     detail: str
     """What went wrong and, where it helps, how to fix it."""
-    errors: list[dict] | None = None
+    errors: list[FieldError] | None = None
     """Per-field validation errors: ``{"field": "boxes.0", "message": ...}``."""

@@ -40,6 +40,8 @@ from PIL import Image
 from pydantic import ValidationError
 
 from synth.api import (
+    API_VERSION,
+    JOB_ID_PATTERN,
     Ack,
     AuditResult,
     ErrorBody,
@@ -56,6 +58,12 @@ from synth.compose import CanvasGeometry
 from synth.config import ServerConfig, load_config
 
 log = logging.getLogger("synth.server")
+
+API_DOC = (
+    "Repaints the background of training images after a description and keeps the boxes' foreground exactly. "
+    "Every endpoint needs `Authorization: Bearer <token>`; every error answer is an `ErrorBody`. "
+    "See docs/data_server.md."
+)
 
 
 class ApiError(Exception):
@@ -729,13 +737,48 @@ class JobManager:
 # --- the HTTP app --------------------------------------------------------------------------------------------------
 
 
+def _error_responses(*codes: int) -> dict[int, dict]:
+    """OpenAPI ``responses`` entries for error answers, all with the :class:`ErrorBody` shape."""
+    what = {
+        400: "The body is not JSON, or image.path cannot be used",
+        401: "Missing or wrong bearer token",
+        403: "image.path resolves outside the server's roots",
+        404: "No such job (never submitted, or acknowledged), or no such route (a job_id holding '/')",
+        409: "The job_id exists with a different request, or the job has no image yet",
+        410: "The job's output file is no longer on disk",
+        413: "The body or the image is too large",
+        422: "A field is invalid (``errors`` says which)",
+        429: "Queue full or too many jobs held: retry after ``Retry-After`` seconds",
+        503: "No worker can start",
+    }
+    out: dict[int, dict] = {}
+    for code in codes:
+        out[code] = {"model": ErrorBody, "description": what[code]}
+        if code == 429:
+            out[code]["headers"] = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}}
+        if code == 401:
+            out[code]["headers"] = {"WWW-Authenticate": {"schema": {"type": "string"}}}
+    return out
+
+
+def _docs_enabled(cfg: ServerConfig) -> bool:
+    return cfg.docs if cfg.docs is not None else _is_loopback(cfg.host)
+
+
 def create_app(cfg: ServerConfig, token: str | None, manager: JobManager | None = None):
     """The FastAPI app. ``token`` None disables auth (only allowed on loopback; checked in ``main``).
+
+    Every route, the schema and its viewers included, sits behind the bearer token (the app-wide dependency); the
+    viewers exist only when ``cfg.docs`` allows (default: on a loopback host). The OpenAPI schema declares the
+    request body of ``POST /jobs``, every error answer as :class:`ErrorBody`, and the bearer scheme.
 
     (This module has no ``from __future__ import annotations``: FastAPI reads the handlers' annotations at run time.)
     """
     from fastapi import Depends, FastAPI, Query, Request
+    from fastapi import Path as PathParam
     from fastapi.exceptions import RequestValidationError
+    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+    from fastapi.openapi.utils import get_openapi
     from fastapi.responses import JSONResponse, StreamingResponse
     from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -763,7 +806,35 @@ def create_app(cfg: ServerConfig, token: str | None, manager: JobManager | None 
                 headers={"WWW-Authenticate": "Bearer"},
             )
 
-    app = FastAPI(title="Syn-GRPO data server", version="1", lifespan=lifespan, dependencies=[Depends(auth)])
+    async def known_query(request: Request) -> None:
+        """Unknown query parameters are a 422, as unknown body fields are: a typo (``?stat=done``) never passes."""
+        route = request.scope.get("route")
+        dependant = getattr(route, "dependant", None)
+        if dependant is None or not request.query_params:
+            return
+        known = {p.alias for p in dependant.query_params}
+        for d in dependant.dependencies:
+            known |= {p.alias for p in d.query_params}
+        unknown = sorted(set(request.query_params) - known)
+        if unknown:
+            errors = [{"field": f"query.{k}", "message": "unknown query parameter"} for k in unknown]
+            raise ApiError(
+                422,
+                f"unknown query parameter(s) {unknown} for {request.method} {route.path}: "
+                f"this endpoint takes {sorted(known) or 'none'}",
+                errors,
+            )
+
+    # The built-in /openapi.json, /docs and /redoc bypass app-wide dependencies: they are added below, behind auth.
+    app = FastAPI(
+        title="Syn-GRPO data server",
+        version=API_VERSION,
+        lifespan=lifespan,
+        dependencies=[Depends(auth), Depends(known_query)],
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
+    )
     app.state.manager = manager
 
     def error_response(status: int, detail: str, errors=None, headers=None) -> JSONResponse:
@@ -776,7 +847,10 @@ def create_app(cfg: ServerConfig, token: str | None, manager: JobManager | None 
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, e: RequestValidationError):
-        errors = [{"field": ".".join(str(p) for p in err["loc"]), "message": err["msg"]} for err in e.errors()]
+        errors = [
+            {"field": ".".join(str(p) for p in err["loc"]), "message": err["msg"], "type": err["type"]}
+            for err in e.errors()
+        ]
         return error_response(
             422, "invalid request: " + "; ".join(f"{x['field']}: {x['message']}" for x in errors), errors
         )
@@ -784,6 +858,11 @@ def create_app(cfg: ServerConfig, token: str | None, manager: JobManager | None 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException):
         return error_response(e.status_code, str(e.detail), headers=getattr(e, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, e: Exception):  # a bug: still an ErrorBody, and the traceback in the log
+        log.exception("unexpected error in %s %s", request.method, request.url.path)
+        return error_response(500, f"internal error ({type(e).__name__}); the server log has the traceback")
 
     async def read_body(request: Request) -> bytes:
         limit = cfg.max_request_bytes
@@ -798,7 +877,25 @@ def create_app(cfg: ServerConfig, token: str | None, manager: JobManager | None 
             chunks.append(chunk)
         return b"".join(chunks)
 
-    @app.post("/jobs", response_model=JobStatus, status_code=202)
+    # The body is read by hand (to stop reading at max_request_bytes and to tell bad JSON (400) from bad fields
+    # (422)), so FastAPI does not see it: the schema is declared here.
+    job_request_body = {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/JobRequest"}}},
+        }
+    }
+
+    @app.post(
+        "/jobs",
+        response_model=JobStatus,
+        status_code=202,
+        openapi_extra=job_request_body,
+        responses={
+            200: {"model": JobStatus, "description": "A job with this job_id and the same body exists: that job"},
+            **_error_responses(400, 401, 403, 409, 413, 422, 429, 503),
+        },
+    )
     async def submit(request: Request):
         body = await read_body(request)
         try:
@@ -817,12 +914,21 @@ def create_app(cfg: ServerConfig, token: str | None, manager: JobManager | None 
         status, created = manager.submit(req, fingerprint, inp)
         return JSONResponse(status.model_dump(mode="json"), status_code=202 if created else 200)
 
-    @app.get("/jobs/{job_id}", response_model=JobStatus)
-    async def get_job(job_id: str, include_image: bool = False):
+    job_id_param = PathParam(pattern=JOB_ID_PATTERN, description="The client-chosen id of the job")
+
+    @app.get("/jobs/{job_id}", response_model=JobStatus, responses=_error_responses(401, 404, 410, 422))
+    async def get_job(job_id: str = job_id_param, include_image: bool = False):
         return await run_in_threadpool(manager.get, job_id, include_image)
 
-    @app.get("/jobs/{job_id}/image")
-    async def get_image(job_id: str):
+    @app.get(
+        "/jobs/{job_id}/image",
+        response_class=StreamingResponse,
+        responses={
+            200: {"content": {"image/png": {"schema": {"type": "string", "format": "binary"}}}, "description": "PNG"},
+            **_error_responses(401, 404, 409, 410, 422),
+        },
+    )
+    async def get_image(job_id: str = job_id_param):
         path = manager.output_file(job_id)
         try:  # open first: the open handle outlives a removal, so the answer is the whole file or a 410, never a 500
             fh = await run_in_threadpool(open, path, "rb")
@@ -837,7 +943,7 @@ def create_app(cfg: ServerConfig, token: str | None, manager: JobManager | None 
 
         return StreamingResponse(chunks(), media_type="image/png", headers={"Content-Length": str(size)})
 
-    @app.get("/jobs", response_model=JobList)
+    @app.get("/jobs", response_model=JobList, responses=_error_responses(401, 422))
     async def list_jobs(
         state: list[JobState] | None = Query(None),
         since: int = Query(0, ge=0),
@@ -845,17 +951,55 @@ def create_app(cfg: ServerConfig, token: str | None, manager: JobManager | None 
     ):
         return manager.list(state, since, limit)
 
-    @app.post("/jobs/{job_id}/ack", response_model=Ack)
-    async def ack(job_id: str):
+    @app.post("/jobs/{job_id}/ack", response_model=Ack, responses=_error_responses(401, 404, 422))
+    async def ack(job_id: str = job_id_param):
         return manager.ack(job_id)
 
-    @app.delete("/jobs/{job_id}", response_model=Ack)
-    async def delete(job_id: str):
+    @app.delete("/jobs/{job_id}", response_model=Ack, responses=_error_responses(401, 404, 422))
+    async def delete(job_id: str = job_id_param):
         return manager.ack(job_id)
 
-    @app.get("/health", response_model=Health)
+    @app.get("/health", response_model=Health, responses=_error_responses(401))
     async def health():
         return manager.health()
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title,
+                version=app.version,
+                description=API_DOC,
+                routes=app.routes,
+                separate_input_output_schemas=False,
+            )
+            components = schema.setdefault("components", {})
+            schemas = components.setdefault("schemas", {})
+            body = JobRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas.update(body.pop("$defs", {}))
+            schemas["JobRequest"] = body
+            for name in ("HTTPValidationError", "ValidationError"):  # FastAPI's 422 shape: never sent here
+                schemas.pop(name, None)
+            components["securitySchemes"] = {"bearerAuth": {"type": "http", "scheme": "bearer"}}
+            if token is not None:
+                schema["security"] = [{"bearerAuth": []}]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
+
+    if _docs_enabled(cfg):
+
+        @app.get("/openapi.json", include_in_schema=False)
+        async def openapi_json():
+            return JSONResponse(openapi())
+
+        @app.get("/docs", include_in_schema=False)
+        async def docs():
+            return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} - docs")
+
+        @app.get("/redoc", include_in_schema=False)
+        async def redoc():
+            return get_redoc_html(openapi_url="/openapi.json", title=f"{app.title} - ReDoc")
 
     return app
 
