@@ -26,6 +26,8 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from synth.api import MAX_DESCRIPTION_CHARS
+
 log = logging.getLogger(__name__)
 
 
@@ -139,7 +141,7 @@ class SynthesisCallback(Callback):
         self._pool = trainer.datamodule.pool
         if trainer.is_global_zero:
             self._connect(trainer)
-            for job in self.outstanding.values():  # restored from a checkpoint: resubmit idempotently
+            for job in list(self.outstanding.values()):  # restored from a checkpoint: resubmit idempotently
                 self._submit(job)
 
     def _connect(self, trainer: L.Trainer) -> None:
@@ -181,7 +183,7 @@ class SynthesisCallback(Callback):
         self._close()
         self.totals["server_restarts"] += 1
         self._connect(trainer)
-        for job in self.outstanding.values():
+        for job in list(self.outstanding.values()):
             self._submit(job)
 
     def _close(self) -> None:
@@ -203,10 +205,14 @@ class SynthesisCallback(Callback):
 
     # ------------------------------------------------------------------------------------------------ submit
     def _submit(self, job: Outstanding) -> None:
+        """Queue the job; a request the API cannot express is logged and counted as failed, never raised: it runs
+        inside ``on_train_batch_end`` and must not stop training (the sample keeps its image)."""
+        from pydantic import ValidationError
+
         from synth.api import ImageRef, JobRequest
 
-        self._submitter.submit(
-            JobRequest(
+        try:
+            request = JobRequest(
                 job_id=job.job_id,
                 sample_id=job.sample_id,
                 image=ImageRef(path=job.image_path),
@@ -214,7 +220,12 @@ class SynthesisCallback(Callback):
                 description=job.description,
                 seed=job.seed,
             )
-        )
+        except ValidationError as err:
+            log.warning("synthesis job %s not submitted (the sample keeps its image): %s", job.job_id, err)
+            self.outstanding.pop(job.job_id, None)
+            self.totals["failed"] += 1
+            return
+        self._submitter.submit(request)
 
     def _selections(self, trainer: L.Trainer, pl_module: L.LightningModule, batch) -> list[tuple[str, str]]:
         if self.offline:
@@ -244,6 +255,11 @@ class SynthesisCallback(Callback):
             src = self._pool.original(sample_id) if self.source == "original" else self._pool.current(sample_id)
             if self.guard:
                 description = _guard(description, self._pool.entries[sample_id].record.meta)
+            if len(description) > MAX_DESCRIPTION_CHARS:  # the API's limit; the painter reads the start anyway
+                log.warning(
+                    "description of %s cut from %d to %d characters", sample_id, len(description), MAX_DESCRIPTION_CHARS
+                )
+                description = description[:MAX_DESCRIPTION_CHARS]
             job_id = _job_id(sample_id, epoch, description)
             busy.add(sample_id)
             job = Outstanding(

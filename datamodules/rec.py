@@ -106,15 +106,25 @@ def read_jsonl(
         raise DataError(f"{path}: no such data file; check --data.train_files / val_files / test_files")
     root = Path(image_root) if image_root is not None else path.parent
     records: list[Record] = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
+    with path.open("rb") as fh:  # bytes: a bad line is then reported with its file and line, not as a bare codec error
+        for lineno, raw in enumerate(fh, 1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise DataError(
+                    f"{where}: not UTF-8 (byte {raw[err.start : err.start + 1]!r} at column {err.start + 1}); "
+                    "JSONL files must be UTF-8: re-encode the file (e.g. iconv -f latin1 -t utf-8)"
+                ) from None
+            line = line.rstrip("\r\n")  # else an error at the end of the line is reported at column 1 of the next
+            if lineno == 1:
+                line = line.removeprefix("\ufeff")  # a byte-order mark written by some editors
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as err:
-                raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+                raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.pos + 1})") from None
             if not isinstance(obj, dict):
                 raise DataError(f"{where}: expected a JSON object per line")
             image = obj.get("image")

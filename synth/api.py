@@ -31,6 +31,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 API_VERSION = "1"
 
+MAX_DESCRIPTION_CHARS = 4000
+"""Longest ``JobRequest.description``; a client cuts longer text (the policy may write more: OVD allows 512 tokens)."""
+
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@:+=-]{0,127}$"
 """Job ids name output files, so they are restricted to a safe character set (no slashes), 1 to 128 characters."""
 
@@ -101,7 +104,7 @@ class JobRequest(_Model):
     image: ImageRef
     boxes: list[list[float]] = Field(min_length=1, max_length=256)
     """Ground-truth boxes ``[x1, y1, x2, y2]`` in input pixels; their contents are kept."""
-    description: str = Field(max_length=4000)
+    description: str = Field(max_length=MAX_DESCRIPTION_CHARS)
     """What the new image should show (the policy's ``<description>``); may be empty."""
     seed: int = Field(0, ge=0, lt=2**63)
     canvas: CanvasParams = Field(default_factory=CanvasParams)
