@@ -167,7 +167,10 @@ def _fuzz_operation(report, strategy, label, mode, url, check_fns, max_examples,
                 if "Server error" not in title:
                     query = {k: v for k, v in (case.query or {}).items()}
                     status = response.status_code
-                    where = f"{case.formatted_path!r:.80}, query {query!r:.80}, headers {case.headers!r:.80}"
+                    shown = {
+                        k: "[redacted]" if k.lower() == "authorization" else v for k, v in (case.headers or {}).items()
+                    }
+                    where = f"{case.formatted_path!r:.80}, query {query!r:.80}, headers {shown!r:.80}"
                     report.nonconforming.append(f"{label} [{mode}]: {title} ({status}, {where})")
 
     run()

@@ -30,6 +30,7 @@ import socket
 import sys
 import threading
 import time
+import typing
 import uuid
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait as mp_wait
@@ -761,6 +762,14 @@ def _error_responses(*codes: int) -> dict[int, dict]:
     return out
 
 
+def _is_sequence(annotation: Any) -> bool:
+    """``list[X]``, ``list[X] | None``, ...: a query parameter that may repeat."""
+    origin = typing.get_origin(annotation)
+    if origin in (list, tuple, set, frozenset):
+        return True
+    return any(_is_sequence(a) for a in typing.get_args(annotation)) if origin is not None else False
+
+
 def _docs_enabled(cfg: ServerConfig) -> bool:
     return cfg.docs if cfg.docs is not None else _is_loopback(cfg.host)
 
@@ -812,9 +821,15 @@ def create_app(cfg: ServerConfig, token: str | None, manager: JobManager | None 
         dependant = getattr(route, "dependant", None)
         if dependant is None or not request.query_params:
             return
-        known = {p.alias for p in dependant.query_params}
+        params = list(dependant.query_params)
         for d in dependant.dependencies:
-            known |= {p.alias for p in d.query_params}
+            params += d.query_params
+        known = {p.alias for p in params}
+        for p in params:  # a scalar given twice (?since=1&since=2): which one was meant is a guess, so refuse
+            n = len(request.query_params.getlist(p.alias))
+            if n > 1 and not _is_sequence(p.field_info.annotation):
+                msg = f"query parameter {p.alias!r} takes one value, got {n}"
+                raise ApiError(422, msg, [{"field": f"query.{p.alias}", "message": msg}])
         unknown = sorted(set(request.query_params) - known)
         if unknown:
             errors = [{"field": f"query.{k}", "message": "unknown query parameter"} for k in unknown]

@@ -71,11 +71,14 @@ def test_docs_are_off_by_default_on_a_non_loopback_host():
     assert "/docs" not in paths(ServerConfig(host="127.0.0.1", docs=False))
 
 
-def test_unknown_query_parameters_are_422(server):
+def test_unknown_or_repeated_query_parameters_are_422(server):
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.token}"}) as http:
         r = http.get("/jobs", params={"stat": "done"})
         assert r.status_code == 422 and "stat" in r.json()["detail"] and "state" in r.json()["detail"]
         assert http.get("/jobs", params={"state": "done"}).status_code == 200
+        r = http.get("/jobs", params=[("since", "0"), ("since", "5")])  # a scalar twice: which was meant?
+        assert r.status_code == 422 and "takes one value, got 2" in r.json()["detail"]
+        assert http.get("/jobs", params=[("state", "done"), ("state", "failed")]).status_code == 200  # a list may
 
 
 def test_schemathesis_over_the_schema_finds_no_server_error_and_no_undocumented_answer(server):
