@@ -26,6 +26,8 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from synth.api import MAX_DESCRIPTION_CHARS
+
 log = logging.getLogger(__name__)
 
 
@@ -117,6 +119,8 @@ class SynthesisCallback(Callback):
         self.outstanding: dict[str, Outstanding] = {}
         self.totals = {"submitted": 0, "swapped": 0, "failed": 0, "dropped": 0, "server_restarts": 0}
         self.history: list[dict[str, Any]] = []
+        self.last_boundary = -1
+        """The last epoch whose end swap was made (-1: none yet)."""
         self._server = None
         self._submitter = None
         self._pool = None
@@ -139,7 +143,7 @@ class SynthesisCallback(Callback):
         self._pool = trainer.datamodule.pool
         if trainer.is_global_zero:
             self._connect(trainer)
-            for job in self.outstanding.values():  # restored from a checkpoint: resubmit idempotently
+            for job in list(self.outstanding.values()):  # restored from a checkpoint: resubmit idempotently
                 self._submit(job)
 
     def _connect(self, trainer: L.Trainer) -> None:
@@ -181,7 +185,7 @@ class SynthesisCallback(Callback):
         self._close()
         self.totals["server_restarts"] += 1
         self._connect(trainer)
-        for job in self.outstanding.values():
+        for job in list(self.outstanding.values()):
             self._submit(job)
 
     def _close(self) -> None:
@@ -203,10 +207,14 @@ class SynthesisCallback(Callback):
 
     # ------------------------------------------------------------------------------------------------ submit
     def _submit(self, job: Outstanding) -> None:
+        """Queue the job; a request the API cannot express is logged and counted as failed, never raised: it runs
+        inside ``on_train_batch_end`` and must not stop training (the sample keeps its image)."""
+        from pydantic import ValidationError
+
         from synth.api import ImageRef, JobRequest
 
-        self._submitter.submit(
-            JobRequest(
+        try:
+            request = JobRequest(
                 job_id=job.job_id,
                 sample_id=job.sample_id,
                 image=ImageRef(path=job.image_path),
@@ -214,7 +222,12 @@ class SynthesisCallback(Callback):
                 description=job.description,
                 seed=job.seed,
             )
-        )
+        except ValidationError as err:
+            log.warning("synthesis job %s not submitted (the sample keeps its image): %s", job.job_id, err)
+            self.outstanding.pop(job.job_id, None)
+            self.totals["failed"] += 1
+            return
+        self._submitter.submit(request)
 
     def _selections(self, trainer: L.Trainer, pl_module: L.LightningModule, batch) -> list[tuple[str, str]]:
         if self.offline:
@@ -244,6 +257,11 @@ class SynthesisCallback(Callback):
             src = self._pool.original(sample_id) if self.source == "original" else self._pool.current(sample_id)
             if self.guard:
                 description = _guard(description, self._pool.entries[sample_id].record.meta)
+            if len(description) > MAX_DESCRIPTION_CHARS:  # the API's limit; the painter reads the start anyway
+                log.warning(
+                    "description of %s cut from %d to %d characters", sample_id, len(description), MAX_DESCRIPTION_CHARS
+                )
+                description = description[:MAX_DESCRIPTION_CHARS]
             job_id = _job_id(sample_id, epoch, description)
             busy.add(sample_id)
             job = Outstanding(
@@ -277,6 +295,20 @@ class SynthesisCallback(Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.mode == "off":
             return
+        self._boundary(trainer, pl_module, trainer.current_epoch, log_metrics=True)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # A run resumed from a checkpoint saved after the last batch of an epoch starts at the next epoch, and
+        # Lightning does not run the finished epoch's end hooks: the swap at that boundary is made here instead, so
+        # the next epoch trains on the images an uninterrupted run would have swapped in.
+        if self.mode == "off":
+            return
+        for epoch in range(self.last_boundary + 1, trainer.current_epoch):
+            log.info("synthesis: making the swap of epoch %d's end, which the resumed run skipped", epoch)
+            self._boundary(trainer, pl_module, epoch, log_metrics=False)
+
+    def _boundary(self, trainer: L.Trainer, pl_module: L.LightningModule, epoch: int, log_metrics: bool) -> None:
+        """Collect the finished jobs and swap them in for epoch ``epoch + 1`` (all ranks)."""
         swaps: list[dict[str, Any]] = []
         report: dict[str, Any] = {}
         if trainer.is_global_zero:
@@ -285,27 +317,28 @@ class SynthesisCallback(Callback):
             box = [swaps]
             torch.distributed.broadcast_object_list(box, src=0)
             swaps = box[0]
-        next_epoch = trainer.current_epoch + 1
         for s in swaps:
             self._pool.swap(
                 s["sample_id"],
                 s["image_path"],
                 s["boxes"],
-                epoch=next_epoch,
+                epoch=epoch + 1,
                 description=s["description"],
                 job_id=s["job_id"],
                 parent=s["parent"],
             )
+        self.last_boundary = epoch
         if trainer.is_global_zero:
-            report.update(epoch=trainer.current_epoch, pool_swapped=self._pool.num_swapped(), pool_size=len(self._pool))
+            report.update(epoch=epoch, pool_swapped=self._pool.num_swapped(), pool_size=len(self._pool))
             self.history.append(report)
-            pl_module.log_dict(
-                {f"synth/{k}": float(v) for k, v in report.items() if isinstance(v, int | float) and k != "epoch"},
-                rank_zero_only=True,
-                on_step=False,
-                on_epoch=True,
-            )
-            self._write_gallery(trainer)
+            if log_metrics:
+                pl_module.log_dict(
+                    {f"synth/{k}": float(v) for k, v in report.items() if isinstance(v, int | float) and k != "epoch"},
+                    rank_zero_only=True,
+                    on_step=False,
+                    on_epoch=True,
+                )
+            self._write_gallery(trainer, epoch)
 
     def _collect(self, trainer: L.Trainer) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         if self._local_server_dead() or self._submitter is None:
@@ -376,7 +409,7 @@ class SynthesisCallback(Callback):
         return swaps, report
 
     # ------------------------------------------------------------------------------------------------ gallery
-    def _write_gallery(self, trainer: L.Trainer) -> None:
+    def _write_gallery(self, trainer: L.Trainer, epoch: int) -> None:
         if self.gallery_samples <= 0:
             return
         from callbacks.gallery import lineage_strip
@@ -389,7 +422,7 @@ class SynthesisCallback(Callback):
         images = []
         for sid in evolved[: self.gallery_samples]:
             strip = lineage_strip(self._pool.lineage(sid), query=self._pool.entries[sid].record.query)
-            path = out_dir / f"{sid}@e{trainer.current_epoch}.png"
+            path = out_dir / f"{sid}@e{epoch}.png"
             strip.save(path)
             images.append(strip)
         for logger in trainer.loggers:
@@ -405,12 +438,15 @@ class SynthesisCallback(Callback):
             "outstanding": {k: asdict(v) for k, v in self.outstanding.items()},
             "totals": dict(self.totals),
             "history": list(self.history),
+            "last_boundary": self.last_boundary,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.outstanding = {k: Outstanding(**v) for k, v in state.get("outstanding", {}).items()}
         self.totals.update(state.get("totals", {}))
         self.history = list(state.get("history", []))
+        epochs = [h["epoch"] for h in self.history if "epoch" in h]
+        self.last_boundary = state.get("last_boundary", max(epochs, default=-1))
 
 
 def _read_offline(path: str) -> dict[str, list[str]]:

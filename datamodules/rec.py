@@ -106,15 +106,25 @@ def read_jsonl(
         raise DataError(f"{path}: no such data file; check --data.train_files / val_files / test_files")
     root = Path(image_root) if image_root is not None else path.parent
     records: list[Record] = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
+    with path.open("rb") as fh:  # bytes: a bad line is then reported with its file and line, not as a bare codec error
+        for lineno, raw in enumerate(fh, 1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise DataError(
+                    f"{where}: not UTF-8 (byte {raw[err.start : err.start + 1]!r} at column {err.start + 1}); "
+                    "JSONL files must be UTF-8: re-encode the file (e.g. iconv -f latin1 -t utf-8)"
+                ) from None
+            line = line.rstrip("\r\n")  # else an error at the end of the line is reported at column 1 of the next
+            if lineno == 1:
+                line = line.removeprefix("\ufeff")  # a byte-order mark written by some editors
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as err:
-                raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+                raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.pos + 1})") from None
             if not isinstance(obj, dict):
                 raise DataError(f"{where}: expected a JSON object per line")
             image = obj.get("image")
@@ -215,6 +225,10 @@ class RECDataModule(L.LightningDataModule):
         eval_batch_size: prompts per validation / test batch.
         max_train_samples: cap the training set (the paper samples 2,000 RefCOCO examples).
         toy: generate the procedural toy world into ``data_root`` first (the embedded default).
+        resumable: serve training batches through ``datamodules.resumable.ResumableLoader``: the order depends only on
+            ``seed`` and the epoch, and a run resumed from a mid-epoch checkpoint sees exactly the batches an
+            uninterrupted run would. Off here by default (it changes the shuffle order, and the toy SFT checkpoint
+            is rebuilt bit for bit with the old one); ``SyntheticDataModule`` turns it on.
     """
 
     def __init__(
@@ -232,6 +246,7 @@ class RECDataModule(L.LightningDataModule):
         shuffle: bool = True,
         seed: int = 0,
         toy: ToySpec | None = None,
+        resumable: bool = False,
     ):
         super().__init__()
         self.data_root = Path(data_root)
@@ -247,6 +262,7 @@ class RECDataModule(L.LightningDataModule):
         self.shuffle = shuffle
         self.seed = seed
         self.toy = toy
+        self.resumable = resumable
         self.train_set: GroundingDataset | None = None
         self.train_collate = collate_samples
         """Set by a module that prepares its inputs in the loader workers (``SFTModule``)."""
@@ -312,9 +328,26 @@ class RECDataModule(L.LightningDataModule):
             )
         return ds.records
 
+    def _resumable_loader(self, dataset, collate_fn, persistent_workers: bool = True):
+        from datamodules.resumable import EpochSampler, ResumableLoader
+
+        trainer = getattr(self, "_trainer", None)
+        world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        return ResumableLoader(
+            dataset,
+            batch_size=self.batch_size,
+            sampler=EpochSampler(len(dataset), shuffle=self.shuffle, seed=self.seed, num_replicas=world, rank=rank),
+            num_workers=self.num_workers,
+            collate_fn=collate_fn,
+            drop_last=False,
+            persistent_workers=persistent_workers and self.num_workers > 0,
+        )
+
     def train_dataloader(self):
         if self.train_set is None:
             raise DataError("no training data: set --data.train_files (or --data.toy for the toy world)")
+        if self.resumable:
+            return self._resumable_loader(self.train_set, self.train_collate)
         return DataLoader(
             self.train_set,
             batch_size=self.batch_size,

@@ -147,12 +147,14 @@ class PoolDataset(Dataset):
 class SyntheticDataModule(RECDataModule):
     """``RECDataModule`` whose training set is a ``DataPool`` that the ``SynthesisCallback`` evolves.
 
-    Takes every argument of ``RECDataModule``. Set ``trainer.reload_dataloaders_every_n_epochs: 1`` when
-    ``num_workers > 0`` so worker processes see the swapped images (with ``num_workers: 0`` the pool is read live).
+    Takes every argument of ``RECDataModule``; ``resumable`` defaults to True here, so a run resumed from a mid-epoch
+    checkpoint trains on exactly the samples of an uninterrupted one (``datamodules.resumable``). Set
+    ``trainer.reload_dataloaders_every_n_epochs: 1`` when ``num_workers > 0`` so worker processes see the swapped
+    images (with ``num_workers: 0`` the pool is read live).
     """
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, *args, resumable: bool = True, **kwargs):
+        super().__init__(*args, resumable=resumable, **kwargs)
         self.pool: DataPool | None = None
         self._pending_state: dict[str, Any] | None = None
 
@@ -172,6 +174,8 @@ class SyntheticDataModule(RECDataModule):
     def train_dataloader(self):
         if self.pool is None:
             raise DataError("no training data: set --data.train_files (or --data.toy for the toy world)")
+        if self.resumable:
+            return self._resumable_loader(PoolDataset(self.pool), collate_samples, persistent_workers=False)
         return DataLoader(
             PoolDataset(self.pool),
             batch_size=self.batch_size,

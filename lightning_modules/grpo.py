@@ -669,6 +669,9 @@ class GRPOModule(L.LightningModule):
         checkpoint["diversity_smoother"] = self.smoother.state_dict()
         checkpoint["selection_rng"] = self._rng.getstate()
         checkpoint["last_selections"] = [asdict(s) for s in self.last_selections]
+        # Rollouts sample from torch's global RNG: a resume continues its stream (tensors: loads with weights_only).
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+        checkpoint["rng_states"] = {"torch": torch.get_rng_state(), "torch.cuda": cuda}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "diversity_smoother" in checkpoint:
@@ -677,6 +680,10 @@ class GRPOModule(L.LightningModule):
             state = checkpoint["selection_rng"]
             self._rng.setstate((state[0], tuple(state[1]), state[2]))
         self.last_selections = [Selection(**s) for s in checkpoint.get("last_selections", [])]
+        if "rng_states" in checkpoint:
+            torch.set_rng_state(checkpoint["rng_states"]["torch"])
+            if checkpoint["rng_states"]["torch.cuda"] and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(checkpoint["rng_states"]["torch.cuda"])
 
     def save_pretrained(self, out_dir: str) -> None:
         """Write the current policy and processor as an HF model directory (loadable with ``from_pretrained``)."""

@@ -478,6 +478,10 @@ def _map_metric():
     return _MAP_METRIC_CLASS(iou_type="bbox", backend="faster_coco_eval")
 
 
+MAX_PRED_BOXES = 100
+"""Predicted boxes an OVD completion is scored on: COCO mAP's maxDets (the metric ignores lower-ranked ones)."""
+
+
 def ovd_reward(
     completions: list[Any],
     gt_boxes: Any,
@@ -485,13 +489,17 @@ def ovd_reward(
     orig_wh: Any = None,
     tags: Tags = Tags(),  # noqa: B008 - frozen, immutable default
     map_key: str = "map",
+    max_pred_boxes: int = MAX_PRED_BOXES,
     **kwargs: Any,
 ) -> list[float]:
     """OVD accuracy: ``s_ovd * mAP`` in [0, 1], with ``s_ovd = min(N_gt / N_pred, 1)`` (0 without predictions).
 
     mAP is COCO's (``map_key="map"``: IoU 0.50:0.95; ``"map_50"`` for IoU 0.5) computed by torchmetrics'
     ``MeanAveragePrecision(backend="faster_coco_eval")`` over the single image, all boxes one class. Predictions are
-    scored in the order written (first box highest), so the model's order is its ranking.
+    scored in the order written (first box highest), so the model's order is its ranking. Only the first
+    ``max_pred_boxes`` go to the metric: COCO's mAP keeps the 100 best-ranked detections (maxDets) anyway, so the value
+    is unchanged, and a runaway completion with thousands of boxes costs no more than one with 100. ``N_pred`` in
+    ``s_ovd`` still counts every box written.
 
     Args:
         gt_boxes: per completion, the list of GT boxes in original pixels (or one list of boxes for all).
@@ -517,6 +525,7 @@ def ovd_reward(
         if metric is None:
             metric = _map_metric()
         metric.reset()
+        finite = finite[:max_pred_boxes]
         k = len(finite)
         metric.update(
             [

@@ -14,6 +14,9 @@ Endpoints (all need ``Authorization: Bearer <token>``):
 - ``GET /jobs?state=done&state=failed&since=<cursor>&limit=<n>`` -> :class:`JobList`
 - ``POST /jobs/{job_id}/ack`` or ``DELETE /jobs/{job_id}`` -> :class:`Ack` (the server forgets the job)
 - ``GET /health`` -> :class:`Health`
+- ``GET /openapi.json``, ``/docs``, ``/redoc``: the schema and its viewers (config ``docs``)
+
+Every error answer is an :class:`ErrorBody`.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from enum import Enum
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 API_VERSION = "1"
+
+MAX_DESCRIPTION_CHARS = 4000
+"""Longest ``JobRequest.description``; a client cuts longer text (the policy may write more: OVD allows 512 tokens)."""
 
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@:+=-]{0,127}$"
 """Job ids name output files, so they are restricted to a safe character set (no slashes), 1 to 128 characters."""
@@ -50,6 +56,8 @@ class ImageRef(_Model):
             raise ValueError("give exactly one of image.path and image.data_b64")
         if self.path is not None and not self.path.strip():
             raise ValueError("image.path is empty")
+        if self.path is not None and "\x00" in self.path:
+            raise ValueError("image.path contains a NUL byte, which no file name can hold: send the path as written")
         return self
 
     def decoded(self) -> bytes:
@@ -96,7 +104,7 @@ class JobRequest(_Model):
     image: ImageRef
     boxes: list[list[float]] = Field(min_length=1, max_length=256)
     """Ground-truth boxes ``[x1, y1, x2, y2]`` in input pixels; their contents are kept."""
-    description: str = Field(max_length=4000)
+    description: str = Field(max_length=MAX_DESCRIPTION_CHARS)
     """What the new image should show (the policy's ``<description>``); may be empty."""
     seed: int = Field(0, ge=0, lt=2**63)
     canvas: CanvasParams = Field(default_factory=CanvasParams)
@@ -197,6 +205,9 @@ class Ack(_Model):
     job_id: str
     acknowledged: bool
     """False when the job was not known (already acknowledged, or never submitted)."""
+    cancelled: bool = False
+    """True when the job had not finished (queued or running): it will not run, or its result is discarded and no
+    file is written; the ``job_id`` is free again."""
 
 
 class WorkerInfo(_Model):
@@ -206,7 +217,7 @@ class WorkerInfo(_Model):
     alive: bool
     ready: bool
     busy: list[str]
-    """Jobs the worker is painting now."""
+    """Jobs the worker is painting now (a job cancelled while running stays here until its worker finishes)."""
     restarts: int
     error: str | None = None
     """Why the worker could not start (painter failed to load), if it could not."""
@@ -228,10 +239,20 @@ class Health(_Model):
     uptime_s: float
 
 
+class FieldError(_Model):
+    """One invalid field of a request."""
+
+    field: str
+    """Where: the field path joined with dots (``boxes.0``, ``image.data_b64``, ``query.limit``), or ``body``."""
+    message: str
+    type: str | None = None
+    """pydantic's error type (``missing``, ``string_pattern_mismatch``, ...), when the error came from validation."""
+
+
 class ErrorBody(_Model):
     """Body of every 4xx / 5xx answer."""
 
     detail: str
     """What went wrong and, where it helps, how to fix it."""
-    errors: list[dict] | None = None
+    errors: list[FieldError] | None = None
     """Per-field validation errors: ``{"field": "boxes.0", "message": ...}``."""

@@ -32,6 +32,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,11 @@ DEFAULT_CONFIG = REPO_ROOT / "configs" / "synth" / "procedural.yaml"
 FINISHED = (JobState.done, JobState.failed)
 
 
+TRANSIENT_STATUS = frozenset({429, 502, 503, 504})
+"""Answers worth retrying: queue full (429), and a gateway or the server being briefly unavailable (502, 503, 504).
+A 500 is not among them: the same request gives the same bug, so retrying it only delays the jobs behind it."""
+
+
 class SynthError(Exception):
     """An error answer from the server (4xx, or 5xx after the retries): status code, message, per-field errors."""
 
@@ -53,13 +59,21 @@ class SynthError(Exception):
         super().__init__(f"{status_code}: {detail}")
         self.status_code, self.detail, self.errors = status_code, detail, errors
 
+    retry_after: float = 0.0
+    """The server's ``Retry-After`` (seconds), if it sent one."""
+
+    @property
+    def transient(self) -> bool:
+        return self.status_code in TRANSIENT_STATUS
+
 
 class SynthClient:
     """Synchronous client mirroring the server's endpoints.
 
-    Connection errors, 5xx and 429 answers are retried with exponential backoff and jitter (``retries`` times,
-    starting at ``backoff`` seconds, at most ``max_backoff``); every call is safe to repeat because jobs are
-    idempotent by ``job_id``. Other 4xx answers raise :class:`SynthError` at once.
+    Transient failures (connection errors and the answers in :data:`TRANSIENT_STATUS`: 429, 502, 503, 504) are
+    retried with exponential backoff and jitter (``retries`` times, starting at ``backoff`` seconds, at most
+    ``max_backoff``, honouring ``Retry-After``); every call is safe to repeat because jobs are idempotent by
+    ``job_id``. Any other error answer (4xx, 500, ...) raises :class:`SynthError` at once.
 
     Args:
         url: the server's base URL, e.g. ``http://127.0.0.1:8765``.
@@ -102,7 +116,7 @@ class SynthClient:
                 if attempt == retries:
                     raise ConnectionError(f"{method} {self.url}{path} failed after {attempt + 1} tries: {e!r}") from e
             else:
-                retryable = resp.status_code >= 500 or resp.status_code == 429
+                retryable = resp.status_code in TRANSIENT_STATUS
                 if not retryable or attempt == retries:
                     if resp.status_code >= 400:
                         raise _error(resp)
@@ -115,13 +129,14 @@ class SynthClient:
 
     # -- the API --------------------------------------------------------------------------------------------------
 
-    def submit(self, request: JobRequest | Mapping[str, Any]) -> JobStatus:
+    def submit(self, request: JobRequest | Mapping[str, Any], retries: int | None = None) -> JobStatus:
         """``POST /jobs``: queue a job (or get the existing one with this ``job_id``)."""
         if isinstance(request, JobRequest):
             content = request.model_dump_json(exclude_none=True)
         else:
             content = JobRequest.model_validate(request).model_dump_json(exclude_none=True)
-        resp = self._request("POST", "/jobs", content=content, headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        resp = self._request("POST", "/jobs", retries=retries, content=content, headers=headers)
         return JobStatus.model_validate_json(resp.content)
 
     def get(self, job_id: str, include_image: bool = False) -> JobStatus:
@@ -186,34 +201,65 @@ class SynthClient:
 def _error(resp: httpx.Response) -> SynthError:
     try:
         body = resp.json()
-        return SynthError(resp.status_code, str(body.get("detail", body)), body.get("errors"))
-    except ValueError:
-        return SynthError(resp.status_code, resp.text[:500])
+        err = SynthError(resp.status_code, str(body.get("detail", body)), body.get("errors"))
+    except (ValueError, AttributeError):
+        err = SynthError(resp.status_code, resp.text[:500])
+    with contextlib.suppress(ValueError, TypeError):
+        err.retry_after = float(resp.headers.get("retry-after", 0))
+    return err
+
+
+@dataclass
+class _Outgoing:
+    """A request waiting in the submitter: how often sending it failed transiently, and when to try again."""
+
+    request: JobRequest
+    attempts: int = 0
+    not_before: float = 0.0
 
 
 class AsyncSubmitter:
     """Keeps HTTP off the training thread: ``submit`` only enqueues; a daemon thread posts, polls and acknowledges.
 
-    The thread sends queued requests in order (a request that cannot be sent, e.g. the server is down or its queue
-    is full, is retried later, never dropped), polls ``GET /jobs?state=done&state=failed&since=<cursor>`` every
-    ``poll_interval`` seconds for the jobs it submitted, and sends queued acknowledgements. Finished statuses wait
-    in a thread-safe buffer until :meth:`pop_finished`. Requests the server rejects (4xx other than 429) are reported
-    as failed statuses with the server's message, so the caller sees every job it submitted come back exactly once.
+    The thread sends queued requests in order, polls ``GET /jobs?state=done&state=failed&since=<cursor>`` every
+    ``poll_interval`` seconds for the jobs it submitted, and sends queued acknowledgements. Finished statuses wait in
+    a thread-safe buffer until :meth:`pop_finished`; every job submitted comes back exactly once, done or failed.
+
+    Retry policy (docs/data_server.md): only transient failures are retried: connection errors and 429 / 502 / 503 /
+    504 answers. Such a request waits ``backoff`` seconds (doubling up to ``max_backoff``, with jitter, at least the
+    server's ``Retry-After``), goes to the back of the queue, and the round stops (the server is struggling); after
+    ``max_retries`` retries it is given up. Any other error answer (a 4xx, a 500) is final at once. A request given up
+    or refused comes back as a failed status with the reason (the sample keeps its image) and is counted in
+    ``stats()["rejected"]``; it is never re-queued ahead of the others, so one bad job cannot stall the rest.
 
     Args:
         client: a :class:`SynthClient` (used only by the background thread from now on).
         poll_interval: seconds between polls for finished jobs.
         auto_ack: acknowledge each job as soon as :meth:`pop_finished` hands it out.
+        max_retries: transient failures a request may meet before it is given up.
+        backoff: seconds before the first retry of a request.
+        max_backoff: longest wait between two tries of a request.
     """
 
-    def __init__(self, client: SynthClient, poll_interval: float = 1.0, auto_ack: bool = False):
+    def __init__(
+        self,
+        client: SynthClient,
+        poll_interval: float = 1.0,
+        auto_ack: bool = False,
+        max_retries: int = 20,
+        backoff: float = 0.2,
+        max_backoff: float = 5.0,
+    ):
+        if max_retries < 0:
+            raise ValueError(f"AsyncSubmitter max_retries must be >= 0, got {max_retries}")
         self.client, self.poll_interval, self.auto_ack = client, poll_interval, auto_ack
+        self.max_retries, self.backoff, self.max_backoff = max_retries, backoff, max_backoff
         self._outbox: queue.SimpleQueue[JobRequest | None] = queue.SimpleQueue()
         self._acks: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._lock = threading.Condition()
         self._in_flight: dict[str, JobRequest] = {}  # job_id -> request, kept to resubmit after a server restart
         self._finished: dict[str, JobStatus] = {}
-        self._n_submitted = self._n_unsent = 0
+        self._n_submitted = self._n_unsent = self._n_rejected = self._n_retries = 0
         self.last_error: str | None = None
         self._cursor = 0
         self._server_id: str | None = None
@@ -255,13 +301,16 @@ class AsyncSubmitter:
                 self._lock.wait(min(left, 0.5))
 
     def stats(self) -> dict[str, Any]:
-        """Counts for logging: ``unsent`` (queued here), ``in_flight`` (on the server), ``finished`` (not yet popped)."""
+        """Counts for logging: ``unsent`` (queued here), ``in_flight`` (on the server), ``finished`` (not yet popped),
+        ``rejected`` (given up or refused, reported as failed), ``retries`` (transient failures met)."""
         with self._lock:
             return dict(
                 submitted=self._n_submitted,
                 unsent=self._n_unsent,
                 in_flight=len(self._in_flight),
                 finished=len(self._finished),
+                rejected=self._n_rejected,
+                retries=self._n_retries,
                 last_error=self.last_error,
             )
 
@@ -277,7 +326,7 @@ class AsyncSubmitter:
     def _run(self) -> None:
         with contextlib.suppress(SynthError, ConnectionError, httpx.HTTPError):
             self._server_id = self.client.health().server_id
-        pending: list[JobRequest] = []
+        pending: list[_Outgoing] = []
         next_poll = 0.0
         stopping = False
         while True:
@@ -287,12 +336,12 @@ class AsyncSubmitter:
                     if item is None:
                         stopping = True
                     else:
-                        pending.append(item)
+                        pending.append(_Outgoing(item))
                     item = self._outbox.get_nowait()
             except queue.Empty:
                 pass
             if self._resubmit:
-                pending, self._resubmit = self._resubmit + pending, []
+                pending, self._resubmit = [_Outgoing(r) for r in self._resubmit] + pending, []
             pending = self._send(pending)
             self._send_acks()
             now = time.monotonic()
@@ -302,46 +351,72 @@ class AsyncSubmitter:
             if stopping and (not pending or self._stop.is_set()):
                 return  # close() asked: what could not be sent now is the caller's to resubmit (idempotent ids)
             if pending:
-                time.sleep(min(self.poll_interval, 0.5))  # server unreachable: back off before trying again
+                wake = min(o.not_before for o in pending)
+                time.sleep(min(self.poll_interval, 0.5, max(0.01, wake - time.monotonic())))
 
-    def _send(self, pending: list[JobRequest]) -> list[JobRequest]:
-        for i, req in enumerate(pending):
-            try:
-                status = self.client.submit(req)
-            except SynthError as e:
-                if e.status_code == 429 or e.status_code >= 500:
-                    self.last_error = str(e)
-                    return pending[i:]
-                self._reject(req, e)
+    def _delay(self, attempts: int, retry_after: float = 0.0) -> float:
+        base = min(self.max_backoff, self.backoff * 2 ** (attempts - 1))
+        return max(retry_after, base * (0.5 + random.random() / 2))
+
+    def _send(self, pending: list[_Outgoing]) -> list[_Outgoing]:
+        """Send what is due, in order; returns what is left (a transient failure ends the round)."""
+        now = time.monotonic()
+        for i, out in enumerate(pending):
+            if out.not_before > now:
                 continue
+            req = out.request
+            try:
+                status = self.client.submit(req, retries=0)
+            except SynthError as e:
+                if not e.transient:
+                    self._reject(req, f"refused by the server: {e}")
+                    pending[i] = None
+                    continue
+                error, retry_after = str(e), e.retry_after
             except (ConnectionError, httpx.HTTPError) as e:
-                self.last_error = f"submit: {e}"
-                log.warning("synth server unreachable, will retry: %s", e)
-                return pending[i:]
-            with self._lock:
-                self._n_unsent -= 1
-                self._n_submitted += 1
-                if status.state in FINISHED:
-                    self._finished[status.job_id] = status
-                    self._lock.notify_all()
-                else:
-                    self._in_flight[status.job_id] = req
-        return []
+                error, retry_after = f"server unreachable: {e}", 0.0
+            else:
+                pending[i] = None
+                with self._lock:
+                    self._n_unsent -= 1
+                    self._n_submitted += 1
+                    if status.state in FINISHED:
+                        self._finished[status.job_id] = status
+                        self._lock.notify_all()
+                    else:
+                        self._in_flight[status.job_id] = req
+                continue
+            # a transient failure: this request waits and goes to the back; the others keep their order
+            out.attempts += 1
+            self._n_retries += 1
+            self.last_error = f"submit {req.job_id}: {error}"
+            rest = [o for o in pending if o is not None and o is not out]
+            if out.attempts > self.max_retries:
+                self._reject(req, f"gave up after {out.attempts} attempts (max_retries = {self.max_retries}): {error}")
+                return rest
+            out.not_before = time.monotonic() + self._delay(out.attempts, retry_after)
+            log.warning(
+                "synth submit %s failed (%s); retry %d of %d", req.job_id, error, out.attempts, self.max_retries
+            )
+            return rest + [out]
+        return [o for o in pending if o is not None]
 
-    def _reject(self, req: JobRequest, e: SynthError) -> None:
+    def _reject(self, req: JobRequest, error: str) -> None:
         from synth.api import Timings
 
+        log.warning("synth job %s dropped: %s", req.job_id, error)
         status = JobStatus(
             job_id=req.job_id,
             sample_id=req.sample_id,
             state=JobState.failed,
-            error=f"rejected by the server: {e}",
+            error=error,
             timings=Timings(created_at=time.time()),
         )
         with self._lock:
             self._n_unsent -= 1
+            self._n_rejected += 1
             self._finished[req.job_id] = status
-            self.last_error = str(e)
+            self.last_error = error
             self._lock.notify_all()
 
     def _send_acks(self) -> None:
@@ -352,8 +427,14 @@ class AsyncSubmitter:
                 return
             try:
                 self.client.ack(job_id)
-            except (SynthError, ConnectionError, httpx.HTTPError) as e:
-                self.last_error = f"ack: {e}"
+            except SynthError as e:
+                self.last_error = f"ack {job_id}: {e}"
+                if e.transient:
+                    self._acks.put(job_id)
+                    return
+                log.warning("synth ack of %s refused, not retried: %s", job_id, e)  # the server keeps a result
+            except (ConnectionError, httpx.HTTPError) as e:
+                self.last_error = f"ack {job_id}: {e}"
                 self._acks.put(job_id)
                 return
 

@@ -33,6 +33,9 @@ class ServerConfig(BaseModel):
     """TCP port; 0 picks a free one (see ``--port-file``)."""
     auth: bool = True
     """Require ``Authorization: Bearer <token>``. Turning it off is allowed only on a loopback host."""
+    docs: bool | None = None
+    """Serve ``/openapi.json``, ``/docs`` and ``/redoc`` (behind the token, like every endpoint). None: on for a
+    loopback host, off otherwise (the schema tells a scanner every field there is)."""
     token_env: str = "SYNTH_TOKEN"
     """Environment variable holding the token (wins over ``token_file``)."""
     token_file: str | None = None

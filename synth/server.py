@@ -24,11 +24,13 @@ import io
 import logging
 import multiprocessing as mp
 import os
+import re
 import signal
 import socket
 import sys
 import threading
 import time
+import typing
 import uuid
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait as mp_wait
@@ -39,6 +41,8 @@ from PIL import Image
 from pydantic import ValidationError
 
 from synth.api import (
+    API_VERSION,
+    JOB_ID_PATTERN,
     Ack,
     AuditResult,
     ErrorBody,
@@ -55,6 +59,12 @@ from synth.compose import CanvasGeometry
 from synth.config import ServerConfig, load_config
 
 log = logging.getLogger("synth.server")
+
+API_DOC = (
+    "Repaints the background of training images after a description and keeps the boxes' foreground exactly. "
+    "Every endpoint needs `Authorization: Bearer <token>`; every error answer is an `ErrorBody`. "
+    "See docs/data_server.md."
+)
 
 
 class ApiError(Exception):
@@ -98,15 +108,24 @@ def _resolve_image_path(path: str, cfg: ServerConfig) -> str:
     p = Path(path)
     if not p.is_absolute():
         p = roots[0] / p
-    real = Path(os.path.realpath(p))
+    try:
+        real = Path(os.path.realpath(p))
+    except (OSError, ValueError) as e:  # a NUL byte (ValueError), a symlink loop, ...
+        raise ApiError(400, f"image.path {path!r} cannot be resolved on the server: {e}") from e
     if not any(real == r or real.is_relative_to(r) for r in roots):
         raise ApiError(
             403,
             f"image.path {path!r} resolves to {str(real)!r}, outside the server's roots {[str(r) for r in roots]}: "
             "put the image under a root or add its directory to roots in the server config",
         )
-    if not real.is_file():
+    try:
+        exists, is_file = real.exists(), real.is_file()
+    except OSError as e:  # ENAMETOOLONG, EACCES on a parent, ...: the client's path is unusable, not a server fault
+        raise ApiError(400, f"image.path {path!r} cannot be read on the server: {e.strerror or e}") from e
+    if not exists:
         raise ApiError(400, f"image.path {path!r} does not exist on the server (looked at {str(real)!r})")
+    if not is_file:
+        raise ApiError(400, f"image.path {path!r} is not a file on the server (looked at {str(real)!r})")
     return str(real)
 
 
@@ -172,6 +191,22 @@ def prepare_input(req: JobRequest, cfg: ServerConfig) -> PreparedInput:
 
 # --- job table and workers -----------------------------------------------------------------------------------------
 
+TEMP_NAME = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")
+"""Worker temp files in ``output_dir``: ``.<output name>.<job uid>.tmp``. One server per ``output_dir``: at start-up
+it removes every such file (a worker killed mid-write leaves one; the server killed with workers mid-write does too)."""
+
+
+def temp_path(output_path: str, uid: str) -> str:
+    """Where a job's worker writes before the server publishes the file as ``output_path``."""
+    head, name = os.path.split(output_path)
+    return os.path.join(head, f".{name}.{uid}.tmp")
+
+
+def _unlink_quietly(path: str | None) -> None:
+    if path:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
 
 @dataclass
 class _Job:
@@ -203,6 +238,11 @@ class _Worker:
     pid: int | None = None
     ready: bool = False
     busy: list[str] = field(default_factory=list)
+    """uids of the jobs the worker is running."""
+    busy_ids: list[str] = field(default_factory=list)
+    """Their job ids (a job cancelled while running stays here until its worker finishes)."""
+    temps: list[str] = field(default_factory=list)
+    """Temp files the busy jobs write (removed if the worker dies before the server publishes or discards them)."""
     deadline: float | None = None
     started: float = 0.0
     restarts: int = 0
@@ -242,10 +282,22 @@ class JobManager:
 
     def start(self) -> None:
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.sweep_temp_files()
         for w in self._workers:
             self._spawn(w)
         self._thread = threading.Thread(target=self._run, name="synth-dispatcher", daemon=True)
         self._thread.start()
+
+    def sweep_temp_files(self) -> int:
+        """Remove worker temp files left in ``output_dir`` by a run that was killed mid-write; returns how many."""
+        n = 0
+        for entry in os.scandir(self.output_dir):
+            if TEMP_NAME.match(entry.name) and entry.is_file(follow_symlinks=False):
+                _unlink_quietly(entry.path)
+                n += 1
+        if n:
+            log.warning("removed %d temp files left in %s by an earlier run", n, self.output_dir)
+        return n
 
     def begin_shutdown(self) -> None:
         """Stop restarting workers (called on SIGINT / SIGTERM, which may also reach the workers)."""
@@ -290,7 +342,8 @@ class JobManager:
         )
         proc.start()
         child.close()
-        w.proc, w.conn, w.pid, w.ready, w.busy, w.deadline = proc, parent, proc.pid, False, [], None
+        w.proc, w.conn, w.pid, w.ready, w.deadline = proc, parent, proc.pid, False, None
+        w.busy, w.busy_ids, w.temps = [], [], []
         w.started = time.time()
         log.info("worker %d (%s) started, pid %d", w.index, w.device, proc.pid)
 
@@ -356,20 +409,29 @@ class JobManager:
                     self._apply_results(w, msg[1])
 
     def _apply_results(self, w: _Worker, results: list[dict]) -> None:
+        """Publish or discard a batch's results (caller holds the lock, so an ``ack`` cannot interleave)."""
         now = time.time()
         for r in results:
             job = self._by_uid.get(r["uid"])
-            if job is None or job.state != JobState.running:
-                continue  # acknowledged (cancelled) while running
+            if job is None or job.state != JobState.running or self._jobs.get(job.request.job_id) is not job:
+                _unlink_quietly(r.get("tmp_path"))  # cancelled while running: its file must never replace another's
+                continue
             job.run_s, job.paint_s, job.finished_at = r.get("run_s"), r.get("paint_s"), now
             if r["ok"]:
-                job.result = r["result"]
-                self._set_state(job, JobState.done)
+                try:
+                    os.replace(r["tmp_path"], r["result"]["output_path"])
+                except OSError as e:
+                    _unlink_quietly(r.get("tmp_path"))
+                    job.error = f"could not publish the output {r['result']['output_path']!r}: {e}"
+                    self._set_state(job, JobState.failed)
+                else:
+                    job.result = r["result"]
+                    self._set_state(job, JobState.done)
             else:
                 job.error = r["error"]
                 self._set_state(job, JobState.failed)
             job.inp = None  # drop decoded bytes
-        w.busy, w.deadline = [], None
+        w.busy, w.busy_ids, w.temps, w.deadline = [], [], [], None
 
     def _on_exit(self, w: _Worker, reason: str) -> None:
         """A worker process ended: retry or fail its jobs, then schedule a restart (or give the worker up)."""
@@ -392,7 +454,9 @@ class JobManager:
                     job.solo = True
                     self._set_state(job, JobState.queued)
                     self._pending.appendleft(job.uid)
-            w.busy, w.deadline, w.ready = [], None, False
+            for tmp in w.temps:  # a worker killed mid-write leaves a partial temp file
+                _unlink_quietly(tmp)
+            w.busy, w.busy_ids, w.temps, w.deadline, w.ready = [], [], [], None, False
             with contextlib.suppress(OSError):
                 w.conn.close()
             w.proc, w.conn = None, None
@@ -487,10 +551,12 @@ class JobManager:
                             seed=job.request.seed,
                             canvas=job.request.canvas.model_dump(),
                             output_path=inp.output_path,
+                            tmp_path=temp_path(inp.output_path, job.uid),
                             fsync=self.cfg.fsync_outputs,
                         )
                     )
-                w.busy = [j.uid for j in batch]
+                w.busy, w.busy_ids = [j.uid for j in batch], [j.request.job_id for j in batch]
+                w.temps = [it["tmp_path"] for it in items]
                 w.deadline = now + self.cfg.job_timeout_s * len(batch)
                 plans.append((w, items))
         for w, items in plans:
@@ -603,7 +669,11 @@ class JobManager:
                 return Ack(job_id=job_id, acknowledged=False)
             self._by_uid.pop(job.uid, None)
             self._counts[job.state.value] -= 1
-        return Ack(job_id=job_id, acknowledged=True)
+            job.inp = None
+            cancelled = job.state in (JobState.queued, JobState.running)
+        if cancelled:
+            log.info("job %s cancelled while %s", job_id, job.state.value)
+        return Ack(job_id=job_id, acknowledged=True, cancelled=cancelled)
 
     def health(self) -> Health:
         with self._lock:
@@ -614,7 +684,7 @@ class JobManager:
                     pid=w.pid if w.proc is not None else None,
                     alive=w.proc is not None and w.proc.is_alive(),
                     ready=w.ready,
-                    busy=[self._by_uid[u].request.job_id for u in w.busy if u in self._by_uid],
+                    busy=list(w.busy_ids),
                     restarts=w.restarts,
                     error=w.error,
                 )
@@ -668,14 +738,57 @@ class JobManager:
 # --- the HTTP app --------------------------------------------------------------------------------------------------
 
 
+def _error_responses(*codes: int) -> dict[int, dict]:
+    """OpenAPI ``responses`` entries for error answers, all with the :class:`ErrorBody` shape."""
+    what = {
+        400: "The body is not JSON, or image.path cannot be used",
+        401: "Missing or wrong bearer token",
+        403: "image.path resolves outside the server's roots",
+        404: "No such job (never submitted, or acknowledged), or no such route (a job_id holding '/')",
+        409: "The job_id exists with a different request, or the job has no image yet",
+        410: "The job's output file is no longer on disk",
+        413: "The body or the image is too large",
+        422: "A field is invalid (``errors`` says which)",
+        429: "Queue full or too many jobs held: retry after ``Retry-After`` seconds",
+        503: "No worker can start",
+    }
+    out: dict[int, dict] = {}
+    for code in codes:
+        out[code] = {"model": ErrorBody, "description": what[code]}
+        if code == 429:
+            out[code]["headers"] = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}}
+        if code == 401:
+            out[code]["headers"] = {"WWW-Authenticate": {"schema": {"type": "string"}}}
+    return out
+
+
+def _is_sequence(annotation: Any) -> bool:
+    """``list[X]``, ``list[X] | None``, ...: a query parameter that may repeat."""
+    origin = typing.get_origin(annotation)
+    if origin in (list, tuple, set, frozenset):
+        return True
+    return any(_is_sequence(a) for a in typing.get_args(annotation)) if origin is not None else False
+
+
+def _docs_enabled(cfg: ServerConfig) -> bool:
+    return cfg.docs if cfg.docs is not None else _is_loopback(cfg.host)
+
+
 def create_app(cfg: ServerConfig, token: str | None, manager: JobManager | None = None):
     """The FastAPI app. ``token`` None disables auth (only allowed on loopback; checked in ``main``).
+
+    Every route, the schema and its viewers included, sits behind the bearer token (the app-wide dependency); the
+    viewers exist only when ``cfg.docs`` allows (default: on a loopback host). The OpenAPI schema declares the
+    request body of ``POST /jobs``, every error answer as :class:`ErrorBody`, and the bearer scheme.
 
     (This module has no ``from __future__ import annotations``: FastAPI reads the handlers' annotations at run time.)
     """
     from fastapi import Depends, FastAPI, Query, Request
+    from fastapi import Path as PathParam
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import FileResponse, JSONResponse
+    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+    from fastapi.openapi.utils import get_openapi
+    from fastapi.responses import JSONResponse, StreamingResponse
     from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -702,7 +815,41 @@ def create_app(cfg: ServerConfig, token: str | None, manager: JobManager | None 
                 headers={"WWW-Authenticate": "Bearer"},
             )
 
-    app = FastAPI(title="Syn-GRPO data server", version="1", lifespan=lifespan, dependencies=[Depends(auth)])
+    async def known_query(request: Request) -> None:
+        """Unknown query parameters are a 422, as unknown body fields are: a typo (``?stat=done``) never passes."""
+        route = request.scope.get("route")
+        dependant = getattr(route, "dependant", None)
+        if dependant is None or not request.query_params:
+            return
+        params = list(dependant.query_params)
+        for d in dependant.dependencies:
+            params += d.query_params
+        known = {p.alias for p in params}
+        for p in params:  # a scalar given twice (?since=1&since=2): which one was meant is a guess, so refuse
+            n = len(request.query_params.getlist(p.alias))
+            if n > 1 and not _is_sequence(p.field_info.annotation):
+                msg = f"query parameter {p.alias!r} takes one value, got {n}"
+                raise ApiError(422, msg, [{"field": f"query.{p.alias}", "message": msg}])
+        unknown = sorted(set(request.query_params) - known)
+        if unknown:
+            errors = [{"field": f"query.{k}", "message": "unknown query parameter"} for k in unknown]
+            raise ApiError(
+                422,
+                f"unknown query parameter(s) {unknown} for {request.method} {route.path}: "
+                f"this endpoint takes {sorted(known) or 'none'}",
+                errors,
+            )
+
+    # The built-in /openapi.json, /docs and /redoc bypass app-wide dependencies: they are added below, behind auth.
+    app = FastAPI(
+        title="Syn-GRPO data server",
+        version=API_VERSION,
+        lifespan=lifespan,
+        dependencies=[Depends(auth), Depends(known_query)],
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
+    )
     app.state.manager = manager
 
     def error_response(status: int, detail: str, errors=None, headers=None) -> JSONResponse:
@@ -715,7 +862,10 @@ def create_app(cfg: ServerConfig, token: str | None, manager: JobManager | None 
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, e: RequestValidationError):
-        errors = [{"field": ".".join(str(p) for p in err["loc"]), "message": err["msg"]} for err in e.errors()]
+        errors = [
+            {"field": ".".join(str(p) for p in err["loc"]), "message": err["msg"], "type": err["type"]}
+            for err in e.errors()
+        ]
         return error_response(
             422, "invalid request: " + "; ".join(f"{x['field']}: {x['message']}" for x in errors), errors
         )
@@ -723,6 +873,11 @@ def create_app(cfg: ServerConfig, token: str | None, manager: JobManager | None 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException):
         return error_response(e.status_code, str(e.detail), headers=getattr(e, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, e: Exception):  # a bug: still an ErrorBody, and the traceback in the log
+        log.exception("unexpected error in %s %s", request.method, request.url.path)
+        return error_response(500, f"internal error ({type(e).__name__}); the server log has the traceback")
 
     async def read_body(request: Request) -> bytes:
         limit = cfg.max_request_bytes
@@ -737,7 +892,25 @@ def create_app(cfg: ServerConfig, token: str | None, manager: JobManager | None 
             chunks.append(chunk)
         return b"".join(chunks)
 
-    @app.post("/jobs", response_model=JobStatus, status_code=202)
+    # The body is read by hand (to stop reading at max_request_bytes and to tell bad JSON (400) from bad fields
+    # (422)), so FastAPI does not see it: the schema is declared here.
+    job_request_body = {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/JobRequest"}}},
+        }
+    }
+
+    @app.post(
+        "/jobs",
+        response_model=JobStatus,
+        status_code=202,
+        openapi_extra=job_request_body,
+        responses={
+            200: {"model": JobStatus, "description": "A job with this job_id and the same body exists: that job"},
+            **_error_responses(400, 401, 403, 409, 413, 422, 429, 503),
+        },
+    )
     async def submit(request: Request):
         body = await read_body(request)
         try:
@@ -756,15 +929,36 @@ def create_app(cfg: ServerConfig, token: str | None, manager: JobManager | None 
         status, created = manager.submit(req, fingerprint, inp)
         return JSONResponse(status.model_dump(mode="json"), status_code=202 if created else 200)
 
-    @app.get("/jobs/{job_id}", response_model=JobStatus)
-    async def get_job(job_id: str, include_image: bool = False):
+    job_id_param = PathParam(pattern=JOB_ID_PATTERN, description="The client-chosen id of the job")
+
+    @app.get("/jobs/{job_id}", response_model=JobStatus, responses=_error_responses(401, 404, 410, 422))
+    async def get_job(job_id: str = job_id_param, include_image: bool = False):
         return await run_in_threadpool(manager.get, job_id, include_image)
 
-    @app.get("/jobs/{job_id}/image")
-    async def get_image(job_id: str):
-        return FileResponse(manager.output_file(job_id), media_type="image/png")
+    @app.get(
+        "/jobs/{job_id}/image",
+        response_class=StreamingResponse,
+        responses={
+            200: {"content": {"image/png": {"schema": {"type": "string", "format": "binary"}}}, "description": "PNG"},
+            **_error_responses(401, 404, 409, 410, 422),
+        },
+    )
+    async def get_image(job_id: str = job_id_param):
+        path = manager.output_file(job_id)
+        try:  # open first: the open handle outlives a removal, so the answer is the whole file or a 410, never a 500
+            fh = await run_in_threadpool(open, path, "rb")
+        except OSError as e:
+            raise ApiError(410, f"the output of job {job_id!r} is no longer on disk: {e}") from e
+        size = os.fstat(fh.fileno()).st_size
 
-    @app.get("/jobs", response_model=JobList)
+        def chunks():
+            with fh:
+                while block := fh.read(1 << 20):
+                    yield block
+
+        return StreamingResponse(chunks(), media_type="image/png", headers={"Content-Length": str(size)})
+
+    @app.get("/jobs", response_model=JobList, responses=_error_responses(401, 422))
     async def list_jobs(
         state: list[JobState] | None = Query(None),
         since: int = Query(0, ge=0),
@@ -772,17 +966,55 @@ def create_app(cfg: ServerConfig, token: str | None, manager: JobManager | None 
     ):
         return manager.list(state, since, limit)
 
-    @app.post("/jobs/{job_id}/ack", response_model=Ack)
-    async def ack(job_id: str):
+    @app.post("/jobs/{job_id}/ack", response_model=Ack, responses=_error_responses(401, 404, 422))
+    async def ack(job_id: str = job_id_param):
         return manager.ack(job_id)
 
-    @app.delete("/jobs/{job_id}", response_model=Ack)
-    async def delete(job_id: str):
+    @app.delete("/jobs/{job_id}", response_model=Ack, responses=_error_responses(401, 404, 422))
+    async def delete(job_id: str = job_id_param):
         return manager.ack(job_id)
 
-    @app.get("/health", response_model=Health)
+    @app.get("/health", response_model=Health, responses=_error_responses(401))
     async def health():
         return manager.health()
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title,
+                version=app.version,
+                description=API_DOC,
+                routes=app.routes,
+                separate_input_output_schemas=False,
+            )
+            components = schema.setdefault("components", {})
+            schemas = components.setdefault("schemas", {})
+            body = JobRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas.update(body.pop("$defs", {}))
+            schemas["JobRequest"] = body
+            for name in ("HTTPValidationError", "ValidationError"):  # FastAPI's 422 shape: never sent here
+                schemas.pop(name, None)
+            components["securitySchemes"] = {"bearerAuth": {"type": "http", "scheme": "bearer"}}
+            if token is not None:
+                schema["security"] = [{"bearerAuth": []}]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
+
+    if _docs_enabled(cfg):
+
+        @app.get("/openapi.json", include_in_schema=False)
+        async def openapi_json():
+            return JSONResponse(openapi())
+
+        @app.get("/docs", include_in_schema=False)
+        async def docs():
+            return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} - docs")
+
+        @app.get("/redoc", include_in_schema=False)
+        async def redoc():
+            return get_redoc_html(openapi_url="/openapi.json", title=f"{app.title} - ReDoc")
 
     return app
 

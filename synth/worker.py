@@ -20,7 +20,6 @@ import signal
 import sys
 import time
 import traceback
-import uuid
 from concurrent.futures import Executor, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
@@ -124,8 +123,9 @@ def run_batch(painter, masker, items: list[dict[str, Any]], pool: Executor | Non
     """Mask, paint, paste back, write and audit a batch of work items.
 
     Each item: ``uid, job_id, image_path | image_bytes, boxes`` (input pixels, already clipped to the image),
-    ``description, seed, canvas`` (CanvasParams as a dict), ``output_path``. Each result: ``uid, ok, error, result``
-    (a ``JobResult`` dict) and the timings ``run_s, paint_s``.
+    ``description, seed, canvas`` (CanvasParams as a dict), ``output_path`` and ``tmp_path`` (where to write; the
+    server publishes it as ``output_path``). Each result: ``uid, ok, error, result`` (a ``JobResult`` dict),
+    ``tmp_path`` (when written) and the timings ``run_s, paint_s``.
     """
     t0 = time.perf_counter()
     results: dict[str, dict[str, Any]] = {}
@@ -191,28 +191,28 @@ def _finish(item, job: PaintJob, canvas, out_boxes, geom: CanvasGeometry, image,
     if image.shape != canvas.shape:
         return _failure(item, f"painter returned a {image.shape} image for a {canvas.shape} canvas")
     final = paste_back(image, canvas, job.keep)
-    # Atomic write: a temp file next to the output, read back and audited, then renamed over it (os.replace is
-    # atomic on POSIX) or deleted. A reader never sees a partial or unaudited file.
-    out_path = item["output_path"]
+    # A temp file next to the output (the path the server chose), read back and audited. The server renames it over
+    # the output (os.replace is atomic on POSIX) only if the job is still wanted when the result arrives, so a job
+    # cancelled while it ran can never replace a newer job's file; a reader never sees a partial or unaudited file.
+    out_path, tmp = item["output_path"], item["tmp_path"]
     if item.get("image_path") and os.path.exists(out_path) and os.path.samefile(out_path, item["image_path"]):
         return _failure(item, f"refusing to overwrite the input image {item['image_path']}")
     os.makedirs(os.path.dirname(out_path), exist_ok=True)
-    tmp = os.path.join(os.path.dirname(out_path), f".{os.path.basename(out_path)}.{uuid.uuid4().hex}.tmp")
+    written = False
     try:
         with open(tmp, "wb") as f:
             Image.fromarray(final, "RGB").save(f, format="PNG", compress_level=1)
             if item.get("fsync"):
                 f.flush()
                 os.fsync(f.fileno())
-        with Image.open(tmp) as written:
-            on_disk = np.asarray(written.convert("RGB"), dtype=np.uint8)
+        with Image.open(tmp) as on_file:
+            on_disk = np.asarray(on_file.convert("RGB"), dtype=np.uint8)
         audit = audit_result(on_disk, canvas, job.keep, out_boxes, geom.canvas_w, geom.canvas_h)
         if not audit.passed:
             return dict(_failure(item, f"audit failed: {audit.message}"), audit=_audit_dict(audit))
-        os.replace(tmp, out_path)
-        tmp = None
+        written = True
     finally:
-        if tmp is not None and os.path.exists(tmp):
+        if not written and os.path.exists(tmp):
             os.unlink(tmp)
     result = dict(
         output_path=out_path,
@@ -224,4 +224,4 @@ def _finish(item, job: PaintJob, canvas, out_boxes, geom: CanvasGeometry, image,
         foreground=getattr(masker, "name", type(masker).__name__),
         batch_size=batch_size,
     )
-    return dict(uid=item["uid"], job_id=item["job_id"], ok=True, error=None, detail=None, result=result)
+    return dict(uid=item["uid"], job_id=item["job_id"], ok=True, error=None, detail=None, result=result, tmp_path=tmp)

@@ -214,7 +214,7 @@ def test_list_since_cursor_and_ack(client, data):
     assert os.path.exists(path)  # the file now belongs to the client
     assert client.health().counts["done"] >= 2
     with httpx.Client(base_url=client.url, headers=client._http.headers) as http:
-        assert http.delete("/jobs/list-1").json() == {"job_id": "list-1", "acknowledged": True}
+        assert http.delete("/jobs/list-1").json() == {"job_id": "list-1", "acknowledged": True, "cancelled": False}
         assert http.get("/jobs/list-1").status_code == 404
 
 
