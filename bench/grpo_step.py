@@ -1,4 +1,6 @@
-"""One GRPO step of Syn-GRPO on one GPU, at the paper's setting, with random-weight Qwen2.5-VL-3B / 7B architectures.
+"""COMPONENT PROFILER: one GRPO step assembled from the engines' functions, on one GPU, at the paper's setting, with
+random-weight Qwen2.5-VL-3B / 7B architectures. Its figures locate where time goes; they are not what ``train.py``
+gives (no Lightning, data, rewards or fp32 master weights): for that, ``bench/e2e_gpu.py`` (docs/performance.md).
 
     python bench/grpo_step.py --models 3b,7b --out bench/results/grpo_step_h200.json
     python bench/grpo_step.py --tiny                       # CPU smoke test of every code path (seconds)
