@@ -25,3 +25,11 @@ lint:
 	ruff check . && ruff format --check .
 
 .PHONY: setup train test lint toy-model
+
+# The end-to-end GPU harness (one H200; docs/performance.md): the paper's one-GPU configs through train.py on
+# random-weight Qwen2.5-VL-3B + SDXL, TRL on the same work, engine parity. On the GPU machine: make gpu-e2e PY=python3
+gpu-e2e:
+	$(PY) bench/e2e_gpu.py --runs rec_3b_1gpu:off,rec_3b_1gpu:async,rec_3b_1gpu:sync --train-samples 40 --parity --trl \
+		--out bench/results/e2e_gpu_h200.json
+
+.PHONY: gpu-e2e
