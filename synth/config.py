@@ -52,6 +52,9 @@ class ServerConfig(BaseModel):
     """OMP / MKL / OpenCV threads in each worker (None: the libraries' defaults)."""
     batch_size: int = Field(1, ge=1)
     """Most jobs handed to a worker at once (the painter batches them)."""
+    batch_window_s: float = Field(0.0, ge=0.0, le=10.0)
+    """An idle worker waits up to this long for a full batch: jobs arrive one HTTP request at a time, and without a
+    window the first of a burst is painted alone (one wasted pipeline call per burst)."""
     max_queued: int = Field(1024, ge=1)
     """Queued (not yet running) jobs before ``POST /jobs`` answers 429."""
     max_jobs_held: int = Field(100_000, ge=1)

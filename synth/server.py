@@ -356,7 +356,7 @@ class JobManager:
                 if w.proc is not None:
                     objs += [w.conn, w.proc.sentinel]
             try:
-                ready = mp_wait(objs, timeout=0.5)
+                ready = mp_wait(objs, timeout=min(0.5, self.cfg.batch_window_s or 0.5))
             except OSError:
                 ready = []
             if self._wake_r in ready:
@@ -513,6 +513,14 @@ class JobManager:
                 w.restarts += 1
                 self._spawn(w)
 
+    def _wait_for_batch(self, now: float) -> bool:
+        """True while fewer than ``batch_size`` jobs are queued and the oldest has waited less than the window."""
+        window = self.cfg.batch_window_s
+        if window <= 0 or len(self._pending) >= self.cfg.batch_size:
+            return False
+        oldest = self._by_uid.get(self._pending[0])
+        return oldest is not None and now - oldest.created_at < window
+
     def _dispatch(self) -> None:
         plans = []
         with self._lock:
@@ -520,6 +528,8 @@ class JobManager:
             for w in self._workers:
                 if not (w.proc is not None and w.ready and not w.busy and self._pending):
                     continue
+                if self._wait_for_batch(now):
+                    break
                 batch: list[_Job] = []
                 while self._pending and len(batch) < self.cfg.batch_size:
                     job = self._by_uid.get(self._pending[0])

@@ -365,3 +365,19 @@ def test_tiny_diffusers_server_completes_jobs_with_exact_foreground(data, tmp_pa
             for i, (p, b) in enumerate(items):
                 check_output(done[f"sdxl-{i}"], p, b, extends[i])
                 assert done[f"sdxl-{i}"].result.painter == "diffusers"
+
+
+def test_a_burst_of_jobs_is_painted_in_full_batches_with_a_window(data, tmp_path):
+    """Jobs arrive one request at a time; with ``batch_window_s`` an idle worker waits for a full batch instead of
+    painting the first job of the burst alone (a wasted pipeline call on a GPU painter)."""
+    over = {"batch_size": 4, "batch_window_s": 2.0}
+    with LocalServer(roots=[data["root"]], output_dir=tmp_path / "out", overrides=over, startup_timeout=60) as s:
+        with s.client(timeout=20) as c:
+            ids = []
+            for i in range(8):
+                p, b = data["items"][i % len(data["items"])]
+                c.submit(request(f"burst-{i}", p, b, i))
+                ids.append(f"burst-{i}")
+            done = c.wait(ids, timeout=60)
+    assert all(st.state == "done" for st in done.values())
+    assert [done[i].result.batch_size for i in ids] == [4] * 8
