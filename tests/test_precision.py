@@ -181,5 +181,15 @@ def test_grpo_fit_bf16_true_fast_engines_moves_the_policy_at_lr_1e6(tiny_model_d
     # lr 1e-6 moves the masters (97% here; the rest had gradients far below AdamW's eps, which fp32 barely moves too;
     # bf16 AdamW without masters moves ~12%, see the first test)
     assert got_grad > 0 and moved / got_grad > 0.95, (moved, got_grad)
-    ckpt = torch.load(sorted(out.rglob("*.ckpt"))[-1], weights_only=False)
-    assert len(ckpt["optimizer_states"][0]["masters"]) == opt.num_low_precision
+    path = sorted(out.rglob("*.ckpt"))[-1]
+    ckpt = torch.load(path, weights_only=False)
+    saved = ckpt["optimizer_states"][0]["masters"]
+    assert len(saved) == opt.num_low_precision
+    # resuming restores the fp32 masters (not a re-rounding of the bf16 weights) and the policy is their rounding
+    resumed = cli_main([*args, "--ckpt_path", str(path)])
+    ropt = resumed.trainer.optimizers[0]
+    assert resumed.trainer.global_step == 2
+    for (_, m), s in zip(ropt._low, saved):
+        assert torch.equal(m.detach(), s)
+    lows = [p for p, _ in ropt._low]
+    assert all(torch.equal(p.detach(), s.to(torch.bfloat16)) for p, s in zip(lows, saved))
