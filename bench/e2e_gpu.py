@@ -85,7 +85,7 @@ def build_qwen(out: Path, arch: str, device: str, vocab_size: int) -> dict[str, 
     """A random-weight Qwen2.5-VL of ``arch`` (``3b`` / ``7b`` / ``tiny``) with a processor, via ``save_pretrained``."""
     import torch
 
-    from bench.grpo_step import build_config
+    from bench.grpo_step import build_config, use_tokenizer_ids
     from lightning_modules.policy import build_processor, train_bpe_tokenizer
 
     t0 = time.perf_counter()
@@ -94,13 +94,7 @@ def build_qwen(out: Path, arch: str, device: str, vocab_size: int) -> dict[str, 
     tok = train_bpe_tokenizer(_corpus(), vocab_size=vocab_size)
     processor = build_processor(tok, image_size=448)
     cfg = build_config(arch)
-    for key, t in (
-        ("image_token_id", "<|image_pad|>"),
-        ("video_token_id", "<|video_pad|>"),
-        ("vision_start_token_id", "<|vision_start|>"),
-        ("vision_end_token_id", "<|vision_end|>"),
-    ):
-        setattr(cfg, key, tok.convert_tokens_to_ids(t))
+    use_tokenizer_ids(cfg, tok)
     cfg.text_config.eos_token_id = tok.convert_tokens_to_ids("<|im_end|>")
     cfg.text_config.bos_token_id = tok.convert_tokens_to_ids("<|endoftext|>")
     from transformers import Qwen2_5_VLForConditionalGeneration

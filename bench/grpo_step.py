@@ -162,6 +162,17 @@ def build_config(name: str):
     )
 
 
+def use_tokenizer_ids(cfg, tok) -> None:
+    """Point a Qwen2.5-VL config's image / video / vision-boundary token ids at ``tok``'s (a stand-in tokenizer)."""
+    for key, t in (
+        ("image_token_id", "<|image_pad|>"),
+        ("video_token_id", "<|video_pad|>"),
+        ("vision_start_token_id", "<|vision_start|>"),
+        ("vision_end_token_id", "<|vision_end|>"),
+    ):
+        setattr(cfg, key, tok.convert_tokens_to_ids(t))
+
+
 def build_model(name: str, device, dtype):
     from transformers import Qwen2_5_VLForConditionalGeneration
 
@@ -712,13 +723,7 @@ def run_trl(name: str, args, device, dtype, result: dict, save) -> None:
     r["prompt_text_tokens"] = n - 1
     model = build_model(name, device, dtype)
     cfg = model.config
-    for key, t in (
-        ("image_token_id", "<|image_pad|>"),
-        ("video_token_id", "<|video_pad|>"),
-        ("vision_start_token_id", "<|vision_start|>"),
-        ("vision_end_token_id", "<|vision_end|>"),
-    ):
-        setattr(cfg, key, tok.convert_tokens_to_ids(t))
+    use_tokenizer_ids(cfg, tok)
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     vocab = cfg.text_config.vocab_size
     suppress = sorted(set(tok.all_special_ids) - {eos}) + list(range(len(tok), vocab))
