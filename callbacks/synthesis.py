@@ -2,8 +2,14 @@
 the DataPool at epoch boundaries (Syn-GRPO's self-evolving loop).
 
 Training never waits on HTTP in the default ``async`` mode: ``AsyncSubmitter`` posts and polls from a daemon thread,
-and the callback only enqueues (after each batch) and drains (at each epoch end). ``sync`` waits at the epoch
-boundary for every job of the epoch (the paper's Table 5 ablation); ``off`` disables synthesis (plain GRPO data).
+and the callback only enqueues (after each batch) and drains (at each epoch end). ``sync`` blocks after every batch
+until that batch's images are painted (the paper's Table 5 ablation: generation inside the training loop);
+``sync_epoch`` waits once, at the epoch boundary, for every job of the epoch; ``off`` disables synthesis (plain GRPO
+data). In every mode the images swap in at the epoch boundary.
+
+Canvas extension (``extend``): the paper repaints "the background and the extended canvas". Each job draws an extension
+factor from the configured range (seeded by its job id) and, with ``placement: random``, a position of the image on the
+larger canvas, so the object's scale and position in the frame vary; the server maps the boxes exactly.
 
 Failure semantics: a job that fails (painter error, failed foreground audit, rejected request) leaves the sample's
 current image in place. If the server dies, training goes on with the current images; a local server is restarted
@@ -44,6 +50,10 @@ class Outstanding:
     boxes: list[list[float]]
     seed: int
     submitted_at: float
+    extend: float = 0.0
+    """Extra canvas as a fraction of the image's size (0: none)."""
+    offset: tuple[int, int] | None = None
+    """Top-left of the image on the extended canvas (None: centred)."""
 
 
 def _job_id(sample_id: str, epoch: int, description: str = "") -> str:
@@ -59,7 +69,8 @@ class SynthesisCallback(Callback):
     """Submit selected descriptions, poll in the background, swap finished images in at each epoch end.
 
     Args:
-        mode: ``async`` (default), ``sync`` (wait at the epoch boundary: Table 5's ablation) or ``off``.
+        mode: ``async`` (default), ``sync`` (block after every batch until its images are painted: Table 5's
+            ablation), ``sync_epoch`` (wait once at each epoch boundary) or ``off``.
         url: data server URL; ``None`` starts a local server subprocess with ``server_config``.
         token: bearer token for ``url`` (default: the ``token_env`` environment variable).
         token_env: environment variable holding the token.
@@ -73,7 +84,10 @@ class SynthesisCallback(Callback):
         guard_toy_descriptions: rewrite a toy-world description that would paint a second copy of the referred
             object (which would make the query ambiguous and the box label wrong).
         poll_interval: seconds between the background thread's polls.
-        sync_timeout: seconds ``sync`` mode waits at an epoch boundary.
+        sync_timeout: seconds a ``sync`` / ``sync_epoch`` wait may last.
+        extend: canvas extension factor per job, a fixed value or a ``[low, high]`` range drawn per job (0: none;
+            0.5: a canvas 1.5 x the image's width and height). Boxes are carried exactly by the server.
+        placement: ``center`` or ``random`` (a uniformly drawn position of the image on the extended canvas).
         gallery_samples: lineages drawn in the gallery each epoch (0 disables).
         gallery_dir: where gallery PNGs go (default ``<default_root_dir>/lineage``).
     """
@@ -95,9 +109,19 @@ class SynthesisCallback(Callback):
         sync_timeout: float = 600.0,
         gallery_samples: int = 4,
         gallery_dir: str | None = None,
+        extend: float | list[float] = 0.0,
+        placement: str = "center",
     ):
-        if mode not in ("async", "sync", "off"):
-            raise ValueError(f"SynthesisCallback mode must be 'async', 'sync' or 'off', got {mode!r}")
+        if mode not in ("async", "sync", "sync_epoch", "off"):
+            raise ValueError(f"SynthesisCallback mode must be 'async', 'sync', 'sync_epoch' or 'off', got {mode!r}")
+        lo, hi = (float(extend), float(extend)) if isinstance(extend, int | float) else tuple(map(float, extend))
+        if not 0.0 <= lo <= hi <= 4.0:
+            raise ValueError(
+                f"SynthesisCallback extend must be a factor or a [low, high] range in [0, 4], got {extend!r}"
+            )
+        if placement not in ("center", "random"):
+            raise ValueError(f"SynthesisCallback placement must be 'center' or 'random', got {placement!r}")
+        self.extend_range, self.placement = (lo, hi), placement
         if source not in ("original", "current"):
             raise ValueError(f"SynthesisCallback source must be 'original' or 'current', got {source!r}")
         if unfinished not in ("keep", "drop"):
@@ -221,6 +245,7 @@ class SynthesisCallback(Callback):
                 boxes=job.boxes,
                 description=job.description,
                 seed=job.seed,
+                canvas=self._canvas(job),
             )
         except ValidationError as err:
             log.warning("synthesis job %s not submitted (the sample keeps its image): %s", job.job_id, err)
@@ -228,6 +253,33 @@ class SynthesisCallback(Callback):
             self.totals["failed"] += 1
             return
         self._submitter.submit(request)
+
+    def _canvas(self, job: Outstanding) -> dict[str, Any]:
+        if job.extend <= 0:
+            return {}
+        canvas: dict[str, Any] = {"extend": job.extend}
+        if job.offset is not None:
+            canvas.update(offset_x=job.offset[0], offset_y=job.offset[1])
+        return canvas
+
+    def _draw_canvas(self, job_id: str, image_path: str) -> tuple[float, tuple[int, int] | None]:
+        """The job's extension factor and placement, drawn from its own seed (the same after a resume)."""
+        import random
+
+        lo, hi = self.extend_range
+        if hi <= 0:
+            return 0.0, None
+        rng = random.Random(zlib.crc32(b"canvas:" + job_id.encode()))
+        f = round(rng.uniform(lo, hi), 4)
+        if self.placement == "center" or f <= 0:
+            return f, None
+        from PIL import Image
+
+        with Image.open(image_path) as im:  # the header only
+            w, h = im.size
+        # the server's canvas for `extend`: the image grown by f of its size (rounded as synth.compose does)
+        cw, ch = w + round(w * f), h + round(h * f)
+        return f, (rng.randint(0, max(cw - w, 0)), rng.randint(0, max(ch - h, 0)))
 
     def _selections(self, trainer: L.Trainer, pl_module: L.LightningModule, batch) -> list[tuple[str, str]]:
         if self.offline:
@@ -251,6 +303,7 @@ class SynthesisCallback(Callback):
             return
         epoch = trainer.current_epoch
         busy = {j.sample_id for j in self.outstanding.values() if j.epoch == epoch}
+        submitted: list[str] = []
         for sample_id, description in chosen:
             if sample_id in busy:  # one job per sample per epoch
                 continue
@@ -264,6 +317,7 @@ class SynthesisCallback(Callback):
                 description = description[:MAX_DESCRIPTION_CHARS]
             job_id = _job_id(sample_id, epoch, description)
             busy.add(sample_id)
+            extend, offset = self._draw_canvas(job_id, src.image_path)
             job = Outstanding(
                 job_id=job_id,
                 sample_id=sample_id,
@@ -274,13 +328,25 @@ class SynthesisCallback(Callback):
                 boxes=[list(b) for b in src.boxes],
                 seed=zlib.crc32(job_id.encode()) % (2**31),
                 submitted_at=time.time(),
+                extend=extend,
+                offset=offset,
             )
             self.outstanding[job_id] = job
             self.totals["submitted"] += 1
+            submitted.append(job_id)
             if self._submitter is not None:
                 self._submit(job)
         if self._submitter is None:
             return
+        if self.mode == "sync" and submitted:  # the paper's synchronous ablation: this batch's images, now
+            t0 = time.time()
+            try:
+                self._submitter.wait(submitted, timeout=self.sync_timeout)
+            except TimeoutError as err:
+                log.warning("sync synthesis: %s", err)
+            pl_module.log(
+                "synth/wait_s", time.time() - t0, batch_size=1, on_step=True, on_epoch=False, rank_zero_only=True
+            )
         stats = self._submitter.stats()
         pl_module.log(
             "synth/queue_depth",
@@ -356,7 +422,7 @@ class SynthesisCallback(Callback):
                     "queue_depth": 0,
                     "server_restarts": self.totals["server_restarts"],
                 }
-        if self.mode == "sync" and self.outstanding:
+        if self.mode in ("sync", "sync_epoch") and self.outstanding:
             try:
                 self._submitter.wait(list(self.outstanding), timeout=self.sync_timeout)
             except TimeoutError as err:

@@ -58,6 +58,7 @@ def _fit(
     recorder: _Recorder | None = None,
     epochs: int = 2,
     mode: str = "async",
+    synth_args: dict | None = None,
 ):
     offline = rec_dir / "offline.jsonl"
     offline.write_text(
@@ -79,6 +80,7 @@ def _fit(
                     "offline_descriptions": str(offline),
                     "poll_interval": 0.05,
                     "gallery_samples": 2,
+                    **(synth_args or {}),
                 },
             }
         ]
@@ -177,3 +179,48 @@ def test_resume_restores_pool_lineage_smoother_and_outstanding(tiny_model_dir, r
     after = {sid: len(cli2.datamodule.pool.lineage(sid)) - 1 for sid in before}
     assert all(after[s] >= before[s] for s in before) and sum(after.values()) > sum(before.values())
     assert cli2.model.smoother.steps == cli.model.smoother.steps + 2
+
+
+class _InFlight(L.Callback):
+    """After each batch (and after the synthesis callback, which runs first): jobs still unsent or painting."""
+
+    def __init__(self):
+        self.after_batch: list[int] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        synth = next(c for c in trainer.callbacks if type(c).__name__ == "SynthesisCallback")
+        stats = synth._submitter.stats()
+        self.after_batch.append(stats["unsent"] + stats["in_flight"])
+
+
+def test_sync_blocks_every_batch_and_extension_varies_scale_and_position(tiny_model_dir, rec_dir, tmp_path):
+    """The paper's synchronous ablation waits for each batch's images before the next step; canvas extension paints
+    the image smaller on a larger canvas at a drawn position, and the boxes follow it exactly."""
+    from PIL import Image
+
+    probe = _InFlight()
+    synth_args = {"extend": [0.25, 0.75], "placement": "random"}
+    cli = _fit(tiny_model_dir, rec_dir, tmp_path / "run", mode="sync", epochs=2, synth_args=synth_args)
+    cli_probe = _fit(
+        tiny_model_dir, rec_dir, tmp_path / "run_probe", mode="sync", epochs=1, synth_args=synth_args, recorder=probe
+    )
+    assert probe.after_batch and all(n == 0 for n in probe.after_batch), probe.after_batch
+    assert cli_probe.trainer.callback_metrics.get("synth/wait_s") is not None
+    pool = cli.datamodule.pool
+    assert pool.num_swapped() == 8
+    rel_positions = set()
+    for sid in pool.order:
+        orig, new = pool.original(sid), pool.current(sid)
+        with Image.open(orig.image_path) as a, Image.open(new.image_path) as b:
+            a, b = a.convert("RGB"), b.convert("RGB")
+            f = b.width / a.width - 1
+            assert 0.25 - 0.02 <= f <= 0.75 + 0.02, (sid, a.size, b.size)
+            ox, oy = new.boxes[0][0] - orig.boxes[0][0], new.boxes[0][1] - orig.boxes[0][1]
+            assert 0 <= ox <= b.width - a.width and 0 <= oy <= b.height - a.height
+            assert new.boxes[0][2] - ox == orig.boxes[0][2] and new.boxes[0][3] - oy == orig.boxes[0][3]
+            x1, y1, x2, y2 = (int(v) for v in orig.boxes[0])
+            crop_a = a.crop((x1, y1, x2, y2))
+            crop_b = b.crop((x1 + int(ox), y1 + int(oy), x2 + int(ox), y2 + int(oy)))
+            assert crop_a.tobytes() == crop_b.tobytes(), f"{sid}: the foreground moved or changed"
+            rel_positions.add((round(ox / max(b.width - a.width, 1), 2), round(oy / max(b.height - a.height, 1), 2)))
+    assert len(rel_positions) > 1, "random placement put every image at the same relative position"
