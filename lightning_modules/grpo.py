@@ -134,6 +134,10 @@ class GRPOModule(L.LightningModule):
         entropy_adv_coef: entropy-shaped advantage coefficient ("GRPO + Entropy Adv."); 0 disables.
         entropy_adv_kappa: the shaping term is capped at ``|A| / kappa``.
         gradient_checkpointing: trade compute for memory in the policy forward.
+        eval_prompt_template: prompt of validation / test (default: ``prompt_template``). Set the same value for every
+            method to compare them under one answer format (Table 1 otherwise mixes Syn-GRPO's prompt with VLM-R1's).
+        eval_format: the format validation's ``format`` rate checks (default: ``format``, so each method is scored in
+            its own answer format).
         master_weights: ``fp32`` keeps an fp32 master copy of every low-precision trainable weight, the optimizer
             state in fp32 and gradients accumulated in fp32 (``precision.MasterWeightOptimizer``; the policy itself
             stays in ``dtype`` for rollout and forward); ``none`` steps the ``dtype`` weights directly (at lr 1e-6 a
@@ -182,6 +186,8 @@ class GRPOModule(L.LightningModule):
         entropy_adv_coef: float = 0.0,
         entropy_adv_kappa: float = 2.0,
         gradient_checkpointing: bool = False,
+        eval_prompt_template: str | None = None,
+        eval_format: str | None = None,
         master_weights: str = "fp32",
         max_grad_norm: float = 1.0,
         optimizer: OptimizerCallable = _default_optimizer,
@@ -210,6 +216,8 @@ class GRPOModule(L.LightningModule):
             )
         if master_weights not in ("fp32", "none"):
             raise ValueError(f"--model.master_weights must be 'fp32' or 'none', got {master_weights!r}")
+        if eval_format is not None and eval_format not in rewards.FORMATS:
+            raise ValueError(f"--model.eval_format must be one of {sorted(rewards.FORMATS)}, got {eval_format!r}")
         if format not in rewards.FORMATS:
             raise ValueError(f"--model.format must be one of {sorted(rewards.FORMATS)}, got {format!r}")
         if diversity_reward_form not in rewards.DIVERSITY_REWARD_FORMS:
@@ -611,13 +619,15 @@ class GRPOModule(L.LightningModule):
             [s.query for s in batch],
             group_size=1,
             task=[s.task for s in batch],
-            template=self.hparams.prompt_template,
+            template=self.hparams.eval_prompt_template or self.hparams.prompt_template,
             do_sample=False,
             max_new_tokens=self.hparams.max_new_tokens,
             engine=self.hparams.rollout_engine,
         )
         parsed = [rewards.parse_completion(t) for t in ro.texts]
-        mets["format"].update(torch.tensor([p.format_ok for p in parsed]))
+        # the method's own answer format (VLM-R1's think + answer for the GRPO baselines), not always Syn-GRPO's
+        fmt = rewards.format_reward(ro.texts, format=self.hparams.eval_format or self.hparams.format, parsed=parsed)
+        mets["format"].update(torch.tensor([f >= 1.0 for f in fmt]))
         for s, p, in_wh in zip(batch, parsed, ro.input_wh):
             boxes = [rewards.rescale_box(b, in_wh, s.size) for b in p.boxes]
             if s.task == "rec":

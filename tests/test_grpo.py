@@ -254,3 +254,37 @@ def test_entropy_adv_baseline_step(tiny_model_dir, rec_dir, tmp_path, engine):
         ]
     )
     assert torch.isfinite(torch.as_tensor(cli.trainer.logged_metrics["train/pg_loss"]))
+
+
+def test_baseline_is_scored_in_its_own_answer_format(tmp_path, monkeypatch):
+    """A GRPO baseline answers in VLM-R1's think + answer format: its validation format rate counts that format
+    (it read 0 when every method was scored by Syn-GRPO's four-part format)."""
+    monkeypatch.chdir(tmp_path)
+    cli = cli_main(
+        [
+            "validate",
+            "--config",
+            str(REPO / "configs/tiny.yaml"),
+            "--config",
+            str(REPO / "configs/baselines/grpo.yaml"),
+            "--model.init_args.model_name_or_path",
+            str(REPO / "checkpoints/toy-qwen2.5-vl"),
+            "--data.init_args.data_root",
+            str(tmp_path / "toy"),
+            "--data.init_args.toy.splits",
+            "{train: 4, val: 8, ood: 4}",
+            "--data.init_args.max_eval_samples",
+            "8",
+            "--data.init_args.eval_batch_size",
+            "8",
+            "--trainer.logger",
+            "false",
+            "--trainer.callbacks",
+            "[]",
+            "--trainer.enable_progress_bar",
+            "false",
+        ]
+    )
+    fmt = float(cli.trainer.callback_metrics["val/toy_val/format"])
+    assert cli.model.hparams.format == "think_answer"
+    assert fmt > 0.5, fmt
