@@ -23,7 +23,7 @@ from datamodules.resumable import EpochSampler, ResumableLoader
 from train import cli_main
 
 REPO = Path(__file__).resolve().parents[1]
-TIMING = {"time", "elapsed", "synth/queue_depth", "synth/lag_s"}
+TIMING = {"time", "elapsed", "synth/queue_depth", "synth/lag_s", "train/peak_mem_gib"}  # and train/time/*
 """Columns that measure time or depend on it (how far the server got when a step ended); all others must match."""
 N_SAMPLES, BATCH = 12, 4  # 3 steps per epoch
 DESCRIPTIONS = (
@@ -184,7 +184,8 @@ def _fit(model_dir, data: Path, out: Path, *, epochs: int = 2, ckpt: Path | None
 
 def _train_rows(out: Path) -> list[dict]:
     (run,) = read_metrics_jsonl(out / "metrics.jsonl")
-    rows = run.train.drop(columns=[c for c in run.train.columns if c in TIMING]).to_dict("records")
+    timing = [c for c in run.train.columns if c in TIMING or c.startswith(("train/time/", "synth/wait_s"))]
+    rows = run.train.drop(columns=timing).to_dict("records")
     return [{k: v for k, v in r.items() if not (isinstance(v, float) and math.isnan(v))} for r in rows]
 
 
