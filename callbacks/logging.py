@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -66,9 +67,10 @@ def json_safe(value: Any) -> Any:
 
 
 def run_identity(trainer: L.Trainer, name: str | None = None) -> tuple[str, str | None]:
-    """(run name, W&B run id or None): ``name`` if given, else the W&B run's name when a W&B logger is attached, else
-    the last folder of ``default_root_dir``."""
+    """(run name, W&B run id or None): ``name`` if given, else the CLI's run name (``trainer.run_name``), else the W&B
+    run's name when a W&B logger is attached, else the last folder of ``default_root_dir``."""
     run_id = None
+    name = name or getattr(trainer, "run_name", None)
     for lg in trainer.loggers:
         if isinstance(lg, WandbLogger):
             exp = lg.experiment
@@ -89,7 +91,8 @@ class MetricsJSONL(Callback):
       ``train/*`` metric the module logged.
     * ``val`` / ``test``: at the end of each validation / test run (sanity checks excluded): ``step``, ``epoch``,
       ``stage`` and every ``val/*`` / ``test/*`` metric (``val/<set>/acc50``, ``val/<set>/miou``, OVD ``map``, ...).
-    * ``end``: when the trainer tears down: ``step``, ``status``.
+    * ``end``: when the trainer tears down: ``step``, ``status`` (``finished``, ``failed`` with ``error``, or
+      ``interrupted``).
 
     A resumed fit appends to the same file; readers keep the rows of earlier segments up to the resumed step
     (``callbacks.analysis.read_metrics_jsonl``). Only global rank 0 writes.
@@ -122,6 +125,7 @@ class MetricsJSONL(Callback):
         self._t0: float | None = None
         self._started: str | None = None
         self._last_train_step: int | None = None
+        self._error: str | None = None
 
     def __getstate__(self) -> dict[str, Any]:  # picklable for spawn launchers: the handle reopens on first write
         state = dict(self.__dict__)
@@ -229,7 +233,13 @@ class MetricsJSONL(Callback):
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._eval_end(trainer, pl_module, "test")
 
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._error = f"{type(exception).__name__}: {exception}"[:500]
+
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # Lightning tears callbacks down while its status still reads "running": say how the stage really ended
+        status = str(getattr(trainer.state.status, "value", trainer.state.status))
+        status = "interrupted" if status == "interrupted" else "failed" if self._error else "finished"
         if self._fh is not None:
             self._write(
                 trainer,
@@ -237,7 +247,8 @@ class MetricsJSONL(Callback):
                     "event": "end",
                     "stage": stage,
                     "step": trainer.global_step,
-                    "status": str(getattr(trainer.state.status, "value", trainer.state.status)),
+                    "status": status,
+                    "error": self._error,
                     "time": time.time(),
                 },
             )
@@ -245,6 +256,7 @@ class MetricsJSONL(Callback):
             self._fh = None
         self._started = None
         self._last_train_step = None
+        self._error = None
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -318,6 +330,30 @@ class OfflineAwareWandbLogger(WandbLogger):
                 kwargs[key] = list(value) if key == "tags" else value
         super().__init__(name=name, save_dir=save_dir, project=project, offline=False, log_model=log_model, **kwargs)
         self.finish_on_end = finish_on_end
+        self.run_config: dict[str, Any] = {}
+        """The run's full resolved config (set by ``cli.main.RunConfigCallback``), logged as the W&B config."""
+
+    @property
+    def experiment(self):
+        # Lightning creates every logger's experiment at the start of setup, before the model loads and before a
+        # checkpoint is restored: hold W&B back until its first real use (the hyper-parameters, after both), so that a
+        # model that fails to load leaves no empty run and a resumed fit can continue its W&B run (``resume_run``).
+        if self._experiment is None and _called_from_lightning_setup():
+            raise AttributeError("the W&B run starts after the model loads")
+        return WandbLogger.experiment.fget(self)
+
+    def resume_run(self, run_id: str) -> None:
+        """Continue the W&B run ``run_id`` (a resumed fit) instead of starting a new one; only before the run starts."""
+        if self._experiment is None:
+            self._wandb_init.update(id=run_id, resume="allow")
+
+    @rank_zero_only
+    def log_hyperparams(self, params: Any) -> None:
+        """The module's hyper-parameters, flat (W&B's columns), plus the run's full resolved config (trainer, data,
+        optimizer, callbacks: synthesis settings, seed) nested under its own keys."""
+        from lightning.fabric.utilities.logger import _convert_params
+
+        super().log_hyperparams({**self.run_config, **_convert_params(params)})
 
     @rank_zero_only
     def finalize(self, status: str) -> None:
@@ -329,6 +365,18 @@ class OfflineAwareWandbLogger(WandbLogger):
         if run_id:
             self._wandb_init["id"] = run_id  # a later .experiment resumes this run instead of starting another
         self._experiment = None
+
+
+def _called_from_lightning_setup() -> bool:
+    """Whether the caller is Lightning's ``_call_setup_hook`` (the loop that only triggers experiment creation)."""
+    frame = sys._getframe(1)
+    for _ in range(6):
+        frame = frame.f_back
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "_call_setup_hook":
+            return True
+    return False
 
 
 def wandb_logger(

@@ -113,6 +113,15 @@ def write_csv(results: Mapping[str, Mapping[str, float]], path: Path, columns: S
             w.writerow([name] + [r.get(c, "") for c in cols])
 
 
+def _print(trainer: L.Trainer, text: str) -> None:
+    """Print through the progress bar when there is one (tqdm keeps its bar below the text)."""
+    bar = getattr(trainer, "progress_bar_callback", None)
+    if bar is not None and hasattr(bar, "print"):
+        bar.print(text)
+    else:
+        print(text, flush=True)
+
+
 class ResultsTable(Callback):
     """Print and save the per-set evaluation table at the end of ``validate`` / ``test`` (Table 1 / 2 protocol).
 
@@ -120,7 +129,7 @@ class ResultsTable(Callback):
         dirname: folder under ``default_root_dir`` for ``<stage>.md`` / ``<stage>.csv``.
         columns: metric keys, in order (``acc50``, ``miou``, ``map``, ``map_50``, ``gp``, ``gr``, ``format``).
         paper_columns: metrics of the one-row paper layout (REC ``[acc50]``; OVD ``[map, gp, gr]``).
-        during_fit: also write (not print) ``val.md`` / ``val.csv`` after every validation of a fit.
+        during_fit: also write ``val.md`` / ``val.csv`` and print the per-set table after every validation of a fit.
         method: row name in the paper layout (default: the W&B run name, else the last folder of
             ``default_root_dir``).
         scale: multiply values in the printed / markdown tables (100: percentages, as the paper).
@@ -132,7 +141,7 @@ class ResultsTable(Callback):
         dirname: str = "results",
         columns: Sequence[str] = tuple(METRIC_LABELS),
         paper_columns: Sequence[str] = ("acc50", "map", "gp", "gr"),
-        during_fit: bool = False,
+        during_fit: bool = True,
         method: str | None = None,
         scale: float = 100.0,
         decimals: int = 1,
@@ -170,9 +179,12 @@ class ResultsTable(Callback):
         title = f"# {kind} results: {method} (step {trainer.global_step}, epoch {trainer.current_epoch})"
         (out / f"{kind}.md").write_text(f"{title}\n\n{text}\n", encoding="utf-8")
         write_csv(results, out / f"{kind}.csv", self.columns)
-        if fn != "fit":
-            scale_note = " (percent)" if self.scale == 100.0 else ""
-            print(f"\n{kind} results{scale_note}: {method}\n{text}\nwritten to {out / (kind + '.md')}\n", flush=True)
+        scale_note = " (percent)" if self.scale == 100.0 else ""
+        if fn == "fit":  # one compact table per validation, above the progress bar
+            table = markdown_table(results, self.columns, self.scale, self.decimals)
+            _print(trainer, f"{kind} results{scale_note} at step {trainer.global_step}: {method}\n{table}")
+        else:
+            _print(trainer, f"\n{kind} results{scale_note}: {method}\n{text}\nwritten to {out / (kind + '.md')}\n")
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._report(trainer, "val")

@@ -302,7 +302,7 @@ class RECDataModule(L.LightningDataModule):
         elif stage in (None, "fit") and self.train_set is None and self.train_files:
             self.train_set = GroundingDataset(self._records(self.train_files, self.max_train_samples))
         for kind, files in (("val", self.val_files), ("test", self.test_files)):
-            if stage in (None, "fit", "validate") and kind == "val" or stage in (None, "test") and kind == "test":
+            if stage is None or stage in {"val": ("fit", "validate"), "test": ("test", "predict")}[kind]:
                 for name, f in files.items():
                     if name not in self.eval_sets[kind]:
                         self.eval_sets[kind][name] = GroundingDataset(self._records([f], self.max_eval_samples))
@@ -378,4 +378,7 @@ class RECDataModule(L.LightningDataModule):
         return self._eval_loaders("val")
 
     def test_dataloader(self):
+        return self._eval_loaders("test")
+
+    def predict_dataloader(self):  # train.py predict answers the test sets (callbacks.predictions writes them)
         return self._eval_loaders("test")

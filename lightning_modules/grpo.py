@@ -33,13 +33,14 @@ import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
+from typing import Literal
 
 import lightning as L
 import torch
 from torch import nn
 
 from lightning_modules import objective, rewards
-from lightning_modules.policy import Rollout, completion_logps, load_policy, rollout
+from lightning_modules.policy import PROMPT_TEMPLATES, Rollout, completion_logps, load_policy, rollout
 from lightning_modules.precision import build_optimizer, fp32_default_dtype, optimizer_tensors
 
 OptimizerCallable = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
@@ -150,30 +151,30 @@ class GRPOModule(L.LightningModule):
     def __init__(
         self,
         model_name_or_path: str = "checkpoints/toy-qwen2.5-vl",
-        dtype: str = "auto",
-        attn_implementation: str | None = "sdpa",
+        dtype: Literal["auto", "bf16", "fp16", "fp32"] = "auto",
+        attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] | None = "sdpa",
         local_files_only: bool = True,
-        task: str = "rec",
+        task: Literal["rec", "ovd"] = "rec",
         prompt_template: str = "syn_grpo",
         group_size: int = 6,
         temperature: float = 1.0,
         top_p: float = 1.0,
         max_new_tokens: int = 256,
         min_new_tokens: int = 0,
-        rollout_engine: str = "hf",
+        rollout_engine: Literal["hf", "fast"] = "hf",
         rollout_compile: bool = False,
-        update_engine: str = "hf",
+        update_engine: Literal["hf", "packed"] = "hf",
         num_iterations: int = 1,
         micro_batch_size: int = 8,
         ref_micro_batch_size: int | None = None,
         vision_checkpointing: bool = False,
         kl_coef: float = 0.04,
-        kl_estimator: str = "k3",
+        kl_estimator: Literal["k1", "k2", "k3", "abs"] = "k3",
         clip_low: float = 0.2,
         clip_high: float = 0.2,
         dual_clip: float | None = None,
-        aggregation: str = "token-mean",
-        advantage_scale: str = "group",
+        aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean",
+        advantage_scale: Literal["group", "batch", "none"] = "group",
         advantage_eps: float = 1e-4,
         accuracy_weight: float = 1.0,
         format: str = "syn_grpo",
@@ -181,14 +182,14 @@ class GRPOModule(L.LightningModule):
         diversity_weight: float = 1.0,
         diversity_reward_form: str = "linear",
         diversity_beta: float = 0.7,
-        description_selection: str = "diversity",
+        description_selection: Literal["diversity", "random", "none"] = "diversity",
         entropy_coef: float = 0.0,
         entropy_adv_coef: float = 0.0,
         entropy_adv_kappa: float = 2.0,
         gradient_checkpointing: bool = False,
         eval_prompt_template: str | None = None,
         eval_format: str | None = None,
-        master_weights: str = "fp32",
+        master_weights: Literal["fp32", "none"] = "fp32",
         max_grad_norm: float = 1.0,
         optimizer: OptimizerCallable = _default_optimizer,
         seed: int = 0,
@@ -220,6 +221,11 @@ class GRPOModule(L.LightningModule):
             raise ValueError(f"--model.eval_format must be one of {sorted(rewards.FORMATS)}, got {eval_format!r}")
         if format not in rewards.FORMATS:
             raise ValueError(f"--model.format must be one of {sorted(rewards.FORMATS)}, got {format!r}")
+        if prompt_template not in PROMPT_TEMPLATES:
+            raise ValueError(
+                f"--model.prompt_template must be one of {sorted(PROMPT_TEMPLATES)} (lightning_modules/policy.py "
+                f"PROMPT_TEMPLATES), got {prompt_template!r}"
+            )
         if diversity_reward_form not in rewards.DIVERSITY_REWARD_FORMS:
             raise ValueError(
                 f"--model.diversity_reward_form must be one of {sorted(rewards.DIVERSITY_REWARD_FORMS)}, "
@@ -236,6 +242,8 @@ class GRPOModule(L.LightningModule):
         self.last_selections: list[Selection] = []
         self.last_rollout_texts: list[str] = []
         self.eval_metrics = nn.ModuleDict()
+        self.inference_only = False
+        """Set by ``train.py export``: ``configure_model`` then never builds the frozen reference."""
 
     # ---------------------------------------------------------------------------------------------------- model
     def configure_model(self) -> None:
@@ -260,10 +268,18 @@ class GRPOModule(L.LightningModule):
             enable_fast_vision_attention(model)
         self.policy = model
         self.processor = processor
-        if hp.kl_coef > 0:
+        if self._needs_reference():
             ref = copy.deepcopy(model).eval()
             ref.requires_grad_(False)
             self._ref = [ref]
+
+    def _needs_reference(self) -> bool:
+        """Only a fit uses the frozen reference: validate, test, predict and export never build it (at 7B it doubles
+        the memory of loading a checkpoint)."""
+        if self.hparams.kl_coef <= 0 or self.inference_only:
+            return False
+        fn = self._trainer.state.fn if self._trainer is not None else None
+        return fn is None or str(getattr(fn, "value", fn)) == "fit"
 
     @property
     def reference(self) -> nn.Module | None:
@@ -537,7 +553,23 @@ class GRPOModule(L.LightningModule):
         self.last_selections = self.select_descriptions(batch, parts)
         stats_acc.update({f"time/{k}_s": v for k, v in timer.times.items()})
         self._log_train(parts, ro, stats_acc, entropy_sum / total_tokens, len(batch))
-        return None
+        return self._step_output(batch, ro, parts)
+
+    def _step_output(self, batch, ro: Rollout, parts: dict[str, torch.Tensor]) -> dict:
+        """What ``on_train_batch_end`` callbacks receive (the completions table): per completion, rows grouped by prompt
+        ([B*G]), its text, its parsed boxes in original pixels and its reward parts."""
+        G = self.hparams.group_size
+        boxes = [
+            [rewards.rescale_box(b, in_wh, batch[i // G].size) for b in rewards.parse_completion(text).boxes]
+            for i, (text, in_wh) in enumerate(zip(ro.texts, ro.input_wh))
+        ]
+        keys = ("total", "accuracy", "format", "diversity")
+        return {
+            "completions": list(ro.texts),
+            "boxes": boxes,
+            "rewards": {k: [float(v) for v in parts[k]] for k in keys if k in parts},
+            "group_size": G,
+        }
 
     def _optimizer_step(self, opt, stats_acc: dict[str, float]) -> None:
         if self.hparams.max_grad_norm > 0:
@@ -612,6 +644,26 @@ class GRPOModule(L.LightningModule):
         names = self._eval_names(kind)
         name = names[dataloader_idx] if dataloader_idx < len(names) else f"set{dataloader_idx}"
         mets = self.eval_metrics[f"{kind}__{name}"]
+        ro, parsed, answers = self._greedy(batch)
+        # the method's own answer format (VLM-R1's think + answer for the GRPO baselines), not always Syn-GRPO's
+        fmt = rewards.format_reward(ro.texts, format=self.hparams.eval_format or self.hparams.format, parsed=parsed)
+        mets["format"].update(torch.tensor([f >= 1.0 for f in fmt]))
+        for s, boxes in zip(batch, answers):
+            if s.task == "rec":
+                pred = torch.tensor([boxes[0]], dtype=torch.float32) if boxes else None
+                gt = torch.tensor([s.boxes[0]], dtype=torch.float32)
+                mets["acc50"].update([pred[0] if pred is not None else None], gt)
+                mets["miou"].update([pred[0] if pred is not None else None], gt)
+            else:
+                mets["det"].update(boxes, s.boxes)
+        is_ovd = batch[0].task == "ovd"
+        logs = {f"{kind}/{name}/format": mets["format"]}
+        if not is_ovd:
+            logs.update({f"{kind}/{name}/acc50": mets["acc50"], f"{kind}/{name}/miou": mets["miou"]})
+        self.log_dict(logs, batch_size=len(batch), on_step=False, on_epoch=True, add_dataloader_idx=False)
+
+    def _greedy(self, batch):
+        """Greedy answers, as in evaluation: (rollout, parsed completions, boxes per sample in original pixels)."""
         ro = rollout(
             self.policy,
             self.processor,
@@ -625,23 +677,36 @@ class GRPOModule(L.LightningModule):
             engine=self.hparams.rollout_engine,
         )
         parsed = [rewards.parse_completion(t) for t in ro.texts]
-        # the method's own answer format (VLM-R1's think + answer for the GRPO baselines), not always Syn-GRPO's
+        answers = [
+            [rewards.rescale_box(b, in_wh, s.size) for b in p.boxes] for s, p, in_wh in zip(batch, parsed, ro.input_wh)
+        ]
+        return ro, parsed, answers
+
+    @fp32_default_dtype()
+    def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> list[dict]:
+        """Greedy answers with their parsed boxes (original pixels) and rewards against the labels, one dict per sample
+        (``callbacks.predictions.PredictionsJSONL`` writes them as JSONL)."""
+        ro, parsed, answers = self._greedy(batch)
         fmt = rewards.format_reward(ro.texts, format=self.hparams.eval_format or self.hparams.format, parsed=parsed)
-        mets["format"].update(torch.tensor([f >= 1.0 for f in fmt]))
-        for s, p, in_wh in zip(batch, parsed, ro.input_wh):
-            boxes = [rewards.rescale_box(b, in_wh, s.size) for b in p.boxes]
+        out = []
+        for s, text, p, boxes, f, in_wh in zip(batch, ro.texts, parsed, answers, fmt, ro.input_wh):
             if s.task == "rec":
-                pred = torch.tensor([boxes[0]], dtype=torch.float32) if boxes else None
-                gt = torch.tensor([s.boxes[0]], dtype=torch.float32)
-                mets["acc50"].update([pred[0] if pred is not None else None], gt)
-                mets["miou"].update([pred[0] if pred is not None else None], gt)
+                acc = rewards.iou(boxes[0], s.boxes[0]) if boxes else 0.0
             else:
-                mets["det"].update(boxes, s.boxes)
-        is_ovd = batch[0].task == "ovd"
-        logs = {f"{kind}/{name}/format": mets["format"]}
-        if not is_ovd:
-            logs.update({f"{kind}/{name}/acc50": mets["acc50"], f"{kind}/{name}/miou": mets["miou"]})
-        self.log_dict(logs, batch_size=len(batch), on_step=False, on_epoch=True, add_dataloader_idx=False)
+                acc = rewards.ovd_reward([text], [s.boxes], input_wh=[in_wh], orig_wh=[s.size])[0]
+            out.append(
+                {
+                    "sample_id": s.sample_id,
+                    "task": s.task,
+                    "query": s.query,
+                    "completion": text,
+                    "boxes": boxes,
+                    "gt_boxes": s.boxes,
+                    "format_ok": f >= 1.0,
+                    "rewards": {"accuracy": float(acc), "format": float(f)},
+                }
+            )
+        return out
 
     def _log_detection(self, kind: str) -> None:
         """mAP / GP / GR of every OVD set. ``compute()`` is a collective: every rank walks the same sets (taken from

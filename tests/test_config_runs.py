@@ -103,7 +103,8 @@ def cpu_swap(cfg: dict, toy: dict[str, Path], root: Path) -> dict:
     )
     if sft:
         t["limit_train_batches"] = 2
-    for cb in t.get("callbacks") or []:
+    named = [cb for cb in (cfg.get("callbacks") or {}).values() if cb]
+    for cb in (t.get("callbacks") or []) + named:
         a = cb.setdefault("init_args", {})
         if cb["class_path"].endswith("ModelCheckpoint"):
             if a.get("every_n_train_steps"):
@@ -148,6 +149,13 @@ def test_config_runs_fit_steps_on_cpu(run, toy_data, tmp_path, monkeypatch):
     cli = cli_main(["fit", "--config", str(path)])
     trainer = cli.trainer
     assert trainer.global_step >= 2, f"{_id(run)} ran {trainer.global_step} steps"
+    out = Path(t["default_root_dir"]) if (t := cfg["trainer"]).get("default_root_dir") else None
+    metrics = [c for c in (cfg.get("callbacks") or {}).values() if c and c["class_path"].endswith("MetricsJSONL")]
+    if metrics:  # every config and overlay (SFT included) writes the notebook's input into its run folder
+        assert (out / "metrics.jsonl").is_file(), sorted(p.name for p in out.iterdir())
+    ckpt = [c for c in (cfg.get("callbacks") or {}).values() if c and c["class_path"].endswith("ModelCheckpoint")]
+    if ckpt:
+        assert (out / "checkpoints/last.ckpt").is_file(), sorted(p.name for p in out.rglob("*.ckpt"))
     logged = trainer.callback_metrics
     if cfg["model"]["class_path"].endswith("GRPOModule"):
         assert "train/reward/total" in trainer.logged_metrics or any(k.startswith("train/") for k in logged)

@@ -71,12 +71,18 @@ def test_baseline_overlays_compose_with_every_base(base, overlay):
     args = cfg["model"]["init_args"]
     if overlay.stem == "sft":
         assert cfg["model"]["class_path"] == "lightning_modules.sft.SFTModule" and args["target"] == "answer"
+        assert cfg["callbacks"]["synthesis"] is None and cfg["callbacks"]["metrics"] is not None
         return
-    synth = [c for c in cfg["trainer"]["callbacks"] if c["class_path"].endswith("SynthesisCallback")]
+    named = cfg["callbacks"]
+    # an overlay patches single callbacks: the rest of the base's stay, and the run is named after its method
+    assert cfg["method"] == overlay.stem and named["metrics"]["class_path"].endswith("MetricsJSONL")
+    assert named["checkpoint"]["init_args"]["every_n_epochs"] in (None, 1) and named["results"] is not None
+    synth = named["synthesis"]
     if overlay.stem.startswith("grpo"):
-        assert args["diversity_weight"] == 0.0 and synth[0]["init_args"]["mode"] == "off"
+        assert args["diversity_weight"] == 0.0 and synth["init_args"]["mode"] == "off"
+        assert named["checkpoint"]["init_args"]["save_last"] is True  # the base's setting survives the patch
     if overlay.stem == "offline_generation":
-        assert synth[0]["init_args"]["offline_descriptions"]
+        assert synth["init_args"]["offline_descriptions"] and synth["init_args"]["source"] == "original"
     if overlay.stem == "syn_grpo_wo_rdiv":
         assert args["description_selection"] == "random" and args["diversity_weight"] == 0.0
 

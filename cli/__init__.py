@@ -1,0 +1,1 @@
+"""The project's command line (``python train.py fit|validate|test|predict|export``): ``cli.main``."""

@@ -1,0 +1,121 @@
+"""One-line errors for the common mistakes on the command line and in configs.
+
+The parser's own messages for an unknown flag or a bad choice are a usage dump of dozens of lines, or a chained
+traceback; ``explain`` turns them into one sentence that names the flag and says what to do, with a did-you-mean.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import re
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import NoReturn
+
+
+class ConfigError(ValueError):
+    """A mistake in the command line or a config file: the message names the flag (and file) and the fix."""
+
+
+def fail(message: str) -> NoReturn:
+    """Print ``error: <message>`` on stderr and exit with status 2 (argparse's exit status for usage errors)."""
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
+    raise SystemExit(2)
+
+
+def init_flags(classes: Iterable[type], prefix: str) -> list[str]:
+    """``--<prefix>.init_args.<arg>`` and ``--<prefix>.<arg>`` for every ``__init__`` argument of ``classes``."""
+    out: list[str] = []
+    for cls in classes:
+        try:
+            params = inspect.signature(cls.__init__).parameters
+        except (TypeError, ValueError):
+            continue
+        for name, p in params.items():
+            if name == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                continue
+            out += [f"--{prefix}.init_args.{name}", f"--{prefix}.{name}"]
+    return out
+
+
+def did_you_mean(flag: str, known: Sequence[str]) -> str:
+    """`` (did you mean --x?)`` for the closest known flag, or an empty string."""
+    close = difflib.get_close_matches(flag, known, n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+_UNRECOGNIZED = re.compile(r"unrecognized arguments: (?P<args>.+)", re.IGNORECASE)
+_KEYS = re.compile(r'Parser key "(?P<key>[^"]+)"')
+_NOT_ACCEPTED = re.compile(r"Option '(?P<opt>[^']+)' is not accepted")
+_LITERAL = re.compile(r"Expected a (?:typing\.)?Literal\[(?P<choices>[^\]]*)\]\.? ?(?:Got value: (?P<value>\S+))?")
+_NO_CLASS = re.compile(r"Expected a dot import path string: (?P<name>\S+)|No module named '(?P<module>[^']+)'")
+_NO_FILE = re.compile(r'Parser key "config": File does not exist: (?P<path>.+)')
+_SUBCOMMAND = re.compile(r"invalid choice: '(?P<got>[^']+)' \(choose from (?P<choices>[^)]+)\)")
+
+
+def _flag(keys: list[str]) -> str:
+    """``--model.init_args.aggregation`` from the parser's nested keys ``["model", "aggregation"]``."""
+    return "--" + keys[0] + "".join(f".init_args.{k}" for k in keys[1:])
+
+
+def explain(message: str, known_flags: Sequence[str], prog: str = "train.py") -> str:
+    """One sentence for a parser error ``message`` (the flag, what is wrong, what to do)."""
+    raw = str(message)
+    text = " ".join(raw.split())
+    m = _UNRECOGNIZED.search(text)
+    if m:
+        name = m["args"].split()[0].split("=", 1)[0]
+        hint = did_you_mean(name, known_flags) if name.startswith("--") else ""
+        return f"unknown flag {name}{hint}; `python {prog} <subcommand> --help` lists the flags"
+    m = _SUBCOMMAND.search(text)
+    if m:
+        choices = [c.strip().strip("'") for c in m["choices"].split(",")]
+        close = difflib.get_close_matches(m["got"], choices, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        return f"unknown subcommand {m['got']!r}{hint}; choose one of {', '.join(choices)}"
+    m = _NO_FILE.search(text)
+    if m:
+        return (
+            f"--config {m['path'].strip(chr(39))}: no such file; the configs are in configs/ (e.g. configs/tiny.yaml)"
+        )
+    keys = _KEYS.findall(raw)
+    m = _NOT_ACCEPTED.search(text)
+    if m and keys:
+        flag = _flag([*keys[:1], m["opt"]])
+        return f"unknown flag {flag}{did_you_mean(flag, known_flags)}; `python {prog} fit --{keys[0]}.help CLASS` lists them"
+    m = _LITERAL.search(text)
+    if m and keys:
+        allowed = ", ".join(c.strip().strip("'\"") for c in m["choices"].split(","))
+        got = f" got {m['value']!r};" if m["value"] else ""
+        return f"{_flag(keys)}:{got} choose one of {allowed}"
+    m = _NO_CLASS.search(text)
+    if m and keys:
+        name = m["name"] or m["module"]
+        return (
+            f"--{keys[0]} {name}: no such class; give a class name (e.g. GRPOModule, RECDataModule) or a full import "
+            f"path (lightning_modules.grpo.GRPOModule); `python {prog} fit --{keys[0]}.help CLASS` lists its arguments"
+        )
+    if keys:
+        lines = [ln.strip(" -") for ln in raw.splitlines() if ln.strip(" -") and "Parser key" not in ln]
+        reason = next(
+            (ln for ln in lines if not ln.startswith(("Does not validate", "Subtypes", "Errors", "Given"))), ""
+        )
+        return f"{_flag(keys)}: {reason or text}"
+    return text
+
+
+def locate_value(value: str, config_files: Iterable[str | Path]) -> str:
+    """``file:line`` of the last config file whose text contains ``value`` (where the user should edit), or ``""``."""
+    where = ""
+    for f in config_files:
+        try:
+            lines = Path(f).read_text(encoding="utf-8").splitlines()
+        except OSError:
+            continue
+        for i, line in enumerate(lines, 1):
+            if value and value in line:
+                where = f"{f}:{i}"
+    return where

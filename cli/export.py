@@ -1,0 +1,145 @@
+"""``train.py export``: a trained policy as a Hugging Face model directory.
+
+The directory holds what ``from_pretrained`` needs (weights, config, processor / tokenizer, chat template), a
+``generation_config.json`` with the run's evaluation decoding (greedy, its ``max_new_tokens``), ``prompt_template.json``
+(the instruction the policy was trained under, per task, and the answer format) and a ``README.md`` model card.
+The frozen reference model is never built (``GRPOModule.inference_only``); the checkpoint is memory-mapped.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+
+from cli.errors import ConfigError
+
+
+def _policy_state(ckpt_path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(the ``policy.*`` tensors, a few facts) of a Lightning checkpoint, memory-mapped."""
+    ckpt = torch.load(str(ckpt_path), map_location="cpu", mmap=True, weights_only=False)
+    state = ckpt.get("state_dict") or {}
+    policy = {k: v for k, v in state.items() if k.startswith("policy.")}
+    if not policy:
+        raise ConfigError(
+            f"--ckpt_path {ckpt_path}: the checkpoint holds no policy weights (no 'policy.*' in its state_dict); "
+            "pass a checkpoint written by a GRPOModule / SFTModule fit"
+        )
+    facts = {"global_step": ckpt.get("global_step"), "epoch": ckpt.get("epoch")}
+    return policy, facts
+
+
+def export_policy(
+    model: L.LightningModule,
+    ckpt_path: str | Path | None,
+    out: str | Path,
+    run_name: str | None = None,
+) -> Path:
+    """Load the policy of ``model`` (from its ``model_name_or_path``) with the weights of ``ckpt_path`` and write
+    it, with its processor, to ``out``; returns ``out``."""
+    if not hasattr(model, "policy"):
+        raise ConfigError(f"export needs a module with a policy (GRPOModule, SFTModule), got {type(model).__name__}")
+    model.inference_only = True
+    model.configure_model()
+    facts: dict[str, Any] = {}
+    if ckpt_path:
+        state, facts = _policy_state(ckpt_path)
+        result = model.load_state_dict(state, strict=False)
+        missing = [k for k in result.missing_keys if k.startswith("policy.")]
+        if missing:
+            raise ConfigError(
+                f"--ckpt_path {ckpt_path}: {len(missing)} policy weights missing (e.g. {missing[0]}); the checkpoint "
+                "is of another model than --model.init_args.model_name_or_path"
+            )
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.policy.save_pretrained(out)
+    model.processor.save_pretrained(out)
+    hp = dict(model.hparams)
+    _write_generation_config(model, out, hp)
+    _write_prompt_template(out, hp)
+    _write_card(out, hp, ckpt_path, facts, run_name)
+    return out
+
+
+def _write_generation_config(model: L.LightningModule, out: Path, hp: dict[str, Any]) -> None:
+    gen = model.policy.generation_config
+    gen.do_sample = False  # the evaluation protocol (Acc@0.5, mAP) decodes greedily
+    for key in ("temperature", "top_p", "top_k"):
+        setattr(gen, key, None)
+    max_new = hp.get("max_new_tokens") or hp.get("eval_max_new_tokens")
+    if max_new:
+        gen.max_new_tokens = int(max_new)
+    gen.save_pretrained(out)
+
+
+def _template_names(hp: dict[str, Any]) -> list[str]:
+    t = hp.get("prompt_template", "syn_grpo")
+    return list(t) if isinstance(t, list | tuple) else [t]
+
+
+def _write_prompt_template(out: Path, hp: dict[str, Any]) -> None:
+    from lightning_modules.policy import PROMPT_TEMPLATES
+
+    names = _template_names(hp)
+    (out / "prompt_template.json").write_text(
+        json.dumps(
+            {
+                "name": names[0],
+                "templates": {n: PROMPT_TEMPLATES[n] for n in names if n in PROMPT_TEMPLATES},
+                "format": hp.get("format", "syn_grpo"),
+                "task": hp.get("task", "rec"),
+                "usage": "the user turn is the image then templates[name][task].format(query=...)",
+            },
+            indent=2,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+
+
+def _write_card(out: Path, hp: dict[str, Any], ckpt: Any, facts: dict[str, Any], run_name: str | None) -> None:
+    keep = (
+        "model_name_or_path",
+        "task",
+        "prompt_template",
+        "format",
+        "group_size",
+        "kl_coef",
+        "diversity_weight",
+        "diversity_beta",
+        "description_selection",
+        "target",
+    )
+    rows = "\n".join(f"| {k} | {hp[k]} |" for k in keep if k in hp)
+    card = f"""---
+library_name: transformers
+pipeline_tag: image-text-to-text
+tags: [syn-grpo, grpo, qwen2.5-vl, grounding]
+---
+
+# {run_name or out.name}
+
+Exported with `python train.py export` on {time.strftime("%Y-%m-%d")} from `{ckpt or hp.get("model_name_or_path")}`
+(optimizer step {facts.get("global_step")}, epoch {facts.get("epoch")}).
+
+| setting | value |
+| --- | --- |
+{rows}
+
+Decoding for evaluation is greedy (`generation_config.json`); the instruction the policy was trained under is in
+`prompt_template.json`. Load it like any Qwen2.5-VL checkpoint:
+
+```python
+from transformers import AutoModelForImageTextToText, AutoProcessor
+model = AutoModelForImageTextToText.from_pretrained("{out}")
+processor = AutoProcessor.from_pretrained("{out}")
+```
+
+or evaluate it with the project: `python train.py test --config <config> --model.init_args.model_name_or_path {out}`.
+"""
+    (out / "README.md").write_text(card, encoding="utf-8")

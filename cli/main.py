@@ -1,0 +1,422 @@
+"""``python train.py fit|validate|test|predict|export --config configs/<name>.yaml [--flag value ...]``.
+
+LightningCLI (``parser_mode="omegaconf"``) with what a researcher needs on top (docs/outputs.md, docs/decisions.md):
+
+* **One folder and one name per run.** ``name`` (and ``method``, which baseline overlays set) make the run name
+  ``<name>[-<method>]``; the run folder is ``outputs/<run name>`` unless ``--trainer.default_root_dir`` says otherwise,
+  and every output hangs off it: checkpoints, ``metrics.jsonl``, ``config.yaml``, W&B, synthesized images, galleries,
+  results, predictions.
+* **Named callbacks.** ``callbacks:`` is a mapping ``name -> callback``: a later ``--config`` (an overlay) or a flag
+  patches one entry's ``init_args``, replaces it (a new ``class_path``), adds one (a new name) or removes one (``null``)
+  without dropping the rest. ``trainer.callbacks`` still works and is kept.
+* **Export.** ``train.py export --config ... --ckpt_path ... --out DIR`` writes the trained policy as an HF directory
+  (processor, generation config, prompt template, model card) without building the frozen reference.
+* **Errors in one line** for the common mistakes (unknown flag with a did-you-mean, bad choice, missing path), no flag
+  abbreviations, short class names (``--model.help GRPOModule``).
+* **W&B** starts after the model loads (a wrong model path leaves no empty run), gets the full resolved config, and a
+  resumed fit continues the same W&B run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+# Lightning's and W&B's notes that do not apply here (the tip to install litlogger; the git root of a checkout run)
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_DISABLE_GIT", "true")
+os.environ.setdefault("WANDB_DISABLE_CODE", "true")
+warnings.filterwarnings("ignore", message=".*ModelCheckpoint with manual optimization.*")
+warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\).*")
+
+
+class _DropNotes(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "litlogger" not in record.getMessage()
+
+
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropNotes())
+
+import lightning as L  # noqa: E402
+from jsonargparse import Namespace  # noqa: E402
+from lightning.pytorch.callbacks import Callback  # noqa: E402
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
+
+from cli.errors import ConfigError, explain, fail, init_flags, locate_value  # noqa: E402
+
+PROJECT_HELP = """\
+Syn-GRPO. Start from a config and change single values with flags:
+  python train.py fit --config configs/tiny.yaml --model.init_args.diversity_beta 0.5
+  python train.py fit --config configs/tiny.yaml --config configs/baselines/grpo.yaml    # a baseline: outputs/tiny-grpo/
+  python train.py test --config configs/tiny.yaml --ckpt_path outputs/tiny/checkpoints/last.ckpt
+  python train.py export --config configs/tiny.yaml --ckpt_path outputs/tiny/checkpoints/last.ckpt --out DIR
+Project options: --name / --method (the run and its folder outputs/<name>[-<method>]/), --callbacks.<name>
+(named callbacks: checkpoint, synthesis, metrics, gallery, results, progress, completions, predictions; null removes
+one). A module's own arguments: --model.help GRPOModule (or SFTModule); data: --data.help SyntheticDataModule."""
+
+RUN_ROOT = "outputs"
+"""Run folders go under this folder (relative to the working directory) unless --trainer.default_root_dir is set."""
+
+
+def _project_classes() -> dict[str, list[type]]:
+    """The project's modules, data modules and callbacks, imported so that short class names resolve
+    (``--model GRPOModule``, ``--model.help GRPOModule``)."""
+    import callbacks.completions
+    import callbacks.logging
+    import callbacks.predictions
+    import callbacks.progress
+    import callbacks.results
+    import callbacks.synthesis  # noqa: F401
+    from datamodules.rec import RECDataModule
+    from datamodules.synthetic import SyntheticDataModule
+    from lightning_modules.grpo import GRPOModule
+    from lightning_modules.sft import SFTModule
+
+    return {"model": [GRPOModule, SFTModule], "data": [RECDataModule, SyntheticDataModule]}
+
+
+def run_name(name: str | None, method: str | None) -> str:
+    """``<name>-<method>`` (a baseline overlay's method), ``<name>`` alone, or ``run``."""
+    base = name or "run"
+    return f"{base}-{method}" if method else base
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Parser: no abbreviations, one-line errors
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class ProjectParser(LightningArgumentParser):
+    """``LightningArgumentParser`` with OmegaConf interpolation, no flag abbreviations (``--trainer.max_step`` is an
+    error, not ``--trainer.max_steps``) and one-line errors (``cli.errors.explain``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("parser_mode", "omegaconf")
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_args(self, args: Any = None, *a: Any, **kw: Any) -> Namespace:
+        args = list(sys.argv[1:] if args is None else args)
+        return super().parse_args(merge_named_callbacks(args), *a, **kw)
+
+    def _known_flags(self) -> list[str]:
+        flags = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+        classes = _project_classes()
+        return flags + init_flags(classes["model"], "model") + init_flags(classes["data"], "data")
+
+    def error(self, message: str, ex: Exception | None = None):  # type: ignore[override]
+        from jsonargparse._common import debug_mode_active  # the same switch as the parent's (JSONARGPARSE_DEBUG)
+
+        if not self.exit_on_error or debug_mode_active():
+            return super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        known = parser._known_flags() if isinstance(parser, ProjectParser) else []
+        fail(explain(message, known))
+
+
+def _config_files(args: list[str]) -> list[tuple[int, str]]:
+    """(index of the last token, path) of every ``--config`` / ``-c`` in ``args``."""
+    out = []
+    for i, tok in enumerate(args):
+        if tok in ("--config", "-c") and i + 1 < len(args):
+            out.append((i + 1, args[i + 1]))
+        elif tok.startswith("--config="):
+            out.append((i, tok.split("=", 1)[1]))
+    return out
+
+
+def merge_callback_entry(old: Any, new: Any) -> Any:
+    """One named callback of a later config over an earlier one: ``None`` removes it, another ``class_path`` replaces
+    it, otherwise ``init_args`` are patched key by key."""
+    if new is None or not isinstance(old, dict) or not isinstance(new, dict):
+        return new
+    if new.get("class_path") and old.get("class_path") and new["class_path"] != old["class_path"]:
+        return new
+    merged = {**old, **{k: v for k, v in new.items() if k != "init_args"}}
+    init = {**(old.get("init_args") or {}), **(new.get("init_args") or {})}
+    if init:
+        merged["init_args"] = init
+    return merged
+
+
+def merge_named_callbacks(args: list[str]) -> list[str]:
+    """Make ``callbacks:`` of several ``--config`` files merge by name.
+
+    jsonargparse replaces a mapping given by a later config file (keeping only the keys it names); the project's
+    overlays patch one callback and expect the others to stay. The mappings of every config file are merged here
+    (``merge_callback_entry``) and given to the parser once more, right after the last config file, so that flags
+    after it (``--callbacks.synthesis.init_args.mode off``) still apply on top."""
+    import yaml
+
+    files = _config_files(args)
+    merged: dict[str, Any] = {}
+    seen = 0
+    for _, path in files:
+        try:
+            data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            continue  # the parser reports it
+        named = data.get("callbacks") if isinstance(data, dict) else None
+        if isinstance(named, dict):
+            seen += 1
+            for key, entry in named.items():
+                merged[key] = merge_callback_entry(merged.get(key), entry) if key in merged else entry
+    if seen < 2:
+        return args
+    at = files[-1][0] + 1
+    return [*args[:at], "--callbacks", json.dumps(merged), *args[at:]]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The run's config: saved in the run folder, given to W&B, and the W&B run id kept in checkpoints
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class RunConfigCallback(SaveConfigCallback):
+    """Saves the resolved config in the run folder (``config.yaml`` for fit, ``config_<stage>.yaml`` otherwise),
+    hands it to every logger that takes a ``run_config`` (W&B logs it as the run's config), and keeps the W&B run id in
+    checkpoints so that a resumed fit continues the same W&B run."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("overwrite", True)
+        super().__init__(*args, **kwargs)
+        self._trainer: L.Trainer | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._trainer = trainer
+        if not self.already_saved:
+            self.config_filename = "config.yaml" if stage == "fit" else f"config_{stage}.yaml"
+        resolved = _plain(self.parser.dump(self.config, skip_none=False, format="yaml"))
+        for lg in trainer.loggers:
+            if hasattr(lg, "run_config"):
+                lg.run_config = resolved
+        super().setup(trainer, pl_module, stage)
+
+    def state_dict(self) -> dict[str, Any]:
+        ids = [_wandb_id(lg) for lg in (self._trainer.loggers if self._trainer is not None else [])]
+        return {"wandb_run_id": next((i for i in ids if i), None)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        run_id = state_dict.get("wandb_run_id")
+        trainer = self._trainer
+        if not run_id or trainer is None or str(getattr(trainer.state.fn, "value", trainer.state.fn)) != "fit":
+            return  # validate / test of a checkpoint log to a run of their own (W&B steps must not go back)
+        for lg in trainer.loggers:
+            if hasattr(lg, "resume_run"):
+                lg.resume_run(run_id)
+
+
+def _wandb_id(logger: Any) -> str | None:
+    exp = getattr(logger, "_experiment", None)
+    init = getattr(logger, "_wandb_init", None)
+    if exp is not None and getattr(exp, "id", None):
+        return exp.id
+    return init.get("id") if isinstance(init, dict) else None
+
+
+def _plain(dumped: str) -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load(dumped) or {}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Trainer: the export subcommand
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class Trainer(L.Trainer):
+    """``lightning.Trainer`` plus the run's name and the ``export`` subcommand."""
+
+    run_name: str | None = None
+    """The run's name (set by the CLI): the W&B run, the metrics file's ``run``, the results tables' row."""
+
+    def export(
+        self,
+        model: L.LightningModule,
+        datamodule: L.LightningDataModule | None = None,
+        ckpt_path: str | None = None,
+        out: str | None = None,
+    ) -> Path:
+        """Write the trained policy of a checkpoint as an HF model directory (without building the reference).
+
+        Args:
+            model: the module of the config (its hyper-parameters come from the checkpoint).
+            datamodule: unused (the config's data section may stay as it is).
+            ckpt_path: the Lightning checkpoint to export; none exports the config's model as loaded.
+            out: the output directory (default ``<run folder>/export``).
+        """
+        from cli.export import export_policy
+
+        path = export_policy(model, ckpt_path, out or Path(self.default_root_dir) / "export", run_name=self.run_name)
+        print(f"exported {ckpt_path or 'the configured model'} to {path}", flush=True)
+        return path
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The CLI
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class SynGRPOCLI(LightningCLI):
+    """LightningCLI with run folders, named callbacks, ``export``, one-line errors (module docstring)."""
+
+    def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
+        _project_classes()
+        super().__init__(
+            L.LightningModule,
+            L.LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            trainer_class=Trainer,
+            parser_class=ProjectParser,
+            save_config_callback=RunConfigCallback,
+            args=args,
+            run=run,
+            **kwargs,
+        )
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        return {**LightningCLI.subcommands(), "export": {"model", "datamodule"}}
+
+    def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs: Any) -> LightningArgumentParser:
+        kwargs["description"] = f"{kwargs.get('description') or subcommand}\n\n{PROJECT_HELP}"
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        if subcommand in ("validate", "test"):
+            parser.set_defaults(verbose=False)  # callbacks.results.ResultsTable prints the table (once)
+        if subcommand == "predict":
+            parser.set_defaults(return_predictions=False)  # callbacks.predictions writes them
+        return parser
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument(
+            "--name",
+            type=str | None,
+            default=None,
+            help="Run name (W&B run, metrics file, results row). The run folder is outputs/<name>[-<method>] unless "
+            "--trainer.default_root_dir is set.",
+        )
+        parser.add_argument(
+            "--method",
+            type=str | None,
+            default=None,
+            help="Method of a baseline overlay (grpo, sft, ...): appended to the run name, so a baseline never "
+            "writes into the base run's folder.",
+        )
+        parser.add_argument(
+            "--callbacks",
+            type=dict[str, Callback | None],
+            default={},
+            help="Named callbacks: a later config or flag patches, replaces, adds or removes (null) one by name "
+            "(e.g. --callbacks.synthesis.init_args.mode off).",
+        )
+
+    # ------------------------------------------------------------------------------------------------ run folder
+    def _sub(self) -> Namespace:
+        return self.config[self.subcommand] if self.subcommand else self.config
+
+    def before_instantiate_classes(self) -> None:
+        cfg = self._sub()
+        name = run_name(cfg.get("name"), cfg.get("method"))
+        root = cfg.trainer.get("default_root_dir") or f"{RUN_ROOT}/{name}"
+        cfg.trainer.default_root_dir = str(root)
+        self.run_name = name
+        self._fill_loggers(cfg, name, str(root))
+        for cb in (cfg.get("callbacks") or {}).values():
+            if cb is not None and cb.class_path.endswith("ModelCheckpoint") and cb.init_args.get("dirpath") is None:
+                cb.init_args.dirpath = str(Path(root) / "checkpoints")
+        self._check_paths(cfg)
+
+    @staticmethod
+    def _fill_loggers(cfg: Namespace, name: str, root: str) -> None:
+        loggers = cfg.trainer.get("logger")
+        for lg in loggers if isinstance(loggers, list) else [loggers]:
+            if not isinstance(lg, Namespace) or "init_args" not in lg:
+                continue
+            a = lg.init_args
+            if "save_dir" in a and a.get("save_dir") in (None, "."):
+                a.save_dir = root
+            if "WandbLogger" in lg.class_path:
+                a.name = a.get("name") or name
+                if "group" in a and a.get("group") is None:
+                    a.group = cfg.get("name")
+                if cfg.get("method"):
+                    a.tags = list(dict.fromkeys([*(a.get("tags") or []), cfg.method]))
+
+    def _check_paths(self, cfg: Namespace) -> None:
+        """One sentence (flag, file:line, what to do) for the paths people forget to edit."""
+        files = [str(p) for p in (cfg.get("config") or []) if p is not None]
+        model = cfg.get("model")
+        args = model.get("init_args") if isinstance(model, Namespace) else None
+        path = args.get("model_name_or_path") if args is not None else None
+        looks_local = str(path).startswith(("/", ".", "~")) or str(path).count("/") != 1  # a hub id is org/name
+        if path and looks_local and not args.get("build_tiny") and not _has_model(path):
+            where = locate_value(str(path), files)
+            fail(
+                f"--model.init_args.model_name_or_path {path}: no model there (no config.json)"
+                + (f"; edit {where}" if where else "")
+                + " and point it at a local copy of the model (a save_pretrained directory), or pass "
+                "--model.init_args.model_name_or_path DIR"
+            )
+        data = cfg.get("data")
+        dargs = data.get("init_args") if isinstance(data, Namespace) else None
+        root = dargs.get("data_root") if dargs is not None else None
+        if root and not dargs.get("toy") and not Path(root).exists():
+            where = locate_value(str(root), files)
+            fail(
+                f"--data.init_args.data_root {root}: no such folder"
+                + (f"; edit {where}" if where else "")
+                + " to point at your JSONL files (docs/interfaces.md), or pass --data.init_args.data_root DIR"
+            )
+        ckpt = cfg.get("ckpt_path")
+        if ckpt and ckpt not in ("last", "best", "hpc", "registry") and not Path(ckpt).is_file():
+            fail(
+                f"--ckpt_path {ckpt}: no such file; checkpoints of a run are in <run folder>/checkpoints/ "
+                f"(e.g. {RUN_ROOT}/{self.run_name}/checkpoints/last.ckpt)"
+            )
+
+    def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
+        from lightning.pytorch.callbacks.progress import ProgressBar
+
+        config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
+        extra = [self._get(self.config_init, c) for c in self._parser(self.subcommand).callback_keys]
+        named = [cb for cb in (self._get(self.config_init, "callbacks") or {}).values() if cb is not None]
+        if config.get("enable_progress_bar") is False:  # Lightning refuses a progress bar it was told not to show
+            named = [cb for cb in named if not isinstance(cb, ProgressBar)]
+        trainer = self._instantiate_trainer(config, extra + named)
+        trainer.run_name = getattr(self, "run_name", None)
+        return trainer
+
+
+def _has_model(path: str) -> bool:
+    p = Path(path).expanduser()
+    return (p / "config.json").is_file()
+
+
+def cli_main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
+    return SynGRPOCLI(args=args, run=run)
+
+
+def main(args: list[str] | None = None) -> None:
+    """The command line: project errors (a :class:`ConfigError`, or a ``ValueError`` / ``FileNotFoundError`` whose
+    message names a ``--flag``) print one line; anything else keeps its traceback. ``SYN_GRPO_TRACEBACK=1`` always
+    shows the traceback."""
+    try:
+        cli_main(args)
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        msg = str(e)
+        if os.environ.get("SYN_GRPO_TRACEBACK") or not (isinstance(e, ConfigError) or "--" in msg):
+            raise
+        fail(" ".join(msg.split()))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

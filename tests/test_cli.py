@@ -1,0 +1,125 @@
+"""The command line explains itself: one-line errors that name the flag (and file) and the fix, no abbreviations,
+short class names, named callbacks that overlays patch, and one folder and one name per run."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cli.errors import explain
+from cli.main import main, merge_callback_entry, merge_named_callbacks, run_name
+from train import cli_main
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = str(REPO / "configs/tiny.yaml")
+
+
+def _error(args: list[str], capsys) -> str:
+    """The stderr of a command line that must fail with exit status 2, as one line."""
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    return err
+
+
+def test_unknown_flag_is_one_line_with_did_you_mean(capsys):
+    err = _error(["fit", "--config", TINY, "--trainer.max_epoch", "1"], capsys)
+    assert "--trainer.max_epoch" in err and "did you mean --trainer.max_epochs?" in err
+
+
+def test_flags_are_never_abbreviated(capsys):
+    err = _error(["fit", "--config", TINY, "--trainer.max_step", "3"], capsys)  # not silently --trainer.max_steps
+    assert "unknown flag --trainer.max_step" in err and "--trainer.max_steps" in err
+
+
+def test_unknown_model_flag_suggests_the_module_argument(capsys):
+    err = _error(["fit", "--config", TINY, "--model.init_args.diversity_betta", "0.5"], capsys)
+    assert "did you mean --model.init_args.diversity_beta?" in err
+
+
+def test_bad_choice_names_the_flag_and_the_choices(capsys):
+    err = _error(["fit", "--config", TINY, "--model.init_args.aggregation", "token_mean"], capsys)
+    assert "--model.init_args.aggregation" in err and "token-mean" in err and "seq-mean-token-sum-norm" in err
+
+
+def test_missing_model_path_names_the_flag_before_anything_starts(capsys, tmp_path):
+    err = _error(["fit", "--config", TINY, "--model.init_args.model_name_or_path", str(tmp_path / "nope")], capsys)
+    assert "--model.init_args.model_name_or_path" in err and "config.json" in err
+    assert not (tmp_path / "nope").exists()
+
+
+def test_placeholder_data_path_points_at_the_config_line(capsys):
+    err = _error(["fit", "--config", str(REPO / "configs/rec_3b_1gpu.yaml")], capsys)
+    # the model path is checked first: the placeholder in the paper config names its file and line
+    assert "model_name_or_path /path/to/Qwen2.5-VL-3B-Instruct" in err and "configs/rec_3b_1gpu.yaml:" in err
+
+
+def test_missing_checkpoint_says_where_checkpoints_are(capsys, tmp_path):
+    err = _error(["test", "--config", TINY, "--ckpt_path", str(tmp_path / "last.ckpt")], capsys)
+    assert "--ckpt_path" in err and "outputs/tiny/checkpoints/last.ckpt" in err
+
+
+def test_module_value_errors_are_one_line(capsys):
+    err = _error(["fit", "--config", TINY, "--model.init_args.group_size", "1"], capsys)
+    assert "--model.group_size must be >= 2" in err
+
+
+def test_short_class_names_and_help(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["fit", "--model.help", "GRPOModule"])
+    assert exc.value.code in (None, 0)
+    out = capsys.readouterr().out
+    assert "--model.aggregation {token-mean,seq-mean-token-mean,seq-mean-token-sum-norm}" in out
+    cli = cli_main(["--config", TINY, "--model", "GRPOModule", "--data", "SyntheticDataModule"], run=False)
+    assert type(cli.model).__name__ == "GRPOModule"
+
+
+def test_explain_keeps_unknown_messages():
+    assert explain("something else\nhappened", []) == "something else happened"
+
+
+def _print_config(args: list[str]) -> dict:
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), pytest.raises(SystemExit):
+        cli_main([*args, "--print_config"])
+    return yaml.safe_load(buf.getvalue())
+
+
+def test_named_callbacks_merge_by_name():
+    assert merge_callback_entry({"class_path": "A", "init_args": {"x": 1, "y": 2}}, {"init_args": {"y": 3}}) == {
+        "class_path": "A",
+        "init_args": {"x": 1, "y": 3},
+    }
+    assert merge_callback_entry({"class_path": "A", "init_args": {"x": 1}}, {"class_path": "B"}) == {"class_path": "B"}
+    assert merge_callback_entry({"class_path": "A"}, None) is None
+    assert merge_named_callbacks(["fit", "--config", TINY]) == ["fit", "--config", TINY]  # one config: as given
+    cfg = _print_config(
+        ["fit", "--config", TINY, "--config", str(REPO / "configs/baselines/grpo.yaml"), "--callbacks.gallery", "null"]
+    )
+    named = cfg["callbacks"]
+    assert named["synthesis"]["init_args"]["mode"] == "off" and named["synthesis"]["init_args"]["gallery_samples"] == 4
+    assert named["gallery"] is None and named["metrics"] and named["results"] and named["progress"]
+    assert cfg["name"] == "tiny" and cfg["method"] == "grpo"
+
+
+def test_one_folder_and_one_name_per_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cli = cli_main(["--config", TINY, "--config", str(REPO / "configs/baselines/syn_grpo_wo_rdiv.yaml")], run=False)
+    t = cli.trainer
+    assert t.default_root_dir == "outputs/tiny-syn_grpo_wo_rdiv" and t.run_name == "tiny-syn_grpo_wo_rdiv"
+    ckpt = t.checkpoint_callback
+    assert Path(ckpt.dirpath) == tmp_path / "outputs/tiny-syn_grpo_wo_rdiv/checkpoints"
+    wb = t.loggers[0]
+    assert wb.save_dir == "outputs/tiny-syn_grpo_wo_rdiv" and wb._wandb_init["name"] == "tiny-syn_grpo_wo_rdiv"
+    assert wb._wandb_init["group"] == "tiny" and "syn_grpo_wo_rdiv" in wb._wandb_init["tags"]
+    # --trainer.default_root_dir moves every output
+    cli = cli_main(["--config", TINY, "--trainer.default_root_dir", str(tmp_path / "elsewhere")], run=False)
+    assert Path(cli.trainer.checkpoint_callback.dirpath) == tmp_path / "elsewhere/checkpoints"
+    assert cli.trainer.loggers[0].save_dir == str(tmp_path / "elsewhere")
+    assert run_name("tiny", None) == "tiny" and run_name(None, "sft") == "run-sft"

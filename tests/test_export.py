@@ -1,0 +1,122 @@
+"""``train.py export`` then ``from_pretrained`` then ``train.py predict`` reproduces ``train.py test`` of the checkpoint.
+
+One short GRPO fit of the embedded toy checkpoint on a few toy scenes writes ``last.ckpt``; the test metrics of that
+checkpoint are the reference. The exported HF directory loads with ``from_pretrained`` (the same weights), tests to
+the same metrics through ``--model.init_args.model_name_or_path``, and ``predict`` writes the same answers as JSONL.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from train import cli_main
+
+REPO = Path(__file__).resolve().parents[1]
+TOY_CKPT = REPO / "checkpoints/toy-qwen2.5-vl"
+
+
+@pytest.fixture(scope="module")
+def toy_rec(tmp_path_factory) -> Path:
+    from datamodules.toy import export_jsonl
+
+    root = tmp_path_factory.mktemp("toy_rec")
+    export_jsonl(root, "train", 4, seed=0, task="rec")
+    export_jsonl(root, "val", 6, seed=1, task="rec")
+    return root
+
+
+def _config(tmp: Path, data: Path) -> Path:
+    cfg = {
+        "name": "export-test",
+        "seed_everything": 0,
+        "trainer": {
+            "accelerator": "cpu",
+            "devices": 1,
+            "max_steps": 1,
+            "limit_val_batches": 0,
+            "num_sanity_val_steps": 0,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "default_root_dir": str(tmp / "run"),
+            "logger": False,
+        },
+        "callbacks": {
+            "checkpoint": {
+                "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                "init_args": {"save_last": True},
+            },
+            "results": {"class_path": "callbacks.results.ResultsTable"},
+            "predictions": {"class_path": "callbacks.predictions.PredictionsJSONL"},
+        },
+        "model": {
+            "class_path": "GRPOModule",
+            "init_args": {
+                "model_name_or_path": str(TOY_CKPT),
+                "dtype": "fp32",
+                "prompt_template": "toy",
+                "group_size": 2,
+                "max_new_tokens": 96,
+                "micro_batch_size": 4,
+                "kl_coef": 0.04,
+                "optimizer": {"class_path": "torch.optim.AdamW", "init_args": {"lr": 1e-3}},
+            },
+        },
+        "data": {
+            "class_path": "RECDataModule",
+            "init_args": {
+                "data_root": str(data),
+                "train_files": ["train.jsonl"],
+                "test_files": {"toy_val": "val.jsonl"},
+                "batch_size": 2,
+                "eval_batch_size": 6,
+            },
+        },
+    }
+    path = tmp / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_export_from_pretrained_predict_reproduce_the_checkpoint(toy_rec, tmp_path):
+    from transformers import AutoModelForImageTextToText
+
+    cfg = str(_config(tmp_path, toy_rec))
+    fit = cli_main(["fit", "--config", cfg])
+    ckpt = tmp_path / "run/checkpoints/last.ckpt"
+    assert fit.trainer.global_step == 1 and ckpt.is_file()
+
+    test = cli_main(["test", "--config", cfg, "--ckpt_path", str(ckpt)])
+    assert test.model.reference is None  # evaluating a checkpoint never builds the frozen reference
+    ref = {k: float(v) for k, v in test.trainer.callback_metrics.items() if k.startswith("test/toy_val/")}
+    assert set(ref) >= {"test/toy_val/acc50", "test/toy_val/miou", "test/toy_val/format"}
+
+    out = tmp_path / "hf"
+    exp = cli_main(["export", "--config", cfg, "--ckpt_path", str(ckpt), "--out", str(out)])
+    assert exp.model.reference is None
+    for name in ("config.json", "model.safetensors", "generation_config.json", "prompt_template.json", "README.md"):
+        assert (out / name).is_file(), name
+    assert json.loads((out / "prompt_template.json").read_text())["name"] == "toy"
+    assert json.loads((out / "generation_config.json").read_text())["do_sample"] is False
+
+    loaded = AutoModelForImageTextToText.from_pretrained(out, local_files_only=True)
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    for name, p in loaded.state_dict().items():
+        assert torch.equal(p, state[f"policy.{name}"]), name
+
+    hf = ["--model.init_args.model_name_or_path", str(out)]
+    again = cli_main(["test", "--config", cfg, *hf])
+    got = {k: float(v) for k, v in again.trainer.callback_metrics.items() if k.startswith("test/toy_val/")}
+    assert got == pytest.approx(ref)
+
+    cli_main(["predict", "--config", cfg, *hf])
+    rows = [json.loads(line) for line in (tmp_path / "run/predictions/toy_val.jsonl").read_text().splitlines()]
+    assert len(rows) == 6 and {"completion", "boxes", "rewards", "sample_id"} <= set(rows[0])
+    summary = json.loads((tmp_path / "run/predictions/summary.json").read_text())["toy_val"]
+    assert summary["acc50"] == pytest.approx(ref["test/toy_val/acc50"])
+    assert summary["miou"] == pytest.approx(ref["test/toy_val/miou"], abs=1e-5)
+    assert summary["format"] == pytest.approx(ref["test/toy_val/format"])
