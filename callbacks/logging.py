@@ -329,6 +329,8 @@ class OfflineAwareWandbLogger(WandbLogger):
             if value is not None:
                 kwargs[key] = list(value) if key == "tags" else value
         super().__init__(name=name, save_dir=save_dir, project=project, offline=False, log_model=log_model, **kwargs)
+        if self._wandb_init.get("anonymous") is None:  # W&B warns that the setting has no effect
+            self._wandb_init.pop("anonymous", None)
         self.finish_on_end = finish_on_end
         self.run_config: dict[str, Any] = {}
         """The run's full resolved config (set by ``cli.main.RunConfigCallback``), logged as the W&B config."""
