@@ -40,11 +40,19 @@ COLLAPSE_KEYS: dict[str, str] = {
 """Metric -> panel title of the collapse figure (entropy and diversity collapse)."""
 
 REWARD_KEYS: dict[str, str] = {
-    "train/reward/accuracy": "R_acc (IoU)",
+    "train/reward/accuracy": "R_acc",
     "train/reward/format": "R_format",
     "train/reward/diversity": "R_diversity",
     "train/kl": "KL to reference",
 }
+
+
+def reward_keys(runs: Sequence[Run]) -> dict[str, str]:
+    """``REWARD_KEYS`` with the accuracy panel titled by the runs' task: IoU (REC), s_ovd x mAP (OVD), or both."""
+    tasks = {str(r.hparam("task", "rec")) for r in runs} or {"rec"}
+    what = {"rec": "IoU", "ovd": "s_ovd x mAP"}
+    title = "R_acc (" + " / ".join(what.get(t, t) for t in sorted(tasks)) + ")"
+    return {k: (title if k == "train/reward/accuracy" else v) for k, v in REWARD_KEYS.items()}
 
 
 @dataclass
@@ -554,8 +562,8 @@ def plot_collapse(runs: Sequence[Run], smooth: float = 0.0) -> Figure:
 
 
 def plot_accuracy(runs: Sequence[Run], metric: str = "acc50", kind: str = "val") -> Figure:
-    """Validation ``metric`` per epoch, one panel per set, one line per run (the last evaluation of each epoch of the
-    fit; a run evaluated only by ``validate`` shows one point)."""
+    """Validation ``metric`` against the training step, one panel per set, one line per run (every evaluation of the
+    fit; a run evaluated once, e.g. one epoch or ``validate`` only, shows one marked point on a readable axis)."""
     sets: list[str] = []
     for r in runs:
         sets += [s for s in r.eval_sets(kind) if s not in sets]
@@ -570,16 +578,17 @@ def plot_accuracy(runs: Sequence[Run], metric: str = "acc50", kind: str = "val")
             df = frame
             if "stage" in df and (df["stage"] == "fit").any():
                 df = df[df["stage"] == "fit"]
-            df = df[["epoch", col]].dropna().groupby("epoch", as_index=False).last()
-            ax.plot(df["epoch"], df[col], marker="o", color=colours[r.label], label=r.label)
+            df = df[["step", col]].dropna().groupby("step", as_index=False).last()
+            ax.plot(df["step"], df[col], marker="o", color=colours[r.label], label=r.label)
         ax.set_title(f"{s}: {metric}")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("epoch (0-based)")
+        ax.margins(x=0.1, y=0.1)
+        ax.set_xlabel("step")
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
         if ax.get_lines():
             ax.legend(fontsize="small")
-    fig.suptitle(f"{kind} {metric} per epoch")
+    fig.suptitle(f"{kind} {metric} per validation")
     return fig
 
 
@@ -609,5 +618,5 @@ def save_figure(fig: Figure, out_dir: str | os.PathLike, name: str, dpi: int = 1
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.png"
-    fig.savefig(path, dpi=dpi)
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")  # legends outside the axes stay in the picture
     return path

@@ -328,6 +328,8 @@ class SynGRPOCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         cfg = self._sub()
+        if cfg.get("name") is None:  # a config without a name: a W&B logger's explicit name names the run
+            cfg.name = next((lg.init_args.get("name") for lg in _logger_specs(cfg) if "Wandb" in lg.class_path), None)
         name = run_name(cfg.get("name"), cfg.get("method"))
         root = cfg.trainer.get("default_root_dir") or f"{RUN_ROOT}/{name}"
         cfg.trainer.default_root_dir = str(root)
@@ -340,10 +342,7 @@ class SynGRPOCLI(LightningCLI):
 
     @staticmethod
     def _fill_loggers(cfg: Namespace, name: str, root: str) -> None:
-        loggers = cfg.trainer.get("logger")
-        for lg in loggers if isinstance(loggers, list) else [loggers]:
-            if not isinstance(lg, Namespace) or "init_args" not in lg:
-                continue
+        for lg in _logger_specs(cfg):
             a = lg.init_args
             if "save_dir" in a and a.get("save_dir") in (None, "."):
                 a.save_dir = root
@@ -397,6 +396,12 @@ class SynGRPOCLI(LightningCLI):
         trainer = self._instantiate_trainer(config, extra + named)
         trainer.run_name = getattr(self, "run_name", None)
         return trainer
+
+
+def _logger_specs(cfg: Namespace) -> list[Namespace]:
+    loggers = cfg.trainer.get("logger")
+    specs = loggers if isinstance(loggers, list) else [loggers]
+    return [lg for lg in specs if isinstance(lg, Namespace) and "init_args" in lg and "class_path" in lg]
 
 
 def _has_model(path: str) -> bool:

@@ -121,6 +121,7 @@ def test_tiny_fit_writes_wandb_offline_run_metrics_jsonl_and_gallery(tiny_model_
                 "init_args": {"num_samples": 2, "train_every_n_steps": 1},
             },
             {"class_path": "callbacks.results.ResultsTable", "init_args": {"during_fit": True}},
+            {"class_path": "callbacks.completions.CompletionsTable", "init_args": {"every_n_steps": 2}},
         ],
     )
     cli = cli_main(["fit", "--config", str(cfg)])
@@ -137,11 +138,18 @@ def test_tiny_fit_writes_wandb_offline_run_metrics_jsonl_and_gallery(tiny_model_
     rows, config, name = read_wandb_offline(run_dirs[0])
     assert name == "syn-grpo-tiny"
     assert config["diversity_beta"] == 0.5
+    # the full resolved config, not only the module's hparams: trainer, data, seed, callbacks, optimizer
+    assert config["trainer"]["max_epochs"] == 2 and config["data"]["init_args"]["batch_size"] == 2
+    assert config["seed_everything"] == 0 and "optimizer" in config["model"]["init_args"]
     keys = {k for r in rows for k in r}
     for key in (*CURVE_KEYS, "val/rec_val/acc50", "val/rec_val/miou"):
         assert key in keys, key
     assert sum("train/entropy" in r for r in rows) == 2  # one point per training step
-    assert {"val/gallery/_type", "train/rollouts/_type"} <= keys
+    assert {"val/gallery/_type", "train/rollouts/_type", "train/completions/_type"} <= keys
+    # the completions table: at step 1 and 2 (every 2), one row per completion of the first 2 prompts (G = 3)
+    comp = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in comp] == [1] * 6 + [2] * 6
+    assert {"completion", "boxes", "gt_boxes", "total", "accuracy", "format", "diversity"} <= set(comp[0])
     media = sorted((run_dirs[0] / "files/media/images").rglob("*.png"))
     assert len([m for m in media if "gallery" in m.name]) == 2 * 2  # 2 samples x 2 validations
     assert all(m.stat().st_size > 0 for m in media)
@@ -155,6 +163,7 @@ def test_tiny_fit_writes_wandb_offline_run_metrics_jsonl_and_gallery(tiny_model_
     # --- metrics JSONL: one line per training step and per validation, between start and end
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["event"] for r in lines] == ["start", "train", "val", "train", "val", "end"]
+    assert lines[-1]["status"] == "finished" and lines[-1]["error"] is None
     start = lines[0]
     assert start["run"] == "syn-grpo-tiny" and start["stage"] == "fit" and not start["resumed"]
     assert start["hparams"]["diversity_beta"] == 0.5
@@ -311,3 +320,50 @@ def test_results_table_layouts(tmp_path, capsys):
     assert (
         "| method | refcoco_val Acc@0.5 | d3 mAP | d3 GP | d3 GR |" in (tmp_path / "eval/results/test.md").read_text()
     )
+
+
+def test_resumed_fit_continues_its_wandb_run(tiny_model_dir, rec_dir, tmp_path, quiet_wandb):
+    """The W&B run id travels in the checkpoint (cli.main.RunConfigCallback): a fit resumed from it logs into the same
+    run, and the run starts only after the model loaded (a bad model path leaves no W&B run at all)."""
+    out = tmp_path / "run"
+    loggers = [{"class_path": "callbacks.logging.OfflineAwareWandbLogger", "init_args": {"finish_on_end": True}}]
+    ckpt_dir = str(out / "checkpoints")
+    ckpt = [
+        {
+            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+            "init_args": {"save_last": True, "dirpath": ckpt_dir},
+        }
+    ]
+    cfg = tiny_fit_config(
+        tmp_path / "fit.yaml", tiny_model_dir, rec_dir, out, loggers=loggers, callbacks=ckpt, epochs=1
+    )
+    first = cli_main(["fit", "--config", str(cfg), "--trainer.enable_checkpointing", "true"])
+    run_id = first.trainer.logger._wandb_init.get("id")
+    assert run_id and (out / "checkpoints/last.ckpt").is_file()
+    second = cli_main(
+        [
+            "fit",
+            "--config",
+            str(cfg),
+            "--trainer.enable_checkpointing",
+            "true",
+            "--trainer.max_epochs",
+            "2",
+            "--ckpt_path",
+            str(out / "checkpoints/last.ckpt"),
+        ]
+    )
+    assert second.trainer.global_step == 2
+    assert second.trainer.logger._wandb_init.get("id") == run_id
+    assert len({p.name.rsplit("-", 1)[-1] for p in (out / "wandb").glob("offline-run-*")}) == 1
+
+    broken = tmp_path / "broken-model"  # a config.json that from_pretrained cannot use: fails in configure_model
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    bad = tmp_path / "bad"
+    with pytest.raises(Exception):  # noqa: B017 - whatever transformers raises; what matters is what is left behind
+        cli_main(
+            ["fit", "--config", str(cfg), "--trainer.default_root_dir", str(bad), "--trainer.logger.init_args.save_dir"]
+            + [str(bad), "--model.init_args.model_name_or_path", str(broken)]
+        )
+    assert not (bad / "wandb").exists()

@@ -115,3 +115,77 @@ def test_cli_accepts_every_sweep_command(path, monkeypatch):
         kind, set_name, metric = sweep["metric"]["name"].split("/")
         assert kind == "val" and metric in ("acc50", "miou", "map", "map_50", "gp", "gr")
         assert set_name in (printed["data"]["init_args"].get("val_files") or {}), sweep["metric"]["name"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The offline runner: python -m sweep
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_offline_runner_plans_one_folder_and_one_name_per_point(tmp_path):
+    from sweep import plan
+
+    sweep, points, out = plan(REPO / "configs/sweeps/beta.yaml", tmp_path / "beta", ["--trainer.max_epochs", "1"])
+    assert len(points) == 5 and out == tmp_path / "beta"
+    assert [p.name for p in points] == [f"diversity_beta={b}" for b in (0.1, 0.3, 0.5, 0.7, 0.9)]
+    assert len({p.folder for p in points}) == 5
+    for p, (_, argv) in zip(points, render_commands(sweep)):
+        assert p.argv[1:][: len(argv) - 2] == argv[2:]  # the command W&B's agent runs, minus env / interpreter
+        assert f"--trainer.default_root_dir={p.folder}" in p.argv and f"--name=syn-grpo-beta-{p.name}" in p.argv
+        assert p.argv[-2:] == ["--trainer.max_epochs", "1"]
+
+
+def test_offline_runner_refuses_what_needs_a_server(tmp_path, capsys):
+    from sweep.__main__ import main as sweep_main
+
+    bayes = tmp_path / "bayes.yaml"
+    bayes.write_text(yaml.safe_dump({"method": "bayes", "program": "train.py", "parameters": {}, "command": []}))
+    assert sweep_main([str(bayes)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "grid" in err and "\n" not in err
+
+
+SHORT_POINT = [  # one GRPO step on 4 toy scenes, a 4-sample validation; no data server, no W&B
+    "--trainer.max_epochs=1",
+    "--trainer.enable_progress_bar=false",
+    "--trainer.logger=false",
+    "--data.init_args.toy.splits.train=4",
+    "--data.init_args.max_eval_samples=4",
+    "--data.init_args.val_files={toy_val: val.jsonl}",
+    "--model.init_args.group_size=2",
+    "--model.init_args.max_new_tokens=48",
+    "--callbacks.synthesis=null",
+    "--callbacks.gallery=null",
+    "--callbacks.checkpoint=null",
+    "--trainer.enable_checkpointing=false",
+]
+
+
+@pytest.mark.slow
+def test_offline_sweep_of_five_points_two_at_a_time_feeds_the_notebook(tmp_path):
+    """``python -m sweep configs/sweeps/beta.yaml -j 2``: five points, each in its own folder, results collected, and
+    the notebook's loader labels every point distinctly."""
+    import subprocess
+    import sys
+
+    from callbacks import analysis as A
+
+    out = tmp_path / "beta"
+    data = tmp_path / "toy"
+    cmd = [sys.executable, "-m", "sweep", "configs/sweeps/beta.yaml", "-j", "2", "--out", str(out), "--"]
+    cmd += SHORT_POINT + [f"--data.init_args.data_root={data}"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    folders = sorted(p for p in out.iterdir() if p.is_dir())
+    assert [p.name for p in folders] == [f"diversity_beta={b}" for b in (0.1, 0.3, 0.5, 0.7, 0.9)]
+    for f in folders:
+        assert (f / "metrics.jsonl").is_file() and (f / "config.yaml").is_file(), sorted(f.iterdir())
+    import pandas as pd
+
+    results = pd.read_csv(out / "results.csv")
+    assert results["returncode"].tolist() == [0] * 5 and "val/toy_val/acc50" in results
+    runs = A.load_runs(str(out))
+    assert len(runs) == 5 and len({r.label for r in runs}) == 5
+    assert sorted(r.beta for r in runs) == [0.1, 0.3, 0.5, 0.7, 0.9]
+    fig = A.plot_beta_ablation(runs)
+    assert A.save_figure(fig, tmp_path / "fig", "beta").stat().st_size > 1000
