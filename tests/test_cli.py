@@ -123,3 +123,9 @@ def test_one_folder_and_one_name_per_run(tmp_path, monkeypatch):
     assert Path(cli.trainer.checkpoint_callback.dirpath) == tmp_path / "elsewhere/checkpoints"
     assert cli.trainer.loggers[0].save_dir == str(tmp_path / "elsewhere")
     assert run_name("tiny", None) == "tiny" and run_name(None, "sft") == "run-sft"
+
+
+def test_a_callback_in_both_lists_says_where_to_set_it(capsys):
+    spec = '[{"class_path": "callbacks.synthesis.SynthesisCallback", "init_args": {"mode": "off"}}]'
+    err = _error(["fit", "--config", TINY, "--trainer.callbacks", spec], capsys)
+    assert "callbacks.synthesis" in err and "set it in one place" in err

@@ -20,20 +20,18 @@ def test_two_ranks_share_pool_and_smoother(tiny_model_dir, rec_dir, tmp_path):
         "".join(json.dumps({"sample_id": f"s{i}", "description": "a striped blue background"}) + "\n" for i in range(8))
     )
     probe = tmp_path / "probe"
-    callbacks = json.dumps(
-        [
-            {
-                "class_path": "callbacks.synthesis.SynthesisCallback",
-                "init_args": {
-                    "mode": "sync",
-                    "offline_descriptions": str(offline),
-                    "poll_interval": 0.05,
-                    "gallery_samples": 0,
-                },
+    synthesis = json.dumps(
+        {
+            "class_path": "callbacks.synthesis.SynthesisCallback",
+            "init_args": {
+                "mode": "sync",
+                "offline_descriptions": str(offline),
+                "poll_interval": 0.05,
+                "gallery_samples": 0,
             },
-            {"class_path": "ddp_probe.RankProbe", "init_args": {"out_dir": str(probe)}},
-        ]
+        }
     )
+    rank_probe = json.dumps({"class_path": "ddp_probe.RankProbe", "init_args": {"out_dir": str(probe)}})
     cmd = [
         sys.executable,
         str(REPO / "train.py"),
@@ -50,8 +48,18 @@ def test_two_ranks_share_pool_and_smoother(tiny_model_dir, rec_dir, tmp_path):
         "2",
         "--trainer.logger",
         "false",
-        "--trainer.callbacks",
-        callbacks,
+        "--callbacks.synthesis",  # the named callbacks of tiny.yaml: replace one, add one, drop the rest
+        synthesis,
+        "--callbacks.probe",
+        rank_probe,
+        "--callbacks.gallery",
+        "null",
+        "--callbacks.completions",
+        "null",
+        "--callbacks.checkpoint",
+        "null",
+        "--trainer.enable_checkpointing",
+        "false",
         "--trainer.enable_progress_bar",
         "false",
         "--trainer.limit_val_batches",
