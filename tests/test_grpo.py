@@ -40,6 +40,8 @@ def _args(tiny_model_dir: Path, data_root: Path, out: Path, *extra: str) -> list
         "false",
         "--trainer.callbacks",
         "[]",
+        "--callbacks",  # none of tiny.yaml's named callbacks
+        "{}",
         "--trainer.enable_checkpointing",
         "true",
         "--trainer.enable_progress_bar",

@@ -71,9 +71,9 @@ def _fit(
             )
         )
     )
-    callbacks = json.dumps(
-        [
-            {
+    callbacks = json.dumps(  # tiny.yaml's named callbacks: only the synthesis callback, configured here
+        {
+            "synthesis": {
                 "class_path": "callbacks.synthesis.SynthesisCallback",
                 "init_args": {
                     "mode": mode,
@@ -83,7 +83,7 @@ def _fit(
                     **(synth_args or {}),
                 },
             }
-        ]
+        }
     )
     ckpt = next((extra[i + 1] for i, a in enumerate(extra) if a == "--ckpt_path"), None)
     extra = tuple(a for i, a in enumerate(extra) if a != "--ckpt_path" and (i == 0 or extra[i - 1] != "--ckpt_path"))
@@ -112,7 +112,7 @@ def _fit(
         str(out),
         "--trainer.logger",
         "false",
-        "--trainer.callbacks",
+        "--callbacks",
         callbacks,
         "--trainer.max_epochs",
         str(epochs),
