@@ -194,7 +194,7 @@ def swap_paths_and_lengths(cfg: dict[str, Any], *, ctx: dict[str, Any], run_dir:
     for lg in t.get("logger") or []:
         if isinstance(lg, dict) and "save_dir" in lg.get("init_args", {}):
             put(lg["init_args"], "save_dir", str(run_dir), f"logger[{lg['class_path'].rsplit('.', 1)[-1]}]")
-    for cb in t.get("callbacks") or []:
+    for cb in list(t.get("callbacks") or []) + [c for c in (cfg.get("callbacks") or {}).values() if c]:  # + named
         a = cb.setdefault("init_args", {})
         name = cb["class_path"].rsplit(".", 1)[-1]
         if name == "ModelCheckpoint":

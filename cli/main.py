@@ -50,7 +50,6 @@ import lightning as L  # noqa: E402
 from jsonargparse import Namespace  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
-from lightning.pytorch.utilities.model_helpers import is_overridden  # noqa: E402
 
 from cli.errors import ConfigError, explain, fail, init_flags, locate_value  # noqa: E402
 
@@ -394,16 +393,10 @@ class SynGRPOCLI(LightningCLI):
         named = [cb for cb in (self._get(self.config_init, "callbacks") or {}).values() if cb is not None]
         if config.get("enable_progress_bar") is False:  # Lightning refuses a progress bar it was told not to show
             named = [cb for cb in named if not isinstance(cb, ProgressBar)]
+        # a callback given in trainer.callbacks replaces the named one of the same class (docs/decisions.md)
         listed = config.get("callbacks") or []
-        for cb in listed if isinstance(listed, list) else [listed]:
-            twin = next(
-                (n for n, c in (self._get(self.config_init, "callbacks") or {}).items() if type(c) is type(cb)), None
-            )
-            if twin is not None and is_overridden("state_dict", instance=cb, parent=Callback):
-                fail(
-                    f"--trainer.callbacks has a {type(cb).__name__} and so has callbacks.{twin}: set it in one place, "
-                    f"e.g. --callbacks.{twin} '{{class_path: ..., init_args: ...}}' (or --callbacks.{twin} null)"
-                )
+        listed_types = {type(cb) for cb in (listed if isinstance(listed, list) else [listed])}
+        named = [cb for cb in named if type(cb) not in listed_types]
         trainer = self._instantiate_trainer(config, extra + named)
         trainer.run_name = getattr(self, "run_name", None)
         return trainer

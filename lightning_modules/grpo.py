@@ -689,7 +689,7 @@ class GRPOModule(L.LightningModule):
         ro, parsed, answers = self._greedy(batch)
         fmt = rewards.format_reward(ro.texts, format=self.hparams.eval_format or self.hparams.format, parsed=parsed)
         out = []
-        for s, text, p, boxes, f, in_wh in zip(batch, ro.texts, parsed, answers, fmt, ro.input_wh):
+        for s, text, boxes, f, in_wh in zip(batch, ro.texts, answers, fmt, ro.input_wh):
             if s.task == "rec":
                 acc = rewards.iou(boxes[0], s.boxes[0]) if boxes else 0.0
             else:

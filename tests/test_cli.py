@@ -125,7 +125,9 @@ def test_one_folder_and_one_name_per_run(tmp_path, monkeypatch):
     assert run_name("tiny", None) == "tiny" and run_name(None, "sft") == "run-sft"
 
 
-def test_a_callback_in_both_lists_says_where_to_set_it(capsys):
+def test_a_callback_in_trainer_callbacks_replaces_the_named_one_of_its_class():
     spec = '[{"class_path": "callbacks.synthesis.SynthesisCallback", "init_args": {"mode": "off"}}]'
-    err = _error(["fit", "--config", TINY, "--trainer.callbacks", spec], capsys)
-    assert "callbacks.synthesis" in err and "set it in one place" in err
+    cli = cli_main(["--config", TINY, "--trainer.callbacks", spec], run=False)
+    synth = [c for c in cli.trainer.callbacks if type(c).__name__ == "SynthesisCallback"]
+    assert len(synth) == 1 and synth[0].mode == "off"
+    assert any(type(c).__name__ == "MetricsJSONL" for c in cli.trainer.callbacks)  # the other named ones stay
