@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_grpo import _args  # the tiny GRPO run's flags (tests/ is on sys.path under pytest)
 from torch import nn
 
 from lightning_modules.precision import MasterWeightOptimizer, build_optimizer, fp32_default_dtype
@@ -123,48 +124,25 @@ def test_grpo_fit_bf16_true_fast_engines_moves_the_policy_at_lr_1e6(tiny_model_d
     out = tmp_path / "run"
     args = [
         "fit",
-        "--config",
-        str(REPO / "configs/tiny.yaml"),
-        "--model.init_args.model_name_or_path",
-        str(tiny_model_dir),
-        "--model.init_args.dtype",
-        "bf16",
-        "--trainer.precision",
-        "bf16-true",
-        "--model.init_args.rollout_engine",
-        "fast",
-        "--model.init_args.update_engine",
-        "packed",
-        "--model.init_args.max_new_tokens",
-        "12",
-        "--model.init_args.group_size",
-        "3",
-        "--model.init_args.optimizer.init_args.lr",
-        str(LR),
-        "--data.init_args.data_root",
-        str(rec_dir),
-        "--data.init_args.toy",
-        "null",
-        "--data.init_args.train_files",
-        "[train.jsonl]",
-        "--data.init_args.val_files",
-        "{rec_val: val.jsonl}",
-        "--data.init_args.batch_size",
-        "2",
-        "--trainer.default_root_dir",
-        str(out),
-        "--trainer.logger",
-        "false",
-        "--trainer.callbacks",
-        "[]",
-        "--callbacks",  # none of tiny.yaml's named callbacks
-        "{}",
-        "--trainer.enable_progress_bar",
-        "false",
-        "--trainer.max_steps",
-        "2",
-        "--trainer.limit_val_batches",
-        "0",
+        *_args(
+            tiny_model_dir,
+            rec_dir,
+            out,
+            "--model.init_args.dtype",
+            "bf16",
+            "--trainer.precision",
+            "bf16-true",
+            "--model.init_args.rollout_engine",
+            "fast",
+            "--model.init_args.update_engine",
+            "packed",
+            "--model.init_args.optimizer.init_args.lr",
+            str(LR),
+            "--trainer.max_steps",
+            "2",
+            "--trainer.limit_val_batches",
+            "0",
+        ),
     ]
     cli = cli_main(args)
     model = cli.model
