@@ -55,9 +55,9 @@ def run_parity(
 ) -> dict[str, Any]:
     from lightning_modules import objective
     from lightning_modules.efficient import completion_logprobs, pack_rollout, policy_backward
+    from lightning_modules.engines.fast import repeat_encoding
     from lightning_modules.policy import (
         Rollout,
-        _repeat_encoding,
         build_prompt_text,
         completion_logps,
         completion_mask_from_ids,
@@ -96,7 +96,7 @@ def run_parity(
         generator=g,
         return_logprobs=True,
     )
-    rep = _repeat_encoding(enc, group)
+    rep = repeat_encoding(enc, group)
     mask = completion_mask_from_ids(ids, eos)
     ro = Rollout(
         prompt_ids=rep["input_ids"],

@@ -464,7 +464,7 @@ class RolloutGallery(Callback):
     At each validation end (``every_n_epochs``; sanity checks excluded) the policy answers greedily, as in evaluation,
     on the first ``num_samples`` samples of one validation set (always the same samples, so epochs compare). With
     ``train_every_n_steps > 0``, every n training steps the G completions of the first prompt of the batch
-    (``module.last_rollout_texts``) are drawn over that prompt's image. PNGs go to ``<default_root_dir>/<dirname>/``
+    (the step's ``outputs["completions"]`` and ``outputs["boxes"]``) are drawn over that prompt's image. PNGs go to ``<default_root_dir>/<dirname>/``
     (``val_e<epoch>_s<step>_<k>.png``, ``train_s<step>.png``) and to every logger with ``log_image`` (W&B:
     ``val/gallery``, ``train/rollouts``). Only global rank 0 draws; it needs a module with ``policy``, ``processor``
     and the GRPO hparams (``prompt_template``, ``max_new_tokens``).
@@ -530,39 +530,37 @@ class RolloutGallery(Callback):
     @torch.no_grad()
     def _draw_eval(self, trainer: L.Trainer, pl_module: L.LightningModule, kind: str) -> None:
         from lightning_modules import rewards
-        from lightning_modules.policy import rollout
+        from lightning_modules.evaluation import greedy_answers
 
         samples = self._fixed_samples(trainer, kind)
         if not samples or not self._usable(pl_module):
             return
         hp = pl_module.hparams
-        ro = rollout(
+        template = hp.get("eval_prompt_template") or hp.get("prompt_template", "syn_grpo")
+        template = template if isinstance(template, str) else list(template)[0]  # SFT: a list of templates
+        answers, _ = greedy_answers(
             pl_module.policy,
             pl_module.processor,
-            [s.image for s in samples],
-            [s.query for s in samples],
-            group_size=1,
-            task=[s.task for s in samples],
-            template=hp.get("prompt_template", "syn_grpo"),
-            do_sample=False,
+            samples,
+            template=template,
             max_new_tokens=self.max_new_tokens or hp.get("max_new_tokens", 128),
             engine=hp.get("rollout_engine", "hf"),
         )
         out = self._out_dir(trainer)
         panels, captions = [], []
-        for k, (s, text, in_wh) in enumerate(zip(samples, ro.texts, ro.input_wh)):
-            boxes = [rewards.rescale_box(b, in_wh, s.size) for b in rewards.parse_completion(text).boxes]
+        for k, (s, a) in enumerate(zip(samples, answers)):
+            boxes = a.boxes
             if s.task == "rec":
                 score = f"IoU {rewards.iou(boxes[0], s.boxes[0]):.2f}" if boxes else "no box"
             else:
                 score = f"{len(boxes)} boxes / {len(s.boxes)} GT"
             caption = f"{s.sample_id} | {s.query} | {score}"
-            panel = gallery_panel(s.image, s.boxes, [boxes], [caption, text])
+            panel = gallery_panel(s.image, s.boxes, [boxes], [caption, a.text])
             path = out / f"{kind}_e{trainer.current_epoch:03d}_s{trainer.global_step:06d}_{k}.png"
             panel.save(path)
             self.written.append(path)
             panels.append(panel)
-            captions.append(f"{caption} | {text[:200]}")
+            captions.append(f"{caption} | {a.text[:200]}")
         _log_images(trainer, f"{kind}/gallery", panels, captions)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -579,23 +577,16 @@ class RolloutGallery(Callback):
     @torch.no_grad()
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int):
         n = self.train_every_n_steps
-        texts = getattr(pl_module, "last_rollout_texts", None)
+        texts = outputs.get("completions") if isinstance(outputs, dict) else None
         if n <= 0 or not trainer.is_global_zero or trainer.global_step % n or not texts or not batch:
             return
-        if not self._usable(pl_module):
-            return
         from lightning_modules import rewards
-        from lightning_modules.policy import model_input_size
 
-        G = len(texts) // len(batch)
+        G = int(outputs.get("group_size") or max(1, len(texts) // len(batch)))
         s = batch[0]
-        processor = pl_module.processor
-        grid = processor.image_processor(images=[s.image], return_tensors="pt")["image_grid_thw"]
-        in_wh = model_input_size(grid, getattr(processor.image_processor, "patch_size", 14))[0]
         sets, lines = [], [f"{s.sample_id} | {s.query} | step {trainer.global_step}, G={G}"]
-        for i, text in enumerate(texts[:G]):
+        for i, (text, boxes) in enumerate(zip(texts[:G], outputs["boxes"][:G])):  # boxes: original pixels
             p = rewards.parse_completion(text)
-            boxes = [rewards.rescale_box(b, in_wh, s.size) for b in p.boxes]
             sets.append(boxes)
             score = f"IoU {rewards.iou(boxes[0], s.boxes[0]):.2f}" if s.task == "rec" and boxes else "no box"
             lines.append(f"#{i} v={p.diversity} {score}: {p.description or ''}")

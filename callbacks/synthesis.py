@@ -281,7 +281,9 @@ class SynthesisCallback(Callback):
         cw, ch = w + round(w * f), h + round(h * f)
         return f, (rng.randint(0, max(cw - w, 0)), rng.randint(0, max(ch - h, 0)))
 
-    def _selections(self, trainer: L.Trainer, pl_module: L.LightningModule, batch) -> list[tuple[str, str]]:
+    def _selections(self, trainer: L.Trainer, outputs, batch) -> list[tuple[str, str]]:
+        """(sample id, description) pairs to synthesize: the offline descriptions, or the evolution requests the
+        training step returned (``outputs["evolution"]``)."""
         if self.offline:
             out = []
             for s in batch:
@@ -289,12 +291,13 @@ class SynthesisCallback(Callback):
                 if options:
                     out.append((s.sample_id, options[trainer.current_epoch % len(options)]))
             return out
-        return [(s.sample_id, s.description) for s in getattr(pl_module, "last_selections", []) if s.description]
+        requests = outputs.get("evolution", []) if isinstance(outputs, dict) else []
+        return [(s.sample_id, s.description) for s in requests if s.description]
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx):
         if self.mode == "off":
             return
-        chosen = self._selections(trainer, pl_module, batch)
+        chosen = self._selections(trainer, outputs, batch)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             gathered: list[Any] = [None] * torch.distributed.get_world_size()
             torch.distributed.all_gather_object(gathered, chosen)

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from lightning_modules.rollout import image_embeddings, model_parts, mrope_positions
+from lightning_modules.qwen_vl import image_embeddings, model_parts, mrope_positions, rotate_half
 
 __all__ = [
     "PackedRollout",
@@ -49,11 +49,6 @@ __all__ = [
 # --------------------------------------------------------------------------------------------------------------------
 # Vision tower: one attention call per layer instead of one per window
 # --------------------------------------------------------------------------------------------------------------------
-
-
-def _rotate_half(x):
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
 
 
 def _chunk_lengths(cu_seqlens: torch.Tensor) -> list[int]:
@@ -76,8 +71,8 @@ def _batched_vision_attention(self, hidden_states, cu_seqlens, position_embeddin
     dt = q.dtype
     cos, sin = cos.unsqueeze(-2).float(), sin.unsqueeze(-2).float()
     qf, kf = q.float(), k.float()
-    q = (qf * cos + _rotate_half(qf) * sin).to(dt)
-    k = (kf * cos + _rotate_half(kf) * sin).to(dt)
+    q = (qf * cos + rotate_half(qf) * sin).to(dt)
+    k = (kf * cos + rotate_half(kf) * sin).to(dt)
     D = q.shape[-1]
     lengths = _chunk_lengths(cu_seqlens)
     n = len(lengths)

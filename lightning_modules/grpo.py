@@ -20,7 +20,12 @@ How this departs from textbook GRPO (DeepSeekMath), and why:
 * With ``num_iterations == 1`` (the paper) the ratio is exactly 1 and ``old_logp`` is the detached current log-prob;
   with ``num_iterations > 1`` old log-probs are computed once per rollout before the first update.
 * **Selection**: after each batch, per prompt, the description of the completion with the highest ``R_diversity``
-  (among completions whose description parses) is exposed in ``last_selections`` for the synthesis callback.
+  (among completions whose description parses) is returned in the step's ``outputs["evolution"]`` for the
+  synthesis callback.
+* **Methods and engines are plug-ins.** The step is the same for every method: plan -> generate -> score ->
+  advantage -> update -> log. What a method changes (its rollout plan, reward terms, advantage groups, evolution
+  requests) lives in ``lightning_modules/methods/`` (``--model.method``); how completions are generated and scored
+  lives in ``lightning_modules/engines/`` (``--model.rollout_engine``, ``--model.update_engine``).
 * Entropy baselines from the paper's Table 1: ``entropy_coef`` adds ``-coef * H`` to the loss ("GRPO + Entropy Loss");
   ``entropy_adv_coef`` shapes each token's advantage with ``min(coef * H_t, |A| / kappa)`` (detached entropy;
   "Reasoning with Exploration: An Entropy Perspective", "GRPO + Entropy Adv.").
@@ -29,18 +34,27 @@ How this departs from textbook GRPO (DeepSeekMath), and why:
 from __future__ import annotations
 
 import copy
-import random
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
-from typing import Literal
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict
+from typing import Any, Literal
 
 import lightning as L
 import torch
 from torch import nn
 
 from lightning_modules import objective, rewards
-from lightning_modules.policy import PROMPT_TEMPLATES, Rollout, completion_logps, load_policy, rollout
+from lightning_modules.engines import (
+    ROLLOUT_ENGINES,
+    UPDATE_ENGINES,
+    RolloutRequest,
+    Sampling,
+    build_rollout_engine,
+    build_update_engine,
+)
+from lightning_modules.evaluation import Evaluator, eval_set_name, greedy_answers
+from lightning_modules.methods import METHODS, Scores, Selection, build_method
+from lightning_modules.policy import PROMPT_TEMPLATES, Rollout, load_policy
 from lightning_modules.precision import build_optimizer, fp32_default_dtype, optimizer_tensors
 
 OptimizerCallable = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
@@ -71,22 +85,6 @@ class PhaseTimer:
         self._t = now
 
 
-@dataclass
-class Selection:
-    """The description chosen for one prompt of the last batch (what the synthesis callback submits)."""
-
-    sample_id: str
-    description: str | None
-    index: int
-    """Row of the chosen completion inside its group."""
-    diversity_reward: float
-    predicted_diversity: float | None
-    gt_diversity: float
-    smoothed_diversity: float
-    step: int
-    epoch: int
-
-
 class GRPOModule(L.LightningModule):
     """GRPO / Syn-GRPO on an HF image-text-to-text policy.
 
@@ -103,8 +101,12 @@ class GRPOModule(L.LightningModule):
         max_new_tokens: completion length limit.
         min_new_tokens: EOS is masked before this many tokens (0: off). Benchmarks set it to ``max_new_tokens`` so that
             random-weight models generate fixed lengths.
-        rollout_engine: ``hf`` (``model.generate``) or ``fast`` (static cache, one prefill per group).
-        update_engine: ``hf`` (the model's own forward per micro-batch) or ``packed`` (``efficient.py``: vision
+        method: the registered method (``lightning_modules/methods/``): ``syn_grpo`` (the default) or ``grpo`` (plain
+            GRPO: accuracy + format rewards, no diversity reward, no evolution requests).
+        method_args: the method's own settings (keyword arguments of its class), for methods that have any.
+        rollout_engine: a registered rollout engine (``lightning_modules/engines/``): ``hf`` (``model.generate``) or
+            ``fast`` (static cache, one prefill per group).
+        update_engine: a registered update engine: ``hf`` (the model's own forward per micro-batch) or ``packed`` (``efficient.py``: vision
             tower once per image and its backward once per step, length-bucketed micro-batches, chunked log-probs
             from hidden states; single-process only: its deferred vision backward is not DDP-aware).
         rollout_compile: ``torch.compile`` the fast engine's decode step before capturing it (``fast`` only; the first
@@ -155,15 +157,17 @@ class GRPOModule(L.LightningModule):
         attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] | None = "sdpa",
         local_files_only: bool = True,
         task: Literal["rec", "ovd"] = "rec",
+        method: str = "syn_grpo",
+        method_args: dict[str, Any] | None = None,
         prompt_template: str = "syn_grpo",
         group_size: int = 6,
         temperature: float = 1.0,
         top_p: float = 1.0,
         max_new_tokens: int = 256,
         min_new_tokens: int = 0,
-        rollout_engine: Literal["hf", "fast"] = "hf",
+        rollout_engine: str = "hf",
         rollout_compile: bool = False,
-        update_engine: Literal["hf", "packed"] = "hf",
+        update_engine: str = "hf",
         num_iterations: int = 1,
         micro_batch_size: int = 8,
         ref_micro_batch_size: int | None = None,
@@ -199,8 +203,14 @@ class GRPOModule(L.LightningModule):
             raise ValueError(f"--model.group_size must be >= 2 for group-normalised advantages, got {group_size}")
         if task not in ("rec", "ovd"):
             raise ValueError(f"--model.task must be 'rec' or 'ovd', got {task!r}")
-        if update_engine not in ("hf", "packed"):
-            raise ValueError(f"--model.update_engine must be 'hf' or 'packed', got {update_engine!r}")
+        if rollout_engine not in ROLLOUT_ENGINES:
+            raise ValueError(f"--model.rollout_engine must be one of {sorted(ROLLOUT_ENGINES)}, got {rollout_engine!r}")
+        if update_engine not in UPDATE_ENGINES:
+            raise ValueError(f"--model.update_engine must be one of {sorted(UPDATE_ENGINES)}, got {update_engine!r}")
+        if method not in METHODS:
+            raise ValueError(
+                f"--model.method must be one of {sorted(METHODS)} (lightning_modules/methods/), got {method!r}"
+            )
         if num_iterations < 1:
             raise ValueError(f"--model.num_iterations must be >= 1, got {num_iterations}")
         if min_new_tokens < 0 or min_new_tokens > max_new_tokens:
@@ -234,14 +244,23 @@ class GRPOModule(L.LightningModule):
         self.save_hyperparameters(ignore=["optimizer"])
         self.optimizer_factory = optimizer
         self.automatic_optimization = False
-        self.smoother = rewards.DiversitySmoother(beta=diversity_beta)
+        self.method = build_method(method, self.hparams, method_args)
+        self.rollout_engine = build_rollout_engine(rollout_engine, compile_step=rollout_compile)
+        self.update_engine = build_update_engine(
+            update_engine,
+            micro_batch_size=micro_batch_size,
+            ref_micro_batch_size=ref_micro_batch_size,
+            temperature=temperature,
+            gradient_checkpointing=gradient_checkpointing,
+            vision_checkpointing=vision_checkpointing,
+        )
+        self.sampling = Sampling(temperature, top_p, max_new_tokens, min_new_tokens)
         self.policy: nn.Module | None = None
         self.processor = None
         self._ref: list[nn.Module] = []  # a list so the reference is neither a submodule nor in the checkpoint
-        self._rng = random.Random(seed)
         self.last_selections: list[Selection] = []
-        self.last_rollout_texts: list[str] = []
-        self.eval_metrics = nn.ModuleDict()
+        """The last step's evolution requests (also in its ``outputs["evolution"]``), kept for the checkpoint."""
+        self.evaluator = Evaluator()
         self.inference_only = False
         """Set by ``train.py export``: ``configure_model`` then never builds the frozen reference."""
 
@@ -259,7 +278,7 @@ class GRPOModule(L.LightningModule):
         if hp.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False
-        if hp.rollout_engine == "fast" or hp.update_engine == "packed":
+        if self.rollout_engine.own_kernels or self.update_engine.own_kernels:
             # the vision tower's window attention as one batched SDPA call per layer instead of HF's loop over
             # windows (exact; the loop runs ~16 x 20 small kernels per layer for 20 images, in the prefill, the
             # reference, the update and its recompute)
@@ -305,7 +324,7 @@ class GRPOModule(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         self._check_strategy()
-        self._build_eval_metrics(stage)
+        self.evaluator.build(self._trainer, stage)
 
     def _check_strategy(self) -> None:
         trainer = self._trainer
@@ -319,7 +338,7 @@ class GRPOModule(L.LightningModule):
                 "(configs/rec_3b_1gpu.yaml)"
             )
         plugin = type(trainer.precision_plugin).__name__
-        engines = [e for e in (self.hparams.rollout_engine, self.hparams.update_engine) if e in ("fast", "packed")]
+        engines = [e.name for e in (self.rollout_engine, self.update_engine) if e.own_kernels]
         if plugin == "MixedPrecision" and engines:
             raise ValueError(
                 f"--trainer.precision {trainer.precision} (autocast over fp32 weights) does not drive the "
@@ -327,248 +346,121 @@ class GRPOModule(L.LightningModule):
                 "bf16-true with --model.dtype bf16 (fp32 master weights are on by default: --model.master_weights "
                 "fp32), or --model.rollout_engine hf --model.update_engine hf"
             )
-        if self.hparams.update_engine == "packed" and trainer.world_size > 1:
+        if not self.update_engine.distributed_ok and trainer.world_size > 1:
             raise ValueError(
-                "--model.update_engine packed is single-process only (its deferred vision backward is "
-                "not DDP-aware): use --model.update_engine hf with several GPUs"
+                f"--model.update_engine {self.update_engine.name} is single-process only (its deferred vision "
+                "backward is not DDP-aware): use --model.update_engine hf with several GPUs"
             )
 
-    # ---------------------------------------------------------------------------------------------------- rewards
-    def compute_rewards(self, batch, ro: Rollout) -> dict[str, torch.Tensor]:
-        """Reward parts per completion [B*G] and per-prompt diversity [B], rows grouped by prompt."""
-        hp = self.hparams
-        G = hp.group_size
-        texts = ro.texts
-        gts = [s.boxes for s in batch for _ in range(G)]
-        orig = [s.size for s in batch for _ in range(G)]
-        if hp.task == "rec":
-            acc = rewards.rec_accuracy_reward(texts, [g[0] for g in gts], input_wh=ro.input_wh, orig_wh=orig)
-        else:
-            acc = rewards.ovd_reward(texts, gts, input_wh=ro.input_wh, orig_wh=orig)
-        parsed = [rewards.parse_completion(t) for t in texts]
-        fmt = rewards.format_reward(texts, format=hp.format, parsed=parsed)
-        acc_t = torch.tensor(acc, dtype=torch.float32)
-        gt_div = rewards.ground_truth_diversity(acc_t, G)  # [B]
-        gt_div = torch.as_tensor(gt_div, dtype=torch.float32)
-        smoothed = self.smoother(gt_div.to(self.device)).cpu()  # all-reduced batch average under DDP
-        target = smoothed.repeat_interleave(G).tolist()
-        div = rewards.diversity_reward([p.diversity for p in parsed], target, form=hp.diversity_reward_form)
-        parts = {
-            "accuracy": acc_t,
-            "format": torch.tensor(fmt, dtype=torch.float32),
-            "diversity": torch.tensor(div, dtype=torch.float32),
-        }
-        parts["total"] = (
-            hp.accuracy_weight * parts["accuracy"]
-            + hp.format_weight * parts["format"]
-            + hp.diversity_weight * parts["diversity"]
-        )
-        parts["gt_diversity"] = gt_div
-        parts["smoothed_diversity"] = smoothed
-        parts["parsed"] = parsed  # type: ignore[assignment]
-        return parts
+    # ---------------------------------------------------------------------------------------------------- method
+    @property
+    def smoother(self) -> rewards.DiversitySmoother:
+        """The method's EMA of the ground-truth diversity (GRPO and Syn-GRPO)."""
+        return self.method.smoother
 
-    def select_descriptions(self, batch, parts) -> list[Selection]:
-        hp = self.hparams
-        G = hp.group_size
-        if hp.description_selection == "none":
-            return []
-        out = []
-        parsed = parts["parsed"]
-        for b, sample in enumerate(batch):
-            rows = [b * G + i for i in range(G) if parsed[b * G + i].description]
-            if not rows:
-                continue
-            if hp.description_selection == "diversity":
-                best = max(rows, key=lambda r: (float(parts["diversity"][r]), -r))
-            else:
-                best = self._rng.choice(rows)
-            out.append(
-                Selection(
-                    sample_id=sample.sample_id,
-                    description=parsed[best].description,
-                    index=best - b * G,
-                    diversity_reward=float(parts["diversity"][best]),
-                    predicted_diversity=parsed[best].diversity,
-                    gt_diversity=float(parts["gt_diversity"][b]),
-                    smoothed_diversity=float(parts["smoothed_diversity"][b]),
-                    step=int(self.global_step),
-                    epoch=int(self.current_epoch),
-                )
-            )
-        return out
+    def generate(self, requests: Sequence[RolloutRequest], sampling: Sampling | None = None) -> Rollout:
+        """Completions of the policy for rollout requests, through the module's rollout engine (methods call this)."""
+        return self.rollout_engine.generate(self.policy, self.processor, requests, sampling or self.sampling)
 
     # ---------------------------------------------------------------------------------------------------- step
-    def _logps(self, model, ro: Rollout, rows: list[int], *, with_entropy: bool = False, entropy_grad: bool = False):
-        inputs = {k: v.to(self.device) for k, v in ro.rows(rows).items()}
-        ids = ro.completion_ids[rows].to(self.device)
-        mask = ro.completion_mask[rows].to(self.device)
-        return completion_logps(
-            model,
-            inputs,
-            ids,
-            mask,
-            temperature=self.hparams.temperature,
-            with_entropy=with_entropy,
-            entropy_grad=entropy_grad,
-        )
-
-    def _micro_batches(self, n: int, mb: int | None = None) -> list[list[int]]:
-        mb = mb or self.hparams.micro_batch_size
-        return [list(range(i, min(i + mb, n))) for i in range(0, n, mb)]
-
-    @property
-    def _ref_micro_batch(self) -> int:
-        return self.hparams.ref_micro_batch_size or self.hparams.micro_batch_size
-
-    @torch.no_grad()
-    def _frozen_logps(self, model, ro: Rollout) -> torch.Tensor:
-        n = ro.completion_ids.shape[0]
-        out = [self._logps(model, ro, rows)[0] for rows in self._micro_batches(n, self._ref_micro_batch)]
-        return torch.cat(out)
-
     @fp32_default_dtype()
     def training_step(self, batch, batch_idx: int):
+        """plan -> generate -> score -> advantage -> update -> log, for any method."""
         hp = self.hparams
-        G = hp.group_size
         opt = self.optimizers()
         self._move_reference()
         timer = PhaseTimer(self.device)
-        images = [s.image for s in batch]
-        ro = rollout(
-            self.policy,
-            self.processor,
-            images,
-            [s.query for s in batch],
-            group_size=G,
-            task=[s.task for s in batch],
-            template=hp.prompt_template,
-            temperature=hp.temperature,
-            top_p=hp.top_p,
-            max_new_tokens=hp.max_new_tokens,
-            min_new_tokens=hp.min_new_tokens,
-            engine=hp.rollout_engine,
-            compile_step=hp.rollout_compile,
-        )
+        self.method.device = self.device
+        ro = self.method.rollout(self, batch)
         timer.lap("rollout")
-        self.last_rollout_texts = ro.texts
-        parts = self.compute_rewards(batch, ro)
-        adv = objective.group_advantages(parts["total"], G, scale=hp.advantage_scale, eps=hp.advantage_eps)
-        adv = adv.to(self.device)
+        scores = self.method.score(batch, ro)
+        adv = self.method.advantages(scores, ro).to(self.device)
         timer.lap("rewards")
         mask = ro.completion_mask.to(self.device).float()
-        n = mask.shape[0]
         total_tokens = mask.sum().clamp(min=1)
         stats_acc: dict[str, float] = {}
         entropy_sum = torch.zeros((), dtype=torch.float32, device=self.device)
-
-        def loss_fn(logp, ent, rows, first: bool):
-            """The micro-batch's share of the full-batch loss (``rows``: its completion indices)."""
-            nonlocal entropy_sum
-            m = mask[rows]
-            a = adv[rows]
-            if hp.entropy_adv_coef > 0:
-                # token-level shaping [n, T]: A + min(alpha * H_t, |A| / kappa), entropy detached (a bonus, not a loss)
-                a = a[:, None] + torch.minimum(
-                    hp.entropy_adv_coef * ent.detach(), a.abs()[:, None] / hp.entropy_adv_kappa
-                )
-            old = old_logp[rows] if old_logp is not None else logp.detach()
-            loss, stats = objective.policy_loss(
-                logp,
-                old,
-                a,
-                m,
-                clip_low=hp.clip_low,
-                clip_high=hp.clip_high,
-                dual_clip=hp.dual_clip,
-                ref_logp=ref_logp[rows] if ref_logp is not None else None,
-                kl_coef=hp.kl_coef,
-                kl_estimator=hp.kl_estimator,
-                aggregation=hp.aggregation,
-                max_length=hp.max_new_tokens,
-            )
-            if hp.entropy_coef > 0:  # "GRPO + Entropy Loss": maximise the mean token entropy
-                loss = loss - hp.entropy_coef * objective.aggregate(ent, m, hp.aggregation, hp.max_new_tokens)
-            # weight so the accumulated gradient equals the full-batch aggregation
-            w = (
-                m.sum() / total_tokens
-                if hp.aggregation == "token-mean"
-                else torch.tensor(len(rows) / n, dtype=torch.float32)
-            )
-            w = w.to(self.device)
-            if first:
-                for k, v in stats.items():
-                    stats_acc[k] = stats_acc.get(k, 0.0) + float(v) * float(w)
-                entropy_sum = entropy_sum + (ent.detach() * m).sum()
-            return loss * w
-
-        want_ent_grad = hp.entropy_coef > 0
+        engine = self.update_engine
         self.policy.train()
-        if hp.update_engine == "packed":
-            from lightning_modules.efficient import completion_logprobs, pack_rollout, policy_backward
+        prepared = engine.prepare(self.policy, self.processor, ro, self.device)
+        ref_logp = engine.logprobs(self.reference, prepared) if self.reference is not None else None
+        old_logp = engine.logprobs(self.policy, prepared) if hp.num_iterations > 1 else None
+        timer.lap("reference")
+        for it in range(hp.num_iterations):
+            first = it == 0
 
-            packed = pack_rollout(
-                self.policy,
-                prompt_ids=ro.prompt_ids.to(self.device),
-                prompt_mask=ro.prompt_mask.to(self.device),
-                pixel_values=ro.pixel_values.to(self.device),
-                image_grid_thw=ro.image_grid_thw.to(self.device),
-                completion_ids=ro.completion_ids.to(self.device),
-                completion_mask=ro.completion_mask.to(self.device),
-                group_size=G,
-                pad_token_id=self.processor.tokenizer.pad_token_id,
+            def loss_fn(logp, ent, rows, first=first):
+                """The micro-batch's share of the full-batch loss (``rows``: its completion indices)."""
+                nonlocal entropy_sum
+                loss, stats = self._loss(logp, ent, rows, adv=adv, mask=mask, old_logp=old_logp, ref_logp=ref_logp)
+                # weight so the accumulated gradient equals the full-batch aggregation
+                m = mask[rows]
+                w = (
+                    m.sum() / total_tokens
+                    if hp.aggregation == "token-mean"
+                    else torch.tensor(len(rows) / mask.shape[0], dtype=torch.float32)
+                ).to(self.device)
+                if first:
+                    for k, v in stats.items():
+                        stats_acc[k] = stats_acc.get(k, 0.0) + float(v) * float(w)
+                    entropy_sum = entropy_sum + (ent.detach() * m).sum()
+                return loss * w
+
+            engine.backward(
+                self.policy, prepared, loss_fn, entropy_grad=hp.entropy_coef > 0, backward=self.manual_backward
             )
-            frozen = dict(packed=packed, micro_batch_size=self._ref_micro_batch, temperature=hp.temperature)
-            ref_logp = completion_logprobs(self.reference, **frozen)[0] if self.reference is not None else None
-            old_logp = completion_logprobs(self.policy, **frozen)[0] if hp.num_iterations > 1 else None
-            timer.lap("reference")
-            for it in range(hp.num_iterations):
-                policy_backward(
-                    self.policy,
-                    packed,
-                    lambda lp, ent, rows, _it=it: loss_fn(lp, ent, rows.tolist(), _it == 0),
-                    micro_batch_size=hp.micro_batch_size,
-                    temperature=hp.temperature,
-                    with_entropy=True,
-                    entropy_grad=want_ent_grad,
-                    gradient_checkpointing=hp.gradient_checkpointing,
-                    vision_checkpointing=hp.vision_checkpointing,
-                    backward=self.manual_backward,
-                )
-                timer.lap("update")
-                self._optimizer_step(opt, stats_acc)
-                timer.lap("optimizer")
-        else:
-            ref_logp = self._frozen_logps(self.reference, ro) if self.reference is not None else None
-            old_logp = self._frozen_logps(self.policy, ro) if hp.num_iterations > 1 else None
-            timer.lap("reference")
-            for it in range(hp.num_iterations):
-                for rows in self._micro_batches(n):
-                    logp, ent = self._logps(self.policy, ro, rows, with_entropy=True, entropy_grad=want_ent_grad)
-                    self.manual_backward(loss_fn(logp, ent, rows, it == 0))
-                timer.lap("update")
-                self._optimizer_step(opt, stats_acc)
-                timer.lap("optimizer")
+            timer.lap("update")
+            self._optimizer_step(opt, stats_acc)
+            timer.lap("optimizer")
 
-        self.last_selections = self.select_descriptions(batch, parts)
+        evolution = self.method.evolution(batch, ro, scores, step=int(self.global_step), epoch=int(self.current_epoch))
+        self.last_selections = evolution
         stats_acc.update({f"time/{k}_s": v for k, v in timer.times.items()})
-        self._log_train(parts, ro, stats_acc, entropy_sum / total_tokens, len(batch))
-        return self._step_output(batch, ro, parts)
+        self._log_train(scores, ro, stats_acc, entropy_sum / total_tokens, len(batch))
+        return self._step_output(batch, ro, scores, evolution)
 
-    def _step_output(self, batch, ro: Rollout, parts: dict[str, torch.Tensor]) -> dict:
-        """What ``on_train_batch_end`` callbacks receive (the completions table): per completion, rows grouped by prompt
-        ([B*G]), its text, its parsed boxes in original pixels and its reward parts."""
-        G = self.hparams.group_size
+    def _loss(self, logp, ent, rows, *, adv, mask, old_logp, ref_logp):
+        """The clipped surrogate (+ KL, + the entropy baselines) of rows ``rows``, aggregated over them."""
+        hp = self.hparams
+        m = mask[rows]
+        a = adv[rows]
+        if hp.entropy_adv_coef > 0:
+            # token-level shaping [n, T]: A + min(alpha * H_t, |A| / kappa), entropy detached (a bonus, not a loss)
+            a = a[:, None] + torch.minimum(hp.entropy_adv_coef * ent.detach(), a.abs()[:, None] / hp.entropy_adv_kappa)
+        old = old_logp[rows] if old_logp is not None else logp.detach()
+        loss, stats = objective.policy_loss(
+            logp,
+            old,
+            a,
+            m,
+            clip_low=hp.clip_low,
+            clip_high=hp.clip_high,
+            dual_clip=hp.dual_clip,
+            ref_logp=ref_logp[rows] if ref_logp is not None else None,
+            kl_coef=hp.kl_coef,
+            kl_estimator=hp.kl_estimator,
+            aggregation=hp.aggregation,
+            max_length=hp.max_new_tokens,
+        )
+        if hp.entropy_coef > 0:  # "GRPO + Entropy Loss": maximise the mean token entropy
+            loss = loss - hp.entropy_coef * objective.aggregate(ent, m, hp.aggregation, hp.max_new_tokens)
+        return loss, stats
+
+    def _step_output(self, batch, ro: Rollout, scores: Scores, evolution: list[Selection]) -> dict:
+        """What ``on_train_batch_end`` callbacks receive: per completion (rows grouped by prompt) its text, its parsed
+        boxes in original pixels and its reward parts; the rows' samples' indices in the batch; the method's
+        evolution requests."""
+        samples = self.method.rows(batch, ro)
         boxes = [
-            [rewards.rescale_box(b, in_wh, batch[i // G].size) for b in rewards.parse_completion(text).boxes]
-            for i, (text, in_wh) in enumerate(zip(ro.texts, ro.input_wh))
+            [rewards.rescale_box(b, in_wh, s.size) for b in p.boxes]
+            for p, in_wh, s in zip(scores.parsed, ro.input_wh, samples)
         ]
-        keys = ("total", "accuracy", "format", "diversity")
         return {
             "completions": list(ro.texts),
             "boxes": boxes,
-            "rewards": {k: [float(v) for v in parts[k]] for k in keys if k in parts},
-            "group_size": G,
+            "rewards": {k: [float(v) for v in t] for k, t in scores.parts.items()},
+            "group_size": ro.group_size,
+            "evolution": evolution,
         }
 
     def _optimizer_step(self, opt, stats_acc: dict[str, float]) -> None:
@@ -579,33 +471,26 @@ class GRPOModule(L.LightningModule):
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    def _log_train(self, parts, ro: Rollout, stats: dict[str, float], entropy: torch.Tensor, bsz: int) -> None:
-        G = self.hparams.group_size
-        acc = parts["accuracy"]
-        iou_mean = float(acc.mean())
-        logs = {
-            "train/reward/total": float(parts["total"].mean()),
-            "train/reward/accuracy": float(acc.mean()),
-            "train/reward/format": float(parts["format"].mean()),
-            "train/reward/diversity": float(parts["diversity"].mean()),
-            "train/reward/std": float(parts["total"].view(-1, G).std(dim=1).mean()),
-            "train/entropy": float(entropy),
-            "train/diversity/gt": float(parts["gt_diversity"].mean()),
-            "train/diversity/smoothed": float(parts["smoothed_diversity"].mean()),
-            "train/diversity/batch_avg": float(self.smoother.batch_avg or 0.0),
-            "train/diversity/global_avg": float(self.smoother.global_avg or 0.0),
-            # groups whose total rewards are all equal: zero advantage, no policy-gradient signal
-            "train/zero_variance_frac": float(objective.zero_variance_groups(parts["total"], G).float().mean()),
-            # groups whose accuracy rewards are all equal: V(q) = 0 (the paper's diversity collapse)
-            "train/diversity/zero_frac": float((parts["gt_diversity"] == 0).float().mean()),
-            "train/completion_length": float(ro.completion_mask.sum(1).float().mean()),
-            "train/format_rate": float(parts["format"].mean()),
-        }
+    def _log_train(self, scores: Scores, ro: Rollout, stats: dict[str, float], entropy: torch.Tensor, bsz: int) -> None:
+        G = ro.group_size
+        parts = scores.parts
+        logs = {f"train/reward/{k}": float(v.mean()) for k, v in parts.items()}
+        logs.update(
+            {
+                "train/reward/std": float(parts["total"].view(-1, G).std(dim=1).mean()),
+                "train/entropy": float(entropy),
+                # groups whose total rewards are all equal: zero advantage, no policy-gradient signal
+                "train/zero_variance_frac": float(objective.zero_variance_groups(parts["total"], G).float().mean()),
+                "train/completion_length": float(ro.completion_mask.sum(1).float().mean()),
+            }
+        )
+        logs.update(self.method.train_logs(scores, ro))
         if torch.cuda.is_available() and self.device.type == "cuda":  # the step's peak, then reset for the next
             logs["train/peak_mem_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
             torch.cuda.reset_peak_memory_stats(self.device)
-        if self.hparams.task == "rec":
-            logs["train/iou"] = iou_mean
+        acc = parts.get("accuracy")
+        if acc is not None and self.hparams.task == "rec":
+            logs["train/iou"] = float(acc.mean())
             logs["train/acc50"] = float((acc >= 0.5).float().mean())
         for k, v in stats.items():
             logs[f"train/{k}"] = v
@@ -615,92 +500,49 @@ class GRPOModule(L.LightningModule):
             self.log("iou", logs["train/iou"], prog_bar=True, batch_size=bsz, logger=False)
 
     # ---------------------------------------------------------------------------------------------------- eval
-    def _eval_names(self, kind: str) -> list[str]:
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        names = dm.eval_names(kind) if dm is not None and hasattr(dm, "eval_names") else []
-        return names or ["default"]
-
-    def _build_eval_metrics(self, stage: str) -> None:
-        """Build the metrics of every named eval set up front: Lightning finds logged metrics by attribute name, so
-        they must exist before the first ``log`` call."""
-        from lightning_modules.metrics import DetectionMetrics, FormatRate, GroundingAccuracy, MeanIoU
-
-        kinds = {"fit": ["val"], "validate": ["val"], "test": ["test"]}.get(stage, [])
-        for kind in kinds:
-            for name in self._eval_names(kind):
-                key = f"{kind}__{name}"
-                if key not in self.eval_metrics:
-                    self.eval_metrics[key] = nn.ModuleDict(
-                        {
-                            "acc50": GroundingAccuracy(0.5),
-                            "miou": MeanIoU(),
-                            "format": FormatRate(),
-                            "det": DetectionMetrics(),
-                        }
-                    )
-        self._metric_attributes = None  # let Lightning re-scan the module for metric attributes
-
-    def _eval_step(self, kind: str, batch, dataloader_idx: int) -> None:
-        names = self._eval_names(kind)
-        name = names[dataloader_idx] if dataloader_idx < len(names) else f"set{dataloader_idx}"
-        mets = self.eval_metrics[f"{kind}__{name}"]
-        ro, parsed, answers = self._greedy(batch)
-        # the method's own answer format (VLM-R1's think + answer for the GRPO baselines), not always Syn-GRPO's
-        fmt = rewards.format_reward(ro.texts, format=self.hparams.eval_format or self.hparams.format, parsed=parsed)
-        mets["format"].update(torch.tensor([f >= 1.0 for f in fmt]))
-        for s, boxes in zip(batch, answers):
-            if s.task == "rec":
-                pred = torch.tensor([boxes[0]], dtype=torch.float32) if boxes else None
-                gt = torch.tensor([s.boxes[0]], dtype=torch.float32)
-                mets["acc50"].update([pred[0] if pred is not None else None], gt)
-                mets["miou"].update([pred[0] if pred is not None else None], gt)
-            else:
-                mets["det"].update(boxes, s.boxes)
-        is_ovd = batch[0].task == "ovd"
-        logs = {f"{kind}/{name}/format": mets["format"]}
-        if not is_ovd:
-            logs.update({f"{kind}/{name}/acc50": mets["acc50"], f"{kind}/{name}/miou": mets["miou"]})
-        self.log_dict(logs, batch_size=len(batch), on_step=False, on_epoch=True, add_dataloader_idx=False)
-
     def _greedy(self, batch):
-        """Greedy answers, as in evaluation: (rollout, parsed completions, boxes per sample in original pixels)."""
-        ro = rollout(
+        """Greedy answers to the batch under the evaluation prompt (``evaluation.greedy_answers``)."""
+        hp = self.hparams
+        return greedy_answers(
             self.policy,
             self.processor,
-            [s.image for s in batch],
-            [s.query for s in batch],
-            group_size=1,
-            task=[s.task for s in batch],
-            template=self.hparams.eval_prompt_template or self.hparams.prompt_template,
-            do_sample=False,
-            max_new_tokens=self.hparams.max_new_tokens,
-            engine=self.hparams.rollout_engine,
-        )
-        parsed = [rewards.parse_completion(t) for t in ro.texts]
-        answers = [
-            [rewards.rescale_box(b, in_wh, s.size) for b in p.boxes] for s, p, in_wh in zip(batch, parsed, ro.input_wh)
-        ]
-        return ro, parsed, answers
+            batch,
+            template=hp.eval_prompt_template or hp.prompt_template,
+            max_new_tokens=hp.max_new_tokens,
+            engine=hp.rollout_engine,
+        )[0]
+
+    def _eval_step(self, kind: str, batch, dataloader_idx: int) -> None:
+        name = eval_set_name(self._trainer, kind, dataloader_idx)
+        answers = self._greedy(batch)
+        # the method's own answer format (VLM-R1's think + answer for the GRPO baselines), not always Syn-GRPO's
+        fmt = self.hparams.eval_format or self.hparams.format
+        logs = self.evaluator.update(kind, name, batch, answers, format=fmt)
+        self.log_dict(logs, batch_size=len(batch), on_step=False, on_epoch=True, add_dataloader_idx=False)
 
     @fp32_default_dtype()
     def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> list[dict]:
         """Greedy answers with their parsed boxes (original pixels) and rewards against the labels, one dict per sample
         (``callbacks.predictions.PredictionsJSONL`` writes them as JSONL)."""
-        ro, parsed, answers = self._greedy(batch)
-        fmt = rewards.format_reward(ro.texts, format=self.hparams.eval_format or self.hparams.format, parsed=parsed)
+        answers = self._greedy(batch)
+        fmt = rewards.format_reward(
+            [a.text for a in answers],
+            format=self.hparams.eval_format or self.hparams.format,
+            parsed=[a.parsed for a in answers],
+        )
         out = []
-        for s, text, boxes, f, in_wh in zip(batch, ro.texts, answers, fmt, ro.input_wh):
+        for s, a, f in zip(batch, answers, fmt):
             if s.task == "rec":
-                acc = rewards.iou(boxes[0], s.boxes[0]) if boxes else 0.0
+                acc = rewards.iou(a.boxes[0], s.boxes[0]) if a.boxes else 0.0
             else:
-                acc = rewards.ovd_reward([text], [s.boxes], input_wh=[in_wh], orig_wh=[s.size])[0]
+                acc = rewards.ovd_reward([a.text], [s.boxes], input_wh=[a.input_wh], orig_wh=[s.size])[0]
             out.append(
                 {
                     "sample_id": s.sample_id,
                     "task": s.task,
                     "query": s.query,
-                    "completion": text,
-                    "boxes": boxes,
+                    "completion": a.text,
+                    "boxes": a.boxes,
                     "gt_boxes": s.boxes,
                     "format_ok": f >= 1.0,
                     "rewards": {"accuracy": float(acc), "format": float(f)},
@@ -709,18 +551,8 @@ class GRPOModule(L.LightningModule):
         return out
 
     def _log_detection(self, kind: str) -> None:
-        """mAP / GP / GR of every OVD set. ``compute()`` is a collective: every rank walks the same sets (taken from
-        the datamodule, identical on all ranks) in the same order."""
-        dm = getattr(self.trainer, "datamodule", None)
-        sets = getattr(dm, "eval_sets", {}).get(kind, {}) if dm is not None else {}
-        for name, ds in sets.items():
-            key = f"{kind}__{name}"
-            if not ds.records or ds.records[0].task != "ovd" or key not in self.eval_metrics:
-                continue
-            res = self.eval_metrics[key]["det"].compute()
-            for k in ("map", "map_50", "gp", "gr"):
-                self.log(f"{kind}/{name}/{k}", float(res[k]), add_dataloader_idx=False, sync_dist=False)
-            self.eval_metrics[key]["det"].reset()
+        for k, v in self.evaluator.detection(self.trainer, kind).items():
+            self.log(k, v, add_dataloader_idx=False, sync_dist=False)
 
     def on_validation_epoch_start(self) -> None:
         self._move_reference()
@@ -741,19 +573,14 @@ class GRPOModule(L.LightningModule):
 
     # ---------------------------------------------------------------------------------------------------- state
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["diversity_smoother"] = self.smoother.state_dict()
-        checkpoint["selection_rng"] = self._rng.getstate()
+        checkpoint.update(self.method.state_dict())  # "diversity_smoother", "selection_rng" (Syn-GRPO)
         checkpoint["last_selections"] = [asdict(s) for s in self.last_selections]
         # Rollouts sample from torch's global RNG: a resume continues its stream (tensors: loads with weights_only).
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
         checkpoint["rng_states"] = {"torch": torch.get_rng_state(), "torch.cuda": cuda}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        if "diversity_smoother" in checkpoint:
-            self.smoother.load_state_dict(checkpoint["diversity_smoother"])
-        if "selection_rng" in checkpoint:
-            state = checkpoint["selection_rng"]
-            self._rng.setstate((state[0], tuple(state[1]), state[2]))
+        self.method.load_state_dict(checkpoint)
         self.last_selections = [Selection(**s) for s in checkpoint.get("last_selections", [])]
         if "rng_states" in checkpoint:
             torch.set_rng_state(checkpoint["rng_states"]["torch"])

@@ -22,6 +22,8 @@ Where this departs from the textbook (and from the peers it stays comparable wit
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 __all__ = [
@@ -101,6 +103,46 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group
     # 0 / (0 + eps) is 0, but eps may be 0: keep the promise "constant group -> exactly 0" without dividing 0 by 0.
     centred = centred.masked_fill(constant, 0.0)
     return centred.reshape(-1)
+
+
+def advantages_by_group(
+    rewards: torch.Tensor, group_ids: torch.Tensor | Sequence[int], scale: str = "group", eps: float = 1e-4
+) -> torch.Tensor:
+    """Group-relative advantages over any grouping: rows with the same id are normalised together.
+
+    A method's plan names the groups (GRPO: the G completions of a prompt; CycleGRPO: the N captions of a sample, and
+    separately the K groundings under each caption, which is two calls on two groupings that never mix). Contiguous
+    groups of one size take `group_advantages`' [B, G] path (the same numbers); any other grouping is normalised group
+    by group with the same rules (unbiased std, ``eps``, constant group -> exactly 0; ``batch`` divides by the std of
+    all rows). Every group needs at least 2 rows.
+    """
+    r = torch.as_tensor(rewards).detach()
+    if not r.is_floating_point():
+        r = r.float()
+    ids = torch.as_tensor(group_ids, device=r.device).reshape(-1)
+    if ids.numel() != r.numel():
+        raise ValueError(f"advantages_by_group: {r.numel()} rewards but {ids.numel()} group ids")
+    runs, counts = torch.unique_consecutive(ids, return_counts=True)
+    if runs.numel() == torch.unique(ids).numel() and bool((counts == counts[0]).all()):
+        return group_advantages(r, int(counts[0]), scale=scale, eps=eps)
+    if scale not in SCALES:
+        raise ValueError(f"--model.advantage_scale must be one of {'|'.join(SCALES)}, got {scale!r}")
+    out = torch.zeros_like(r)
+    batch_std = r.std()
+    for g in torch.unique(ids):
+        idx = (ids == g).nonzero().squeeze(1)
+        if idx.numel() < 2:
+            raise ValueError(f"advantages_by_group: group {int(g)} has {idx.numel()} row(s); a group needs >= 2")
+        sub = r[idx]
+        if bool((sub == sub[0]).all()):
+            continue
+        centred = sub - sub.mean()
+        if scale == "group":
+            centred = centred / (sub.std() + eps)
+        elif scale == "batch":
+            centred = centred / (batch_std + eps)
+        out[idx] = centred
+    return out
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:

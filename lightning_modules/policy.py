@@ -225,6 +225,12 @@ class Rollout:
     texts: list[str]
     input_wh: list[tuple[int, int]]
     prompt_mm_types: torch.Tensor | None = None
+    group_size: int = 1
+    """Completions per prompt in this rollout (rows ``i*G .. i*G+G-1`` share prompt ``i``)."""
+    group_ids: torch.Tensor | None = None
+    """[N] the advantage group of each row (a method's plan decides; GRPO: one group per prompt)."""
+    parent_ids: list[int | None] | None = None
+    """Per row, the row of an earlier rollout it continues (nested rollouts), else ``None``."""
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -266,7 +272,6 @@ def completion_mask_from_ids(completion_ids: torch.Tensor, eos_ids: Sequence[int
     return (~after).long()
 
 
-@torch.no_grad()
 def rollout(
     model,
     processor,
@@ -284,101 +289,22 @@ def rollout(
     min_new_tokens: int = 0,
     compile_step: bool = False,
 ) -> Rollout:
-    """Sample ``group_size`` completions for each (image, query) with special tokens masked.
+    """Sample ``group_size`` completions for each (image, query) with special tokens masked: a convenience over the
+    rollout engines (``lightning_modules.engines``) for scripts and tests; one group per query.
 
-    ``engine="hf"`` uses ``model.generate``; ``engine="fast"`` uses the project's static-cache engine
-    (``lightning_modules.rollout.fast_generate``), which prefills each prompt once per group; ``compile_step``
-    ``torch.compile``s its decode step. ``min_new_tokens``: EOS is masked before this many tokens (benchmarks fix the
-    completion length with it).
+    ``engine`` names a registered rollout engine (``hf``: ``model.generate``; ``fast``: the project's static-cache
+    engine, which prefills each prompt once per group; ``compile_step`` ``torch.compile``s its decode step).
+    ``min_new_tokens``: EOS is masked before this many tokens (benchmarks fix the completion length with it).
     """
-    tok = processor.tokenizer
+    from lightning_modules.engines import RolloutRequest, Sampling, build_rollout_engine
+
     tasks = [task] * len(queries) if isinstance(task, str) else list(task)
-    texts = [build_prompt_text(processor, q, task=t, template=template) for q, t in zip(queries, tasks)]
-    eos = eos_token_ids(tok)
-    suppress = special_token_ids(tok, keep=eos) + untokenizable_ids(model, tok)
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
-        if engine == "fast":
-            from lightning_modules.rollout import fast_generate
-
-            enc = processor(text=texts, images=list(images), return_tensors="pt", padding=True).to(device)
-            completion_ids = fast_generate(
-                model,
-                input_ids=enc["input_ids"],
-                attention_mask=enc["attention_mask"],
-                pixel_values=enc["pixel_values"],
-                image_grid_thw=enc["image_grid_thw"],
-                group_size=group_size,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature if do_sample else 0.0,
-                top_p=top_p,
-                suppress_token_ids=suppress,
-                eos_token_ids=eos,
-                pad_token_id=tok.pad_token_id,
-                min_new_tokens=min_new_tokens,
-                compile_step=compile_step,
-            )
-            enc = _repeat_encoding(enc, group_size)
-        elif engine == "hf":
-            enc = processor(
-                text=[t for t in texts for _ in range(group_size)],
-                images=[im for im in images for _ in range(group_size)],
-                return_tensors="pt",
-                padding=True,
-            ).to(device)
-            gen_kwargs = dict(
-                max_new_tokens=max_new_tokens,
-                do_sample=do_sample,
-                suppress_tokens=suppress,
-                eos_token_id=eos,
-                pad_token_id=tok.pad_token_id,
-            )
-            if min_new_tokens:
-                gen_kwargs["min_new_tokens"] = min_new_tokens
-            if do_sample:
-                gen_kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
-            out = model.generate(**enc, **gen_kwargs)
-            completion_ids = out[:, enc["input_ids"].shape[1] :]
-        else:
-            raise ValueError(f"--model.rollout_engine must be 'hf' or 'fast'; got {engine!r}")
-    finally:
-        model.train(was_training)
-    if completion_ids.shape[1] == 0:  # every row stopped at once: keep one pad column so shapes stay valid
-        completion_ids = completion_ids.new_full((completion_ids.shape[0], 1), tok.pad_token_id)
-    completion_mask = completion_mask_from_ids(completion_ids, eos)
-    completion_ids = completion_ids.masked_fill(completion_mask == 0, tok.pad_token_id)
-    decoded = tok.batch_decode(completion_ids, skip_special_tokens=True)
-    grid = enc["image_grid_thw"]
-    patch = getattr(processor.image_processor, "patch_size", 14)
-    return Rollout(
-        prompt_ids=enc["input_ids"],
-        prompt_mask=enc["attention_mask"],
-        completion_ids=completion_ids,
-        completion_mask=completion_mask,
-        pixel_values=enc["pixel_values"],
-        image_grid_thw=grid,
-        texts=decoded,
-        input_wh=model_input_size(grid, patch),
-        prompt_mm_types=enc.get("mm_token_type_ids"),
-    )
-
-
-def _repeat_encoding(enc, group_size: int) -> dict[str, torch.Tensor]:
-    """Repeat a B-prompt processor output G times per prompt (rows grouped by prompt)."""
-    counts = enc["image_grid_thw"].prod(dim=-1)
-    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).tolist()
-    pixels = [enc["pixel_values"][offsets[i] : offsets[i + 1]] for i in range(len(counts)) for _ in range(group_size)]
-    out = {
-        "input_ids": enc["input_ids"].repeat_interleave(group_size, 0),
-        "attention_mask": enc["attention_mask"].repeat_interleave(group_size, 0),
-        "pixel_values": torch.cat(pixels),
-        "image_grid_thw": enc["image_grid_thw"].repeat_interleave(group_size, 0),
-    }
-    if "mm_token_type_ids" in enc:
-        out["mm_token_type_ids"] = enc["mm_token_type_ids"].repeat_interleave(group_size, 0)
-    return out
+    requests = [
+        RolloutRequest(build_prompt_text(processor, q, task=t, template=template), im, group_size, i)
+        for i, (im, q, t) in enumerate(zip(images, queries, tasks))
+    ]
+    sampling = Sampling(temperature, top_p, max_new_tokens, min_new_tokens, greedy=not do_sample)
+    return build_rollout_engine(engine, compile_step=compile_step).generate(model, processor, requests, sampling)
 
 
 def completion_logps(

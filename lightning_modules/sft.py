@@ -23,6 +23,7 @@ import lightning as L
 import torch
 
 from lightning_modules import rewards
+from lightning_modules.evaluation import Evaluator, eval_set_name, format_for_template, greedy_answers
 from lightning_modules.policy import (
     build_prompt_text,
     build_tiny_qwen2_5_vl,
@@ -151,6 +152,7 @@ class SFTModule(L.LightningModule):
         self.optimizer_factory = optimizer
         self.policy = None
         self.processor = None
+        self.evaluator = Evaluator()
 
     def _corpus(self) -> list[str]:
         """Texts the tiny tokenizer is trained on: the prompts and targets of the first ``corpus_samples`` training
@@ -269,6 +271,7 @@ class SFTModule(L.LightningModule):
         return enc
 
     def setup(self, stage: str) -> None:
+        self.evaluator.build(self._trainer, stage)
         dm = getattr(self.trainer, "datamodule", None)
         if stage == "fit" and dm is not None and hasattr(dm, "train_collate"):
             dm.train_collate = self.collate  # tokenise and process images in the loader workers
@@ -296,53 +299,47 @@ class SFTModule(L.LightningModule):
         return loss
 
     def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0):
-        names = self.trainer.datamodule.eval_names("val") if hasattr(self.trainer.datamodule, "eval_names") else []
-        name = names[dataloader_idx] if dataloader_idx < len(names) else f"set{dataloader_idx}"
-        self._eval(batch, f"val/{name}")
+        self._eval(batch, "val", dataloader_idx)
 
     def test_step(self, batch, batch_idx: int, dataloader_idx: int = 0):
-        names = self.trainer.datamodule.eval_names("test") if hasattr(self.trainer.datamodule, "eval_names") else []
-        name = names[dataloader_idx] if dataloader_idx < len(names) else f"set{dataloader_idx}"
-        self._eval(batch, f"test/{name}")
+        self._eval(batch, "test", dataloader_idx)
+
+    def on_validation_epoch_end(self) -> None:
+        for k, v in self.evaluator.detection(self.trainer, "val").items():
+            self.log(k, v, add_dataloader_idx=False)
+
+    def on_test_epoch_end(self) -> None:
+        for k, v in self.evaluator.detection(self.trainer, "test").items():
+            self.log(k, v, add_dataloader_idx=False)
 
     @torch.no_grad()
-    def _eval(self, batch, prefix: str) -> None:
-        """Greedy Acc@0.5 / IoU and the sampled (temperature 1) format rate: what GRPO starts from."""
+    def _eval(self, batch, kind: str, dataloader_idx: int) -> None:
+        """The shared greedy evaluation (``evaluation.Evaluator``: Acc@0.5, mIoU, format rate in the template's own
+        answer format, as `GRPOModule` logs them), plus the sampled (temperature 1) format rate: what GRPO starts
+        from."""
         first = self.hparams.prompt_template
         first = first if isinstance(first, str) else list(first)[0]
-        common = dict(task=[s.task for s in batch], template=first, max_new_tokens=self.hparams.eval_max_new_tokens)
-        greedy = rollout(
-            self.policy,
-            self.processor,
-            [s.image for s in batch],
-            [s.query for s in batch],
-            group_size=1,
-            do_sample=False,
-            **common,
+        name = eval_set_name(self._trainer, kind, dataloader_idx)
+        answers, _ = greedy_answers(
+            self.policy, self.processor, batch, template=first, max_new_tokens=self.hparams.eval_max_new_tokens
         )
+        logs = self.evaluator.update(kind, name, batch, answers, format=format_for_template(first))
         sampled = rollout(
             self.policy,
             self.processor,
             [s.image for s in batch],
             [s.query for s in batch],
             group_size=1,
+            task=[s.task for s in batch],
+            template=first,
+            max_new_tokens=self.hparams.eval_max_new_tokens,
             do_sample=True,
             temperature=1.0,
-            **common,
         )
-        gts = [s.boxes[0] for s in batch]
-        orig = [s.size for s in batch]
-        iou = rewards.rec_accuracy_reward(greedy.texts, gts, input_wh=greedy.input_wh, orig_wh=orig)
-        fmt = rewards.format_reward(sampled.texts)
-        bs = len(batch)
-        self.log_dict(
-            {
-                f"{prefix}/miou": sum(iou) / bs,
-                f"{prefix}/acc50": sum(i >= 0.5 for i in iou) / bs,
-                f"{prefix}/format_sampled": sum(fmt) / bs,
-            },
-            batch_size=bs,
-            add_dataloader_idx=False,
+        fmt = rewards.format_reward(sampled.texts, format=format_for_template(first))
+        self.log_dict(logs, batch_size=len(batch), on_step=False, on_epoch=True, add_dataloader_idx=False)
+        self.log(
+            f"{kind}/{name}/format_sampled", sum(fmt) / len(batch), batch_size=len(batch), add_dataloader_idx=False
         )
 
     def on_train_end(self) -> None:

@@ -1,0 +1,258 @@
+"""The two engine interfaces of a GRPO step, and their registries.
+
+A **rollout engine** turns rollout requests (a chat-formatted prompt, its image, how many completions, the group the
+completions belong to and, for nested rollouts, the parent row they continue) into a `Rollout`. A **update engine**
+scores a `Rollout` under a model (no-grad log-probs: the reference, old log-probs) and runs the policy's forward and
+backward with a loss function over micro-batches. `GRPOModule` holds one of each, chosen by name
+(``--model.rollout_engine`` / ``--model.update_engine``); a new engine is a class registered here, and every method
+can use it. Engines never see rewards or advantages: the loss arrives as a function of (log-probs, entropies, rows).
+
+What every rollout engine shares (special tokens and the vocabulary's padding rows suppressed, EOS handling, the
+completion mask, decoding, the rows' model-input sizes) is `RolloutEngine.generate`; an engine implements
+`RolloutEngine.sample` only.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from PIL import Image
+
+from lightning_modules.policy import (
+    Rollout,
+    completion_mask_from_ids,
+    eos_token_ids,
+    model_input_size,
+    special_token_ids,
+    untokenizable_ids,
+)
+
+__all__ = [
+    "RolloutRequest",
+    "Sampling",
+    "RolloutEngine",
+    "UpdateEngine",
+    "LossFn",
+    "ROLLOUT_ENGINES",
+    "UPDATE_ENGINES",
+    "register_rollout_engine",
+    "register_update_engine",
+    "build_rollout_engine",
+    "build_update_engine",
+]
+
+
+@dataclass(frozen=True)
+class RolloutRequest:
+    """One prompt to sample ``n`` completions from.
+
+    ``prompt`` is the chat-formatted text (the method's template applied); ``group_id`` names the advantage group of
+    its completions (rows with the same id are normalised together); ``parent_id`` is the row of an earlier rollout
+    this request continues (CycleGRPO: the caption a grounding is conditioned on), ``None`` for a first-level prompt.
+    """
+
+    prompt: str
+    image: Image.Image
+    n: int
+    group_id: int
+    parent_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How completions are drawn (the same semantics in every engine): ``greedy`` ignores temperature and top-p;
+    EOS is masked before ``min_new_tokens`` tokens."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    greedy: bool = False
+
+
+class RolloutEngine(ABC):
+    """Generates completions for rollout requests. Subclasses implement `sample`; `generate` is shared."""
+
+    name: ClassVar[str] = ""
+    own_kernels: ClassVar[bool] = False
+    """The engine runs its own loop over the model's sub-modules in the weights' dtype (so autocast does not drive
+    it), and wants the vision tower's window attention batched (``efficient.enable_fast_vision_attention``)."""
+
+    def __init__(self, compile_step: bool = False) -> None:
+        self.compile_step = compile_step
+        """``torch.compile`` the engine's decode step where it has one (the ``fast`` engine; others ignore it)."""
+
+    @abstractmethod
+    def sample(
+        self,
+        model,
+        processor,
+        prompts: list[str],
+        images: list[Image.Image],
+        *,
+        group_size: int,
+        sampling: Sampling,
+        suppress_ids: list[int],
+        eos_ids: list[int],
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Sample ``group_size`` completions per prompt with the model in eval mode and no grad.
+
+        Returns the raw completion ids [B*G, T] (rows grouped by prompt, anything after EOS arbitrary) and the
+        processor encoding of the B*G rows (``input_ids``, ``attention_mask``, ``pixel_values``, ``image_grid_thw``,
+        ``mm_token_type_ids`` if the processor gives them), left-padded."""
+
+    @torch.no_grad()
+    def generate(self, model, processor, requests: Sequence[RolloutRequest], sampling: Sampling) -> Rollout:
+        """The completions of every request as one `Rollout` (rows in request order, ``n`` per request)."""
+        if not requests:
+            raise ValueError("generate() needs at least one rollout request")
+        n = requests[0].n
+        if any(r.n != n for r in requests):
+            raise ValueError(
+                f"one generate() call samples the same number of completions per request; got {sorted({r.n for r in requests})}"
+            )
+        tok = processor.tokenizer
+        eos = eos_token_ids(tok)
+        suppress = special_token_ids(tok, keep=eos) + untokenizable_ids(model, tok)
+        was_training = model.training
+        model.eval()
+        try:
+            completion_ids, enc = self.sample(
+                model,
+                processor,
+                [r.prompt for r in requests],
+                [r.image for r in requests],
+                group_size=n,
+                sampling=sampling,
+                suppress_ids=suppress,
+                eos_ids=eos,
+            )
+        finally:
+            model.train(was_training)
+        if completion_ids.shape[1] == 0:  # every row stopped at once: keep one pad column so shapes stay valid
+            completion_ids = completion_ids.new_full((completion_ids.shape[0], 1), tok.pad_token_id)
+        completion_mask = completion_mask_from_ids(completion_ids, eos)
+        completion_ids = completion_ids.masked_fill(completion_mask == 0, tok.pad_token_id)
+        grid = enc["image_grid_thw"]
+        patch = getattr(processor.image_processor, "patch_size", 14)
+        return Rollout(
+            prompt_ids=enc["input_ids"],
+            prompt_mask=enc["attention_mask"],
+            completion_ids=completion_ids,
+            completion_mask=completion_mask,
+            pixel_values=enc["pixel_values"],
+            image_grid_thw=grid,
+            texts=tok.batch_decode(completion_ids, skip_special_tokens=True),
+            input_wh=model_input_size(grid, patch),
+            prompt_mm_types=enc.get("mm_token_type_ids"),
+            group_size=n,
+            group_ids=torch.tensor([r.group_id for r in requests for _ in range(n)], dtype=torch.long),
+            parent_ids=[r.parent_id for r in requests for _ in range(n)],
+        )
+
+
+LossFn = Callable[[torch.Tensor, "torch.Tensor | None", list[int]], torch.Tensor]
+"""``loss_fn(logp [n, T], entropy [n, T] | None, rows) -> scalar``: a micro-batch's share of the step's loss."""
+
+
+class UpdateEngine(ABC):
+    """Scores a `Rollout` under a model and runs the policy's forward + backward over micro-batches.
+
+    Args:
+        micro_batch_size: completions per forward / backward (gradient accumulation inside a step).
+        ref_micro_batch_size: completions per no-grad forward (reference / old log-probs).
+        temperature: the rollout's sampling temperature (log-probs are those of the sampling distribution).
+        gradient_checkpointing: recompute decoder layers in backward (engines whose model does not already).
+        vision_checkpointing: recompute the vision tower in backward (engines that defer its backward).
+    """
+
+    name: ClassVar[str] = ""
+    own_kernels: ClassVar[bool] = False
+    """The engine runs its own loop over the model's sub-modules in the weights' dtype (so autocast does not drive
+    it), and wants the vision tower's window attention batched (``efficient.enable_fast_vision_attention``)."""
+    distributed_ok: ClassVar[bool] = True
+    """False for engines whose backward is not DDP-aware (the module refuses them with several processes)."""
+
+    def __init__(
+        self,
+        *,
+        micro_batch_size: int = 8,
+        ref_micro_batch_size: int | None = None,
+        temperature: float = 1.0,
+        gradient_checkpointing: bool = False,
+        vision_checkpointing: bool = False,
+    ) -> None:
+        self.micro_batch_size = micro_batch_size
+        self.ref_micro_batch_size = ref_micro_batch_size or micro_batch_size
+        self.temperature = temperature
+        self.gradient_checkpointing = gradient_checkpointing
+        self.vision_checkpointing = vision_checkpointing
+
+    @abstractmethod
+    def prepare(self, model, processor, ro: Rollout, device: torch.device) -> Any:
+        """The engine's view of the rollout (moved to ``device``), reused by `logprobs` and `backward`."""
+
+    @abstractmethod
+    def logprobs(self, model, prepared: Any) -> torch.Tensor:
+        """Per-token log-probs [N, T] (float32) of the completions under ``model``, no grad."""
+
+    @abstractmethod
+    def backward(
+        self,
+        model,
+        prepared: Any,
+        loss_fn: LossFn,
+        *,
+        entropy_grad: bool = False,
+        backward: Callable[[torch.Tensor], None] | None = None,
+    ) -> None:
+        """Forward + backward of ``model`` over every row; ``loss_fn`` gets each micro-batch's log-probs, entropies
+        (carrying gradient when ``entropy_grad``) and rows; ``backward`` runs a loss's backward (Lightning's
+        ``manual_backward``). Gradients accumulate; the optimizer step is the caller's."""
+
+
+ROLLOUT_ENGINES: dict[str, type[RolloutEngine]] = {}
+UPDATE_ENGINES: dict[str, type[UpdateEngine]] = {}
+
+
+def register_rollout_engine(name: str):
+    """Class decorator: make a `RolloutEngine` available as ``--model.rollout_engine <name>``."""
+
+    def deco(cls: type[RolloutEngine]) -> type[RolloutEngine]:
+        cls.name = name
+        ROLLOUT_ENGINES[name] = cls
+        return cls
+
+    return deco
+
+
+def register_update_engine(name: str):
+    """Class decorator: make an `UpdateEngine` available as ``--model.update_engine <name>``."""
+
+    def deco(cls: type[UpdateEngine]) -> type[UpdateEngine]:
+        cls.name = name
+        UPDATE_ENGINES[name] = cls
+        return cls
+
+    return deco
+
+
+def _lookup(registry: dict[str, type], name: str, flag: str):
+    if name not in registry:
+        raise ValueError(
+            f"{flag} {name!r} is not a registered engine; choose one of {sorted(registry)} "
+            "(lightning_modules/engines/; register a new one with @register_rollout_engine / @register_update_engine)"
+        )
+    return registry[name]
+
+
+def build_rollout_engine(name: str, **options) -> RolloutEngine:
+    return _lookup(ROLLOUT_ENGINES, name, "--model.rollout_engine")(**options)
+
+
+def build_update_engine(name: str, **options) -> UpdateEngine:
+    return _lookup(UPDATE_ENGINES, name, "--model.update_engine")(**options)

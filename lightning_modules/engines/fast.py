@@ -1,0 +1,53 @@
+"""The ``fast`` rollout engine: one prefill per prompt, static KV cache, CUDA-graph decode (``rollout.fast_generate``)."""
+
+from __future__ import annotations
+
+import torch
+
+from lightning_modules.engines.base import RolloutEngine, Sampling, register_rollout_engine
+
+
+def repeat_encoding(enc, group_size: int) -> dict[str, torch.Tensor]:
+    """Repeat a B-prompt processor output G times per prompt (rows grouped by prompt)."""
+    counts = enc["image_grid_thw"].prod(dim=-1)
+    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).tolist()
+    pixels = [enc["pixel_values"][offsets[i] : offsets[i + 1]] for i in range(len(counts)) for _ in range(group_size)]
+    out = {
+        "input_ids": enc["input_ids"].repeat_interleave(group_size, 0),
+        "attention_mask": enc["attention_mask"].repeat_interleave(group_size, 0),
+        "pixel_values": torch.cat(pixels),
+        "image_grid_thw": enc["image_grid_thw"].repeat_interleave(group_size, 0),
+    }
+    if "mm_token_type_ids" in enc:
+        out["mm_token_type_ids"] = enc["mm_token_type_ids"].repeat_interleave(group_size, 0)
+    return out
+
+
+@register_rollout_engine("fast")
+class FastRolloutEngine(RolloutEngine):
+    """The B prompts are encoded once; their KV caches are copied into the G rows of each group (Qwen2.5-VL)."""
+
+    own_kernels = True
+
+    def sample(self, model, processor, prompts, images, *, group_size, sampling: Sampling, suppress_ids, eos_ids):
+        from lightning_modules.rollout import fast_generate
+
+        device = next(model.parameters()).device
+        enc = processor(text=list(prompts), images=list(images), return_tensors="pt", padding=True).to(device)
+        completion_ids = fast_generate(
+            model,
+            input_ids=enc["input_ids"],
+            attention_mask=enc["attention_mask"],
+            pixel_values=enc["pixel_values"],
+            image_grid_thw=enc["image_grid_thw"],
+            group_size=group_size,
+            max_new_tokens=sampling.max_new_tokens,
+            temperature=0.0 if sampling.greedy else sampling.temperature,
+            top_p=sampling.top_p,
+            suppress_token_ids=suppress_ids,
+            eos_token_ids=eos_ids,
+            pad_token_id=processor.tokenizer.pad_token_id,
+            min_new_tokens=sampling.min_new_tokens,
+            compile_step=self.compile_step,
+        )
+        return completion_ids, repeat_encoding(enc, group_size)

@@ -1,0 +1,64 @@
+"""The ``packed`` update engine (``efficient.py``): the vision tower once per unique image with its backward once per
+step, right-padded length-bucketed rows, chunked log-probs from hidden states. Single-process: its deferred vision
+backward is not DDP-aware."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from lightning_modules.engines.base import LossFn, UpdateEngine, register_update_engine
+from lightning_modules.policy import Rollout
+
+
+@register_update_engine("packed")
+class PackedUpdateEngine(UpdateEngine):
+    distributed_ok = False
+    own_kernels = True
+
+    def prepare(self, model, processor, ro: Rollout, device: torch.device):
+        from lightning_modules.efficient import pack_rollout
+
+        return pack_rollout(
+            model,
+            prompt_ids=ro.prompt_ids.to(device),
+            prompt_mask=ro.prompt_mask.to(device),
+            pixel_values=ro.pixel_values.to(device),
+            image_grid_thw=ro.image_grid_thw.to(device),
+            completion_ids=ro.completion_ids.to(device),
+            completion_mask=ro.completion_mask.to(device),
+            group_size=ro.group_size,
+            pad_token_id=processor.tokenizer.pad_token_id,
+        )
+
+    def logprobs(self, model, prepared) -> torch.Tensor:
+        from lightning_modules.efficient import completion_logprobs
+
+        return completion_logprobs(
+            model, packed=prepared, micro_batch_size=self.ref_micro_batch_size, temperature=self.temperature
+        )[0]
+
+    def backward(
+        self,
+        model,
+        prepared,
+        loss_fn: LossFn,
+        *,
+        entropy_grad: bool = False,
+        backward: Callable[[torch.Tensor], None] | None = None,
+    ) -> None:
+        from lightning_modules.efficient import policy_backward
+
+        policy_backward(
+            model,
+            prepared,
+            lambda lp, ent, rows: loss_fn(lp, ent, rows.tolist()),
+            micro_batch_size=self.micro_batch_size,
+            temperature=self.temperature,
+            with_entropy=True,
+            entropy_grad=entropy_grad,
+            gradient_checkpointing=self.gradient_checkpointing,
+            vision_checkpointing=self.vision_checkpointing,
+            backward=backward,
+        )

@@ -1,0 +1,137 @@
+"""One greedy evaluation path for every module and callback: answers, their metrics, the names they are logged under.
+
+`greedy_answers` generates one greedy completion per sample through a registered rollout engine and reads it back
+(parsed completion, boxes in the image's original pixels). `Evaluator` keeps the torchmetrics of every named eval set
+(``val/<set>/acc50``, ``miou``, ``format``; OVD: ``map``, ``map_50``, ``gp``, ``gr``) and is what `GRPOModule` and
+`SFTModule` log, so both report the same numbers for the same answers; the galleries draw the same answers.
+The format rate checks the answer format of the method being evaluated (``format``), so each method is scored in
+its own format; set one ``eval_prompt_template`` / ``eval_format`` for every method to compare them under one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from lightning_modules import rewards
+from lightning_modules.engines import RolloutRequest, Sampling, build_rollout_engine
+from lightning_modules.policy import Rollout, build_prompt_text
+
+__all__ = ["Answer", "Evaluator", "greedy_answers", "eval_set_name", "format_for_template"]
+
+
+def format_for_template(template: str) -> str:
+    """The answer format a prompt template asks for (``rewards.FORMATS``): VLM-R1's think + answer, else the
+    four-part format (Syn-GRPO's and the toy model's)."""
+    return "think_answer" if template == "vlm_r1" else "syn_grpo"
+
+
+@dataclass
+class Answer:
+    """One sample's greedy answer: text, parsed form, boxes in original pixels, the model-input size."""
+
+    text: str
+    parsed: rewards.ParsedCompletion
+    boxes: list[list[float]]
+    input_wh: tuple[int, int]
+
+
+@torch.no_grad()
+def greedy_answers(
+    model,
+    processor,
+    samples: Sequence[Any],
+    *,
+    template: str,
+    max_new_tokens: int,
+    engine: str = "hf",
+) -> tuple[list[Answer], Rollout]:
+    """Greedy answers of ``model`` to ``samples`` (each with ``image``, ``query``, ``task``, ``size``) under prompt
+    ``template``, through rollout engine ``engine``."""
+    requests = [
+        RolloutRequest(build_prompt_text(processor, s.query, task=s.task, template=template), s.image, 1, i)
+        for i, s in enumerate(samples)
+    ]
+    ro = build_rollout_engine(engine).generate(
+        model, processor, requests, Sampling(max_new_tokens=max_new_tokens, greedy=True)
+    )
+    answers = []
+    for s, text, in_wh in zip(samples, ro.texts, ro.input_wh):
+        parsed = rewards.parse_completion(text)
+        answers.append(Answer(text, parsed, [rewards.rescale_box(b, in_wh, s.size) for b in parsed.boxes], in_wh))
+    return answers, ro
+
+
+def eval_set_name(trainer, kind: str, dataloader_idx: int) -> str:
+    """The name of eval set ``dataloader_idx`` of ``kind`` (``val`` / ``test``) from the datamodule."""
+    names = eval_set_names(trainer, kind)
+    return names[dataloader_idx] if dataloader_idx < len(names) else f"set{dataloader_idx}"
+
+
+def eval_set_names(trainer, kind: str) -> list[str]:
+    dm = getattr(trainer, "datamodule", None) if trainer is not None else None
+    names = dm.eval_names(kind) if dm is not None and hasattr(dm, "eval_names") else []
+    return names or ["default"]
+
+
+class Evaluator(nn.Module):
+    """The metrics of every named eval set, as submodules (Lightning finds logged metrics by attribute, so they are
+    built in ``setup`` before the first ``log``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sets = nn.ModuleDict()
+
+    def build(self, trainer, stage: str) -> None:
+        from lightning_modules.metrics import DetectionMetrics, FormatRate, GroundingAccuracy, MeanIoU
+
+        for kind in {"fit": ["val"], "validate": ["val"], "test": ["test"]}.get(stage, []):
+            for name in eval_set_names(trainer, kind):
+                key = f"{kind}__{name}"
+                if key not in self.sets:
+                    self.sets[key] = nn.ModuleDict(
+                        {
+                            "acc50": GroundingAccuracy(0.5),
+                            "miou": MeanIoU(),
+                            "format": FormatRate(),
+                            "det": DetectionMetrics(),
+                        }
+                    )
+
+    def update(self, kind: str, name: str, samples: Sequence[Any], answers: Sequence[Answer], *, format: str):
+        """Update set ``kind/name`` with the answers; returns the metric objects to log (``self.log_dict``)."""
+        mets = self.sets[f"{kind}__{name}"]
+        fmt = rewards.format_reward([a.text for a in answers], format=format, parsed=[a.parsed for a in answers])
+        mets["format"].update(torch.tensor([f >= 1.0 for f in fmt]))
+        for s, a in zip(samples, answers):
+            if s.task == "rec":
+                pred = torch.tensor([a.boxes[0]], dtype=torch.float32)[0] if a.boxes else None
+                gt = torch.tensor([s.boxes[0]], dtype=torch.float32)
+                mets["acc50"].update([pred], gt)
+                mets["miou"].update([pred], gt)
+            else:
+                mets["det"].update(a.boxes, s.boxes)
+        logs = {f"{kind}/{name}/format": mets["format"]}
+        if samples and samples[0].task != "ovd":
+            logs.update({f"{kind}/{name}/acc50": mets["acc50"], f"{kind}/{name}/miou": mets["miou"]})
+        return logs
+
+    def detection(self, trainer, kind: str) -> dict[str, float]:
+        """mAP / GP / GR of every OVD set, then reset. ``compute()`` is a collective: every rank walks the same sets
+        (taken from the datamodule, identical on all ranks) in the same order."""
+        dm = getattr(trainer, "datamodule", None)
+        sets = getattr(dm, "eval_sets", {}).get(kind, {}) if dm is not None else {}
+        out = {}
+        for name, ds in sets.items():
+            key = f"{kind}__{name}"
+            if not ds.records or ds.records[0].task != "ovd" or key not in self.sets:
+                continue
+            res = self.sets[key]["det"].compute()
+            for k in ("map", "map_50", "gp", "gr"):
+                out[f"{kind}/{name}/{k}"] = float(res[k])
+            self.sets[key]["det"].reset()
+        return out

@@ -1,0 +1,199 @@
+"""The method interface: what differs between GRPO-family methods, as a small plug-in `GRPOModule` runs.
+
+`GRPOModule.training_step` is the same for every method: **plan -> generate -> score -> advantage -> update -> log**.
+A method decides
+
+* how a batch becomes **rollout requests** (`Method.plan`: G completions per sample; a nested method overrides
+  `Method.rollout` to generate N first-level completions, then N x K second-level ones, parent ids linking them);
+* how completions are **scored**: a weighted list of reward terms (`RewardTerm`), each a plain function of a
+  `RewardContext`, summed in order into ``total`` (`Method.score`);
+* how **advantages** are grouped: by the rollout's group ids (`objective.advantages_by_group`; two-level groups are two
+  calls on two groupings);
+* what **evolution requests** it emits for the data-evolution callback (`Method.evolution`; Syn-GRPO: the selected
+  description of each sample), and its own logs and checkpointed state.
+
+A method never sees engines, optimizers or Lightning: the module hands it the batch and the `Rollout`, and callbacks
+read what the step returns (``outputs["evolution"]``, ``outputs["completions"]``), never the method's attributes.
+
+Adding a method is one file (a `Method` subclass under ``@register_method("name")``), one config (``model.method:
+name`` plus its ``model.method_args``) and one test: see ``methods/grpo.py`` for the plain GRPO baseline of Table 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from lightning_modules import objective, rewards
+from lightning_modules.engines.base import RolloutRequest
+from lightning_modules.policy import Rollout, build_prompt_text
+
+if TYPE_CHECKING:  # the module, for `Method.rollout`
+    from lightning_modules.grpo import GRPOModule
+
+__all__ = [
+    "METHODS",
+    "Method",
+    "RewardContext",
+    "RewardTerm",
+    "Scores",
+    "Selection",
+    "build_method",
+    "register_method",
+]
+
+
+@dataclass
+class Selection:
+    """An evolution request: the description chosen for one sample of the last batch (what the synthesis callback
+    submits to the data server)."""
+
+    sample_id: str
+    description: str | None
+    index: int
+    """Row of the chosen completion inside its group."""
+    diversity_reward: float
+    predicted_diversity: float | None
+    gt_diversity: float
+    smoothed_diversity: float
+    step: int
+    epoch: int
+
+
+@dataclass
+class RewardContext:
+    """What a reward function sees: per completion row, its sample, text, parsed form and model-input size; the terms
+    computed before it (``parts``, in the method's order) and values they left for later terms (``extras``)."""
+
+    samples: list[Any]
+    texts: list[str]
+    parsed: list[rewards.ParsedCompletion]
+    input_wh: list[tuple[int, int]]
+    group_size: int
+    parts: dict[str, torch.Tensor] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RewardTerm:
+    """One weighted reward: ``fn(ctx) -> [N]`` (a list of floats or a tensor), logged as ``train/reward/<name>``."""
+
+    name: str
+    weight: float
+    fn: Callable[[RewardContext], Sequence[float] | torch.Tensor]
+
+
+@dataclass
+class Scores:
+    """Per completion reward parts ([N] float32 each, ``total`` their weighted sum), the parsed completions, and what
+    the terms left in ``extras`` (e.g. the per-sample ground-truth diversity)."""
+
+    parts: dict[str, torch.Tensor]
+    parsed: list[rewards.ParsedCompletion]
+    extras: dict[str, Any]
+
+    @property
+    def total(self) -> torch.Tensor:
+        return self.parts["total"]
+
+
+class Method:
+    """Base class of a GRPO-family method (see the module docstring). Args: the module's hyperparameters (the shared
+    settings: task, prompt template, group size, reward weights, ...); a method's own settings arrive as keyword
+    arguments from ``--model.method_args``."""
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, hparams: Any) -> None:
+        self.hp = hparams
+
+    # ------------------------------------------------------------------------------------------------ rollout plan
+    def prompt(self, processor, sample, template: str) -> str:
+        return build_prompt_text(processor, sample.query, task=sample.task, template=template)
+
+    def plan(self, batch: Sequence[Any], processor, *, template: str, n: int) -> list[RolloutRequest]:
+        """One request per sample: ``n`` completions of its prompt, one advantage group per sample."""
+        return [RolloutRequest(self.prompt(processor, s, template), s.image, n, i) for i, s in enumerate(batch)]
+
+    def rollout(self, module: GRPOModule, batch: Sequence[Any]) -> Rollout:
+        """The step's completions (default: `plan` with the training template and G, then one generate call)."""
+        requests = self.plan(batch, module.processor, template=self.hp.prompt_template, n=self.hp.group_size)
+        return module.generate(requests)
+
+    # ------------------------------------------------------------------------------------------------ scoring
+    def reward_terms(self) -> list[RewardTerm]:
+        raise NotImplementedError
+
+    def rows(self, batch: Sequence[Any], ro: Rollout) -> list[Any]:
+        """The sample of each completion row."""
+        return [batch[i // ro.group_size] for i in range(len(ro.texts))]
+
+    def score(self, batch: Sequence[Any], ro: Rollout) -> Scores:
+        """Every reward term in order, then ``total = sum(weight * term)``."""
+        ctx = RewardContext(
+            samples=self.rows(batch, ro),
+            texts=list(ro.texts),
+            parsed=[rewards.parse_completion(t) for t in ro.texts],
+            input_wh=list(ro.input_wh),
+            group_size=ro.group_size,
+        )
+        total = torch.zeros(len(ro.texts), dtype=torch.float32)
+        for term in self.reward_terms():
+            value = torch.as_tensor(term.fn(ctx), dtype=torch.float32).reshape(-1)
+            if value.numel() != len(ro.texts):
+                raise ValueError(f"reward term {term.name!r} returned {value.numel()} values for {len(ro.texts)} rows")
+            ctx.parts[term.name] = value
+            total = total + term.weight * value
+        ctx.parts["total"] = total
+        return Scores(parts=ctx.parts, parsed=ctx.parsed, extras=ctx.extras)
+
+    def advantages(self, scores: Scores, ro: Rollout) -> torch.Tensor:
+        """Group-relative advantages over the rollout's groups (``--model.advantage_scale`` / ``advantage_eps``)."""
+        return objective.advantages_by_group(
+            scores.total, ro.group_ids, scale=self.hp.advantage_scale, eps=self.hp.advantage_eps
+        )
+
+    # ------------------------------------------------------------------------------------------------ outputs
+    def evolution(self, batch: Sequence[Any], ro: Rollout, scores: Scores, *, step: int, epoch: int) -> list[Selection]:
+        """Evolution requests for the data-evolution callback (default: none)."""
+        return []
+
+    def train_logs(self, scores: Scores, ro: Rollout) -> dict[str, float]:
+        """The method's own ``train/*`` values (reward parts are logged by the module)."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Checkpointed state (merged into the Lightning checkpoint's top level)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+METHODS: dict[str, type[Method]] = {}
+
+
+def register_method(name: str):
+    """Class decorator: make a `Method` available as ``--model.method <name>``."""
+
+    def deco(cls: type[Method]) -> type[Method]:
+        cls.name = name
+        METHODS[name] = cls
+        return cls
+
+    return deco
+
+
+def build_method(name: str, hparams: Any, method_args: dict[str, Any] | None = None) -> Method:
+    if name not in METHODS:
+        raise ValueError(
+            f"--model.method {name!r} is not a registered method; choose one of {sorted(METHODS)} "
+            "(lightning_modules/methods/; register a new one with @register_method)"
+        )
+    try:
+        return METHODS[name](hparams, **(method_args or {}))
+    except TypeError as err:
+        raise ValueError(f"--model.method_args {method_args!r} do not fit method {name!r}: {err}") from err
