@@ -480,10 +480,12 @@ def beta_table(
 ) -> pd.DataFrame:
     """Final validation ``metric`` per (run, set) against the smoothing beta: the paper's beta ablation.
 
-    By default only Syn-GRPO runs count (``diversity_weight != 0``: a GRPO baseline also carries a
+    By default only Syn-GRPO runs count (``method: syn_grpo`` with ``diversity_weight != 0``: a GRPO baseline also carries a
     ``diversity_beta`` hparam that it never uses)."""
 
     def default_include(r: Run) -> bool:
+        if r.hparam("method", "syn_grpo") != "syn_grpo":  # a GRPO-method baseline: no diversity reward
+            return False
         return float(r.hparam("diversity_weight", 1.0) or 0.0) != 0.0
 
     include = include or default_include

@@ -106,6 +106,7 @@ def _write_card(out: Path, hp: dict[str, Any], ckpt: Any, facts: dict[str, Any],
     keep = (
         "model_name_or_path",
         "task",
+        "method",
         "prompt_template",
         "format",
         "group_size",

@@ -79,7 +79,7 @@ def test_baseline_overlays_compose_with_every_base(base, overlay):
     assert named["checkpoint"]["init_args"]["every_n_epochs"] in (None, 1) and named["results"] is not None
     synth = named["synthesis"]
     if overlay.stem.startswith("grpo"):
-        assert args["diversity_weight"] == 0.0 and synth["init_args"]["mode"] == "off"
+        assert args["method"] == "grpo" and synth["init_args"]["mode"] == "off"  # the plain GRPO plug-in
         assert named["checkpoint"]["init_args"]["save_last"] is True  # the base's setting survives the patch
     if overlay.stem == "offline_generation":
         assert synth["init_args"]["offline_descriptions"] and synth["init_args"]["source"] == "original"
