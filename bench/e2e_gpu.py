@@ -21,7 +21,7 @@ What a call does, in order:
    synthesis mode (``off`` / ``async`` / ``sync``); checkpoints go to the run folder. Random weights write no
    parsable description, so with synthesis on the offline-descriptions path (the "offline generation" baseline's
    source) drives jobs to the SDXL server; Syn-GRPO's own description selection is exercised on the CPU with the toy
-   model (tests/test_config_runs.py, ``make train``).
+   model (tests/cli/test_config_runs.py, ``make train``).
 3. Reads **s/step** (median of steps 2..n, steps that span an epoch boundary left out: those hold validation and the
    swap), peak memory (``train/peak_mem_gib``, the training process's own allocator), epoch wall time, images
    synthesized (files in the run's ``synth/``), swaps and audit failures (the callback's ``synth/*`` log), and the

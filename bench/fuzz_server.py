@@ -13,7 +13,7 @@ Starts a real server (``python -m synth.server`` on 127.0.0.1, procedural painte
     python bench/fuzz_server.py --examples 300 --seeds 0 1 2 3 4 --bodies 1500 \\
         --out bench/results/fuzz_server_cpu.json
 
-Only loopback traffic. Prints figures; never asserts (``tests/test_synth_fuzz.py`` is the bounded in-suite version).
+Only loopback traffic. Prints figures; never asserts (``tests/synth/test_synth_fuzz.py`` is the bounded in-suite version).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Each line (``GRPOModule.predict_step``): ``sample_id``, ``task``, ``query``, ``completion`` (the text), ``boxes``
 (parsed, original pixels), ``gt_boxes``, ``format_ok`` and ``rewards`` (``accuracy``: IoU for REC, ``s_ovd * mAP``
 for OVD; ``format``). At the end the REC sets' Acc@0.5 / mIoU and every set's format rate are printed and written to
-``summary.json``: the same numbers ``train.py test`` reports for the same model (tests/test_export.py checks it).
+``summary.json``: the same numbers ``train.py test`` reports for the same model (tests/cli/test_export.py checks it).
 """
 
 from __future__ import annotations

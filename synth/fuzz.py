@@ -1,5 +1,5 @@
 """Fuzz a running data server: schemathesis over the server's own OpenAPI schema, and hypothesis job bodies that
-carry real images. Used by ``tests/test_synth_fuzz.py`` (a bounded run) and ``bench/fuzz_server.py`` (>= 20,000
+carry real images. Used by ``tests/synth/test_synth_fuzz.py`` (a bounded run) and ``bench/fuzz_server.py`` (>= 20,000
 requests). Needs the ``dev`` extras (schemathesis, hypothesis); the server itself never imports this module.
 
 Every request goes to the given URL only (a loopback server in the tests and the bench). A response >= 500 is a

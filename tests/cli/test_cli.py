@@ -14,7 +14,7 @@ from cli.errors import explain
 from cli.main import main, merge_callback_entry, merge_named_callbacks, run_name
 from train import cli_main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "configs/tiny.yaml")
 
 

@@ -23,7 +23,7 @@ import yaml
 
 from train import cli_main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
 TOY_CKPT = REPO / "checkpoints/toy-qwen2.5-vl"
 BASES = sorted(p for p in CONFIGS.glob("*.yaml") if "_stage" not in p.stem)

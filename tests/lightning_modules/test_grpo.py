@@ -9,7 +9,7 @@ import torch
 
 from train import cli_main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _args(tiny_model_dir: Path, data_root: Path, out: Path, *extra: str) -> list[str]:

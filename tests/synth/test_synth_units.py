@@ -25,7 +25,7 @@ from synth.config import load_config
 from synth.foreground import Ben2Masker, GrabCutMasker, build_masker, keep_mask
 from synth.painters import DiffusersOutpainter, PaintJob, ProceduralPainter, build_painter, text_seed
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def scene(w: int = 96, h: int = 72) -> tuple[Image.Image, list[list[float]]]:

@@ -11,7 +11,7 @@ import lightning as L
 from lightning_modules.policy import load_policy
 from train import cli_main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class _Losses(L.Callback):

@@ -33,7 +33,7 @@ from lightning_modules.rewards import (
 
 # 45 verbatim completions of real VLMs from public logs (tests/data/README.md), kept in the repository so the
 # parser is always tested on them.
-REAL = Path(__file__).resolve().parent / "data" / "real_completions.jsonl"
+REAL = Path(__file__).resolve().parents[1] / "data" / "real_completions.jsonl"
 
 
 def real_completions() -> list[dict]:

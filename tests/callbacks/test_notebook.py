@@ -15,7 +15,7 @@ import yaml
 from callbacks import analysis as A
 from train import cli_main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "notebooks/collapse_curves.ipynb"
 FIGURES = ("collapse", "rewards", "accuracy_per_epoch", "beta_ablation")
 

@@ -13,7 +13,7 @@ from datamodules.rec import read_jsonl
 from datamodules.synthetic import DataPool
 from train import cli_main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_pool_swaps_keep_lineage_and_round_trip(rec_dir):

@@ -16,7 +16,7 @@ import yaml
 
 from train import cli_main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TOY_CKPT = REPO / "checkpoints/toy-qwen2.5-vl"
 
 

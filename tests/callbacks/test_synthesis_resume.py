@@ -22,7 +22,7 @@ from datamodules.rec import DataError
 from datamodules.resumable import EpochSampler, ResumableLoader
 from train import cli_main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TIMING = {"time", "elapsed", "synth/queue_depth", "synth/lag_s", "train/peak_mem_gib"}  # and train/time/*
 """Columns that measure time or depend on it (how far the server got when a step ended); all others must match."""
 N_SAMPLES, BATCH = 12, 4  # 3 steps per epoch

@@ -22,7 +22,7 @@ from PIL import Image, ImageDraw
 from synth.api import ImageRef, JobRequest, JobState
 from synth.client import AsyncSubmitter, LocalServer, SynthClient, SynthError, free_port
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DESCRIPTIONS = [
     "a striped blue and white background with many small green triangles",
     "a checkered yellow background with few large purple stars",

@@ -12,7 +12,7 @@ from torch import nn
 from lightning_modules.precision import MasterWeightOptimizer, build_optimizer, fp32_default_dtype
 from train import cli_main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LR = 1e-6
 
 

@@ -18,7 +18,7 @@ import yaml
 
 from train import cli_main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SWEEPS = sorted((REPO / "configs/sweeps").glob("*.yaml"))
 
 

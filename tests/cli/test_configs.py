@@ -11,7 +11,7 @@ import yaml
 
 from train import cli_main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TRAIN_CONFIGS = sorted(
     p
     for p in (REPO / "configs").rglob("*.yaml")
