@@ -1,8 +1,10 @@
-"""COMPONENT PROFILER: one GRPO step assembled from the engines' functions, on one GPU, at the paper's setting, with
-random-weight Qwen2.5-VL-3B / 7B architectures. Its figures locate where time goes; they are not what ``train.py``
-gives (no Lightning, data, rewards or fp32 master weights): for that, ``bench/e2e_gpu.py`` (docs/performance.md).
+"""COMPONENT PROFILER: the engines' functions timed in isolation (sections 1-3, 5) and `GRPOModule.training_step`
+itself (section 4), on one GPU, at the paper's setting, with random-weight Qwen2.5-VL-3B / 7B architectures. Its
+figures locate where time goes; what ``train.py`` gives (data module, callbacks, validation, the CLI) is
+``bench/e2e_gpu.py``'s (docs/performance.md).
 
     python bench/grpo_step.py --models 3b,7b --out bench/results/grpo_step_h200.json
+    python bench/grpo_step.py --models 3b --module-only    # only GRPOModule.training_step
     python bench/grpo_step.py --tiny                       # CPU smoke test of every code path (seconds)
 
 The work (never changed to meet a goal): B = 20 prompts x G = 6 completions = 120 sequences; each prompt holds one
@@ -18,7 +20,8 @@ Measured, in this order (each phase timed with CUDA synchronisation around it):
 3. The update: reference log-probs (no grad), old log-probs (no grad, needed when num_iterations > 1), policy
    fwd + bwd over length-bucketed micro-batches (vision once per prompt) + fused AdamW step; with and without
    gradient checkpointing.
-4. The whole step, end to end (rollout, packing, reference, update with the objective's clipped surrogate + k3 KL).
+4. The whole step: `GRPOModule.training_step` under a Lightning `Trainer` (``run_module_step``): the module's phase
+   timer and wall time per step, fast rollout + packed update, fp32 master weights; never a hand-made chain.
 5. Correctness on the real architecture: fast_generate's log-probs vs the efficient scorer vs the stock forward.
 
 MFU counts model FLOPs only: 6 x (matmul parameters) x tokens for fwd + bwd (2 x for forward-only passes): decoder
@@ -37,6 +40,7 @@ import gc
 import json
 import math
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -278,31 +282,104 @@ def flops_update(fl: dict, packed, n_images: int, patches_per_image: int, cfg, p
 
 
 def grpo_loss_fn(packed, old_logp, ref_logp, adv, kl_coef: float, total_tokens: int):
-    """The objective's clipped surrogate + k3 KL, token-mean over the WHOLE batch, per micro-batch."""
-    try:
-        from lightning_modules.objective import policy_loss
-    except Exception:  # pragma: no cover - the objective module is another engineer's; fall back to the same math
-        policy_loss = None
+    """Section 3's loss: ``objective.policy_loss`` (clipped surrogate + k3 KL, token-mean over the WHOLE batch) per
+    micro-batch, as `GRPOModule` weights it; used only to time `efficient.policy_backward` in isolation."""
+    from lightning_modules.objective import policy_loss
+
     mask_all = packed.completion_mask
 
     def fn(logp, ent, rows):
         mask = mask_all[rows].to(logp.device)
-        n_tok = int(mask.sum())
         old = logp.detach() if old_logp is None else old_logp[rows]
-        if policy_loss is not None:
-            loss, _ = policy_loss(
-                logp, old, adv[rows], mask, ref_logp=ref_logp[rows], kl_coef=kl_coef, aggregation="token-mean"
-            )
-        else:
-            ratio = torch.exp(logp - old)
-            a = adv[rows][:, None]
-            pg = torch.maximum(-a * ratio, -a * ratio.clamp(0.8, 1.2))
-            lr = ref_logp[rows] - logp
-            kl = torch.exp(lr) - lr - 1
-            loss = ((pg + kl_coef * kl) * mask).sum() / max(n_tok, 1)
-        return loss * (n_tok / total_tokens)
+        loss, _ = policy_loss(
+            logp, old, adv[rows], mask, ref_logp=ref_logp[rows], kl_coef=kl_coef, aggregation="token-mean"
+        )
+        return loss * (int(mask.sum()) / total_tokens)
 
     return fn
+
+
+def run_module_step(name: str, args, device, result: dict, save) -> None:
+    """The whole GRPO step as ``train.py`` runs it: `GRPOModule.training_step` (plan -> generate -> score ->
+    advantage -> update -> log) under a Lightning `Trainer`, on random-weight ``name`` saved with ``save_pretrained``
+    and toy scenes at ``--image-size``; the module's own phase timer (``train/time/*``) and the wall time per step.
+    Nothing here re-assembles the step; ``bench/e2e_gpu.py`` adds the data module, callbacks and the CLI."""
+    import tempfile
+
+    import lightning as L
+
+    from bench.e2e_gpu import build_qwen
+    from datamodules.toy import ToySceneDataset
+    from lightning_modules.grpo import GRPOModule
+
+    r = result.setdefault("models", {}).setdefault(name, {})
+    work = Path(tempfile.mkdtemp(prefix="grpo_step_"))
+    build = build_qwen(work / f"qwen-{name}", name, str(device), vocab_size=512 if name == "tiny" else 4096)
+    cuda = device.type == "cuda"
+    steps = max(2, args.module_steps)
+    data = ToySceneDataset("train", args.prompts * steps, seed=0, size=max(args.image_size, 64))
+    loader = torch.utils.data.DataLoader(data, batch_size=args.prompts, collate_fn=list)
+    module = GRPOModule(
+        model_name_or_path=build["path"],
+        dtype="bf16" if cuda else "fp32",
+        prompt_template="syn_grpo",
+        group_size=args.group,
+        max_new_tokens=args.new_tokens,
+        min_new_tokens=args.new_tokens,
+        rollout_engine="fast",
+        rollout_compile=cuda,
+        update_engine="packed",
+        micro_batch_size=args.micro_batch,
+        ref_micro_batch_size=args.ref_micro_batch,
+        vision_checkpointing=cuda,
+    )
+
+    class Record(L.Callback):
+        def __init__(self):
+            self.rows: list[dict] = []
+            self.t = 0.0
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if cuda:
+                torch.cuda.synchronize()
+            self.t = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if cuda:
+                torch.cuda.synchronize()
+            logged = {k: float(v) for k, v in trainer.logged_metrics.items() if k.startswith("train/")}
+            self.rows.append({"wall_s": round(time.perf_counter() - self.t, 3), **logged})
+
+    rec = Record()
+    trainer = L.Trainer(
+        accelerator="gpu" if cuda else "cpu",
+        devices=1,
+        precision="bf16-true" if cuda else "32-true",
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[rec],
+    )
+    trainer.fit(module, train_dataloaders=loader)
+    later = rec.rows[1:] or rec.rows
+    med = lambda key: round(statistics.median(row.get(key, 0.0) for row in later), 3)  # noqa: E731
+    r["module_step"] = dict(
+        what="GRPOModule.training_step under a Trainer (fast rollout + packed update, fp32 masters on CUDA)",
+        steps=len(rec.rows),
+        first_step_s=rec.rows[0]["wall_s"],
+        median_step_s=med("wall_s"),
+        phases_s={k: med(f"train/time/{k}_s") for k in ("rollout", "rewards", "reference", "update", "optimizer")},
+        peak_mem_gib=med("train/peak_mem_gib") if cuda else None,
+        completion_length=med("train/completion_length"),
+    )
+    print(f"[{name}] GRPOModule.training_step: {r['module_step']}", flush=True)
+    save()
+    del module, trainer
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
 
 
 def run_model(name: str, args, device, dtype, result: dict, save) -> None:
@@ -474,7 +551,6 @@ def run_model(name: str, args, device, dtype, result: dict, save) -> None:
             best_variant, best_step = variant, step
         save()
     r["decode_variant_used_for_step"] = best_variant
-    best_kw = dict(gen_kw, compile_step=best_variant == "compile")
 
     # ---- 3. update ---------------------------------------------------------------------------------------------
     ref = copy.deepcopy(model).eval().requires_grad_(False)
@@ -547,56 +623,7 @@ def run_model(name: str, args, device, dtype, result: dict, save) -> None:
     )
     save()
 
-    # ---- 4. the whole step, end to end ---------------------------------------------------------------------------
-    best = min((k for k, v in upd.items() if v and "error" not in v), key=lambda k: upd[k]["fwd_bwd_s"], default=None)
-    if best is not None:
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        model.train()
-        fast_generate(model, **enc, group_size=G, max_new_tokens=2, min_new_tokens=2, generator=gen, **best_kw)
-        with Timer(device) as t_step:
-            with Timer(device) as a:
-                completion = fast_generate(
-                    model, **enc, group_size=G, max_new_tokens=T, min_new_tokens=T, generator=gen, **best_kw
-                )
-            packed = pack_rollout(
-                model,
-                prompt_ids=enc["input_ids"],
-                prompt_mask=enc["attention_mask"],
-                pixel_values=enc["pixel_values"],
-                image_grid_thw=enc["image_grid_thw"],
-                completion_ids=completion,
-                completion_mask=torch.ones_like(completion),
-                group_size=G,
-                pad_token_id=PAD_ID,
-            )
-            with Timer(device) as b:
-                ref_lp, _ = completion_logprobs(ref, packed, micro_batch_size=args.ref_micro_batch)
-            with Timer(device) as c:  # num_iterations = 1: old log-probs are the detached current ones
-                loss_fn = grpo_loss_fn(packed, None, ref_lp, adv, 0.04, int(packed.completion_mask.sum()))
-                policy_backward(
-                    model, packed, loss_fn, micro_batch_size=args.micro_batch, gradient_checkpointing=best == "ckpt"
-                )
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-        model.eval()
-        peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else 0
-        r["step"] = dict(
-            total_s=round(t_step.s, 2),
-            rollout_s=round(a.s, 2),
-            ref_s=round(b.s, 2),
-            update_s=round(c.s, 2),
-            grad_ckpt=best == "ckpt",
-            num_iterations=1,
-            peak_mem_gib=gib(peak),
-        )
-        if "hf_generate_eager" in r and "stock_update_one_microbatch" in r:
-            hf_step = (
-                r["hf_generate_eager"]["rollout_256_s_est"] + r["stock_update_one_microbatch"]["extrapolated_120_s"]
-            )
-            r["step"]["stock_hf_step_s_est"] = round(hf_step, 1)
-        print(f"[{name}] whole step: {r['step']}", flush=True)
-        save()
+    # ---- 4. the whole step: GRPOModule.training_step (see run_module_step), timed after this function ----------
 
     # ---- 5. correctness on the real architecture -------------------------------------------------------------------
     sub = {k: (v[:2] if k != "pixel_values" else v[: 2 * patches]) for k, v in enc.items()}
@@ -838,6 +865,8 @@ def main() -> None:
     ap.add_argument("--trl-only", action="store_true", help="run only TRL's GRPOTrainer")
     ap.add_argument("--trl-steps", type=int, default=2, help="TRL optimizer steps (the first one warms up)")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test with a tiny model and a small batch")
+    ap.add_argument("--module-steps", type=int, default=3, help="GRPOModule.training_step calls to time (section 4)")
+    ap.add_argument("--module-only", action="store_true", help="time only GRPOModule.training_step (section 4)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     args.hf_steps = [int(x) for x in args.hf_steps.split(",")]
@@ -880,8 +909,10 @@ def main() -> None:
 
     for name in args.models.split(","):
         try:
-            if not args.trl_only:
+            if not args.trl_only and not args.module_only:
                 run_model(name.strip(), args, device, dtype, result, save)
+            if not args.trl_only:
+                run_module_step(name.strip(), args, device, result, save)
             if args.trl or args.trl_only:
                 try:
                     run_trl(name.strip(), args, device, dtype, result, save)
@@ -912,7 +943,7 @@ def print_table(result: dict) -> None:
         hf = r.get("hf_generate_eager", {})
         fg = r.get("fast_generate", {})
         up = r.get("update", {})
-        st = r.get("step", {})
+        st = r.get("module_step", {})
         rows.append((name, "HF generate eager, ms/step", hf.get("ms_per_decode_step")))
         rows.append((name, "fast_generate, ms/step", fg.get("ms_per_decode_step")))
         rows.append(
@@ -935,8 +966,8 @@ def print_table(result: dict) -> None:
                 rows.append((name, f"[{k}] peak GiB", v["peak_mem_gib"]))
             elif v:
                 rows.append((name, f"[{k}] update", v["error"][:60]))
-        rows.append((name, "whole step s (measured)", st.get("total_s")))
-        rows.append((name, "stock HF step s (estimate)", st.get("stock_hf_step_s_est")))
+        rows.append((name, "GRPOModule.training_step s (median after the first)", st.get("median_step_s")))
+        rows.append((name, "  phases s (rollout/rewards/reference/update/optimizer)", st.get("phases_s")))
         rows.append(
             (
                 name,
