@@ -1,5 +1,6 @@
-"""SynthesisCallback: sends the policy's selected descriptions to the data server and swaps finished images into
-the DataPool at epoch boundaries (Syn-GRPO's self-evolving loop).
+"""SynthesisCallback: carries out a data-evolution strategy (``callbacks/evolution.py``): sends the descriptions it
+chooses (Syn-GRPO: the policy's selected ones) to the data server and swaps finished images into the DataPool at
+epoch boundaries (Syn-GRPO's self-evolving loop); question edits (instruction evolution) swap in at the same boundary.
 
 Training never waits on HTTP in the default ``async`` mode: ``AsyncSubmitter`` posts and polls from a daemon thread,
 and the callback only enqueues (after each batch) and drains (at each epoch end). ``sync`` blocks after every batch
@@ -19,7 +20,6 @@ are after a resume from a checkpoint (the callback's state holds them).
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -32,6 +32,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from callbacks.evolution import EvolutionRequest, build_strategy
 from synth.api import MAX_DESCRIPTION_CHARS
 
 log = logging.getLogger(__name__)
@@ -79,8 +80,11 @@ class SynthesisCallback(Callback):
         output_dir: where the local server writes images (default ``<default_root_dir>/synth``).
         source: repaint the ``original`` image (default) or the ``current`` version (chained evolution).
         unfinished: ``keep`` jobs not finished at an epoch end for a later swap, or ``drop`` them.
-        offline_descriptions: JSONL of ``{"sample_id", "description"}`` ("GRPO + Offline Generation"): the file's
-            descriptions are used instead of the policy's.
+        strategy: which samples evolve and into what (``callbacks/evolution.py``): ``method`` (the training step's
+            evolution requests: Syn-GRPO's selected descriptions), ``offline`` (a JSONL file) or ``random``.
+        strategy_args: the strategy's settings (``offline``: ``path``; ``random``: ``seed``).
+        offline_descriptions: JSONL of ``{"sample_id", "description"}`` ("GRPO + Offline Generation"): shorthand for
+            ``strategy: offline`` with ``strategy_args: {path: ...}``.
         guard_toy_descriptions: rewrite a toy-world description that would paint a second copy of the referred
             object (which would make the query ambiguous and the box label wrong).
         poll_interval: seconds between the background thread's polls.
@@ -104,6 +108,8 @@ class SynthesisCallback(Callback):
         source: str = "original",
         unfinished: str = "keep",
         offline_descriptions: str | None = None,
+        strategy: str = "method",
+        strategy_args: dict[str, Any] | None = None,
         guard_toy_descriptions: bool = True,
         poll_interval: float = 0.2,
         sync_timeout: float = 600.0,
@@ -137,10 +143,18 @@ class SynthesisCallback(Callback):
         self.server_overrides = dict(server_overrides or {})
         self.poll_interval, self.sync_timeout = poll_interval, sync_timeout
         self.gallery_samples, self.gallery_dir = gallery_samples, gallery_dir
-        self.offline: dict[str, list[str]] = {}
+        strategy_args = dict(strategy_args or {})
         if offline_descriptions:
-            self.offline = _read_offline(offline_descriptions)
+            if strategy not in ("method", "offline"):
+                raise ValueError(
+                    f"SynthesisCallback offline_descriptions is the 'offline' strategy; got strategy {strategy!r} too: "
+                    "keep one of them"
+                )
+            strategy, strategy_args = "offline", {**strategy_args, "path": offline_descriptions}
+        self.strategy = build_strategy(strategy, **strategy_args)
         self.outstanding: dict[str, Outstanding] = {}
+        self.pending_edits: dict[str, dict[str, Any]] = {}
+        """Question edits (instruction evolution) waiting for the epoch boundary, by sample id."""
         self.totals = {"submitted": 0, "swapped": 0, "failed": 0, "dropped": 0, "server_restarts": 0}
         self.history: list[dict[str, Any]] = []
         self.last_boundary = -1
@@ -281,23 +295,10 @@ class SynthesisCallback(Callback):
         cw, ch = w + round(w * f), h + round(h * f)
         return f, (rng.randint(0, max(cw - w, 0)), rng.randint(0, max(ch - h, 0)))
 
-    def _selections(self, trainer: L.Trainer, outputs, batch) -> list[tuple[str, str]]:
-        """(sample id, description) pairs to synthesize: the offline descriptions, or the evolution requests the
-        training step returned (``outputs["evolution"]``)."""
-        if self.offline:
-            out = []
-            for s in batch:
-                options = self.offline.get(s.sample_id)
-                if options:
-                    out.append((s.sample_id, options[trainer.current_epoch % len(options)]))
-            return out
-        requests = outputs.get("evolution", []) if isinstance(outputs, dict) else []
-        return [(s.sample_id, s.description) for s in requests if s.description]
-
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx):
         if self.mode == "off":
             return
-        chosen = self._selections(trainer, outputs, batch)
+        chosen: list[EvolutionRequest] = self.strategy.requests(trainer.current_epoch, batch, outputs)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             gathered: list[Any] = [None] * torch.distributed.get_world_size()
             torch.distributed.all_gather_object(gathered, chosen)
@@ -307,8 +308,11 @@ class SynthesisCallback(Callback):
         epoch = trainer.current_epoch
         busy = {j.sample_id for j in self.outstanding.values() if j.epoch == epoch}
         submitted: list[str] = []
-        for sample_id, description in chosen:
-            if sample_id in busy:  # one job per sample per epoch
+        for req in chosen:
+            sample_id, description = req.sample_id, req.description
+            if req.query is not None:  # a question edit: applied at the epoch boundary, no server involved
+                self.pending_edits[sample_id] = {"query": req.query, "level": req.level, "epoch": epoch}
+            if not description or sample_id in busy:  # one job per sample per epoch
                 continue
             src = self._pool.original(sample_id) if self.source == "original" else self._pool.current(sample_id)
             if self.guard:
@@ -382,11 +386,18 @@ class SynthesisCallback(Callback):
         report: dict[str, Any] = {}
         if trainer.is_global_zero:
             swaps, report = self._collect(trainer)
+            if self.pending_edits:
+                swaps += [{"sample_id": sid, **edit} for sid, edit in self.pending_edits.items()]
+                report["question_edits"] = len(self.pending_edits)
+                self.pending_edits = {}
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             box = [swaps]
             torch.distributed.broadcast_object_list(box, src=0)
             swaps = box[0]
         for s in swaps:
+            if "image_path" not in s:  # a question edit: the current image, a new question
+                self._pool.edit_question(s["sample_id"], s["query"], epoch=epoch + 1, level=s["level"])
+                continue
             self._pool.swap(
                 s["sample_id"],
                 s["image_path"],
@@ -508,6 +519,7 @@ class SynthesisCallback(Callback):
             "totals": dict(self.totals),
             "history": list(self.history),
             "last_boundary": self.last_boundary,
+            "pending_edits": dict(self.pending_edits),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -516,25 +528,7 @@ class SynthesisCallback(Callback):
         self.history = list(state.get("history", []))
         epochs = [h["epoch"] for h in self.history if "epoch" in h]
         self.last_boundary = state.get("last_boundary", max(epochs, default=-1))
-
-
-def _read_offline(path: str) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(
-            f"SynthesisCallback offline_descriptions={path!r}: no such file; write a JSONL of "
-            '{"sample_id": ..., "description": ...} lines'
-        )
-    for lineno, line in enumerate(p.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-            out.setdefault(str(obj["sample_id"]), []).append(str(obj["description"]))
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
-            raise ValueError(f'{path}:{lineno}: expected {{"sample_id": ..., "description": ...}} ({err})') from None
-    return out
+        self.pending_edits = dict(state.get("pending_edits", {}))
 
 
 def _guard(description: str, meta: dict[str, Any]) -> str:

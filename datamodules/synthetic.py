@@ -5,8 +5,10 @@ which description, from which parent version, by which job. The train dataloader
 swapped in at an epoch boundary is what the next epoch trains on. The pool is part of the checkpoint
 (``state_dict`` / ``load_state_dict``), so a resumed run continues the evolution instead of restarting it.
 
-A sample's identity (``sample_id``) never changes; its image version does; its boxes travel with the image (they
-change only if the data server extends the canvas).
+A sample's identity (``sample_id``) never changes; its versions do. A version changes the image (Syn-GRPO: its
+background repainted; the boxes travel with the image and change only if the data server extends the canvas), the
+question (instruction evolution: ``query``, with the difficulty ``level`` it carries), or both; a version that does
+not set one keeps its parent's.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from datamodules.rec import DataError, RECDataModule, Record, collate_samples, l
 
 @dataclass
 class Version:
-    """One image of a sample. Version 0 is the original."""
+    """One version of a sample (image, boxes and, when edited, question). Version 0 is the original."""
 
     version: int
     image_path: str
@@ -33,6 +35,10 @@ class Version:
     description: str | None = None
     parent: int | None = None
     job_id: str | None = None
+    query: str | None = None
+    """The question of this version (``None``: the record's original question)."""
+    level: int = 0
+    """Difficulty level of the question (instruction evolution; 0: the original)."""
 
 
 @dataclass
@@ -81,6 +87,8 @@ class DataPool:
         rec = copy.copy(entry.record)
         rec.image_path = Path(cur.image_path)
         rec.boxes = [list(b) for b in cur.boxes]
+        if cur.query is not None:
+            rec.query = cur.query
         rec.meta = {**entry.record.meta, "version": cur.version, "original_image": str(entry.record.image_path)}
         return rec
 
@@ -94,8 +102,11 @@ class DataPool:
         description: str | None,
         job_id: str | None,
         parent: int | None = None,
+        query: str | None = None,
+        level: int | None = None,
     ) -> Version:
-        """Make ``image_path`` the current version of ``sample_id``; returns the new version."""
+        """Make ``image_path`` the current version of ``sample_id`` (with question ``query`` if given, else the current
+        one); returns the new version."""
         if sample_id not in self.entries:
             raise KeyError(f"swap for unknown sample {sample_id!r}")
         entry = self.entries[sample_id]
@@ -109,9 +120,21 @@ class DataPool:
             description=description,
             parent=entry.current.version if parent is None else parent,
             job_id=job_id,
+            query=entry.current.query if query is None else query,
+            level=entry.current.level if level is None else level,
         )
         entry.versions.append(v)
         return v
+
+    def edit_question(self, sample_id: str, query: str, *, epoch: int, level: int = 0) -> Version:
+        """A new version of ``sample_id`` that asks ``query`` about its current image (instruction evolution). The
+        caller guarantees that the current boxes still answer ``query``."""
+        if sample_id not in self.entries:
+            raise KeyError(f"question edit for unknown sample {sample_id!r}")
+        cur = self.entries[sample_id].current
+        return self.swap(
+            sample_id, cur.image_path, cur.boxes, epoch=epoch, description=None, job_id=None, query=query, level=level
+        )
 
     def num_swapped(self) -> int:
         return sum(len(e.versions) > 1 for e in self.entries.values())

@@ -1,0 +1,153 @@
+"""Data-evolution strategies: which samples evolve after a batch, and into what. One interface, one callback.
+
+`SynthesisCallback` asks its strategy after every training batch for `EvolutionRequest`s and carries them out:
+
+* a request with a ``description`` repaints the sample's background through the data server (Syn-GRPO's image
+  evolution; the new image and its exact boxes swap in at the epoch boundary, or the sample keeps its image when the
+  job fails);
+* a request with a ``query`` replaces the sample's question, keeping its image (instruction evolution, for
+  EvolvedGRPO's textual edits); it is applied at the same boundary, with its difficulty ``level`` recorded in the
+  pool's lineage. The strategy that emits it owns the correctness of the new question's label.
+
+Built-in strategies (``--callbacks.synthesis.init_args.strategy``):
+
+* ``method``: the evolution requests the training step returned (``outputs["evolution"]``; Syn-GRPO: the selected
+  description of each sample);
+* ``offline``: descriptions read from a JSONL file, cycled per epoch ("GRPO + Offline Generation");
+* ``random``: a random description of the toy grammar per sample and epoch, seeded (a no-selection control).
+
+A new strategy is a class registered with ``@register_strategy("name")`` whose ``requests`` returns the batch's
+requests; its settings arrive as keyword arguments (``strategy_args``).
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+__all__ = [
+    "STRATEGIES",
+    "EvolutionRequest",
+    "EvolutionStrategy",
+    "build_strategy",
+    "register_strategy",
+    "read_offline_descriptions",
+]
+
+
+@dataclass(frozen=True)
+class EvolutionRequest:
+    """Evolve sample ``sample_id``: repaint its background from ``description`` and/or ask ``query`` instead of its
+    question; ``level`` is the difficulty the new version carries (instruction evolution)."""
+
+    sample_id: str
+    description: str | None = None
+    query: str | None = None
+    level: int = 0
+
+
+class EvolutionStrategy(ABC):
+    name: ClassVar[str] = ""
+
+    @abstractmethod
+    def requests(self, epoch: int, batch: list[Any], outputs: Any) -> list[EvolutionRequest]:
+        """This batch's requests (``batch``: the training samples; ``outputs``: what the training step returned)."""
+
+
+STRATEGIES: dict[str, type[EvolutionStrategy]] = {}
+
+
+def register_strategy(name: str):
+    def deco(cls: type[EvolutionStrategy]) -> type[EvolutionStrategy]:
+        cls.name = name
+        STRATEGIES[name] = cls
+        return cls
+
+    return deco
+
+
+def build_strategy(name: str, **kwargs: Any) -> EvolutionStrategy:
+    if name not in STRATEGIES:
+        raise ValueError(
+            f"SynthesisCallback strategy {name!r} is not registered; choose one of {sorted(STRATEGIES)} "
+            "(callbacks/evolution.py)"
+        )
+    try:
+        return STRATEGIES[name](**kwargs)
+    except TypeError as err:
+        raise ValueError(f"SynthesisCallback strategy_args {kwargs!r} do not fit strategy {name!r}: {err}") from err
+
+
+@register_strategy("method")
+class MethodRequests(EvolutionStrategy):
+    """The training step's own requests: ``outputs["evolution"]`` (objects with ``sample_id`` and ``description``,
+    optionally ``query`` and ``level``)."""
+
+    def requests(self, epoch, batch, outputs):
+        items = outputs.get("evolution", []) if isinstance(outputs, dict) else []
+        out = []
+        for r in items:
+            description, query = getattr(r, "description", None), getattr(r, "query", None)
+            if description or query:
+                out.append(EvolutionRequest(r.sample_id, description or None, query, int(getattr(r, "level", 0))))
+        return out
+
+
+def read_offline_descriptions(path: str | Path) -> dict[str, list[str]]:
+    """``{"sample_id", "description"}`` JSONL lines -> descriptions per sample, in file order."""
+    out: dict[str, list[str]] = {}
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(
+            f"SynthesisCallback offline_descriptions={str(path)!r}: no such file; write a JSONL of "
+            '{"sample_id": ..., "description": ...} lines'
+        )
+    for lineno, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            out.setdefault(str(obj["sample_id"]), []).append(str(obj["description"]))
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ValueError(f'{path}:{lineno}: expected {{"sample_id": ..., "description": ...}} ({err})') from None
+    return out
+
+
+@register_strategy("offline")
+class OfflineDescriptions(EvolutionStrategy):
+    """Descriptions written before training (one file, several per sample cycled by epoch)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.options = read_offline_descriptions(path)
+
+    def requests(self, epoch, batch, outputs):
+        out = []
+        for s in batch:
+            options = self.options.get(s.sample_id)
+            if options:
+                out.append(EvolutionRequest(s.sample_id, options[epoch % len(options)]))
+        return out
+
+
+@register_strategy("random")
+class RandomDescriptions(EvolutionStrategy):
+    """A random toy-grammar description per (sample, epoch), seeded: evolution without any selection."""
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+
+    def requests(self, epoch, batch, outputs):
+        import numpy as np
+
+        from datamodules import grammar
+
+        out = []
+        for s in batch:
+            rng = np.random.default_rng([self.seed, epoch, zlib.crc32(s.sample_id.encode())])
+            out.append(EvolutionRequest(s.sample_id, str(grammar.random_description(rng))))
+        return out

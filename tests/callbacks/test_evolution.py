@@ -1,0 +1,92 @@
+"""Data-evolution strategies behind one interface, and pool versions that change the question as well as the image."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from test_synthesis_loop import _fit, _Recorder  # tests/callbacks is on sys.path under pytest
+
+from callbacks.evolution import STRATEGIES, EvolutionRequest, EvolutionStrategy, build_strategy, register_strategy
+from datamodules.rec import read_jsonl
+from datamodules.synthetic import DataPool
+from lightning_modules.methods import Selection
+
+
+def test_question_edits_are_versions_with_levels_and_survive_the_checkpoint(rec_dir):
+    records = read_jsonl(rec_dir / "train.jsonl")
+    pool = DataPool(records)
+    v1 = pool.edit_question("s0", "the red shape that is not small", epoch=1, level=2)
+    assert (v1.version, v1.parent, v1.query, v1.level) == (1, 0, "the red shape that is not small", 2)
+    assert v1.image_path == pool.original("s0").image_path and v1.boxes == pool.original("s0").boxes
+    assert pool.record(0).query == "the red shape that is not small"
+    # a later image version keeps the edited question and its level unless it sets its own
+    v2 = pool.swap("s0", "/x/b.png", [[1, 2, 3, 4]], epoch=2, description="d", job_id="s0@e1")
+    assert (v2.query, v2.level, pool.record(0).query) == (v1.query, 2, v1.query)
+    fresh = DataPool(records)
+    fresh.load_state_dict(json.loads(json.dumps(pool.state_dict())))
+    assert fresh.record(0).query == v1.query and fresh.current("s0").level == 2
+    # a checkpoint written before versions had questions loads as image-only versions
+    old = {"lineage": {"s1": [{"version": 1, "image_path": "/x/c.png", "boxes": [[0, 0, 1, 1]], "epoch": 1}]}}
+    fresh.load_state_dict(old)
+    assert fresh.current("s1").query is None and fresh.record(1).query == records[1].query
+
+
+def _samples(*ids):
+    return [SimpleNamespace(sample_id=i) for i in ids]
+
+
+def test_built_in_strategies(tmp_path):
+    assert {"method", "offline", "random"} <= set(STRATEGIES)
+    sel = Selection("a", "a beach", 0, 1.0, 0.5, 1.0, 1.0, 0, 0)
+    got = build_strategy("method").requests(0, _samples("a", "b"), {"evolution": [sel], "completions": []})
+    assert got == [EvolutionRequest("a", "a beach")]
+    assert build_strategy("method").requests(0, _samples("a"), None) == []
+    path = tmp_path / "offline.jsonl"
+    path.write_text("".join(json.dumps({"sample_id": "a", "description": d}) + "\n" for d in ("one", "two")))
+    off = build_strategy("offline", path=str(path))
+    assert [r.description for e in range(3) for r in off.requests(e, _samples("a", "b"), None)] == ["one", "two", "one"]
+    rnd, rnd2 = build_strategy("random", seed=3), build_strategy("random", seed=3)
+    e0 = rnd.requests(0, _samples("a", "b"), None)
+    assert e0 == rnd2.requests(0, _samples("a", "b"), None) and all(r.description for r in e0)
+    assert e0 != rnd.requests(1, _samples("a", "b"), None)  # a new draw each epoch
+    with pytest.raises(ValueError, match="strategy 'nope' is not registered"):
+        build_strategy("nope")
+    with pytest.raises(ValueError, match="do not fit strategy 'random'"):
+        build_strategy("random", path="x")
+
+
+@register_strategy("edit_questions_test")
+class EditQuestions(EvolutionStrategy):
+    """Asks every sample's question again with a suffix, one level up (a stand-in for instruction evolution)."""
+
+    def requests(self, epoch, batch, outputs):
+        return [EvolutionRequest(s.sample_id, query=f"{s.query} again", level=epoch + 1) for s in batch]
+
+
+def test_a_question_edit_strategy_runs_through_the_callback(tiny_model_dir, rec_dir, tmp_path):
+    seen: dict[int, set[str]] = {}
+
+    class Queries(_Recorder):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            seen.setdefault(trainer.current_epoch, set()).update(s.query for s in batch)
+
+    cli = _fit(
+        tiny_model_dir,
+        rec_dir,
+        tmp_path / "run",
+        recorder=Queries(),
+        epochs=2,
+        mode="sync",
+        synth_args={"offline_descriptions": None, "strategy": "edit_questions_test"},
+    )
+    pool = cli.datamodule.pool
+    assert not any(q.endswith(" again") for q in seen[0])
+    assert seen[1] and all(q.endswith(" again") for q in seen[1])
+    # two boundaries, two edits per sample: level 1 then level 2, each version's parent the one before
+    for sid in pool.order:
+        assert [v.level for v in pool.lineage(sid)] == [0, 1, 2]
+        assert pool.current(sid).query.endswith(" again again") and pool.current(sid).parent == 1
+    synth = next(c for c in cli.trainer.callbacks if type(c).__name__ == "SynthesisCallback")
+    assert synth.history[0]["question_edits"] == 8 and synth.totals["submitted"] == 0
