@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from lightning_modules.registry import Registry
+
 __all__ = [
     "STRATEGIES",
     "EvolutionRequest",
@@ -58,28 +60,11 @@ class EvolutionStrategy(ABC):
         """This batch's requests (``batch``: the training samples; ``outputs``: what the training step returned)."""
 
 
-STRATEGIES: dict[str, type[EvolutionStrategy]] = {}
-
-
-def register_strategy(name: str):
-    def deco(cls: type[EvolutionStrategy]) -> type[EvolutionStrategy]:
-        cls.name = name
-        STRATEGIES[name] = cls
-        return cls
-
-    return deco
-
-
-def build_strategy(name: str, **kwargs: Any) -> EvolutionStrategy:
-    if name not in STRATEGIES:
-        raise ValueError(
-            f"SynthesisCallback strategy {name!r} is not registered; choose one of {sorted(STRATEGIES)} "
-            "(callbacks/evolution.py)"
-        )
-    try:
-        return STRATEGIES[name](**kwargs)
-    except TypeError as err:
-        raise ValueError(f"SynthesisCallback strategy_args {kwargs!r} do not fit strategy {name!r}: {err}") from err
+STRATEGIES: Registry[EvolutionStrategy] = Registry(
+    "strategy", "SynthesisCallback strategy", "SynthesisCallback strategy_args", "callbacks/evolution.py"
+)
+register_strategy = STRATEGIES.register
+build_strategy = STRATEGIES.build
 
 
 @register_strategy("method")

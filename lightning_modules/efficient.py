@@ -176,12 +176,12 @@ def _dedupe_groups(prompt_ids, prompt_mask, pixel_values, image_grid_thw, G, n_r
 def pack_rollout(
     model_or_config,
     *,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     pixel_values: torch.Tensor | None,
     image_grid_thw: torch.Tensor | None,
-    completion_ids: torch.Tensor,
-    completion_mask: torch.Tensor,
     group_size: int,
     pad_token_id: int = 0,
 ) -> PackedRollout:
@@ -369,6 +369,23 @@ def _call_layer(layer, h, mask, cos, sin):
     return out[0] if isinstance(out, tuple) else out
 
 
+def _over_micro_batches(model, packed, feats, dev, *, micro_batch_size, max_tokens, with_entropy, fwd, step=None):
+    """`_forward_rows` over every length-bucketed micro-batch (``fwd``: its keyword arguments); ``step(rows, logp,
+    entropy)`` uses each micro-batch's outputs (the policy's loss and backward); returns the detached float32 log-probs
+    [N, T] and entropies [N, T] (or None) of all rows."""
+    N, T = packed.completion_ids.shape
+    logp = torch.zeros(N, T, dtype=torch.float32, device=dev)
+    ent = torch.zeros(N, T, dtype=torch.float32, device=dev) if with_entropy else None
+    for rows in micro_batches(packed, micro_batch_size, max_tokens):
+        lp, e = _forward_rows(model, packed, rows, feats, with_entropy=with_entropy, **fwd)
+        if step is not None:
+            step(rows.to(dev), lp, e)
+        logp[rows.to(dev)] = lp.detach()
+        if with_entropy:
+            ent[rows.to(dev)] = e.detach()
+    return logp, ent
+
+
 @torch.no_grad()
 def completion_logprobs(
     model,
@@ -389,26 +406,17 @@ def completion_logprobs(
     if image_embeds is None and packed.pixel_values is not None:
         dev = model_parts(model).text.embed_tokens.weight.device
         image_embeds = image_embeddings(model, packed.pixel_values.to(dev), packed.image_grid_thw.to(dev))
-    N, T = packed.completion_ids.shape
     dev = model_parts(model).text.embed_tokens.weight.device
-    logp = torch.zeros(N, T, dtype=torch.float32, device=dev)
-    ent = torch.zeros(N, T, dtype=torch.float32, device=dev) if with_entropy else None
-    for rows in micro_batches(packed, micro_batch_size, max_tokens):
-        lp, e = _forward_rows(
-            model,
-            packed,
-            rows,
-            image_embeds,
-            temperature=temperature,
-            with_entropy=with_entropy,
-            grad=False,
-            checkpoint_layers=False,
-            chunk_tokens=chunk_tokens,
-        )
-        logp[rows.to(dev)] = lp
-        if with_entropy:
-            ent[rows.to(dev)] = e
-    return logp, ent
+    return _over_micro_batches(
+        model,
+        packed,
+        image_embeds,
+        dev,
+        micro_batch_size=micro_batch_size,
+        max_tokens=max_tokens,
+        with_entropy=with_entropy,
+        fwd=dict(temperature=temperature, grad=False, checkpoint_layers=False, chunk_tokens=chunk_tokens),
+    )
 
 
 LossFn = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor], torch.Tensor]
@@ -455,29 +463,27 @@ def policy_backward(
         else:
             feats = image_embeddings(model, pix, grid)
         feats_leaf = feats.detach().requires_grad_(feats.requires_grad)
-    N, T = packed.completion_ids.shape
-    logp_all = torch.zeros(N, T, dtype=torch.float32, device=dev)
-    ent_all = torch.zeros(N, T, dtype=torch.float32, device=dev) if with_entropy else None
     total = torch.zeros((), dtype=torch.float32, device=dev)
-    for rows in micro_batches(packed, micro_batch_size, max_tokens):
-        lp, e = _forward_rows(
-            model,
-            packed,
-            rows,
-            feats_leaf,
-            temperature=temperature,
-            with_entropy=with_entropy,
-            grad=True,
-            checkpoint_layers=gradient_checkpointing,
-            chunk_tokens=chunk_tokens,
-            entropy_grad=entropy_grad,
-        )
-        loss = loss_fn(lp, e, rows.to(dev))
+    fwd = dict(temperature=temperature, grad=True, checkpoint_layers=gradient_checkpointing, chunk_tokens=chunk_tokens)
+    fwd["entropy_grad"] = entropy_grad
+
+    def step(rows, lp, e):
+        nonlocal total
+        loss = loss_fn(lp, e, rows)
         backward(loss)
         total += loss.detach()
-        logp_all[rows.to(dev)] = lp.detach()
-        if with_entropy:
-            ent_all[rows.to(dev)] = e.detach()
+
+    logp_all, ent_all = _over_micro_batches(
+        model,
+        packed,
+        feats_leaf,
+        dev,
+        micro_batch_size=micro_batch_size,
+        max_tokens=max_tokens,
+        with_entropy=with_entropy,
+        step=step,
+        fwd=fwd,
+    )
     if feats is not None and feats.requires_grad and feats_leaf.grad is not None:
         torch.autograd.backward(feats, feats_leaf.grad)  # the vision tower's backward, once for all micro-batches
     out = {"logp": logp_all, "loss": total}

@@ -167,11 +167,22 @@ def _ratio(num: Tensor, den: Tensor) -> Tensor:
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-class _PairedBoxMetric(Metric):
-    """Shared input handling for one-box-per-query metrics (REC)."""
+def add_sum_states(metric: Metric, **dtypes: torch.dtype) -> None:
+    """Scalar states of ``metric`` that start at 0 and are summed across processes (``dist_reduce_fx="sum"``)."""
+    for name, dtype in dtypes.items():
+        metric.add_state(name, default=torch.tensor(0, dtype=dtype), dist_reduce_fx="sum")
+
+
+class _SumMetric(Metric):
+    """A metric whose states are sums (see `add_sum_states`): not differentiable, no full-state update."""
 
     is_differentiable = False
+    higher_is_better: bool | None = None
     full_state_update = False
+
+
+class _PairedBoxMetric(_SumMetric):
+    """Shared input handling for one-box-per-query metrics (REC)."""
 
     def _iou(self, preds: Tensor | Sequence[BoxLike], target: Tensor | Sequence[Sequence[float]]) -> Tensor:
         target = torch.as_tensor(target, device=self.device) if not isinstance(target, Tensor) else target
@@ -200,8 +211,7 @@ class GroundingAccuracy(_PairedBoxMetric):
             raise ValueError(f"threshold must be in [0, 1], got {threshold}")
         self.threshold = threshold
         self.strict = strict
-        self.add_state("correct", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
-        self.add_state("total", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+        add_sum_states(self, correct=torch.long, total=torch.long)
 
     def update(self, preds: Tensor | Sequence[BoxLike], target: Tensor | Sequence[Sequence[float]]) -> None:
         iou = self._iou(preds, target)
@@ -222,8 +232,7 @@ class MeanIoU(_PairedBoxMetric):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.add_state("iou_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("total", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+        add_sum_states(self, iou_sum=torch.float64, total=torch.long)
 
     def update(self, preds: Tensor | Sequence[BoxLike], target: Tensor | Sequence[Sequence[float]]) -> None:
         iou = self._iou(preds, target)
@@ -239,7 +248,7 @@ class MeanIoU(_PairedBoxMetric):
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-class ResponseEntropy(Metric):
+class ResponseEntropy(_SumMetric):
     """Token-weighted mean entropy of sampled completions: sum(entropy * mask) / sum(mask) over all tokens seen.
 
     ``update(entropy [N, T], mask [N, T])``; the mask selects completion tokens (not prompt, not padding). Masked-out
@@ -247,16 +256,12 @@ class ResponseEntropy(Metric):
     sequence mean), matching the token-mean loss aggregation.
     """
 
-    is_differentiable = False
-    higher_is_better = None
-    full_state_update = False
     entropy_sum: Tensor
     token_count: Tensor
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.add_state("entropy_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("token_count", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+        add_sum_states(self, entropy_sum=torch.float64, token_count=torch.long)
 
     def update(self, entropy: Tensor, mask: Tensor) -> None:
         if entropy.shape != mask.shape:
@@ -272,7 +277,7 @@ class ResponseEntropy(Metric):
         return _ratio(self.entropy_sum, self.token_count)
 
 
-class RewardDiversity(Metric):
+class RewardDiversity(_SumMetric):
     """Mean ground-truth diversity V(q) over prompts, and the fraction of zero-variance groups.
 
     ``update(acc_rewards)`` with ``acc_rewards`` ``[B * G]`` (prompt-major) or ``[B, G]``: the *accuracy* reward
@@ -282,9 +287,6 @@ class RewardDiversity(Metric):
     V~(q) and global_avg belong to the objective.
     """
 
-    is_differentiable = False
-    higher_is_better = None
-    full_state_update = False
     diversity_sum: Tensor
     zero_variance: Tensor
     num_groups: Tensor
@@ -295,9 +297,7 @@ class RewardDiversity(Metric):
             raise ValueError(f"group_size must be >= 2 (a variance needs two completions per prompt), got {group_size}")
         self.group_size = group_size
         self.atol = atol
-        self.add_state("diversity_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("zero_variance", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
-        self.add_state("num_groups", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+        add_sum_states(self, diversity_sum=torch.float64, zero_variance=torch.long, num_groups=torch.long)
 
     def update(self, acc_rewards: Tensor | Sequence[float]) -> None:
         rewards = acc_rewards if isinstance(acc_rewards, Tensor) else torch.as_tensor(acc_rewards, dtype=torch.float64)
@@ -313,22 +313,17 @@ class RewardDiversity(Metric):
         }
 
 
-class FormatRate(Metric):
+class FormatRate(_SumMetric):
     """Fraction of completions whose four parts (think, diversity, description, answer) all parsed.
 
     ``update(parsed)`` with a bool tensor ``[N]`` or a list of bools (one per completion).
     """
 
-    is_differentiable = False
     higher_is_better = True
-    full_state_update = False
-    parsed: Tensor
-    total: Tensor
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.add_state("parsed", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
-        self.add_state("total", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+        add_sum_states(self, parsed=torch.long, total=torch.long)  # counts of well-formed and of all completions
 
     def update(self, parsed: Tensor | Sequence[bool]) -> None:
         ok = torch.as_tensor(parsed, device=self.device).reshape(-1).bool()
@@ -403,9 +398,7 @@ class DetectionMetrics(MeanAveragePrecision):
             raise ValueError("DetectionMetrics expects xyxy boxes (GP / GR matching assumes them)")
         super().__init__(iou_type="bbox", backend=backend, **kwargs)
         self.iou_threshold = iou_threshold
-        self.add_state("matched", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
-        self.add_state("num_pred", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
-        self.add_state("num_gt", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+        add_sum_states(self, matched=torch.long, num_pred=torch.long, num_gt=torch.long)
         unknown = {
             name
             for name, default in self._defaults.items()

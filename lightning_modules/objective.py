@@ -337,6 +337,24 @@ def _blocks(shape: torch.Size, chunk_size: int) -> list[tuple[slice, slice]]:
     return [(slice(i, i + per), slice(0, t)) for i in range(0, n, per)]
 
 
+def _save_blockwise(ctx, logits, extra, lse, chunk_size: int, block_grad, n_inputs: int) -> None:
+    """What `_blockwise_backward` needs: the logits, one [N, T] tensor of the function's own, the logsumexp [N, T]."""
+    ctx.save_for_backward(logits, extra, lse)
+    ctx.chunk_size, ctx.block_grad, ctx.n_inputs = chunk_size, block_grad, n_inputs
+
+
+def _blockwise_backward(ctx, grad_out: torch.Tensor):
+    """d loss / d logits one block of rows at a time in float32: ``ctx.block_grad(logp [n, t, V], g [n, t, 1],
+    extra [n, t])`` gives a block's gradient, so no float32 [N, T, V] tensor exists."""
+    logits, extra, lse = ctx.saved_tensors
+    grad = torch.zeros(logits.shape, dtype=logits.dtype, device=logits.device)  # [N, T, V]
+    g = grad_out.to(lse.dtype)  # [N, T]
+    for ns, ts in _blocks(logits.shape[:-1], ctx.chunk_size):
+        logp = logits[ns, ts].to(lse.dtype) - lse[ns, ts, None]  # [n, t, V]
+        grad[ns, ts] = ctx.block_grad(logp, g[ns, ts, None], extra[ns, ts]).to(grad.dtype)
+    return (grad,) + (None,) * (ctx.n_inputs - 1)
+
+
 class _SelectiveLogSoftmax(torch.autograd.Function):
     """log_softmax(logits)[ids] computed block by block in float32, with a blockwise backward.
 
@@ -353,23 +371,16 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
             chunk_lse = torch.logsumexp(chunk, dim=-1)  # [n, t]
             lse[ns, ts] = chunk_lse
             out[ns, ts] = chunk.gather(-1, ids[ns, ts, None]).squeeze(-1) - chunk_lse
-        ctx.save_for_backward(logits, ids, lse)
-        ctx.chunk_size = chunk_size
+        _save_blockwise(ctx, logits, ids, lse, chunk_size, _SelectiveLogSoftmax.block_grad, n_inputs=3)
         return out
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out: torch.Tensor):
-        logits, ids, lse = ctx.saved_tensors
-        grad = torch.zeros(logits.shape, dtype=logits.dtype, device=logits.device)  # [N, T, V]
-        g = grad_out.to(lse.dtype)  # [N, T]
-        for ns, ts in _blocks(ids.shape, ctx.chunk_size):
-            # d logp(id) / d logits = onehot(id) - softmax(logits)
-            probs = torch.exp(logits[ns, ts].to(lse.dtype) - lse[ns, ts, None])  # [n, t, V]
-            chunk_grad = -g[ns, ts, None] * probs
-            chunk_grad.scatter_add_(-1, ids[ns, ts, None], g[ns, ts, None])
-            grad[ns, ts] = chunk_grad.to(grad.dtype)
-        return grad, None, None
+    def block_grad(logp: torch.Tensor, g: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        # d logp(id) / d logits = onehot(id) - softmax(logits)
+        chunk_grad = -g * torch.exp(logp)
+        return chunk_grad.scatter_add_(-1, ids[..., None], g)
+
+    backward = staticmethod(torch.autograd.function.once_differentiable(_blockwise_backward))
 
 
 def selective_log_softmax(
@@ -408,23 +419,17 @@ class _TokenEntropy(torch.autograd.Function):
             # entr(p) = -p log p with entr(0) = 0, so masked-out vocabulary entries (-inf logits) give no NaN.
             ent[ns, ts] = torch.special.entr(torch.exp(chunk - chunk_lse)).sum(dim=-1)
             lse[ns, ts] = chunk_lse.squeeze(-1)
-        ctx.save_for_backward(logits, ent, lse)
-        ctx.chunk_size = chunk_size
+        _save_blockwise(ctx, logits, ent, lse, chunk_size, _TokenEntropy.block_grad, n_inputs=2)
         return ent
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out: torch.Tensor):
-        logits, ent, lse = ctx.saved_tensors
-        grad = torch.zeros(logits.shape, dtype=logits.dtype, device=logits.device)  # [N, T, V]
-        g = grad_out.to(lse.dtype)  # [N, T]
-        for ns, ts in _blocks(logits.shape[:-1], ctx.chunk_size):
-            logp = logits[ns, ts].to(lse.dtype) - lse[ns, ts, None]  # [n, t, V]
-            probs = torch.exp(logp)
-            # p * logp is 0 where p is 0 (a -inf logit): keep it so, not NaN
-            term = torch.where(probs > 0, probs * (logp + ent[ns, ts, None]), torch.zeros_like(probs))
-            grad[ns, ts] = (-g[ns, ts, None] * term).to(grad.dtype)
-        return grad, None
+    def block_grad(logp: torch.Tensor, g: torch.Tensor, ent: torch.Tensor) -> torch.Tensor:
+        probs = torch.exp(logp)
+        # p * logp is 0 where p is 0 (a -inf logit): keep it so, not NaN
+        term = torch.where(probs > 0, probs * (logp + ent[..., None]), torch.zeros_like(probs))
+        return -g * term
+
+    backward = staticmethod(torch.autograd.function.once_differentiable(_blockwise_backward))
 
 
 def token_entropy(

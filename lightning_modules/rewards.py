@@ -485,11 +485,12 @@ MAX_PRED_BOXES = 100
 def ovd_reward(
     completions: list[Any],
     gt_boxes: Any,
+    *,
+    map_key: str = "map",
+    max_pred_boxes: int = MAX_PRED_BOXES,
     input_wh: Any = None,
     orig_wh: Any = None,
     tags: Tags = Tags(),  # noqa: B008 - frozen, immutable default
-    map_key: str = "map",
-    max_pred_boxes: int = MAX_PRED_BOXES,
     **kwargs: Any,
 ) -> list[float]:
     """OVD accuracy: ``s_ovd * mAP`` in [0, 1], with ``s_ovd = min(N_gt / N_pred, 1)`` (0 without predictions).

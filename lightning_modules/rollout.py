@@ -371,16 +371,9 @@ def fast_generate(
 
     # 3) prefill (B rows) and the first token (N rows)
     prefill_logits = _prefill(parts, eng, embeds, positions, attention_mask, G).repeat_interleave(G, dim=0)
-    suppress = _ids_tensor(suppress_token_ids, device)
     eos = _ids_tensor(eos_token_ids, device)
-    sample = dict(
-        temperature=temperature,
-        top_p=top_p,
-        suppress=suppress,
-        eos=eos,
-        min_new_tokens=min_new_tokens,
-        generator=generator,
-    )
+    sample = dict(temperature=temperature, top_p=top_p, suppress=_ids_tensor(suppress_token_ids, device), eos=eos)
+    sample.update(min_new_tokens=min_new_tokens, generator=generator)
     out = torch.full((N, T), pad_token_id, dtype=torch.long, device=device)
     finished = torch.zeros(N, dtype=torch.bool, device=device)
     lengths = torch.zeros(N, dtype=torch.long, device=device)  # tokens generated per row, EOS included

@@ -30,6 +30,7 @@ from lightning_modules.policy import (
     special_token_ids,
     untokenizable_ids,
 )
+from lightning_modules.registry import Registry
 
 __all__ = [
     "RolloutRequest",
@@ -200,7 +201,6 @@ class UpdateEngine(ABC):
     def logprobs(self, model, prepared: Any) -> torch.Tensor:
         """Per-token log-probs [N, T] (float32) of the completions under ``model``, no grad."""
 
-    @abstractmethod
     def backward(
         self,
         model,
@@ -212,47 +212,23 @@ class UpdateEngine(ABC):
     ) -> None:
         """Forward + backward of ``model`` over every row; ``loss_fn`` gets each micro-batch's log-probs, entropies
         (carrying gradient when ``entropy_grad``) and rows; ``backward`` runs a loss's backward (Lightning's
-        ``manual_backward``). Gradients accumulate; the optimizer step is the caller's."""
+        ``manual_backward``; default ``loss.backward()``). Gradients accumulate; the optimizer step is the caller's."""
+        self.run_backward(model, prepared, loss_fn, entropy_grad, backward or (lambda loss: loss.backward()))
+
+    @abstractmethod
+    def run_backward(self, model, prepared: Any, loss_fn: LossFn, entropy_grad: bool, backward) -> None:
+        """`backward` with every argument given (the engine's part)."""
 
 
-ROLLOUT_ENGINES: dict[str, type[RolloutEngine]] = {}
-UPDATE_ENGINES: dict[str, type[UpdateEngine]] = {}
-
-
-def register_rollout_engine(name: str):
-    """Class decorator: make a `RolloutEngine` available as ``--model.rollout_engine <name>``."""
-
-    def deco(cls: type[RolloutEngine]) -> type[RolloutEngine]:
-        cls.name = name
-        ROLLOUT_ENGINES[name] = cls
-        return cls
-
-    return deco
-
-
-def register_update_engine(name: str):
-    """Class decorator: make an `UpdateEngine` available as ``--model.update_engine <name>``."""
-
-    def deco(cls: type[UpdateEngine]) -> type[UpdateEngine]:
-        cls.name = name
-        UPDATE_ENGINES[name] = cls
-        return cls
-
-    return deco
-
-
-def _lookup(registry: dict[str, type], name: str, flag: str):
-    if name not in registry:
-        raise ValueError(
-            f"{flag} {name!r} is not a registered engine; choose one of {sorted(registry)} "
-            "(lightning_modules/engines/; register a new one with @register_rollout_engine / @register_update_engine)"
-        )
-    return registry[name]
-
-
-def build_rollout_engine(name: str, **options) -> RolloutEngine:
-    return _lookup(ROLLOUT_ENGINES, name, "--model.rollout_engine")(**options)
-
-
-def build_update_engine(name: str, **options) -> UpdateEngine:
-    return _lookup(UPDATE_ENGINES, name, "--model.update_engine")(**options)
+ROLLOUT_ENGINES: Registry[RolloutEngine] = Registry(
+    "rollout engine", "--model.rollout_engine", "rollout engine options", "lightning_modules/engines/"
+)
+UPDATE_ENGINES: Registry[UpdateEngine] = Registry(
+    "update engine", "--model.update_engine", "update engine options", "lightning_modules/engines/"
+)
+register_rollout_engine = ROLLOUT_ENGINES.register
+"""Class decorator: make a `RolloutEngine` available as ``--model.rollout_engine <name>``."""
+register_update_engine = UPDATE_ENGINES.register
+"""Class decorator: make an `UpdateEngine` available as ``--model.update_engine <name>``."""
+build_rollout_engine = ROLLOUT_ENGINES.build
+build_update_engine = UPDATE_ENGINES.build

@@ -5,8 +5,6 @@ They run any HF image-text-to-text model and are what the faster engines are che
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from lightning_modules.engines.base import (
@@ -78,16 +76,7 @@ class HFUpdateEngine(UpdateEngine):
             [self._logps(model, prepared, r)[0] for r in self._micro_batches(n, self.ref_micro_batch_size)]
         )
 
-    def backward(
-        self,
-        model,
-        prepared,
-        loss_fn: LossFn,
-        *,
-        entropy_grad: bool = False,
-        backward: Callable[[torch.Tensor], None] | None = None,
-    ) -> None:
-        backward = backward or (lambda loss: loss.backward())
+    def run_backward(self, model, prepared, loss_fn: LossFn, entropy_grad: bool, backward) -> None:
         n = prepared[0].completion_ids.shape[0]
         for rows in self._micro_batches(n, self.micro_batch_size):
             logp, ent = self._logps(model, prepared, rows, with_entropy=True, entropy_grad=entropy_grad)

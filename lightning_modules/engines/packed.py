@@ -4,8 +4,6 @@ backward is not DDP-aware."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from lightning_modules.engines.base import LossFn, UpdateEngine, register_update_engine
@@ -39,15 +37,7 @@ class PackedUpdateEngine(UpdateEngine):
             model, packed=prepared, micro_batch_size=self.ref_micro_batch_size, temperature=self.temperature
         )[0]
 
-    def backward(
-        self,
-        model,
-        prepared,
-        loss_fn: LossFn,
-        *,
-        entropy_grad: bool = False,
-        backward: Callable[[torch.Tensor], None] | None = None,
-    ) -> None:
+    def run_backward(self, model, prepared, loss_fn: LossFn, entropy_grad: bool, backward) -> None:
         from lightning_modules.efficient import policy_backward
 
         policy_backward(

@@ -30,6 +30,7 @@ import torch
 from lightning_modules import objective, rewards
 from lightning_modules.engines.base import RolloutRequest
 from lightning_modules.policy import Rollout, build_prompt_text
+from lightning_modules.registry import Registry
 
 if TYPE_CHECKING:  # the module, for `Method.rollout`
     from lightning_modules.grpo import GRPOModule
@@ -173,27 +174,10 @@ class Method:
         pass
 
 
-METHODS: dict[str, type[Method]] = {}
-
-
-def register_method(name: str):
-    """Class decorator: make a `Method` available as ``--model.method <name>``."""
-
-    def deco(cls: type[Method]) -> type[Method]:
-        cls.name = name
-        METHODS[name] = cls
-        return cls
-
-    return deco
+METHODS: Registry[Method] = Registry("method", "--model.method", "--model.method_args", "lightning_modules/methods/")
+register_method = METHODS.register
+"""Class decorator: make a `Method` available as ``--model.method <name>``."""
 
 
 def build_method(name: str, hparams: Any, method_args: dict[str, Any] | None = None) -> Method:
-    if name not in METHODS:
-        raise ValueError(
-            f"--model.method {name!r} is not a registered method; choose one of {sorted(METHODS)} "
-            "(lightning_modules/methods/; register a new one with @register_method)"
-        )
-    try:
-        return METHODS[name](hparams, **(method_args or {}))
-    except TypeError as err:
-        raise ValueError(f"--model.method_args {method_args!r} do not fit method {name!r}: {err}") from err
+    return METHODS.build(name, hparams, **(method_args or {}))

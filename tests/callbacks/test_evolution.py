@@ -51,7 +51,7 @@ def test_built_in_strategies(tmp_path):
     e0 = rnd.requests(0, _samples("a", "b"), None)
     assert e0 == rnd2.requests(0, _samples("a", "b"), None) and all(r.description for r in e0)
     assert e0 != rnd.requests(1, _samples("a", "b"), None)  # a new draw each epoch
-    with pytest.raises(ValueError, match="strategy 'nope' is not registered"):
+    with pytest.raises(ValueError, match="strategy 'nope' is not a registered strategy"):
         build_strategy("nope")
     with pytest.raises(ValueError, match="do not fit strategy 'random'"):
         build_strategy("random", path="x")

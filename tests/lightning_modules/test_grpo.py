@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 
@@ -48,6 +49,25 @@ def _args(tiny_model_dir: Path, data_root: Path, out: Path, *extra: str) -> list
         "false",
         *extra,
     ]
+
+
+class _Outputs(L.Callback):
+    """What each training step returned (the completions callbacks receive)."""
+
+    def __init__(self):
+        self.outputs: list[dict] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.outputs.append(outputs)
+
+
+def _fit_recording(args: list[str]):
+    """``train.py fit`` in-process with an `_Outputs` recorder; returns (cli, the last step's completions)."""
+    cli = cli_main(list(args), run=False)
+    rec = _Outputs()
+    cli.trainer.callbacks.append(rec)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    return cli, rec.outputs[-1]["completions"]
 
 
 def test_fit_runs_grpo_steps_and_resumes_with_smoother_state(tiny_model_dir, rec_dir, tmp_path):
@@ -179,35 +199,28 @@ def test_packed_update_engine_matches_the_hf_forward(tiny_model_dir, rec_dir, tm
     """The efficient update path (vision once per image, packed micro-batches) takes the same optimizer step."""
     results = {}
     for engine in ("hf", "packed"):
-        cli = cli_main(
-            [
-                "fit",
-                *_args(
-                    tiny_model_dir,
-                    rec_dir,
-                    tmp_path / engine,
-                    "--trainer.max_steps",
-                    "1",
-                    "--trainer.limit_val_batches",
-                    "0",
-                    "--model.init_args.entropy_coef",
-                    "0.1",
-                    "--model.init_args.update_engine",
-                    engine,
-                    "--model.init_args.kl_coef",
-                    "0.0",
-                    "--model.init_args.optimizer.class_path",
-                    "torch.optim.SGD",
-                    "--model.init_args.optimizer.init_args.lr",
-                    "1.0",
-                ),
-            ]
+        cli, texts = _fit_recording(
+            _args(
+                tiny_model_dir,
+                rec_dir,
+                tmp_path / engine,
+                "--trainer.max_steps",
+                "1",
+                "--trainer.limit_val_batches",
+                "0",
+                "--model.init_args.entropy_coef",
+                "0.1",
+                "--model.init_args.update_engine",
+                engine,
+                "--model.init_args.kl_coef",
+                "0.0",
+                "--model.init_args.optimizer.class_path",
+                "torch.optim.SGD",
+                "--model.init_args.optimizer.init_args.lr",
+                "1.0",
+            )
         )
-        results[engine] = (
-            cli.model.policy.state_dict(),
-            dict(cli.trainer.logged_metrics),
-            cli.model.last_rollout_texts,
-        )
+        results[engine] = (cli.model.policy.state_dict(), dict(cli.trainer.logged_metrics), texts)
     (p_hf, m_hf, t_hf), (p_pk, m_pk, t_pk) = results["hf"], results["packed"]
     assert t_hf == t_pk  # same seed, same rollout
     assert float(m_hf["train/entropy"]) == pytest.approx(float(m_pk["train/entropy"]), rel=1e-4)
@@ -216,23 +229,20 @@ def test_packed_update_engine_matches_the_hf_forward(tiny_model_dir, rec_dir, tm
 
 
 def test_fast_rollout_engine_runs_a_grpo_step(tiny_model_dir, rec_dir, tmp_path):
-    cli = cli_main(
-        [
-            "fit",
-            *_args(
-                tiny_model_dir,
-                rec_dir,
-                tmp_path,
-                "--trainer.max_steps",
-                "1",
-                "--trainer.limit_val_batches",
-                "0",
-                "--model.init_args.rollout_engine",
-                "fast",
-            ),
-        ]
+    cli, texts = _fit_recording(
+        _args(
+            tiny_model_dir,
+            rec_dir,
+            tmp_path,
+            "--trainer.max_steps",
+            "1",
+            "--trainer.limit_val_batches",
+            "0",
+            "--model.init_args.rollout_engine",
+            "fast",
+        )
     )
-    assert cli.trainer.global_step == 1 and len(cli.model.last_rollout_texts) == 6
+    assert cli.trainer.global_step == 1 and len(texts) == 6
 
 
 @pytest.mark.parametrize("engine", ["hf", "packed"])
