@@ -59,8 +59,9 @@ NO_TARGET = NoTarget()
 NO_TARGET_TEXT = "no target"
 """The canonical serialization of ``NO_TARGET`` in every space."""
 
-NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
-"""A decimal number as a model writes it (no thousands separators)."""
+NUM = r"(?<![\d.])[-+]?(?:\d{1,16}(?:\.\d{0,16})?|\.\d{1,16})(?:[eE][-+]?\d{1,3})?(?!\d)"
+"""A decimal number as a model writes it (no thousands separators). Digit runs are bounded and a number may not
+start inside another, so a runaway completion of digits is scanned in linear time, not quadratic."""
 
 _NO_TARGET_RE = re.compile(
     r"\bno[ _-]?target\b|\bno such (?:region|object|event|moment|thing)\b|\bnot (?:present|found|visible|in the)\b"

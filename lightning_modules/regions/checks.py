@@ -28,7 +28,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_modules.regions.base import NO_TARGET, NUM, RegionSpace
+from lightning_modules.regions.base import NO_TARGET, RegionSpace
 
 __all__ = [
     "caption_phi",
@@ -44,9 +44,10 @@ __all__ = [
     "temporal_proximity",
 ]
 
-_U = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)"  # an unsigned-or-signed decimal without exponent, inside leak patterns
+_U = r"(?<![\d.])[-+]?(?:\d{1,16}(?:\.\d{0,16})?|\.\d{1,16})(?!\d)"  # an unsigned-or-signed decimal without exponent, inside leak patterns
 _SEC = r"(?:s|sec|secs|second|seconds)\b"
 _PREP = r"(?:(?:at|from|between|around|about|until|till|by|after|before|near|in|on|to|during)\s+)?"
+_BAND = r"\d+(?:\s*-\s*\d+)?\s*:\s*\d+(?:\.\d+)?(?:\s*-\s*\d+)?(?:\s*,\s*\d+(?:\s*-\s*\d+)?)*(?::\d+(?:\.\d+)?)?"
 _LEAK_PATTERNS = [
     # [12, 40, 96, 120], (0.3, 0.5), {1, 2}: two or more numbers in brackets
     rf"{_PREP}[\[({{]\s*{_U}\s*(?:[,;\s]\s*{_U}\s*)+[\])}}]",
@@ -57,7 +58,7 @@ _LEAK_PATTERNS = [
     # 34 px, 12 pixels
     rf"{_PREP}{_U}\s*(?:px|pixels?)\b",
     # mask bands 3-5:4-9,12 (also catches clock times 00:03 and 0:03.5)
-    rf"{_PREP}\b\d+(?:\s*-\s*\d+)?\s*:\s*\d+(?:\.\d+)?(?:\s*-\s*\d+)?(?:\s*,\s*\d+(?:\s*-\s*\d+)?)*(?::\d+(?:\.\d+)?)?",
+    rf"{_PREP}\b{_BAND}(?:\s*;\s*{_BAND})*",
     # from 2 to 4 seconds, 1.5-3.0 s, between 2 and 4 sec
     rf"{_PREP}{_U}\s*(?:{_SEC})?\s*(?:-|–|—|to|and|until|till)\s*{_U}\s*{_SEC}",
     # 2.5 s, at 3 seconds, 120 ms
@@ -199,7 +200,9 @@ def cycle_rewards(
     """
     n = len(s)
     if len(phi_cap) != n or len(phi_loc) != n:
-        raise ValueError(f"s, phi_cap and phi_loc need one row per caption (N = {n}), got {len(phi_cap)}, {len(phi_loc)}")
+        raise ValueError(
+            f"s, phi_cap and phi_loc need one row per caption (N = {n}), got {len(phi_cap)}, {len(phi_loc)}"
+        )
     r_cap, r_loc = [], []
     for i in range(n):
         k = len(s[i])
