@@ -4,7 +4,7 @@ The papers' masks are SAMTok tokens (two VQ codes decoded by SAM2), which this p
 serialization here is text a tiny model can learn from the box format it already writes:
 
 - the image is divided into a ``grid x grid`` lattice of cells (default 32: 7 px cells on a 224 px toy image, so a
-  small toy shape spans 3-4 cells and a large one 6-9);
+  small toy shape, 18-27 px, spans 3-4 cells and a large one, 43-60 px, 6-9);
 - a mask is a list of **row bands** ``r1-r2:c1-c2,c3-c4`` (inclusive cell indices): rows ``r1..r2`` all hold the same
   column spans; consecutive rows with identical spans are merged into one band, bands are separated by ``;``, and a
   single row or column is written as one number (``7:3-5``).
@@ -12,8 +12,8 @@ serialization here is text a tiny model can learn from the box format it already
 Why this form. A rectangle is exactly one band, ``y1-y2:x1-x2``, i.e. the box answer in other units, so a model that
 grounds with boxes starts one step away; each band is local (a row range and where the object is on it), unlike
 COCO's run-length counts, which are cumulative so one wrong count shifts every pixel after it; one unreadable band
-costs that band only; and the length grows with the outline's complexity, not with the area (a large toy circle on
-the 32 grid is 5-8 bands, ~60 characters). Polygons were the alternative: they need a winding order and a rasteriser
+costs that band only; and the length grows with the outline's complexity, not with the area (large toy
+shapes are 4-9 bands, 34-68 characters, on the 32 grid). Polygons were the alternative: they need a winding order and a rasteriser
 convention, and a self-intersecting polygon has no agreed area.
 
 Rasterisation (``from_pixels``): a pixel belongs to the cell its centre falls in; a cell is on when at least half of
