@@ -18,7 +18,8 @@ one-to-one matching of support overlaps, pairs more than tau apart weighted zero
 union"; the normalisation by anchor counts (rather than by box areas) is our choice, recorded in docs/decisions.md.
 
 Written ``1.5s: [10, 20, 50, 60]; 2.0s: [12, 20, 52, 60]`` (one decimal); ``parse`` also reads
-``{"time": 1.5, "bbox_2d": [...]}`` objects and ``1.5 @ [..]``. The matching is an exact Hungarian algorithm in pure
+``{"time": 1.5, "bbox_2d": [...]}`` objects, ``1.5 @ [..]``, ``[..] at 1.5s`` and Open-o3-Video's
+``<box>[..]</box>at<t>1.5</t>s``. The matching is an exact Hungarian algorithm in pure
 Python (anchor lists have tens of entries; no SciPy at run time; the tests check it against SciPy's).
 """
 
@@ -36,12 +37,22 @@ __all__ = ["Anchor", "AnchorSpace", "anchor_weights", "max_weight_matching"]
 
 Anchor = tuple[float, tuple[float, float, float, float]]
 _BOX = rf"[\[(]\s*({NUM})\s*,\s*({NUM})\s*,\s*({NUM})\s*,\s*({NUM})\s*[\])]"
-_ANCHOR_RE = re.compile(
-    rf"({NUM})\s*(?:(?:s|sec|secs|seconds)\b\s*[:@,]?|[:@])\s*{_BOX}"  # 1.5s: [..], 1.5 @ [..]
-    rf"|[\"']?(?:time|timestamp|t)[\"']?\s*:\s*({NUM})\s*s?[\"']?\s*,\s*"  # {"time": 1.5, "bbox_2d": [..]}
-    rf"[\"']?(?:bbox_2d|bbox|box)[\"']?\s*:\s*{_BOX}",
-    re.IGNORECASE,
-)
+_SECONDS = r"(?:s|sec|secs|seconds)\b"
+_ANCHOR_RES = [  # (pattern, True when the time comes first)
+    # 1.5s: [..], 1.5 @ [..]
+    (re.compile(rf"({NUM})\s*(?:{_SECONDS}\s*[:@,]?|[:@])\s*{_BOX}", re.IGNORECASE), True),
+    # {"time": 1.5, "bbox_2d": [..]}
+    (
+        re.compile(
+            rf"[\"']?(?:time|timestamp|t)[\"']?\s*:\s*({NUM})\s*s?[\"']?\s*,\s*"
+            rf"[\"']?(?:bbox_2d|bbox|box)[\"']?\s*:\s*{_BOX}",
+            re.IGNORECASE,
+        ),
+        True,
+    ),
+    # [..] at 1.5s, and Open-o3-Video's <box>[..]</box>at<t>1.5</t>s
+    (re.compile(rf"{_BOX}\s*(?:</box>)?\s*(?:\bat\b|@)\s*(?:<t>)?\s*({NUM})", re.IGNORECASE), False),
+]
 
 
 def max_weight_matching(weights: Sequence[Sequence[float]]) -> list[tuple[int, int]]:
@@ -124,12 +135,19 @@ class AnchorSpace(RegionSpace):
         return "; ".join(f"{t:.{d}f}s: [" + ", ".join(str(int(round(v))) for v in box) + "]" for t, box in region)
 
     def _parse(self, text: str) -> tuple[Anchor, ...] | None:
-        out = []
-        for match in _ANCHOR_RE.finditer(text):
-            groups = [g for g in match.groups() if g is not None]
-            values = [finite_float(g) for g in groups[:5]]
-            if len(values) == 5 and all(v is not None for v in values):
-                out.append((values[0], tuple(values[1:])))
+        found: list[tuple[int, int, Anchor]] = []  # (start, end, anchor) of every match of every form
+        for pattern, time_first in _ANCHOR_RES:
+            for match in pattern.finditer(text):
+                values = [finite_float(g) for g in match.groups()]
+                if any(v is None for v in values):
+                    continue
+                t, box = (values[0], values[1:]) if time_first else (values[4], values[:4])
+                found.append((match.start(), match.end(), (t, tuple(box))))
+        out, end = [], -1
+        for start, stop, anchor in sorted(found, key=lambda f: (f[0], -f[1])):
+            if start >= end:  # in text order; a span already read by another form is not read twice
+                out.append(anchor)
+                end = stop
         return tuple(out) if out else None
 
     def match(self, gt: Any, pred: Any) -> list[tuple[int, int, float]]:

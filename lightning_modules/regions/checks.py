@@ -66,6 +66,8 @@ _LEAK_PATTERNS = [
     # frame 12, frames 3-5, frame #4, t=3
     rf"{_PREP}\bframes?\s*#?\s*\d+(?:\s*(?:-|to|and)\s*\d+)?",
     rf"{_PREP}\bt\s*=\s*{_U}",
+    # Open-o3-Video's time tags: at<t>2.5</t>s
+    rf"{_PREP}(?:\bat\s*)?<(?:t|time)>\s*{_U}\s*</(?:t|time)>\s*(?:{_SEC})?",
     # no target answers leaking into the caption would be fine; coordinate words alone ("left", "top") are content
 ]
 _LEAK_RE = re.compile("|".join(f"(?:{p})" for p in _LEAK_PATTERNS), re.IGNORECASE)
@@ -91,6 +93,7 @@ def strip_leaks(caption: str) -> str:
         return ""
     caption = caption[:_MAX_CHARS]
     out = _LEAK_RE.sub(" ", caption)
+    out = re.sub(r"<(box|bbox|t|time|quad)>\s*</\1>\s*s?", " ", out, flags=re.IGNORECASE)  # tags the leak emptied
     out = re.sub(r"\s+", " ", out)
     out = re.sub(r"\s+([,.;:!?)])", r"\1", out)
     out = re.sub(r"([(\[])\s+", r"\1", out)

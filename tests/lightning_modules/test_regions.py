@@ -310,6 +310,9 @@ def test_anchor_parse_formats():
     assert space.parse(text) == ((1.5, (0, 0, 10, 10)), (2.0, (0, 0, 10, 5)), (3.0, (1, 1, 4, 4)))
     assert space.serialize(space.parse(text)) == "1.5s: [0, 0, 10, 10]; 2.0s: [0, 0, 10, 5]; 3.0s: [1, 1, 4, 4]"
     assert space.parse("[0, 0, 10, 10]") is None  # a box without a time is not an anchor
+    # box first: "[..] at 2s" and Open-o3-Video's tags, in text order with the time-first forms
+    text = "<obj>dog</obj><box>[1, 2, 3, 4]</box>at<t>2.5</t>s, then 4s: [5, 6, 7, 8] and [0, 0, 1, 1] at 6 s"
+    assert space.parse(text) == ((2.5, (1, 2, 3, 4)), (4.0, (5, 6, 7, 8)), (6.0, (0, 0, 1, 1)))
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -328,6 +331,7 @@ def test_anchor_parse_formats():
         ("it moves during 1.5-3.0s and stops at 00:04", "it moves and stops"),
         ("the mask 2-4:1-3;5:6 covers it", "the mask covers it"),
         ("a box 34 px wide", "a box wide"),
+        ("the dog <box>[1, 2, 3, 4]</box>at<t>2.5</t>s runs", "the dog runs"),
     ],
 )
 def test_strip_leaks(caption, stripped):
