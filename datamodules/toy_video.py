@@ -25,7 +25,8 @@ temporal patches of 2 frames), the queried event's interval is ``[start_frame / 
 actor is at its start position up to ``start_frame`` and at its end position from ``end_frame`` on, moving in
 between), and every frame's box of every object is the tight box of its drawn pixels (``grammar.draw_shape``; boxes
 never overlap, 2 px apart, so every object is fully visible). ``anchors`` are the actor's ``(t, box)`` on every frame
-of the queried event.
+of the queried event; ``lookalikes`` the intervals of the actor's other moves (the distractor regions of the
+``Locatability`` metric).
 
 Every clip is seeded by (seed, split, index): the same arguments give the same bytes, and a split of n clips is a
 prefix of a split of n + k.
@@ -367,6 +368,12 @@ def make_clip(split: str, index: int, seed: int, size: int = 112, num_frames: in
         s, e = target["start_frame"], target["end_frame"]
         solution = [[s / fps, e / fps]]
         anchors = [[f / fps, list(actor["boxes"][f])] for f in range(s, e + 1)]
+    # the actor's other moves: where a caption that names only the kind of event grounds (``Locatability``)
+    lookalikes = [
+        [ev["start_frame"] / fps, ev["end_frame"] / fps]
+        for i, ev in enumerate(meta["events"])
+        if ev["type"] == "move" and ev["object"] == 0 and i != meta["target_event"]
+    ]
     answer = IntervalSpace().serialize(solution or [])
     return {
         "id": f"toyvid-{split}-{index:06d}",
@@ -378,6 +385,7 @@ def make_clip(split: str, index: int, seed: int, size: int = 112, num_frames: in
         "solution": solution,
         "anchors": anchors,
         "anchors_text": AnchorSpace().serialize(anchors or []),
+        "lookalikes": lookalikes,
         "task": "video",
         "fps": fps,
         "num_frames": num_frames,

@@ -35,7 +35,7 @@ import re
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
-__all__ = ["NO_TARGET", "NO_TARGET_TEXT", "NoTarget", "RegionSpace", "finite_float", "NUM"]
+__all__ = ["NO_TARGET", "NO_TARGET_TEXT", "NUM", "NoTarget", "RegionSpace", "finite_float", "says_no_target"]
 
 
 class NoTarget:

@@ -90,6 +90,8 @@ def test_intervals_and_anchors_recomputed_from_pixels(clips):
         assert clip["solution"] == [[s / fps, e / fps]]
         assert clip["anchors"] == [[f / fps, _pixel_box(frames[f], actor["colours"][f])] for f in range(s, e + 1)]
         assert s % 2 == 0 and e % 2 == 0  # on Qwen2.5-VL's temporal patch boundaries
+        others = [[m["start_frame"] / fps, m["end_frame"] / fps] for i, m in enumerate(detected) if i != hits[0]]
+        assert clip["lookalikes"] == others and len(others) >= 1
 
 
 def test_queries_are_unambiguous_and_other_cues_are_not(clips):
