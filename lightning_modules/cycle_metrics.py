@@ -219,5 +219,20 @@ class Locatability(Metric):
         self.confused += ((other >= self.threshold) & (other >= own)).sum()
         self.n += own.numel()
 
+    def update_regions(
+        self, space: RegionSpace, owns: Sequence[Any], lookalikes: Sequence[Sequence[Any]], preds: Sequence[Any]
+    ) -> None:
+        """Per caption: its own region, the look-alike regions (the actor's other moves in the toy video world, the
+        objects sharing the target's attributes in a scene) and the region its grounding answered; IoU =
+        ``space.consistency``."""
+        if not len(owns) == len(lookalikes) == len(preds):
+            raise ValueError(
+                f"one own region, one list of look-alikes and one prediction per caption, got {len(owns)}, "
+                f"{len(lookalikes)}, {len(preds)}"
+            )
+        own = [space.consistency(o, p) for o, p in zip(owns, preds)]
+        other = [max((space.consistency(d, p) for d in ds), default=0.0) for ds, p in zip(lookalikes, preds)]
+        self.update(own, other)
+
     def compute(self) -> dict[str, Tensor]:
         return {"locatability": _ratio(self.located, self.n), "confusion": _ratio(self.confused, self.n)}

@@ -126,6 +126,22 @@ def test_locatability_hand_values():
         Locatability().update([0.5], [0.1, 0.2])
 
 
+def test_locatability_from_regions():
+    space = IntervalSpace()
+    own, lookalikes = [(1.0, 2.0)], [[(4.0, 5.0)], [(6.0, 7.0)]]
+    m = Locatability()
+    # grounded to its own move; to a look-alike move (confused); half-way to its own (tIoU 1/3: neither)
+    m.update_regions(
+        space,
+        [own, own, own],
+        [lookalikes, lookalikes, lookalikes],
+        [[(1.0, 2.0)], [(6.0, 7.0)], [(1.5, 2.5)]],
+    )
+    assert _values(m.compute()) == {"locatability": pytest.approx(1 / 3), "confusion": pytest.approx(1 / 3)}
+    with pytest.raises(ValueError, match="one own region"):
+        m.update_regions(space, [own], [], [own])
+
+
 def test_reset_clears_state():
     m = Locatability()
     m.update([1.0], [0.0])
