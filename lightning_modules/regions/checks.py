@@ -44,10 +44,12 @@ __all__ = [
     "temporal_proximity",
 ]
 
-_U = r"(?<![\d.])[-+]?(?:\d{1,16}(?:\.\d{0,16})?|\.\d{1,16})(?!\d)"  # an unsigned-or-signed decimal without exponent, inside leak patterns
+# a decimal inside leak patterns: bounded, never starting inside another number (linear scans, as regions.base.NUM)
+_U = r"(?<![\d.])[-+]?(?:\d{1,16}(?:\.\d{0,16})?|\.\d{1,16})(?!\d)"
 _SEC = r"(?:s|sec|secs|second|seconds)\b"
 _PREP = r"(?:(?:at|from|between|around|about|until|till|by|after|before|near|in|on|to|during)\s+)?"
-_BAND = r"\d+(?:\s*-\s*\d+)?\s*:\s*\d+(?:\.\d+)?(?:\s*-\s*\d+)?(?:\s*,\s*\d+(?:\s*-\s*\d+)?)*(?::\d+(?:\.\d+)?)?"
+_D = r"(?<!\d)\d{1,6}(?!\d)"
+_BAND = rf"{_D}(?:\s*-\s*{_D})?\s*:\s*{_D}(?:\.\d{{1,6}})?(?:\s*-\s*{_D})?(?:\s*,\s*{_D}(?:\s*-\s*{_D})?)*(?::{_D}(?:\.\d{{1,6}})?)?"
 _LEAK_PATTERNS = [
     # [12, 40, 96, 120], (0.3, 0.5), {1, 2}: two or more numbers in brackets
     rf"{_PREP}[\[({{]\s*{_U}\s*(?:[,;\s]\s*{_U}\s*)+[\])}}]",
@@ -68,7 +70,7 @@ _LEAK_PATTERNS = [
     rf"{_PREP}\bt\s*=\s*{_U}",
     # Open-o3-Video's time tags: at<t>2.5</t>s
     rf"{_PREP}(?:\bat\s*)?<(?:t|time)>\s*{_U}\s*</(?:t|time)>\s*(?:{_SEC})?",
-    # no target answers leaking into the caption would be fine; coordinate words alone ("left", "top") are content
+    # (words alone, "left", "top", "second", are content and never leaks)
 ]
 _LEAK_RE = re.compile("|".join(f"(?:{p})" for p in _LEAK_PATTERNS), re.IGNORECASE)
 _WORD_RE = re.compile(r"[a-z0-9']+")
