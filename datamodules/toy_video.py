@@ -439,9 +439,12 @@ def load_frames(record: dict[str, Any], root: str | Path | None = None) -> list[
     raise ValueError(f"clip {record.get('id')!r} has neither frames, a video file nor meta to render from")
 
 
-def qwen_video_kwargs(record: dict[str, Any], frames: list[Image.Image] | None = None) -> dict[str, Any]:
+def qwen_video_kwargs(
+    record: dict[str, Any], frames: list[Image.Image] | None = None, root: str | Path | None = None
+) -> dict[str, Any]:
     """Keyword arguments for a Qwen2.5-VL processor call that feed one clip as a video, at its true frame rate and
-    native size: ``processor(text=[...], **qwen_video_kwargs(record), return_tensors="pt")``.
+    native size: ``processor(text=[...], **qwen_video_kwargs(record), return_tensors="pt")``. ``frames`` / ``root``
+    as ``load_frames`` (an exported record's ``video`` is relative to the export folder).
 
     - ``video_metadata`` carries the fps: without it transformers assumes 24 fps and ``second_per_grid_ts`` (the
       seconds per temporal patch that temporal mRoPE uses) becomes 2 / 24 instead of 2 / fps;
@@ -449,7 +452,7 @@ def qwen_video_kwargs(record: dict[str, Any], frames: list[Image.Image] | None =
     - ``size``: Qwen2-VL's size is a pixel budget; pinning both bounds to ``width * height`` keeps the 112 x 112
       frames as they are (8 x 8 patches of 14 px, 4 x 4 = 16 tokens per temporal patch after the 2 x 2 merge).
     """
-    frames = frames if frames is not None else load_frames(record)
+    frames = frames if frames is not None else load_frames(record, root)
     n, fps = len(frames), float(record.get("fps") or record["meta"]["fps"])
     w, h = frames[0].size
     return {

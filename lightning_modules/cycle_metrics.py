@@ -132,7 +132,7 @@ class TemporalGroundingMetrics(Metric):
 
 
 def _slots(anchors: Sequence[tuple[float, Any]], slot: float) -> list[tuple[float, float]]:
-    return [(t - slot / 2, t + slot / 2) for t, _ in anchors]
+    return [(max(t - slot / 2, 0.0), t + slot / 2) for t, _ in anchors]  # a slot never starts before the clip
 
 
 class SpatioTemporalMetrics(Metric):

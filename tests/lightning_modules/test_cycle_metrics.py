@@ -109,6 +109,9 @@ def test_spatio_temporal_hand_values():
     # a quarter-second offset: slots [0.75, 1.25] and [1.0, 1.5] overlap 0.25 over a union of 0.75 -> when 1/3
     assert m.scores([(1.0, A)], [(1.25, A)])[0] == pytest.approx(1 / 3)
     assert m.scores([(1.0, A)], None) == (0.0, 0.0, 0.0)
+    # the first frame's slot is clipped to start at 0: [0, 0.25] vs [0, 0.5] -> 0.25 / 0.5 (unclipped, [-0.25, 0.25]
+    # would be an invalid interval and score 0)
+    assert m.scores([(0.0, A)], [(0.25, A)])[0] == pytest.approx(0.5)
     out = _check_chunked(lambda: SpatioTemporalMetrics(3.0, 0.5), [([g], [p]) for g, p in zip(gts, preds)], [1, 2])
     assert out["when"] == pytest.approx((1 + 0 + 1) / 3)
     assert out["where"] == pytest.approx((2 / 3 + 0 + 1) / 3)
