@@ -1,0 +1,72 @@
+"""Region spaces for CycleGRPO: serializer + bounded consistency, one class per geometry (docs/cycle_grpo.md).
+
+Pure Python / numpy: no Lightning, no torch, no I/O. ``REGION_SPACES`` maps a config name to its class;
+``region_space("interval", duration=8.0)`` builds one with a clear error for an unknown name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning_modules.regions.anchors import AnchorSpace, max_weight_matching
+from lightning_modules.regions.base import NO_TARGET, NO_TARGET_TEXT, NoTarget, RegionSpace, says_no_target
+from lightning_modules.regions.boxes import BoxSpace, box_iou
+from lightning_modules.regions.checks import (
+    caption_phi,
+    caption_reward,
+    cycle_rewards,
+    find_leaks,
+    has_leak,
+    invalid_interval_gate,
+    localization_phi,
+    localization_reward,
+    repetition_rate,
+    strip_leaks,
+    temporal_proximity,
+)
+from lightning_modules.regions.intervals import IntervalSpace, merge_intervals, merged_overlap
+from lightning_modules.regions.masks import MaskSpace
+
+REGION_SPACES: dict[str, type[RegionSpace]] = {
+    "box": BoxSpace,
+    "mask": MaskSpace,
+    "interval": IntervalSpace,
+    "anchor": AnchorSpace,
+}
+
+
+def region_space(name: str, **kwargs: Any) -> RegionSpace:
+    """An instance of the space registered as ``name`` (kwargs go to its constructor)."""
+    if name not in REGION_SPACES:
+        raise ValueError(f"unknown region space {name!r}; choose one of {tuple(REGION_SPACES)}")
+    return REGION_SPACES[name](**kwargs)
+
+
+__all__ = [
+    "NO_TARGET",
+    "NO_TARGET_TEXT",
+    "REGION_SPACES",
+    "AnchorSpace",
+    "BoxSpace",
+    "IntervalSpace",
+    "MaskSpace",
+    "NoTarget",
+    "RegionSpace",
+    "box_iou",
+    "caption_phi",
+    "caption_reward",
+    "cycle_rewards",
+    "find_leaks",
+    "has_leak",
+    "invalid_interval_gate",
+    "localization_phi",
+    "localization_reward",
+    "max_weight_matching",
+    "merge_intervals",
+    "merged_overlap",
+    "region_space",
+    "repetition_rate",
+    "says_no_target",
+    "strip_leaks",
+    "temporal_proximity",
+]
