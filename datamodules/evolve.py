@@ -217,7 +217,9 @@ def target_index(meta: dict[str, Any]) -> int:
     """Index of the one REC target in ``meta["objects"]``; raises for OVD scenes (several targets)."""
     idx = [i for i, o in enumerate(_objects(meta)) if o["role"] == "target"]
     if len(idx) != 1:
-        raise ValueError(f"evolve edits REC scenes with one target; this scene has {len(idx)} (task {meta.get('task')})")
+        raise ValueError(
+            f"evolve edits REC scenes with one target; this scene has {len(idx)} (task {meta.get('task')})"
+        )
     return idx[0]
 
 
@@ -677,7 +679,7 @@ def _plan_once(meta: dict[str, Any], kind: str, level: int, rng: np.random.Gener
     # occlude
     vis = visibility(meta)
     d = grammar.parse_description(meta["description"])
-    bg = {d.colour, d.colour2 or ("black" if sum(np.array(COLOURS[d.colour]) * (0.299, 0.587, 0.114)) > 140 else "white")}
+    bg = {d.colour, d.colour2 or grammar._contrast(d.colour)}  # a texture's implicit second colour
     colour = next(c for c in NEUTRALS if c not in bg)
     tb = target["box"]
     shared = [sum(o[a] == target[a] for a in ATTRS) for o in objects]
