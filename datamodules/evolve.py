@@ -359,21 +359,24 @@ def _nps(np_: NP) -> Iterator[NP]:
         yield from _nps(np_.relation[1])
 
 
-def query_problem(meta: dict[str, Any], np_: NP | str, vis: Sequence[Visibility] | None = None) -> str | None:
-    """Why ``np_`` is not an exact REC query for the scene's target (None when it is); see the module docstring."""
+def query_problem(
+    meta: dict[str, Any], np_: NP | str, vis: Sequence[Visibility] | None = None, referent: int | None = None
+) -> str | None:
+    """Why ``np_`` is not an exact REC query for the scene's target (None when it is); see the module docstring.
+    ``referent``: check it against another object instead (a sub-problem step names an anchor)."""
     if isinstance(np_, str):
         try:
             np_ = parse_query(np_)
         except QueryParseError as err:
             return f"unparsable: {err}"
     objects, w, h = _objects(meta), meta["width"], meta["height"]
-    t = target_index(meta)
+    t = target_index(meta) if referent is None else referent
     got = resolve(np_, meta)
     if got != [t]:
-        return f"names objects {got}, not the target {t}"
+        return f"names objects {got}, not the referent {t}"
     vis = visibility(meta) if vis is None else vis
     if vis[t] != "clear":
-        return "the target is not clear"
+        return "the referent is not clear"
     plain = np_.relation is None and np_.ordinal is None
     top_size = np_.desc.size
     margin = _margin(meta)
@@ -661,7 +664,8 @@ def _plan_once(meta: dict[str, Any], kind: str, level: int, rng: np.random.Gener
                 return None
             boxes.append(box)
             added.append({**attrs, "box": box})
-        return {"kind": kind, "params": {"objects": added, "render_seed": seed}}
+        # the painted distractors keep their seed: they only move where a look-alike now stands
+        return {"kind": kind, "params": {"objects": added, "render_seed": meta["render_seed"]}}
     if kind == "clutter":
         keep = sorted(rng.choice(3, size=int(rng.integers(1, 3)), replace=False).tolist())
         group = {
@@ -785,6 +789,19 @@ def guided_query(steps: Sequence[Step]) -> str:
         return steps[-1].query
     plan = "; ".join(f"step {k}: {s.query}" for k, s in enumerate(steps[:-1], 1))
     return f"{steps[-1].query} ({plan}; then the answer)"
+
+
+def format_steps(steps: Sequence[Step], input_wh: tuple[int, int], orig_wh: tuple[int, int]) -> str:
+    """The reasoning of a sub-problem completion, to go inside ``<think>``: one sentence per step with its box in a
+    ``<step>`` tag, in integer pixels of the model input (as ``toy.sft_target`` writes answers), e.g.
+    ``Step 1: the red square <step>[60, 20, 110, 70]</step>. Step 2: the circle below it <step>[...]</step>.``"""
+    sx, sy = input_wh[0] / orig_wh[0], input_wh[1] / orig_wh[1]
+    parts = []
+    for k, s in enumerate(steps, 1):
+        x1, y1, x2, y2 = s.box
+        box = [int(np.floor(v * f + 0.5)) for v, f in ((x1, sx), (y1, sy), (x2, sx), (y2, sy))]
+        parts.append(f"Step {k}: {s.query} <step>{json.dumps(box)}</step>.")
+    return " ".join(parts)
 
 
 _STEP_RE = re.compile(r"<step>(.*?)</step>", re.DOTALL)
@@ -1028,6 +1045,7 @@ __all__ = [
     "decompose",
     "edit_query",
     "evolve",
+    "format_steps",
     "execute_job",
     "format_query",
     "guided_query",

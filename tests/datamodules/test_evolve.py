@@ -237,6 +237,11 @@ def test_decompose_a_two_hop_query():
         "step 2: the circle right of the large square; then the answer)"
     )
     assert [s.query for s in ev.decompose(meta, "the small red circle")] == ["the small red circle"]
+    # the SFT-side writer of the step format: read back by the process reward at full credit
+    think = ev.format_steps(steps, input_wh=(448, 448), orig_wh=(224, 224))
+    assert think.startswith("Step 1: the large square <step>[120, 40, 220, 140]</step>. Step 2: ")
+    completion = f"<think>{think}</think><answer>[360, 360, 408, 408]</answer>"
+    assert ev.prefix_process_reward([completion], [s.box for s in steps], (448, 448), (224, 224)) == [1.0]
 
 
 GOLD = [[60, 20, 110, 70], [120, 100, 144, 124], [180, 180, 204, 204]]
@@ -400,6 +405,8 @@ def _audit(n: int) -> dict[str, int]:
         for step in out.steps:
             got = ref(step.query, objects, w, h)
             assert len(got) == 1 and objects[got[0]]["box"] == step.box, step
+            if out.kind != "original":  # level 0 is the toy world's own label (a unique triple), kept as it is
+                assert ev.query_problem(meta, step.query, referent=got[0]) is None, step
         # the image: the target's pixels are those of the original scene, and nothing covers them
         img = np.asarray(out.image)
         assert (_target_pixels(img, t["box"], t["shape"]) == grammar.COLOURS[t["colour"]]).all()
