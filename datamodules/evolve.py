@@ -733,6 +733,7 @@ def execute_job(meta: dict[str, Any], job: dict[str, Any]) -> tuple[Image.Image,
         new["render_seed"] = params["render_seed"]
     elif kind in ("clutter", SUB_VISUAL_KIND):
         new["objects"] = _foreground(meta)
+        new["occluders"] = []  # they covered painted distractors that are gone
         new["description"] = params["description"]
         new["n_painted"] = params["n_painted"]
         new["render_seed"] = params.get("render_seed", meta["render_seed"])
@@ -968,8 +969,8 @@ class Evolved:
     level: Level
     steps: list[Step] = field(default_factory=list)
     """Sub-problem steps (anchor first, target last); one step for a single-step query."""
-    job: dict[str, Any] | None = None
-    """The visual edit job, when the image changed."""
+    jobs: list[dict[str, Any]] = field(default_factory=list)
+    """The visual edit jobs that made the image from the record's, in order (empty: the image is the record's)."""
 
 
 def evolve(
@@ -985,6 +986,8 @@ def evolve(
     The sub-problem version of a multi-step query spells its steps out (``guided_query``); that of a one-step query
     is the decluttered image (``declutter``).
     """
+    if not 0 <= level.level <= MAX_LEVEL:
+        raise ValueError(f"level must be in [0, {MAX_LEVEL}], got {level.level}")
     meta, image = record["meta"], record["image"]
     query, box = meta["query"], list(meta["objects"][target_index(meta)]["box"])
     if level.level == 0 and not level.sub:
@@ -1006,7 +1009,7 @@ def evolve(
             new_query = edit_query(meta, query, level.level, rng) if level.level >= 1 else query
             if new_query is None:
                 continue
-            new_meta, new_image, job = dict(meta, query=new_query), image, None
+            new_meta, new_image = dict(meta, query=new_query), image
         else:
             job = plan_visual_edit(meta, kind, level.level, rng)
             if job is None:
@@ -1016,13 +1019,14 @@ def evolve(
         steps = decompose(new_meta, new_query)
         if level.sub:
             if len(steps) >= 2:
-                return Evolved(new_image, guided_query(steps), box, new_meta, f"{kind}+steps", level, steps, job)
+                jobs = new_meta.get("edits", [])
+                return Evolved(new_image, guided_query(steps), box, new_meta, f"{kind}+steps", level, steps, jobs)
             sub_job = plan_visual_edit(new_meta, SUB_VISUAL_KIND, 1, rng)
             if sub_job is None:
                 continue
             sub_image, sub_meta = execute_job(new_meta, sub_job)
-            return Evolved(sub_image, new_query, box, sub_meta, f"{kind}+declutter", level, steps, sub_job)
-        return Evolved(new_image, new_query, box, new_meta, kind, level, steps, job)
+            return Evolved(sub_image, new_query, box, sub_meta, f"{kind}+declutter", level, steps, sub_meta["edits"])
+        return Evolved(new_image, new_query, box, new_meta, kind, level, steps, new_meta.get("edits", []))
     return None
 
 
