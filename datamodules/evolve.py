@@ -14,7 +14,7 @@ toy world every edit keeps the label exact because the scene model is known:
   data server can execute it; here ``execute_job`` runs the toy renderer. The target's pixels and box never change.
 - **Sub-problems** (``decompose``): a relational query's chain of steps (anchor, ..., target), each a valid REC query
   with an exact box; the model writes one ``<step>[box]</step>`` per step inside ``<think>`` and
-  ``prefix_process_reward`` credits the correct prefix (docs/decisions.md, "EvolvedGRPO").
+  ``prefix_process_reward`` credits the correct prefix (docs/decisions.md, "EvolvedGRPO's edits").
 - **Levels** (``LevelState``): per-sample ``(level, sub)``; a group that is all correct goes harder, one that is all
   wrong steps back to the sub-problem version, then a level down.
 
@@ -32,9 +32,9 @@ occluders are not objects): ``o`` is *left of* ``a`` when ``o.x2 <= a.x1`` (its 
 any height), likewise right of / above / below; an anchor NP must name exactly one object; "the k-th D from the
 left" sorts the objects matching D by box centre. A query is *exact* on a scene (``query_problem`` returns None) when
 it names exactly the target and nothing a viewer needs is unclear: the target and every object the query's
-descriptors could match are fully visible and apart from other objects (an occluded object is allowed only where its
-size or colour, both still visible, already rule it out), no other object is within a margin of a relation's or a
-region's boundary, and ordinal neighbours are a margin apart.
+descriptors could match (same colour; any colour for a colourless descriptor) are fully visible and apart from other
+objects (an occluded object is allowed only where its size, still visible, rules it out of a plain attribute query),
+no other object is within a margin of a relation's or a region's boundary, and ordinal neighbours are a margin apart.
 """
 
 from __future__ import annotations
@@ -620,10 +620,12 @@ def plan_visual_edit(
 
     - ``lookalikes``: ``level`` (at most 4) foreground objects sharing two of the target's attributes, within
       ``0.12 - 0.02 * level`` of the image side of the target (closer as the level grows), 3 px clear of every
-      foreground box; params ``{"objects": [{"size", "colour", "shape", "box"}], "render_seed"}``.
+      foreground box; params ``{"objects": [{"size", "colour", "shape", "box"}], "render_seed"}`` (the scene's own:
+      the painted distractors move only where a look-alike now stands).
     - ``clutter``: a textured background and a painted group that shares one or two of the target's attributes,
       "few" / "some" / "many" at levels 1 / 2 / 3+; params ``{"description", "n_painted", "render_seed"}``.
-    - ``occlude``: neutral rectangles over ``level`` non-target objects (look-alikes first), each covering part of
+    - ``occlude``: neutral rectangles over up to ``level`` (at most 4) clear non-target objects (look-alikes first,
+      only those the query stays exact without: see ``query_problem``), each covering part of
       the object but leaving every row and column of its shape visible, never within 1 px of the target's box;
       params ``{"occluders": [{"box", "colour"}]}``.
     - ``declutter`` (the visual sub-problem): a plain white background, no painted distractors.
@@ -634,7 +636,7 @@ def plan_visual_edit(
         raise ValueError(f"a visual edit's level is its intensity and must be >= 1, got {level}")
     query = meta["query"]
     t = target_index(meta)
-    for _ in range(tries):
+    for _ in range(1 if kind == SUB_VISUAL_KIND else tries):  # declutter draws nothing at random
         job = _plan_once(meta, kind, level, rng, t)
         if job is None:
             continue
