@@ -377,6 +377,26 @@ def test_occluders_never_touch_the_target():
 # --- the label-exactness audit ---------------------------------------------------------------------------------------
 
 
+def _check_relied_on_objects_show(query: str, objects: list[dict], img: np.ndarray) -> None:
+    """Every object a query's noun phrases could match by colour (every object, for a phrase without a colour word)
+    is drawn whole in the image in its colour and overlaps no other object's box, read from the pixels; an object
+    partly covered may only be one whose size differs from the size word of a plain attribute query."""
+    # the noun phrases of the chain, without the relation words or a negated attribute ("not red" is no colour word)
+    phrases = [p.split(" that is not ")[0] for p in _REL.split(query)[::2]]
+    colours = [next((c for c in grammar.OBJECT_COLOURS if c in p.split()), None) for p in phrases]
+    size = next((s for s in ("small", "large") if s in phrases[0].split()), None)
+    plain = len(phrases) == 1 and " from the " not in query
+    for i, o in enumerate(objects):
+        if not any(c is None or c == o["colour"] for c in colours):
+            continue
+        x1, y1, x2, y2 = o["box"]
+        for j, p in enumerate(objects):
+            b = p["box"]
+            assert j == i or b[2] <= x1 - 1 or b[0] >= x2 + 1 or b[3] <= y1 - 1 or b[1] >= y2 + 1, (query, o, p)
+        whole = (_target_pixels(img, o["box"], o["shape"]) == grammar.COLOURS[o["colour"]]).all()
+        assert whole or (plain and size is not None and o["size"] != size), (query, o)
+
+
 def _audit(n: int) -> dict[str, int]:
     """Evolve ``n`` samples over every (modality, kind, level, sub) combination, cycling through train and ood scenes,
     and check each label against its scene. Returns how many samples of each kind were checked."""
@@ -407,6 +427,8 @@ def _audit(n: int) -> dict[str, int]:
             assert len(got) == 1 and objects[got[0]]["box"] == step.box, step
             if out.kind != "original":  # level 0 is the toy world's own label (a unique triple), kept as it is
                 assert ev.query_problem(meta, step.query, referent=got[0]) is None, step
+        if out.kind != "original":
+            _check_relied_on_objects_show(query, objects, np.asarray(out.image))
         # the image: the target's pixels are those of the original scene, and nothing covers them
         img = np.asarray(out.image)
         assert (_target_pixels(img, t["box"], t["shape"]) == grammar.COLOURS[t["colour"]]).all()
