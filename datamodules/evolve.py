@@ -34,7 +34,8 @@ left" sorts the objects matching D by box centre. A query is *exact* on a scene 
 it names exactly the target and nothing a viewer needs is unclear: the target and every object the query's
 descriptors could match (same colour; any colour for a colourless descriptor) are fully visible and apart from other
 objects (an occluded object is allowed only where its size, still visible, rules it out of a plain attribute query),
-no other object is within a margin of a relation's or a region's boundary, and ordinal neighbours are a margin apart.
+no other object is within a margin of a relation's or a region's boundary, and ordinal neighbours are a margin apart
+and in one order by edges and by centres.
 """
 
 from __future__ import annotations
@@ -412,6 +413,11 @@ def query_problem(
             centres = sorted(_centre(objects[i]["box"], side) for i in cand)
             if any(b - a < margin for a, b in zip(centres, centres[1:])):
                 return f"two objects counted from the {side} are closer than {margin:.0f} px"
+            lo, hi = (0, 2) if side in ("left", "right") else (1, 3)
+            by_near = sorted(cand, key=lambda i: objects[i]["box"][lo])
+            by_far = sorted(cand, key=lambda i: objects[i]["box"][hi])
+            if by_near != by_far or by_near != _ordered(cand, objects, "left" if lo == 0 else "top"):
+                return f"counted from the {side}, the objects' order by edges differs from their order by centres"
     return None
 
 

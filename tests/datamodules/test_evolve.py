@@ -176,6 +176,13 @@ def test_exactness_needs_clearance_and_visibility():
     near = HAND + [_obj("object", "small", "green", "circle", (40, 130, 64, 154))]
     problem = ev.query_problem(_meta(near), "the circle left of the large green square")
     assert problem is not None and "within" in problem
+    # counting needs one order: a large circle whose left edge comes first but whose centre comes second
+    counted = [
+        _obj("target", "small", "red", "circle", (81, 150, 101, 170)),  # centre x 91, left edge 81
+        _obj("object", "large", "blue", "circle", (75, 20, 125, 70)),  # centre x 100, left edge 75
+    ]
+    assert ev.resolve(ev.parse_query("the first circle from the left"), _meta(counted)) == [0]
+    assert "order by edges" in ev.query_problem(_meta(counted), "the first circle from the left")
     # two overlapping red distractors: red queries cannot rely on them, a blue one can
     crowded = HAND + [_obj("distractor", "large", "red", "star", (150, 150, 200, 200))]
     assert ev.visibility(_meta(crowded))[3:] == ["hidden", "hidden"]
