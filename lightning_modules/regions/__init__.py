@@ -8,22 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from lightning_modules.regions import checks
 from lightning_modules.regions.anchors import AnchorSpace, max_weight_matching
 from lightning_modules.regions.base import NO_TARGET, NO_TARGET_TEXT, NoTarget, RegionSpace, says_no_target
 from lightning_modules.regions.boxes import BoxSpace, box_iou
-from lightning_modules.regions.checks import (
-    caption_phi,
-    caption_reward,
-    cycle_rewards,
-    find_leaks,
-    has_leak,
-    invalid_interval_gate,
-    localization_phi,
-    localization_reward,
-    repetition_rate,
-    strip_leaks,
-    temporal_proximity,
-)
+from lightning_modules.regions.checks import *  # noqa: F403 - the Phi checks and reward helpers (checks.__all__)
 from lightning_modules.regions.intervals import IntervalSpace, merge_intervals, merged_overlap
 from lightning_modules.regions.masks import MaskSpace
 
@@ -43,30 +32,20 @@ def region_space(name: str, **kwargs: Any) -> RegionSpace:
 
 
 __all__ = [
-    "NO_TARGET",
-    "NO_TARGET_TEXT",
-    "REGION_SPACES",
+    *checks.__all__,
     "AnchorSpace",
     "BoxSpace",
     "IntervalSpace",
     "MaskSpace",
+    "NO_TARGET",
+    "NO_TARGET_TEXT",
     "NoTarget",
+    "REGION_SPACES",
     "RegionSpace",
     "box_iou",
-    "caption_phi",
-    "caption_reward",
-    "cycle_rewards",
-    "find_leaks",
-    "has_leak",
-    "invalid_interval_gate",
-    "localization_phi",
-    "localization_reward",
     "max_weight_matching",
     "merge_intervals",
     "merged_overlap",
     "region_space",
-    "repetition_rate",
     "says_no_target",
-    "strip_leaks",
-    "temporal_proximity",
 ]
