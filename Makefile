@@ -46,8 +46,12 @@ lint:
 
 # The end-to-end GPU harness (one H200; docs/performance.md): the paper's one-GPU configs through train.py on
 # random-weight Qwen2.5-VL-3B + SDXL, TRL on the same work, engine parity. On the GPU machine: make gpu-e2e PY=python3
+# the tests marked gpu (CUDA graphs, bf16-true with fp32 masters, engine parity in bf16): on the GPU machine
+test-gpu:
+	$(PY_RUN) -m pytest -q -m gpu tests
+
 gpu-e2e:
 	$(PY_RUN) bench/e2e_gpu.py --runs rec_3b_1gpu:off,rec_3b_1gpu:async,rec_3b_1gpu:sync --train-samples 40 --parity --trl \
 		--out bench/results/e2e_gpu_h200.json
 
-.PHONY: gpu-e2e
+.PHONY: gpu-e2e test-gpu

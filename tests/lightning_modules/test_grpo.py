@@ -300,3 +300,39 @@ def test_baseline_is_scored_in_its_own_answer_format(tmp_path, monkeypatch):
     fmt = float(cli.trainer.callback_metrics["val/toy_val/format"])
     assert cli.model.hparams.format == "think_answer"
     assert fmt > 0.5, fmt
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_step_with_the_one_gpu_configs_engines_and_precision(tiny_model_dir, rec_dir, tmp_path):
+    """The 1gpu configs' path at tiny scale: bf16 compute with fp32 masters, fast rollout with CUDA graphs, packed
+    update; the masters move at the paper's lr and the step logs its phases and peak memory."""
+    cli, texts = _fit_recording(
+        _args(
+            tiny_model_dir,
+            rec_dir,
+            tmp_path,
+            "--trainer.max_steps",
+            "2",
+            "--trainer.limit_val_batches",
+            "1",
+            "--trainer.accelerator",
+            "gpu",
+            "--trainer.precision",
+            "bf16-true",
+            "--model.init_args.dtype",
+            "bf16",
+            "--model.init_args.rollout_engine",
+            "fast",
+            "--model.init_args.update_engine",
+            "packed",
+            "--model.init_args.optimizer.init_args.lr",
+            "1e-6",
+        )
+    )
+    logged = cli.trainer.logged_metrics
+    assert cli.trainer.global_step == 2 and len(texts) == 6
+    assert float(logged["train/peak_mem_gib"]) > 0 and float(logged["train/time/rollout_s"]) > 0
+    opt = cli.model.optimizers()
+    opt = getattr(opt, "optimizer", opt)  # Lightning's wrapper -> MasterWeightOptimizer
+    assert opt._low and all(p.dtype == torch.bfloat16 and m.dtype == torch.float32 for p, m in opt._low)
