@@ -75,14 +75,13 @@ class CompletionsTable(Callback):
         self.logged_steps: list[int] = []
 
     def rows(self, step: int, outputs: dict[str, Any], batch: list) -> list[dict[str, Any]]:
-        G = int(outputs.get("group_size") or max(1, len(outputs["completions"]) // max(1, len(batch))))
+        n = len(outputs["completions"])
+        G = int(outputs.get("group_size") or max(1, n // max(1, len(batch))))
+        index = outputs.get("sample_index") or [i // G for i in range(n)]  # the sample of each row
         rewards = outputs.get("rewards") or {}
         out = []
         for b, s in enumerate(batch[: self.max_prompts]):
-            for k in range(G):
-                i = b * G + k
-                if i >= len(outputs["completions"]):
-                    break
+            for k, i in enumerate(i for i in range(n) if index[i] == b):
                 out.append(
                     {
                         "step": step,

@@ -583,9 +583,11 @@ class RolloutGallery(Callback):
         from lightning_modules import rewards
 
         G = int(outputs.get("group_size") or max(1, len(texts) // len(batch)))
+        index = outputs.get("sample_index") or [i // G for i in range(len(texts))]
+        first = [i for i in range(len(texts)) if index[i] == 0]  # every row of the batch's first sample
         s = batch[0]
-        sets, lines = [], [f"{s.sample_id} | {s.query} | step {trainer.global_step}, G={G}"]
-        for i, (text, boxes) in enumerate(zip(texts[:G], outputs["boxes"][:G])):  # boxes: original pixels
+        sets, lines = [], [f"{s.sample_id} | {s.query} | step {trainer.global_step}, G={len(first)}"]
+        for i, (text, boxes) in enumerate((texts[r], outputs["boxes"][r]) for r in first):  # boxes: original pixels
             p = rewards.parse_completion(text)
             sets.append(boxes)
             score = f"IoU {rewards.iou(boxes[0], s.boxes[0]):.2f}" if s.task == "rec" and boxes else "no box"

@@ -447,19 +447,21 @@ class GRPOModule(L.LightningModule):
         return loss, stats
 
     def _step_output(self, batch, ro: Rollout, scores: Scores, evolution: list[Selection]) -> dict:
-        """What ``on_train_batch_end`` callbacks receive: per completion (rows grouped by prompt) its text, its parsed
-        boxes in original pixels and its reward parts; the rows' samples' indices in the batch; the method's
-        evolution requests."""
-        samples = self.method.rows(batch, ro)
+        """What ``on_train_batch_end`` callbacks receive: per completion row its text, its parsed boxes in original
+        pixels, its reward parts, the index of its sample in the batch and its advantage group; the method's evolution
+        requests."""
+        index = self.method.sample_index(batch, ro)
         boxes = [
-            [rewards.rescale_box(b, in_wh, s.size) for b in p.boxes]
-            for p, in_wh, s in zip(scores.parsed, ro.input_wh, samples)
+            [rewards.rescale_box(b, in_wh, batch[i].size) for b in p.boxes]
+            for p, in_wh, i in zip(scores.parsed, ro.input_wh, index)
         ]
         return {
             "completions": list(ro.texts),
             "boxes": boxes,
             "rewards": {k: [float(v) for v in t] for k, t in scores.parts.items()},
             "group_size": ro.group_size,
+            "sample_index": index,
+            "group_ids": ro.group_ids.tolist(),
             "evolution": evolution,
         }
 
@@ -472,15 +474,15 @@ class GRPOModule(L.LightningModule):
         opt.zero_grad(set_to_none=True)
 
     def _log_train(self, scores: Scores, ro: Rollout, stats: dict[str, float], entropy: torch.Tensor, bsz: int) -> None:
-        G = ro.group_size
         parts = scores.parts
+        # groups whose total rewards are all equal: zero advantage, no policy-gradient signal
+        std, zero_var = objective.group_reward_stats(parts["total"], ro.group_ids)
         logs = {f"train/reward/{k}": float(v.mean()) for k, v in parts.items()}
         logs.update(
             {
-                "train/reward/std": float(parts["total"].view(-1, G).std(dim=1).mean()),
+                "train/reward/std": std,
                 "train/entropy": float(entropy),
-                # groups whose total rewards are all equal: zero advantage, no policy-gradient signal
-                "train/zero_variance_frac": float(objective.zero_variance_groups(parts["total"], G).float().mean()),
+                "train/zero_variance_frac": zero_var,
                 "train/completion_length": float(ro.completion_mask.sum(1).float().mean()),
             }
         )

@@ -145,6 +145,23 @@ def advantages_by_group(
     return out
 
 
+def group_reward_stats(rewards: torch.Tensor, group_ids: torch.Tensor | Sequence[int]) -> tuple[float, float]:
+    """(mean within-group std of the rewards, fraction of groups whose rewards are all equal) over any grouping;
+    contiguous equal-size groups take the [B, G] path (the numbers `zero_variance_groups` gives)."""
+    r = torch.as_tensor(rewards).detach().float()
+    ids = torch.as_tensor(group_ids).reshape(-1)
+    runs, counts = torch.unique_consecutive(ids, return_counts=True)
+    if runs.numel() == torch.unique(ids).numel() and bool((counts == counts[0]).all()) and int(counts[0]) >= 2:
+        G = int(counts[0])
+        return float(r.view(-1, G).std(dim=1).mean()), float(zero_variance_groups(r, G).float().mean())
+    stds, constant = [], []
+    for g in torch.unique(ids):
+        sub = r[ids == g]
+        stds.append(float(sub.std()) if sub.numel() > 1 else 0.0)
+        constant.append(bool((sub == sub[0]).all()))
+    return sum(stds) / len(stds), sum(constant) / len(constant)
+
+
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
     """Per-token estimate of KL(pi || pi_ref) from the sampled token's log-probs (Schulman's k1 / k2 / k3).
 

@@ -84,6 +84,12 @@ PROMPT_TEMPLATES = {
     },
     # Short prompt used by the toy model: its tokenizer is small, and the instruction is implied by SFT.
     "toy": {"rec": "Find: {query}", "ovd": "Find every: {query}"},
+    # CycleGRPO's captioning direction: ``{query}`` is the serialized region (lightning_modules/regions/)
+    "caption": {
+        "rec": "Describe the object in the region {query} so that someone can find it again, without coordinates. "
+        "Output the description in <answer> </answer> tags."
+    },
+    "toy_caption": {"rec": "Describe: {query}"},
 }
 
 
@@ -258,6 +264,36 @@ class Rollout:
             types = torch.cat([self.prompt_mm_types, torch.zeros_like(self.completion_ids)], dim=1)
             out["mm_token_type_ids"] = types[idx]
         return out
+
+
+def concat_rollouts(parts: Sequence[Rollout], pad_token_id: int) -> Rollout:
+    """One `Rollout` of the rows of several (a nested method's levels): prompts left-padded to the longest prompt,
+    completions right-padded to the longest completion; group ids and parent ids travel with their rows. The result's
+    ``group_size`` is 1 (its rows no longer come in equal groups of one prompt)."""
+
+    def left(t: torch.Tensor, width: int, value: int) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (width - t.shape[1], 0), value=value)
+
+    def right(t: torch.Tensor, width: int, value: int) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+
+    P = max(r.prompt_ids.shape[1] for r in parts)
+    T = max(r.completion_ids.shape[1] for r in parts)
+    mm = [r.prompt_mm_types for r in parts]
+    return Rollout(
+        prompt_ids=torch.cat([left(r.prompt_ids, P, pad_token_id) for r in parts]),
+        prompt_mask=torch.cat([left(r.prompt_mask, P, 0) for r in parts]),
+        completion_ids=torch.cat([right(r.completion_ids, T, pad_token_id) for r in parts]),
+        completion_mask=torch.cat([right(r.completion_mask, T, 0) for r in parts]),
+        pixel_values=torch.cat([r.pixel_values for r in parts]),
+        image_grid_thw=torch.cat([r.image_grid_thw for r in parts]),
+        texts=[t for r in parts for t in r.texts],
+        input_wh=[wh for r in parts for wh in r.input_wh],
+        prompt_mm_types=None if any(m is None for m in mm) else torch.cat([left(m, P, 0) for m in mm]),
+        group_size=1,
+        group_ids=torch.cat([r.group_ids for r in parts]),
+        parent_ids=[p for r in parts for p in (r.parent_ids or [None] * len(r.texts))],
+    )
 
 
 def completion_mask_from_ids(completion_ids: torch.Tensor, eos_ids: Sequence[int]) -> torch.Tensor:

@@ -128,9 +128,13 @@ class Method:
     def reward_terms(self) -> list[RewardTerm]:
         raise NotImplementedError
 
+    def sample_index(self, batch: Sequence[Any], ro: Rollout) -> list[int]:
+        """Per completion row, the index of its sample in the batch (default: ``group_size`` rows per sample)."""
+        return [i // ro.group_size for i in range(len(ro.texts))]
+
     def rows(self, batch: Sequence[Any], ro: Rollout) -> list[Any]:
         """The sample of each completion row."""
-        return [batch[i // ro.group_size] for i in range(len(ro.texts))]
+        return [batch[i] for i in self.sample_index(batch, ro)]
 
     def score(self, batch: Sequence[Any], ro: Rollout) -> Scores:
         """Every reward term in order, then ``total = sum(weight * term)``."""
