@@ -409,7 +409,7 @@ def write_record(run: Run, study: Study) -> dict[str, Any]:
     per_set, scenes = read_evaluation(run.work / "eval", study.evaluator)
     if scenes is not None:
         scenes.to_csv(rec / "scenes.csv", index=False)
-    for name in ("metrics.jsonl", "train.log", "eval.log", "config.yaml"):
+    for name in ("metrics.jsonl", "train.log", "export.log", "eval.log", "config.yaml"):
         if (run.work / name).is_file():
             shutil.copy2(run.work / name, rec / name)
     seconds = {}
