@@ -43,7 +43,10 @@ def read_evaluation(eval_dir: str | Path, evaluator: str = "predict") -> tuple[d
         if not path.is_file():
             raise FileNotFoundError(f"{path}: the test run wrote no results table; see {eval_dir.parent}/eval.log")
         frame = pd.read_csv(path)
-        per_set = {str(r["set"]): {k: float(v) for k, v in r.items() if k != "set" and pd.notna(v)} for _, r in frame.iterrows()}
+        per_set = {
+            str(r["set"]): {k: float(v) for k, v in r.items() if k != "set" and pd.notna(v)}
+            for _, r in frame.iterrows()
+        }
         return per_set, None
     summary = eval_dir / "predictions/summary.json"
     if not summary.is_file():

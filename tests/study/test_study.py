@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -98,7 +97,9 @@ def test_table1_plans_every_row_times_three_seeds_and_the_beta_ablation(tmp_path
         assert ev[1:3] == ["train.py", "predict"] and "configs/study/heldout.yaml" in ev
         assert f"--data.init_args.data_root={data_root}" in ev
         if r.row.name == "original":
-            assert r.train is None and not any(a.startswith(("--ckpt_path", "--model.init_args.model_name")) for a in ev)
+            assert r.train is None and not any(
+                a.startswith(("--ckpt_path", "--model.init_args.model_name")) for a in ev
+            )
             continue
         tr = r.train.argv
         assert tr[1:3] == ["train.py", "fit"] and f"--seed_everything={r.seed}" in tr
@@ -110,7 +111,10 @@ def test_table1_plans_every_row_times_three_seeds_and_the_beta_ablation(tmp_path
         if r.row.ablation == "beta":
             assert any(a.startswith("--model.init_args.diversity_beta=") for a in tr)
         if r.row.name == "offline_generation":
-            assert f"--callbacks.synthesis.init_args.offline_descriptions={data_root}/train_offline_descriptions.jsonl" in tr
+            assert (
+                f"--callbacks.synthesis.init_args.offline_descriptions={data_root}/train_offline_descriptions.jsonl"
+                in tr
+            )
 
 
 def _print_config(argv: list[str]) -> dict:
