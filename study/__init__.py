@@ -386,6 +386,41 @@ def shard(runs: Sequence[Run], i: int, n: int) -> list[Run]:
     return [r for k, r in enumerate(runs) if k % n == i - 1]
 
 
+def resolved_config(argv: Sequence[str]) -> dict[str, Any]:
+    """The config ``train.py`` would run for ``argv`` (``[subcommand, flags...]``), from ``--print_config``."""
+    import contextlib
+    import io
+
+    from train import cli_main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        try:
+            cli_main([*argv, "--print_config"])
+        except SystemExit as e:
+            if e.code not in (None, 0):
+                raise StudyError(f"train.py rejected the command line {' '.join(argv)}; run it to see why") from None
+    return yaml.safe_load(buf.getvalue())
+
+
+def prepare_data(runs: Sequence[Run]) -> None:
+    """Render the toy data of the runs once, before their processes start: the first training run's splits and the
+    first evaluation's test splits, through the data module's own ``prepare_data`` (same files, same manifests), so
+    ``-j N`` processes find them instead of all rendering them at once. Strips ``--ckpt_path`` (not read here)."""
+    from datamodules.rec import RECDataModule, ToySpec
+
+    seen: set[str] = set()
+    for point in [next((r.train for r in runs if r.train is not None), None), runs[0].evaluate if runs else None]:
+        if point is None:
+            continue
+        argv = [a for a in point.argv[2:] if not a.startswith(("--ckpt_path", "--model.init_args.model_name"))]
+        data = resolved_config(argv)["data"]["init_args"]
+        if data.get("toy") is None or json.dumps(data["toy"], sort_keys=True) in seen:
+            continue
+        seen.add(json.dumps(data["toy"], sort_keys=True))
+        RECDataModule(data_root=data["data_root"], toy=ToySpec(**data["toy"])).prepare_data()
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Records
 # ---------------------------------------------------------------------------------------------------------------------

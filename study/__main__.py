@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from study import Run, StudyError, load_study, mark_trained, parse_shard, plan, shard, write_record
+from study import Run, StudyError, load_study, mark_trained, parse_shard, plan, prepare_data, shard, write_record
 from sweep import Point, run_points
 
 
@@ -131,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     t0 = time.monotonic()
+    if points:
+        prepare_data([r for r in mine if not r.done])
+        print(f"data ready in {data_root}/ ({time.monotonic() - t0:.0f} s)", flush=True)
     run_points(points, args.jobs, env, on_done=on_done)
     print(f"shard {i}/{n} finished in {time.monotonic() - t0:.0f} s", flush=True)
     for p in failed:
