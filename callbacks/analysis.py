@@ -592,7 +592,14 @@ def plot_collapse_by_method(
             both = pd.concat([f.assign(_run=j) for j, f in enumerate(frames)])
             stats = both.groupby("step")[key].agg(["mean", "min", "max"]).reset_index()
             c = cmap(i % 10)
-            ax.plot(stats["step"], ema(stats["mean"], smooth), color=c, label=f"{name} (n={len(frames)})")
+            ax.plot(
+                stats["step"],
+                ema(stats["mean"], smooth),
+                color=c,
+                label=f"{name} (n={len(frames)})",
+                marker="o" if len(stats) < 20 else None,
+                markersize=3,
+            )
             if len(frames) > 1:
                 ax.fill_between(stats["step"], stats["min"], stats["max"], color=c, alpha=0.15, linewidth=0)
         ax.set_title(label)

@@ -256,6 +256,45 @@ def test_a_recorded_run_is_skipped(tmp_path, capsys):
     assert capsys.readouterr().out.count("# ") == 2  # runs 2 and 4 of 5: grpo/seed0, syn_grpo/seed0
 
 
+def test_run_points_starts_then_only_after_success_and_reports_each_exit(tmp_path):
+    from sweep import Point, run_points
+
+    def point(name: str, code: str) -> Point:
+        return Point(name, {}, [sys.executable, "-c", code], folder=tmp_path / name)
+
+    ok, bad = point("ok", "print('fit')"), point("bad", "raise SystemExit(3)")
+    ok.then = point("ok-eval", "print('eval')")
+    ok.then.log_name = "eval.log"
+    bad.then = point("never", "print('no')")
+    done: list[tuple[str, int]] = []
+    run_points([ok, bad], jobs=2, quiet=True, on_done=lambda p: done.append((p.name, p.returncode)))
+    assert sorted(done) == [("bad", 3), ("ok", 0), ("ok-eval", 0)]
+    assert (tmp_path / "ok-eval/eval.log").read_text().rstrip().endswith("eval")
+    assert bad.then.returncode is None and not (tmp_path / "never").exists()
+
+
+def test_read_evaluation_of_predict_and_of_test(tmp_path):
+    from study.report import read_evaluation
+
+    pred = tmp_path / "p/predictions"
+    pred.mkdir(parents=True)
+    (pred / "summary.json").write_text(json.dumps({"test_id": {"acc50": 0.5, "miou": 0.45, "format": 1.0}}))
+    rows = [
+        {"sample_id": f"s{i}", "task": "rec", "rewards": {"accuracy": v}, "format_ok": True}
+        for i, v in enumerate([0.3, 0.6])
+    ]
+    (pred / "test_id.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    per_set, scenes = read_evaluation(tmp_path / "p", "predict")
+    assert per_set["test_id"]["miou"] == 0.45 and scenes["iou"].tolist() == [0.3, 0.6]
+    res = tmp_path / "t/results"
+    res.mkdir(parents=True)
+    (res / "test.csv").write_text("set,acc50,miou,format\ntest_id,0.5,0.45,1.0\n")
+    per_set, scenes = read_evaluation(tmp_path / "t", "test")
+    assert per_set == {"test_id": {"acc50": 0.5, "miou": 0.45, "format": 1.0}} and scenes is None
+    with pytest.raises(FileNotFoundError, match="eval.log"):
+        read_evaluation(tmp_path / "nothing", "predict")
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # The smoke study through real train.py processes
 # ---------------------------------------------------------------------------------------------------------------------
