@@ -8,10 +8,10 @@ process, then, when it exits with 0, one evaluation of its final checkpoint by t
     python train.py predict --config <the row's configs> --config configs/study/heldout.yaml --ckpt_path <last.ckpt>
 
 on the held-out test splits of the toy world (``datamodules.toy.TEST_SPLITS``, never read by training or tuning).
-``predict`` answers greedily exactly as ``train.py test`` does (the same ``_greedy`` path; tests/test_export.py checks
-that they give the same metrics) and also writes each scene's answer and IoU, which the paired bootstrap over scenes
-needs (``evaluator: test`` runs ``train.py test`` instead: per-set metrics only, the bootstrap then resamples seeds
-only). A row with ``train: false`` (Original, the starting checkpoint) is evaluated without a checkpoint, once.
+``predict`` answers greedily exactly as ``train.py test`` does (the same ``_greedy`` path; tests/cli/test_export.py
+checks that they give the same metrics) and also writes each scene's answer and IoU, which the paired bootstrap over
+scenes needs (``evaluator: test`` runs ``train.py test`` instead: per-set metrics only, the bootstrap then resamples
+seeds only). A row with ``train: false`` (Original, the starting checkpoint) is evaluated without a checkpoint, once.
 
 The runs are ``sweep.Point`` command lines run by ``sweep.run_points`` (``-j`` processes at a time; the evaluation is
 each training point's ``then``). ``--shard i/n`` runs every n-th run (a fixed subset, so n calls, e.g. n device calls of
