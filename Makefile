@@ -46,7 +46,7 @@ SHARD ?= 1/1
 study: setup
 	$(PY_RUN) -m study configs/study/table1_toy.yaml -j $(J) --shard $(SHARD)
 
-# The smallest study (Original + GRPO + Syn-GRPO x 2 seeds, one step each, 16 test scenes per split): 82 s on 2 cores
+# The smallest study (Original + GRPO + Syn-GRPO x 2 seeds, one step each, 16 test scenes per split): ~1.5 min on 2 cores
 study-smoke: setup
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY_RUN) -m study configs/study/smoke.yaml -j 1 --out outputs/study/smoke \
 		--results outputs/study/smoke/results
