@@ -39,10 +39,22 @@ toy-model: setup
 	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage2.yaml --trainer.precision $(TOY_PRECISION)
 	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage3.yaml --trainer.precision $(TOY_PRECISION)
 
+# Table 1 on the toy world with intervals (docs/study.md): rows x 3 seeds + the beta ablation, evaluated on the held-out
+# test splits. J processes at a time; SHARD=i/n runs a fixed part (a device call), then `python -m study merge`.
+J ?= 2
+SHARD ?= 1/1
+study: setup
+	$(PY_RUN) -m study configs/study/table1_toy.yaml -j $(J) --shard $(SHARD)
+
+# The smallest study (Original + GRPO + Syn-GRPO x 2 seeds, one step each, 16 test scenes per split): ~1.5 min on 2 cores
+study-smoke: setup
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY_RUN) -m study configs/study/smoke.yaml -j 1 --out outputs/study/smoke \
+		--results outputs/study/smoke/results
+
 lint:
 	ruff check . && ruff format --check .
 
-.PHONY: setup train test test-slow lint toy-model
+.PHONY: setup train test test-slow lint toy-model study study-smoke
 
 # The end-to-end GPU harness (one H200; docs/performance.md): the paper's one-GPU configs through train.py on
 # random-weight Qwen2.5-VL-3B + SDXL, TRL on the same work, engine parity. On the GPU machine: make gpu-e2e PY=python3

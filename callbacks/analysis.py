@@ -563,6 +563,57 @@ def plot_collapse(runs: Sequence[Run], smooth: float = 0.0) -> Figure:
     return plot_curves(runs, COLLAPSE_KEYS, smooth, "Entropy and diversity collapse")
 
 
+_SEED_SUFFIX = re.compile(r"[-_ ]?seed[=_-]?\d+$")
+
+
+def method_of(run: Run) -> str:
+    """The method a run belongs to: its name without a trailing seed (``grpo-seed2`` -> ``grpo``; a study names its
+    runs ``<row>-seed<s>``, docs/study.md)."""
+    return _SEED_SUFFIX.sub("", run.name) or run.name
+
+
+def plot_collapse_by_method(
+    runs: Sequence[Run], keys: Mapping[str, str] = COLLAPSE_KEYS, smooth: float = 0.0, method: Callable = method_of
+) -> Figure:
+    """The collapse curves per method: the mean over a method's runs (seeds) at each step, with the band between the
+    lowest and the highest run; a method with one run is its curve. Methods come from ``method(run)``."""
+    groups: dict[str, list[Run]] = {}
+    for r in runs:
+        groups.setdefault(method(r), []).append(r)
+    fig, axes = _grid(len(keys))
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10"]
+    for ax, (key, label) in zip(axes, keys.items()):
+        for i, (name, group) in enumerate(groups.items()):
+            frames = [r.train[["step", key]].dropna() for r in group if key in r.train and r.train[key].notna().any()]
+            if not frames:
+                continue
+            both = pd.concat([f.assign(_run=j) for j, f in enumerate(frames)])
+            stats = both.groupby("step")[key].agg(["mean", "min", "max"]).reset_index()
+            c = cmap(i % 10)
+            ax.plot(
+                stats["step"],
+                ema(stats["mean"], smooth),
+                color=c,
+                label=f"{name} (n={len(frames)})",
+                marker="o" if len(stats) < 20 else None,
+                markersize=3,
+            )
+            if len(frames) > 1:
+                ax.fill_between(stats["step"], stats["min"], stats["max"], color=c, alpha=0.15, linewidth=0)
+        ax.set_title(label)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("step")
+        ax.set_ylabel(key)
+        ax.grid(alpha=0.3)
+    handles = {h.get_label(): h for ax in axes for h in ax.get_lines() if not h.get_label().startswith("_")}
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=min(4, len(handles)))
+    fig.suptitle("Entropy and diversity collapse per method (mean over seeds, band: min-max)")
+    return fig
+
+
 def plot_accuracy(runs: Sequence[Run], metric: str = "acc50", kind: str = "val") -> Figure:
     """Validation ``metric`` against the training step, one panel per set, one line per run (every evaluation of the
     fit; a run evaluated once, e.g. one epoch or ``validate`` only, shows one marked point on a readable axis)."""

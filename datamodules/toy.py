@@ -10,6 +10,8 @@ Splits (a RefCOCO vs LISA stand-in):
 - ``train`` / ``val``: plain or gradient backgrounds, 1-3 other objects of random attributes;
 - ``ood``: striped / checkered / noisy / dotted backgrounds, 4-8 other objects that each share one or two of the
   target's attributes, the foreground ones placed close to the target.
+- ``test_id``, ``test_ood_texture``, ``test_ood_crowded``, ``test_ood``: held-out test splits on seeds of their own
+  (in-domain; textured backgrounds only; crowded look-alikes only; both), for the study's evaluator.
 
 REC: the query "the small red circle" names the target's (size, colour, shape) triple, unique in the scene.
 OVD: the query "every red shape" names a colour; the solution is the boxes of all objects of that colour, and only
@@ -66,11 +68,25 @@ SPLITS: dict[str, SplitSpec] = {
     "ood": SplitSpec(2, grammar.TEXTURED_BACKGROUNDS, (4, 8), share=True, near=True),
     "solo": SplitSpec(3, grammar.PLAIN_BACKGROUNDS, (0, 0), share=False, near=False),
     "varied": SplitSpec(4, grammar.BACKGROUNDS, (1, 10), share=False, near=False),
+    # held-out test splits (docs/study.md): new split codes, so seeds no train / val / ood scene ever used
+    "test_id": SplitSpec(5, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False),
+    "test_ood_texture": SplitSpec(6, grammar.TEXTURED_BACKGROUNDS, (1, 3), share=False, near=False),
+    "test_ood_crowded": SplitSpec(7, grammar.PLAIN_BACKGROUNDS, (4, 8), share=True, near=True),
+    "test_ood": SplitSpec(8, grammar.TEXTURED_BACKGROUNDS, (4, 8), share=True, near=True),
 }
 """Two SFT-only splits (``ToySceneDataset(mix=...)``). ``solo``: the target alone (where things are before which
 thing is meant). ``varied``: any background of the grammar and up to "many" distractors, the kind of image the
 procedural painter makes from the model's descriptions, so the warm-started model has seen what the self-evolving
-loop feeds it (OOD still differs: its distractors share the target's attributes and crowd it)."""
+loop feeds it (OOD still differs: its distractors share the target's attributes and crowd it).
+
+Four held-out test splits that no training, validation or tuning reads (the study's evaluator, ``study/``):
+``test_id`` is drawn as ``train`` / ``val``; each OOD kind of ``ood`` on its own, ``test_ood_texture`` (textured
+backgrounds, in-domain objects) and ``test_ood_crowded`` (plain backgrounds, 4-8 look-alikes close to the target);
+``test_ood`` both at once, as ``ood``. Adding them changed no existing split: a split's scenes depend only on its
+own code."""
+
+TEST_SPLITS = ("test_id", "test_ood_texture", "test_ood_crowded", "test_ood")
+"""The held-out splits, in the order the study's table shows them."""
 
 
 class Triple(NamedTuple):

@@ -18,7 +18,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,10 @@ class Point:
     seconds: float | None = None
     log: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    then: Point | None = None
+    """A point to start as soon as this one exits with 0 (a study's evaluation after its training run)."""
+    log_name: str = "train.log"
+    """The file in ``folder`` that receives the command's output."""
 
 
 def load_sweep(path: str | Path) -> dict[str, Any]:
@@ -121,9 +125,16 @@ def plan(
     return sweep, points, out
 
 
-def run_points(points: list[Point], jobs: int = 1, env: Mapping[str, str] | None = None, quiet: bool = False) -> None:
+def run_points(
+    points: list[Point],
+    jobs: int = 1,
+    env: Mapping[str, str] | None = None,
+    quiet: bool = False,
+    on_done: Callable[[Point], None] | None = None,
+) -> None:
     """Run every point's command (``jobs`` at a time) in the repository root, each with its output in
-    ``<folder>/train.log``; fills ``returncode``, ``seconds`` and ``log``."""
+    ``<folder>/<log_name>`` (``train.log``); fills ``returncode``, ``seconds`` and ``log``. A point's ``then`` starts
+    (before the points still pending) once the point exits with 0; ``on_done(point)`` is called as each one exits."""
     env = {**os.environ, **(env or {})}
     pending = list(points)
     running: list[tuple[Point, subprocess.Popen, float, Any]] = []
@@ -132,7 +143,7 @@ def run_points(points: list[Point], jobs: int = 1, env: Mapping[str, str] | None
             p = pending.pop(0)
             assert p.folder is not None
             p.folder.mkdir(parents=True, exist_ok=True)
-            p.log = p.folder / "train.log"
+            p.log = p.folder / p.log_name
             fh = p.log.open("w", encoding="utf-8")
             fh.write("$ " + " ".join(p.argv) + "\n")
             fh.flush()
@@ -152,6 +163,10 @@ def run_points(points: list[Point], jobs: int = 1, env: Mapping[str, str] | None
             if not quiet:
                 status = "ok" if rc == 0 else f"FAILED (exit {rc}; see {p.log})"
                 print(f"[done ] {p.name}: {status} in {p.seconds:.0f} s", flush=True)
+            if on_done is not None:
+                on_done(p)
+            if rc == 0 and p.then is not None:
+                pending.insert(0, p.then)
         running = still
 
 

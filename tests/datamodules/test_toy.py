@@ -226,3 +226,67 @@ def test_mix_draws_fixed_fractions_from_the_sft_splits():
         ToySceneDataset("train", 10, seed=0, mix={"nope": 0.1})
     with pytest.raises(ValueError, match="sum"):
         ToySceneDataset("train", 10, seed=0, mix={"varied": 0.8, "solo": 0.4})
+
+
+# --- held-out test splits (docs/study.md) ----------------------------------------------------------------------------
+
+# sha256 (first 16 hex digits) of the PNG bytes and the JSON of the other keys of scenes 0-2 at seed 0, recorded before
+# the test splits were added: adding splits must not change a single existing scene (runs, checkpoints and their
+# metrics stay comparable).
+EXISTING_SCENES = {
+    ("rec", "train"): ["4ff2547a472c1d7a", "d28115198f4bcbb4", "2b270480a658e102"],
+    ("rec", "val"): ["134c35c3d00342e7", "30c116cc5c80b4ca", "83bed055c1c305fb"],
+    ("rec", "ood"): ["e1b1de4501ad0f20", "76c4049c8f225127", "f20386bb355bd6d7"],
+    ("ovd", "train"): ["7ba08bc9bdfdf0fd", "9d23cc0e4e077bb8", "c2444a6186297cb4"],
+    ("ovd", "val"): ["2378b4c7a5904d88", "04210206ed2c3170", "a7a39ca2ac30e6e8"],
+    ("ovd", "ood"): ["3c2999007ff1890a", "7785e5f721cba089", "081b64d10c2a6d09"],
+}
+
+
+def _scene_hash(rec) -> str:
+    import hashlib
+    import io
+
+    buf = io.BytesIO()
+    rec["image"].save(buf, format="PNG")
+    h = hashlib.sha256(buf.getvalue())
+    h.update(json.dumps({k: v for k, v in rec.items() if k != "image"}, sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+@pytest.mark.parametrize("task,split", sorted(EXISTING_SCENES))
+def test_existing_splits_are_byte_identical(task, split):
+    assert [_scene_hash(toy.make_scene(split, i, 0, task=task)) for i in range(3)] == EXISTING_SCENES[(task, split)]
+
+
+def test_test_splits_are_held_out_and_of_their_kind():
+    codes = [spec.code for spec in toy.SPLITS.values()]
+    assert len(set(codes)) == len(codes), "every split needs its own code (it seeds its scenes)"
+    assert set(toy.TEST_SPLITS) <= set(toy.SPLITS)
+    seen = {toy.make_scene(s, i, 0)["image"].tobytes() for s in ("train", "val", "ood") for i in range(40)}
+    n = 40
+    for split in toy.TEST_SPLITS:
+        recs = toy.generate_split(split, n, seed=0)
+        assert not seen & {r["image"].tobytes() for r in recs}, split
+        kinds = {r["meta"]["description"].split()[1] for r in recs}  # "a <texture> ... background ..."
+        others = np.mean([sum(o["role"] != "target" for o in r["meta"]["objects"]) for r in recs])
+        textured = kinds <= set(grammar.TEXTURED_BACKGROUNDS)
+        plain = kinds <= set(grammar.PLAIN_BACKGROUNDS)
+        if split == "test_id":
+            assert plain and others < 3.5, (kinds, others)
+        elif split == "test_ood_texture":
+            assert textured and others < 3.5, (kinds, others)
+        elif split == "test_ood_crowded":
+            assert plain and others > 4, (kinds, others)
+        else:
+            assert textured and others > 4, (kinds, others)
+
+
+def test_a_test_split_of_1000_scenes_exports_and_is_cached(tmp_path):
+    import time
+
+    path = toy.export_jsonl(tmp_path, "test_id", 1000, seed=0)
+    assert len(path.read_text().splitlines()) == 1000
+    t0 = time.monotonic()
+    assert toy.export_jsonl(tmp_path, "test_id", 1000, seed=0) == path  # the manifest: no second render
+    assert time.monotonic() - t0 < 2.0

@@ -1,0 +1,335 @@
+"""``python -m study``: the intervals (numbers worked by hand), the plan of Table 1 on the toy world, sharding, merging
+and resuming without training, and (slow) the smoke study end to end through real ``train.py`` processes."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from study import StudyError, load_study, parse_shard, plan, shard
+from study.__main__ import main as study_main
+from study.stats import bootstrap_mean, paired_bootstrap, t_interval, t_quantile_975
+
+REPO = Path(__file__).resolve().parents[2]
+TABLE1 = REPO / "configs/study/table1_toy.yaml"
+SMOKE = REPO / "configs/study/smoke.yaml"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Intervals
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_t_interval_by_hand():
+    # 1, 2, 3: mean 2, s = 1, s / sqrt(3) = 0.577350; t(0.975, 2) = 4.302653 -> half width 2.484138
+    iv = t_interval([1.0, 2.0, 3.0])
+    assert iv.kind == "t" and iv.n == 3 and iv.mean == pytest.approx(2.0)
+    assert (iv.lo, iv.hi) == pytest.approx((2 - 2.484138, 2 + 2.484138), abs=1e-5)
+    # two seeds 0.30, 0.34: s = 0.028284, se = 0.02, t(0.975, 1) = 12.706205 -> 0.32 +- 0.254124
+    iv = t_interval([0.30, 0.34])
+    assert (iv.lo, iv.hi) == pytest.approx((0.32 - 0.254124, 0.32 + 0.254124), abs=1e-5)
+    # one run: no spread to estimate
+    assert t_interval([0.5]) == (0.5, 0.5, 0.5, 1, "none")
+    with pytest.raises(ValueError, match="at least 2 seeds"):
+        t_quantile_975(0)
+
+
+def test_t_quantiles_match_scipy():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    for df in [*range(1, 31), 31, 40, 60, 120, 1000]:
+        assert t_quantile_975(df) == pytest.approx(scipy_stats.t.ppf(0.975, df), abs=1e-4), df
+
+
+def test_bootstrap_of_a_constant_difference_is_that_constant():
+    rng = np.random.default_rng(1)
+    b = rng.uniform(size=(3, 50))  # 3 seeds x 50 scenes
+    iv, diffs = paired_bootstrap(b + 0.1, b, replicates=300)
+    # paired seeds and scenes: every replicate draws the same cells on both sides, so A - B is 0.1 in all of them
+    assert iv.mean == pytest.approx(0.1) and np.allclose(diffs, 0.1) and iv.excludes_zero
+    # unpaired seeds: the seed draws differ, so the seed-to-seed spread of b enters the interval
+    iv_u, _ = paired_bootstrap(b + 0.1, b, replicates=300, paired_seeds=False)
+    assert iv_u.hi - iv_u.lo > 0.01
+
+
+def test_bootstrap_of_two_scenes_by_hand():
+    # One run each, two scenes: A scores 1 on scene 0 and 0 on scene 1, B scores 0 on both. A replicate draws two
+    # scenes with replacement: (0, 0) with probability 1/4 -> difference 1, (1, 1) 1/4 -> 0, mixed 1/2 -> 0.5.
+    iv, diffs = paired_bootstrap([[1.0, 0.0]], [[0.0, 0.0]], replicates=4000, seed=3)
+    freq = {v: float(np.mean(diffs == v)) for v in (0.0, 0.5, 1.0)}
+    assert freq[0.0] == pytest.approx(0.25, abs=0.03) and freq[1.0] == pytest.approx(0.25, abs=0.03)
+    assert freq[0.5] == pytest.approx(0.5, abs=0.03)
+    assert (iv.mean, iv.lo, iv.hi) == (0.5, 0.0, 1.0) and not iv.excludes_zero
+    # the same numbers through bootstrap_mean (a one-run method's interval, Original's)
+    assert tuple(bootstrap_mean([[1.0, 0.0]], replicates=4000, seed=3))[:3] == (0.5, 0.0, 1.0)
+    with pytest.raises(ValueError, match="same scenes"):
+        paired_bootstrap([[1.0, 0.0]], [[0.0, 0.0, 0.0]])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The plan of Table 1
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_table1_plans_every_row_times_three_seeds_and_the_beta_ablation(tmp_path):
+    study = load_study(TABLE1)
+    labels = [r.label for r in study.rows if r.ablation is None]
+    assert labels == [
+        "Original", "Original, VLM-R1 prompt", "SFT", "GRPO", "+ Entropy Loss", "+ Entropy Adv.", "GRPO + Offline Generation",
+        "Syn-GRPO w/o R_div", "Syn-GRPO",
+    ]  # fmt: skip
+    assert len(study.seeds) >= 3 and all(n >= 1000 for n in study.test_splits.values())
+    assert set(study.test_splits) >= {"test_id", "test_ood_texture", "test_ood_crowded"}
+    runs, data_root = plan(study, tmp_path / "out")
+    betas = sorted({r.row.name for r in runs if r.row.ablation == "beta"})
+    assert betas == [f"syn_grpo[diversity_beta={b}]" for b in (0.1, 0.3, 0.5, 0.9)]
+    assert len(runs) == 2 + (7 + 4) * len(study.seeds) and len({r.key for r in runs}) == len(runs)
+    for r in runs:
+        ev = r.evaluate.argv
+        assert ev[1:3] == ["train.py", "predict"] and "configs/study/heldout.yaml" in ev
+        assert f"--data.init_args.data_root={data_root}" in ev
+        if r.row.name.startswith("original"):
+            assert r.train is None and not any(
+                a.startswith(("--ckpt_path", "--model.init_args.model_name")) for a in ev
+            )
+            continue
+        tr = r.train.argv
+        assert tr[1:3] == ["train.py", "fit"] and f"--seed_everything={r.seed}" in tr
+        assert f"--trainer.default_root_dir={r.work}" in tr and f"--data.init_args.data_root={data_root}" in tr
+        if r.row.name == "sft":  # trained by SFTModule, evaluated by the GRPO module through its exported policy
+            assert r.export is not None and f"--model.init_args.model_name_or_path={r.work / 'export'}" in ev
+        else:
+            assert r.export is None and f"--ckpt_path={r.work / 'checkpoints/last.ckpt'}" in ev
+        if r.row.ablation == "beta":
+            assert any(a.startswith("--model.init_args.diversity_beta=") for a in tr)
+        if r.row.name == "offline_generation":
+            assert (
+                f"--callbacks.synthesis.init_args.offline_descriptions={data_root}/train_offline_descriptions.jsonl"
+                in tr
+            )
+
+
+def _print_config(argv: list[str]) -> dict:
+    from train import cli_main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), pytest.raises(SystemExit) as exc:
+        cli_main([*argv, "--print_config"])
+    assert exc.value.code in (None, 0), f"the CLI rejected {' '.join(argv)}"
+    return yaml.safe_load(buf.getvalue())
+
+
+def test_the_cli_accepts_one_run_of_every_row(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    study = load_study(TABLE1)
+    runs, data_root = plan(study, tmp_path / "out")
+    seen = set()
+    for r in runs:
+        if r.row.name in seen:
+            continue
+        seen.add(r.row.name)
+        if r.train is not None:
+            cfg = _print_config(r.train.argv[2:])
+            assert cfg["seed_everything"] == r.seed and cfg["trainer"]["default_root_dir"] == str(r.work)
+        ev = [a for a in r.evaluate.argv[2:] if not a.startswith(("--ckpt_path", "--model.init_args.model_name"))]
+        cfg = _print_config(ev)
+        data = cfg["data"]["init_args"]
+        assert data["test_files"] == {s: f"{s}.jsonl" for s in study.test_splits}
+        assert data["toy"]["splits"] == study.test_splits and data["max_eval_samples"] is None
+        assert data["data_root"] == str(data_root)
+    assert len(seen) == len(study.rows)
+
+
+def test_shards_cover_every_run_once_and_are_fixed():
+    study = load_study(TABLE1)
+    runs, _ = plan(study, "out")
+    parts = [shard(runs, i, 3) for i in (1, 2, 3)]
+    keys = [r.key for p in parts for r in p]
+    assert sorted(keys) == sorted(r.key for r in runs) and len(set(keys)) == len(keys)
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+    assert [r.key for r in shard(plan(study, "elsewhere")[0], 2, 3)] == [r.key for r in parts[1]]
+    assert parse_shard("2/3") == (2, 3) and parse_shard(None) == (1, 1)
+    for bad in ("3", "0/3", "4/3", "a/b"):
+        with pytest.raises(StudyError, match="--shard"):
+            parse_shard(bad)
+
+
+@pytest.mark.parametrize(
+    "patch,match",
+    [
+        ({"colour": 1}, "unknown key"),
+        ({"test_splits": {"val": 100}}, "read by training or validation"),
+        ({"test_splits": {"test_nope": 100}}, "splits are"),
+        ({"seeds": []}, "seeds must be"),
+        ({"evaluator": "validate"}, "evaluator must be"),
+        ({"reference": "nope"}, "no row named 'nope'"),
+    ],
+)
+def test_study_file_errors_name_the_key(tmp_path, patch, match):
+    raw = {**yaml.safe_load(SMOKE.read_text()), **patch}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(StudyError, match=match):
+        load_study(path)
+
+
+def test_a_row_may_not_change_the_shared_toy_data(tmp_path):
+    raw = yaml.safe_load(SMOKE.read_text())
+    raw["rows"][1]["overrides"] = ["--data.init_args.toy.splits.train=400"]
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(StudyError, match="study's 'overrides:'"):
+        load_study(path)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Merging and resuming, on hand-made records (no training)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _fake_record(out: Path, row: str, label: str, seed, ious: dict[str, list[float]]) -> None:
+    """A run record as ``study.write_record`` writes it: run.json and per-scene scores."""
+    folder = out / "runs" / row / (f"seed{seed}" if seed is not None else "single")
+    folder.mkdir(parents=True)
+    scenes = [
+        {"set": s, "sample_id": f"toy-{s}-{i:06d}", "task": "rec", "iou": v, "format_ok": True}
+        for s, vals in ious.items()
+        for i, v in enumerate(vals)
+    ]
+    pd.DataFrame(scenes).to_csv(folder / "scenes.csv", index=False)
+    metrics = {
+        s: {"acc50": float(np.mean(np.array(v) >= 0.5)), "miou": float(np.mean(v)), "format": 1.0}
+        for s, v in ious.items()
+    }
+    info = {"row": row, "label": label, "ablation": None, "seed": seed, "metrics": metrics, "seconds": {"eval": 1.0}}
+    (folder / "run.json").write_text(json.dumps(info))
+
+
+def test_merge_of_two_shards_builds_the_table_by_hand(tmp_path, capsys):
+    a, b = tmp_path / "shard1", tmp_path / "shard2"
+    four = {"test_id": [0.0, 0.2, 0.6, 0.8], "test_ood_crowded": [0.1, 0.1, 0.1, 0.1]}
+    _fake_record(a, "original", "Original", None, four)
+    _fake_record(a, "grpo", "GRPO", 0, {k: [v + 0.1 for v in vals] for k, vals in four.items()})
+    _fake_record(b, "grpo", "GRPO", 1, {k: [v + 0.3 for v in vals] for k, vals in four.items()})
+    _fake_record(b, "syn_grpo", "Syn-GRPO", 0, four)  # syn_grpo seed 1 is missing
+    results = tmp_path / "results"
+    assert study_main(["merge", str(SMOKE), str(a), str(b), "--results", str(results)]) == 0
+    table = pd.read_csv(results / "table.csv").set_index(["row", "set", "metric"])
+    # GRPO on test_id: seed means 0.5 and 0.7 -> 0.6 +- 12.706205 * 0.141421 / sqrt(2) = 0.6 +- 1.270620
+    g = table.loc[("grpo", "test_id", "miou")]
+    assert g["seeds"] == 2 and g["interval"] == "t" and g["mean"] == pytest.approx(0.6)
+    assert (g["lo"], g["hi"]) == pytest.approx((0.6 - 1.270620, 0.6 + 1.270620), abs=1e-5)
+    o = table.loc[("original", "test_ood_crowded", "miou")]  # one run, every scene 0.1: the bootstrap is [0.1, 0.1]
+    assert o["interval"] == "bootstrap" and (o["mean"], o["lo"], o["hi"]) == pytest.approx((0.1, 0.1, 0.1))
+    diffs = pd.read_csv(results / "differences.csv").set_index(["label", "set", "metric"])
+    # GRPO - Original: every scene +0.1 (seed 0) or +0.3 (seed 1): the replicates lie between 0.1 and 0.3
+    d = diffs.loc[("GRPO - Original", "test_ood_crowded", "miou")]
+    assert d["diff"] == pytest.approx(0.2) and 0.1 - 1e-9 <= d["lo"] <= d["hi"] <= 0.3 + 1e-9 and d["excludes_zero"]
+    assert ("Syn-GRPO - GRPO", "test_id", "miou") in diffs.index
+    md = (results / "table.md").read_text()
+    assert "t interval over seeds" in md and "paired bootstrap over scenes and seeds" in md
+    assert "Missing runs" in md and "syn_grpo/seed1" in md
+    assert "| GRPO | 2 | 60.0 [-67.1, 187.1] |" in md
+
+
+def test_merge_without_records_says_what_to_pass(tmp_path, capsys):
+    assert study_main(["merge", str(SMOKE), str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "--out folders" in err
+
+
+def test_a_recorded_run_is_skipped(tmp_path, capsys):
+    out = tmp_path / "out"
+    _fake_record(out, "grpo", "GRPO", 0, {"test_id": [0.5]})
+    assert study_main([str(SMOKE), "--out", str(out), "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "# grpo/seed0 (done)" in text and "# grpo/seed1 (to run)" in text and "# original/single (to run)" in text
+    assert study_main([str(SMOKE), "--out", str(out), "--dry-run", "--shard", "2/2"]) == 0
+    assert capsys.readouterr().out.count("# ") == 2  # runs 2 and 4 of 5: grpo/seed0, syn_grpo/seed0
+
+
+def test_run_points_starts_then_only_after_success_and_reports_each_exit(tmp_path):
+    from sweep import Point, run_points
+
+    def point(name: str, code: str) -> Point:
+        return Point(name, {}, [sys.executable, "-c", code], folder=tmp_path / name)
+
+    ok, bad = point("ok", "print('fit')"), point("bad", "raise SystemExit(3)")
+    ok.then = point("ok-eval", "print('eval')")
+    ok.then.log_name = "eval.log"
+    bad.then = point("never", "print('no')")
+    done: list[tuple[str, int]] = []
+    run_points([ok, bad], jobs=2, quiet=True, on_done=lambda p: done.append((p.name, p.returncode)))
+    assert sorted(done) == [("bad", 3), ("ok", 0), ("ok-eval", 0)]
+    assert (tmp_path / "ok-eval/eval.log").read_text().rstrip().endswith("eval")
+    assert bad.then.returncode is None and not (tmp_path / "never").exists()
+
+
+def test_read_evaluation_of_predict_and_of_test(tmp_path):
+    from study.report import read_evaluation
+
+    pred = tmp_path / "p/predictions"
+    pred.mkdir(parents=True)
+    (pred / "summary.json").write_text(json.dumps({"test_id": {"acc50": 0.5, "miou": 0.45, "format": 1.0}}))
+    rows = [
+        {"sample_id": f"s{i}", "task": "rec", "rewards": {"accuracy": v}, "format_ok": True}
+        for i, v in enumerate([0.3, 0.6])
+    ]
+    (pred / "test_id.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    per_set, scenes = read_evaluation(tmp_path / "p", "predict")
+    assert per_set["test_id"]["miou"] == 0.45 and scenes["iou"].tolist() == [0.3, 0.6]
+    res = tmp_path / "t/results"
+    res.mkdir(parents=True)
+    (res / "test.csv").write_text("set,acc50,miou,format\ntest_id,0.5,0.45,1.0\n")
+    per_set, scenes = read_evaluation(tmp_path / "t", "test")
+    assert per_set == {"test_id": {"acc50": 0.5, "miou": 0.45, "format": 1.0}} and scenes is None
+    with pytest.raises(FileNotFoundError, match="eval.log"):
+        read_evaluation(tmp_path / "nothing", "predict")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The smoke study through real train.py processes
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_smoke_study_end_to_end(tmp_path):
+    """Original + GRPO + Syn-GRPO x 2 seeds: 4 fits and 5 held-out evaluations, the table, then a second call that
+    finds every run done, and the notebook's loader reading the runs per method."""
+    from callbacks import analysis as A
+
+    out, results = tmp_path / "out", tmp_path / "results"
+    cmd = [sys.executable, "-m", "study", str(SMOKE), "-j", "1", "--out", str(out), "--results", str(results)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    study = load_study(SMOKE)
+    for r in plan(study, out)[0]:
+        rec = json.loads((r.record / "run.json").read_text())
+        assert set(rec["metrics"]) == set(study.test_splits), r.key
+        scenes = pd.read_csv(r.record / "scenes.csv")
+        assert len(scenes) == sum(study.test_splits.values()) and scenes["iou"].between(0, 1).all()
+        for s in study.test_splits:  # the record is the evaluator's own summary, recomputed from its scenes
+            assert rec["metrics"][s]["miou"] == pytest.approx(scenes[scenes["set"] == s]["iou"].mean())
+        assert (r.record / "metrics.jsonl").is_file() == (r.train is not None)
+    table = pd.read_csv(results / "table.csv")
+    assert set(table["row"]) == {"original", "grpo", "syn_grpo"}
+    assert table[table["row"] == "grpo"]["seeds"].eq(2).all() and table["lo"].le(table["mean"]).all()
+    diffs = pd.read_csv(results / "differences.csv")
+    assert {"GRPO - Original", "Syn-GRPO - Original", "Syn-GRPO - GRPO"} <= set(diffs["label"])
+    assert "| Syn-GRPO - GRPO |" in (results / "table.md").read_text()
+
+    again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "(5 done before)" in again.stdout and "[start]" not in again.stdout
+
+    runs = A.load_runs(str(out / "runs"))
+    assert sorted(A.method_of(r) for r in runs) == ["grpo", "grpo", "syn_grpo", "syn_grpo"]
+    fig = A.plot_collapse_by_method(runs)
+    assert A.save_figure(fig, tmp_path / "fig", "collapse_by_method").stat().st_size > 1000
