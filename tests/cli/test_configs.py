@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 TRAIN_CONFIGS = sorted(
     p
     for p in (REPO / "configs").rglob("*.yaml")
-    if p.parent.name not in ("synth", "sweeps", "baselines") and "_stage" not in p.stem
+    if p.parent.name not in ("synth", "sweeps", "baselines", "study") and "_stage" not in p.stem  # study/: study files
 )
 TOY_STAGES = sorted((REPO / "configs").glob("toy_sft_stage*.yaml"))
 BASELINES = sorted((REPO / "configs/baselines").glob("*.yaml"))
