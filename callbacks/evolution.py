@@ -11,6 +11,10 @@
 
 Built-in strategies (``--callbacks.synthesis.init_args.strategy``):
 
+* ``instruction_evolution``: EvolvedGRPO's adversarial, progressive question edits on the toy world
+  (``datamodules/evolve.py``): a sample whose group converged at full accuracy gets a harder question (one level
+  up), one whose group failed entirely steps back to its sub-problem version, then a level down; runs without a server;
+
 * ``method``: the evolution requests the training step returned (``outputs["evolution"]``; Syn-GRPO: the selected
   description of each sample);
 * ``offline``: descriptions read from a JSONL file, cycled per epoch ("GRPO + Offline Generation");
@@ -54,6 +58,20 @@ class EvolutionRequest:
 
 class EvolutionStrategy(ABC):
     name: ClassVar[str] = ""
+    paints: ClassVar[bool] = True
+    """The strategy's requests need the data server (image repaints); a strategy that only edits questions runs
+    without one."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Checkpointed with the callback (e.g. per-sample difficulty levels)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - stateless strategies keep nothing
+        """Restore what `state_dict` returned."""
+
+    def stats(self) -> dict[str, float]:
+        """Values logged at each epoch boundary as ``synth/<key>``."""
+        return {}
 
     @abstractmethod
     def requests(self, epoch: int, batch: list[Any], outputs: Any) -> list[EvolutionRequest]:
@@ -136,3 +154,60 @@ class RandomDescriptions(EvolutionStrategy):
             rng = np.random.default_rng([self.seed, epoch, zlib.crc32(s.sample_id.encode())])
             out.append(EvolutionRequest(s.sample_id, str(grammar.random_description(rng))))
         return out
+
+
+@register_strategy("instruction_evolution")
+class InstructionEvolution(EvolutionStrategy):
+    """EvolvedGRPO's textual edits on toy-world samples (``datamodules.evolve``), levels tracked per sample.
+
+    After each batch, every sample's group of answers (the step's ``accuracy`` reward per row, correct at
+    ``>= correct_iou``) moves its level by ``evolve.next_level``; a sample whose level changed gets the question of its
+    new level (``evolve.evolve(..., modality="text")``: the same target, unique in the scene), or its original question
+    back at level 0. A level with no valid edit for the scene keeps the current question. Samples without a toy scene
+    (``meta["objects"]``) are left alone. Visual edits need a data-server job kind (not wired yet).
+    """
+
+    paints = False
+
+    def __init__(self, seed: int = 0, max_level: int = 5, correct_iou: float = 0.5):
+        from datamodules.evolve import LevelState
+
+        self.seed, self.correct_iou = seed, correct_iou
+        self.levels = LevelState(max_level=max_level)
+
+    def requests(self, epoch, batch, outputs):
+        import numpy as np
+
+        from datamodules.evolve import Level, evolve
+
+        if not isinstance(outputs, dict) or "accuracy" not in (outputs.get("rewards") or {}):
+            return []
+        acc = outputs["rewards"]["accuracy"]
+        index = outputs.get("sample_index") or [i // outputs["group_size"] for i in range(len(acc))]
+        out = []
+        for b, s in enumerate(batch):
+            meta = getattr(s, "meta", None) or {}
+            if not meta.get("objects"):
+                continue
+            before = self.levels.get(s.sample_id)
+            after = self.levels.update(s.sample_id, [a >= self.correct_iou for a, i in zip(acc, index) if i == b])
+            if after == before:
+                continue
+            if after == Level():
+                out.append(EvolutionRequest(s.sample_id, query=meta["query"], level=0))
+                continue
+            rng = np.random.default_rng([self.seed, epoch, zlib.crc32(s.sample_id.encode()), after.level])
+            evolved = evolve({"meta": meta, "image": s.image}, after, rng, modality="text")
+            if evolved is not None and evolved.query != s.query:
+                out.append(EvolutionRequest(s.sample_id, query=evolved.query, level=after.level))
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"levels": self.levels.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "levels" in state:
+            self.levels.load_state_dict(state["levels"])
+
+    def stats(self) -> dict[str, float]:
+        return self.levels.stats()

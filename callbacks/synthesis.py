@@ -179,7 +179,7 @@ class SynthesisCallback(Callback):
         if self.mode == "off":
             return
         self._pool = trainer.datamodule.pool
-        if trainer.is_global_zero:
+        if trainer.is_global_zero and self.strategy.paints:
             self._connect(trainer)
             for job in list(self.outstanding.values()):  # restored from a checkpoint: resubmit idempotently
                 self._submit(job)
@@ -421,6 +421,8 @@ class SynthesisCallback(Callback):
             self._write_gallery(trainer, epoch)
 
     def _collect(self, trainer: L.Trainer) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        if not self.strategy.paints:  # question edits only: no server, no jobs
+            return [], {"swaps": 0, **self.strategy.stats()}
         if self._local_server_dead() or self._submitter is None:
             try:
                 self._restart_local_server(trainer)
@@ -520,6 +522,7 @@ class SynthesisCallback(Callback):
             "history": list(self.history),
             "last_boundary": self.last_boundary,
             "pending_edits": dict(self.pending_edits),
+            "strategy": self.strategy.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -529,6 +532,7 @@ class SynthesisCallback(Callback):
         epochs = [h["epoch"] for h in self.history if "epoch" in h]
         self.last_boundary = state.get("last_boundary", max(epochs, default=-1))
         self.pending_edits = dict(state.get("pending_edits", {}))
+        self.strategy.load_state_dict(state.get("strategy", {}))
 
 
 def _guard(description: str, meta: dict[str, Any]) -> str:

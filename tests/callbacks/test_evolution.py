@@ -90,3 +90,28 @@ def test_a_question_edit_strategy_runs_through_the_callback(tiny_model_dir, rec_
         assert pool.current(sid).query.endswith(" again again") and pool.current(sid).parent == 1
     synth = next(c for c in cli.trainer.callbacks if type(c).__name__ == "SynthesisCallback")
     assert synth.history[0]["question_edits"] == 8 and synth.totals["submitted"] == 0
+
+
+def test_instruction_evolution_moves_levels_from_group_outcomes_and_edits_exactly():
+    from datamodules.evolve import is_exact
+    from datamodules.toy import ToySceneDataset
+
+    strategy = build_strategy("instruction_evolution", seed=0)
+    assert not strategy.paints
+    batch = [ToySceneDataset("train", 12, seed=0)[i] for i in range(12)]
+    G = 3
+    solved = {"rewards": {"accuracy": [1.0] * (G * len(batch))}, "group_size": G}
+    edits = strategy.requests(0, batch, solved)  # every group converged at full reward: one level harder
+    assert edits and all(r.level == 1 and r.description is None for r in edits)
+    for r in edits:  # a new question for the same target, exact on its scene
+        s = next(s for s in batch if s.sample_id == r.sample_id)
+        assert r.query != s.query and is_exact(s.meta, r.query)
+    assert strategy.stats()["level/mean"] == 1.0
+    failed = {"rewards": {"accuracy": [0.0] * (G * len(batch))}, "group_size": G}
+    strategy.requests(1, batch, failed)  # all wrong: back to the sub-problem version of level 1
+    assert strategy.stats()["level/sub_frac"] == 1.0
+    restored = build_strategy("instruction_evolution", seed=0)
+    restored.load_state_dict(json.loads(json.dumps(strategy.state_dict())))
+    assert restored.stats() == strategy.stats()
+    mixed = {"rewards": {"accuracy": [1.0, 0.0, 1.0] * len(batch)}, "group_size": G}
+    assert strategy.requests(2, batch, mixed) == []  # GRPO learns from mixed groups: stay
