@@ -175,7 +175,7 @@ def collect(points: list[Point], out: Path, metric: str | None = None):
     of each validation set, last training step); returns the pandas frame."""
     import pandas as pd
 
-    from callbacks.analysis import final_eval, read_metrics_jsonl
+    from analysis import final_eval, read_metrics_jsonl
 
     rows = []
     for p in points:

@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from callbacks.analysis import (
+from analysis import (
     load_runs,
     load_wandb_offline,
     read_metrics_jsonl,

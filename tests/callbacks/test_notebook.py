@@ -12,7 +12,7 @@ import nbformat
 import pytest
 import yaml
 
-from callbacks import analysis as A
+import analysis as A
 from train import cli_main
 
 REPO = Path(__file__).resolve().parents[2]

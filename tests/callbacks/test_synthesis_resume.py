@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import write_rec_jsonl
 
-from callbacks.analysis import read_metrics_jsonl
+from analysis import read_metrics_jsonl
 from datamodules.rec import DataError
 from datamodules.resumable import EpochSampler, ResumableLoader
 from train import cli_main

@@ -304,7 +304,7 @@ def test_read_evaluation_of_predict_and_of_test(tmp_path):
 def test_smoke_study_end_to_end(tmp_path):
     """Original + GRPO + Syn-GRPO x 2 seeds: 4 fits and 5 held-out evaluations, the table, then a second call that
     finds every run done, and the notebook's loader reading the runs per method."""
-    from callbacks import analysis as A
+    import analysis as A
 
     out, results = tmp_path / "out", tmp_path / "results"
     cmd = [sys.executable, "-m", "study", str(SMOKE), "-j", "1", "--out", str(out), "--results", str(results)]

@@ -168,7 +168,7 @@ def test_offline_sweep_of_five_points_two_at_a_time_feeds_the_notebook(tmp_path)
     import subprocess
     import sys
 
-    from callbacks import analysis as A
+    import analysis as A
 
     out = tmp_path / "beta"
     data = tmp_path / "toy"

@@ -1,7 +1,7 @@
 """Load logged runs and draw the collapse curves: the logic behind notebooks/collapse_curves.ipynb.
 
-It lives next to ``callbacks.logging`` because it reads what that module writes (the reader beside the writer) and
-``callbacks`` is an installed package, so ``pip install -e .`` makes it importable from the notebook and the tests.
+It is a package of its own (not a callback: it runs after training, in the notebook, the sweep and the study); it
+reads what ``callbacks.logging`` writes, and ``pip install -e .`` makes it importable everywhere.
 
 Sources of runs (all become ``Run``):
 
