@@ -120,6 +120,16 @@ def decode_image(data: str) -> Image.Image:
 
 
 # -------------------------------------------------------------------------------------------------- the vLLM side
+def checkpoint_dtype(model_dir: str) -> str:
+    """The dtype a ``save_pretrained`` directory's config names (``float32`` when it names none)."""
+    import json
+
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    text_cfg = cfg.get("text_config") or {}
+    dtype = cfg.get("dtype") or cfg.get("torch_dtype") or text_cfg.get("dtype") or text_cfg.get("torch_dtype")
+    return str(dtype or "float32").removeprefix("torch.")
+
+
 class VLLMGenerator:
     """A ``vllm.LLM`` that answers `SampleRequest` s and reloads weights in place: the colocate backend, and what the
     server wraps.
@@ -142,6 +152,9 @@ class VLLMGenerator:
     ) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         vllm = import_vllm()
+        if dtype == "auto":  # vLLM's own "auto" runs an fp32 checkpoint in 16 bits: take the checkpoint's dtype
+            dtype = checkpoint_dtype(model)
+        self.dtype = dtype
         if kv_cache_memory_bytes is None and not torch.cuda.is_available():
             kv_cache_memory_bytes = 512 << 20
         kwargs: dict[str, Any] = dict(
@@ -213,7 +226,12 @@ class VLLMGenerator:
                     f"reload_weights: {path!r} is not a directory of *.safetensors readable by the vLLM process "
                     "(in server mode the trainer's weights_dir must be storage both machines see)"
                 )
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
+            # read here and handed over as tensors: vLLM's own ``weights_path`` also repoints the model config at the
+            # folder, and the next request then looks for the processor's files there
+            from safetensors.torch import load_file
+
+            tensors = [kv for f in sorted(Path(path).glob("*.safetensors")) for kv in load_file(str(f)).items()]
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors})
             self.weights = str(path)
         # stale vision-encoder outputs for an image seen before the update would otherwise be reused (and, on the
         # CPU backend, the next call with that image killed the engine)
@@ -268,6 +286,7 @@ class VLLMServerClient:
                 "rollout_engine_args.url to it."
             ) from err
         self.model = info["model"]
+        self.dtype = info["dtype"]
         self.vocab_size = info["vocab_size"]
         self.weights = info["weights"]
 
@@ -448,7 +467,15 @@ class VLLMRolloutEngine(RolloutEngine):
         if self.mode == "server":
             key = ("server", self.url)
             if key not in _BACKENDS:
-                _BACKENDS[key] = _Backend(key, VLLMServerClient(self.url, timeout_s=self.timeout_s), dtype)
+                client = VLLMServerClient(self.url, timeout_s=self.timeout_s)
+                if _DTYPES.get(client.dtype) != dtype:
+                    client.close()
+                    raise ValueError(
+                        f"the vLLM server at {self.url} runs {client.dtype}, the policy {dtype}: its samples would not "
+                        f"be the policy's. Restart it with --dtype {str(dtype).removeprefix('torch.')} (or set "
+                        "--model.rollout_engine_args.dtype to the server's)"
+                    )
+                _BACKENDS[key] = _Backend(key, client, dtype)
         else:
             path = self.model_path or getattr(model, "name_or_path", "") or ""
             if not (Path(path) / "config.json").is_file():

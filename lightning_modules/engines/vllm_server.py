@@ -5,7 +5,7 @@
 One ``vllm.LLM`` (`engines.vllm.VLLMGenerator`) behind a small FastAPI app, the client being
 `engines.vllm.VLLMServerClient`:
 
-- ``GET /health``: ``{status, model, vocab_size, weights}`` (``weights``: the directory last reloaded, or the model's);
+- ``GET /health``: ``{status, model, dtype, vocab_size, weights}`` (``weights``: the directory last reloaded, or the model's);
 - ``POST /generate``: a `SampleRequest` (prompts, base64 PNG images, sampling) -> `SampleResponse` (prompt ids,
   completion ids, their log-probs);
 - ``POST /reload_weights``: ``{path}``: a directory of ``*.safetensors`` (the trainer writes one after every
@@ -36,7 +36,7 @@ def build_app(gen: VLLMGenerator):
 
     @app.get("/health")
     def health() -> dict:
-        return {"status": "ok", "model": gen.model, "vocab_size": gen.vocab_size, "weights": gen.weights}
+        return {"status": "ok", "model": gen.model, "dtype": gen.dtype, "vocab_size": gen.vocab_size, "weights": gen.weights}
 
     @app.post("/generate", response_model=SampleResponse)
     def generate(req: SampleRequest) -> SampleResponse:
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", required=True, help="model directory (save_pretrained) vLLM starts from")
     p.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to serve trainer nodes")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--dtype", default="auto", help="the policy's dtype (auto: the checkpoint's)")
+    p.add_argument("--dtype", default="auto", help="the policy's dtype (auto: the checkpoint's config; vLLM's own auto would run fp32 in 16 bits)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="GPU: fraction of the device for vLLM")
     p.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="KV cache size (CPU default 512 MiB)")
     p.add_argument("--max-model-len", type=int, default=4096)
