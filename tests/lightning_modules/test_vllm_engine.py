@@ -340,6 +340,8 @@ def _tiny_fit_args(tmp_path: Path, *extra: str) -> list[str]:
         str(REPO / "configs/tiny.yaml"),
         "--model.init_args.rollout_engine",
         "vllm",
+        "--model.init_args.model_name_or_path",
+        str(TOY),
         "--model.init_args.max_new_tokens",
         "32",
         "--model.init_args.group_size",
