@@ -90,6 +90,7 @@ class RolloutEngine(ABC):
     def on_weights_updated(self, model) -> None:
         """Called by the module after every optimizer step with the updated policy. Engines that sample from their own
         copy of the weights (``vllm``) push them here; the others sample from ``model`` itself and do nothing."""
+        return None
 
     @abstractmethod
     def sample(

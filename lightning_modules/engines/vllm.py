@@ -427,7 +427,9 @@ class VLLMRolloutEngine(RolloutEngine):
                 "`python -m lightning_modules.engines.vllm_server`), e.g. http://localhost:8000"
             )
         if dtype not in ("auto", *_DTYPES):
-            raise ValueError(f"--model.rollout_engine_args.dtype must be auto or one of {sorted(_DTYPES)}, got {dtype!r}")
+            raise ValueError(
+                f"--model.rollout_engine_args.dtype must be auto or one of {sorted(_DTYPES)}, got {dtype!r}"
+            )
         if sync_check_every < 0 or sync_check_tokens < 1 or sync_atol <= 0:
             raise ValueError(
                 "--model.rollout_engine_args: sync_check_every must be >= 0, sync_check_tokens >= 1 and sync_atol > 0; "
@@ -511,16 +513,26 @@ class VLLMRolloutEngine(RolloutEngine):
         """After an optimizer step: push the policy's weights to vLLM (and check them)."""
         if self._backend is None:  # no vLLM yet: the first rollout starts it and pushes then
             return
-        self.sync_weights(model)
+        self.sync_weights(model, collective=True)
 
     @torch.no_grad()
-    def sync_weights(self, model, *, check: bool | None = None) -> dict:
-        """Push ``model``'s weights to vLLM; check them every ``sync_check_every`` pushes (or when ``check``)."""
+    def sync_weights(self, model, *, check: bool | None = None, collective: bool = False) -> dict:
+        """Push ``model``'s weights to vLLM; check them every ``sync_check_every`` pushes (or when ``check``).
+        ``collective``: every trainer process calls this at the same point (server mode under DDP waits for rank 0's
+        push; untested here: one CPU process only)."""
         b = self.backend(model)
         weights = export_weights(model, b.dtype)
         b.version += 1
         if isinstance(b.impl, VLLMServerClient):
-            seconds = b.impl.push_weights(weights, self._weights_dir(), b.version)
+            # several trainer processes (DDP) hold the same weights and share one server: rank 0 writes and reloads;
+            # after an optimizer step (``collective``: every rank is at the same point) the others wait for it
+            dist = torch.distributed
+            multi = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+            seconds = 0.0
+            if not multi or dist.get_rank() == 0:
+                seconds = b.impl.push_weights(weights, self._weights_dir(), b.version)
+            if multi and collective:
+                dist.barrier()
         else:
             seconds = b.impl.load_weights(weights=weights.items())
         b.fingerprint = weights_fingerprint(model)

@@ -36,7 +36,13 @@ def build_app(gen: VLLMGenerator):
 
     @app.get("/health")
     def health() -> dict:
-        return {"status": "ok", "model": gen.model, "dtype": gen.dtype, "vocab_size": gen.vocab_size, "weights": gen.weights}
+        return {
+            "status": "ok",
+            "model": gen.model,
+            "dtype": gen.dtype,
+            "vocab_size": gen.vocab_size,
+            "weights": gen.weights,
+        }
 
     @app.post("/generate", response_model=SampleResponse)
     def generate(req: SampleRequest) -> SampleResponse:
@@ -58,11 +64,17 @@ def build_app(gen: VLLMGenerator):
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m lightning_modules.engines.vllm_server", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m lightning_modules.engines.vllm_server", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--model", required=True, help="model directory (save_pretrained) vLLM starts from")
     p.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to serve trainer nodes")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--dtype", default="auto", help="the policy's dtype (auto: the checkpoint's config; vLLM's own auto would run fp32 in 16 bits)")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        help="the policy's dtype (auto: the checkpoint's config; vLLM's own auto would run fp32 in 16 bits)",
+    )
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="GPU: fraction of the device for vLLM")
     p.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="KV cache size (CPU default 512 MiB)")
     p.add_argument("--max-model-len", type=int, default=4096)

@@ -206,7 +206,10 @@ def _digit_position(model, processor, request):
     """The first completion position (after the greedy prefix) whose next-token distribution over digits is
     uncertain: (prefix ids, exact probabilities at temperature 0.7 over the vocabulary)."""
     greedy = build_rollout_engine("hf").generate(
-        model, processor, [RolloutRequest(request.prompt, request.image, 1, 0)], Sampling(max_new_tokens=24, greedy=True)
+        model,
+        processor,
+        [RolloutRequest(request.prompt, request.image, 1, 0)],
+        Sampling(max_new_tokens=24, greedy=True),
     )
     ids = greedy.completion_ids[0]
     inputs = greedy.rows([0])
@@ -402,7 +405,11 @@ def test_tiny_fit_server(server, tmp_path):
     args = {"mode": "server", "url": server, "weights_dir": str(weights)}
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", WANDB_MODE="offline")
     proc = subprocess.run(
-        [sys.executable, "train.py", *_tiny_fit_args(tmp_path, "--model.init_args.rollout_engine_args", json.dumps(args))],
+        [
+            sys.executable,
+            "train.py",
+            *_tiny_fit_args(tmp_path, "--model.init_args.rollout_engine_args", json.dumps(args)),
+        ],
         cwd=REPO,
         env=env,
         capture_output=True,
