@@ -394,8 +394,9 @@ class VLLMRolloutEngine(RolloutEngine):
         sync_check_every: check every n-th weight push against the policy's forward (0: never).
         sync_check_tokens: tokens sampled for that check.
         sync_atol: largest allowed |log-prob(vLLM) - log-prob(policy)| over the check's tokens. The default holds for
-            fp32 weights on both sides (measured on CPU: ~1e-5 after a sync, ~1e-2 against the weights of one step
-            earlier at lr 2e-5; tests/lightning_modules/test_vllm_engine.py); bf16 needs a larger one.
+            fp32 weights on both sides (measured on CPU: 1e-6 to 2e-5 after a sync, 0.1 to 0.5 against the weights of
+            one AdamW step earlier at lr 2e-5; tests/lightning_modules/test_vllm_engine.py); bf16 needs a larger one
+            (docs/vllm.md).
         timeout_s: (``server``) seconds one request may take.
     """
 
