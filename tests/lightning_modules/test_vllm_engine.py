@@ -429,12 +429,11 @@ def test_tiny_fit_server(server, tmp_path):
 @vllm_test
 def test_vllm_overlay_on_the_gpu_config_runs_on_cpu(tmp_path, monkeypatch):
     """configs/overlays/vllm.yaml on the one-GPU paper config, with the toy model swapped in exactly as
-    tests/test_config_runs.py swaps every config (bf16-true kept): fit steps run and the pushes pass the overlay's
+    tests/cli/test_config_runs.py swaps every config (bf16-true kept): fit steps run and the pushes pass the overlay's
     bf16 tolerance."""
-    sys.path.insert(0, str(REPO / "tests"))
     import yaml
-    from test_config_runs import CONFIGS, compose, cpu_swap, toy_data  # noqa: F401 - the fixture's function
 
+    from tests.cli.test_config_runs import CONFIGS, compose, cpu_swap
     from train import cli_main
 
     base, overlay = CONFIGS / "rec_3b_1gpu.yaml", CONFIGS / "overlays/vllm.yaml"
