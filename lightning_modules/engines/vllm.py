@@ -530,7 +530,7 @@ class VLLMRolloutEngine(RolloutEngine):
     def sync_weights(self, model, *, check: bool | None = None, collective: bool = False) -> dict:
         """Push ``model``'s weights to vLLM; check them every ``sync_check_every`` pushes (or when ``check``).
         ``collective``: every trainer process calls this at the same point (server mode under DDP waits for rank 0's
-        push; untested here: one CPU process only)."""
+        push; tests/lightning_modules/test_vllm_engine.py runs two CPU ranks)."""
         b = self.backend(model)
         weights = export_weights(model, b.dtype)
         b.version += 1

@@ -427,6 +427,33 @@ def test_tiny_fit_server(server, tmp_path):
 
 
 @vllm_test
+def test_tiny_fit_server_two_ranks(server, tmp_path):
+    """Two trainer processes (DDP, gloo) against one server: rank 0 pushes, the other waits at a barrier, and both
+    ranks' checks pass (each compares the server with its own copy of the weights)."""
+    import httpx
+
+    weights = tmp_path / "weights"
+    args = {"mode": "server", "url": server, "weights_dir": str(weights)}
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", WANDB_MODE="offline")
+    ddp = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            *_tiny_fit_args(tmp_path, "--model.init_args.rollout_engine_args", json.dumps(args), *ddp),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert [p.name for p in weights.glob("step-*")] == ["step-0000003"]  # the first push and one per step, by rank 0
+    assert httpx.get(f"{server}/health").json()["weights"] == str((weights / "step-0000003").resolve())
+
+
+@vllm_test
 def test_vllm_overlay_on_the_gpu_config_runs_on_cpu(tmp_path, monkeypatch):
     """configs/overlays/vllm.yaml on the one-GPU paper config, with the toy model swapped in exactly as
     tests/cli/test_config_runs.py swaps every config (bf16-true kept): fit steps run and the pushes pass the overlay's
