@@ -111,6 +111,8 @@ class GRPOModule(L.LightningModule):
             from hidden states; single-process only: its deferred vision backward is not DDP-aware).
         rollout_compile: ``torch.compile`` the fast engine's decode step before capturing it (``fast`` only; the first
             step pays the compilation, about a minute for the 3B).
+        rollout_engine_args: the rollout engine's own options (keyword arguments of its class), e.g. ``vllm``'s
+            ``{mode: server, url: http://host:8000}`` (``engines/vllm.py``).
         num_iterations: policy updates per rollout (mu); >1 computes old log-probs.
         micro_batch_size: completions per forward / backward (gradient accumulation inside a step).
         ref_micro_batch_size: completions per no-grad forward (reference / old log-probs); default
@@ -167,6 +169,7 @@ class GRPOModule(L.LightningModule):
         min_new_tokens: int = 0,
         rollout_engine: str = "hf",
         rollout_compile: bool = False,
+        rollout_engine_args: dict[str, Any] | None = None,
         update_engine: str = "hf",
         num_iterations: int = 1,
         micro_batch_size: int = 8,
@@ -245,7 +248,9 @@ class GRPOModule(L.LightningModule):
         self.optimizer_factory = optimizer
         self.automatic_optimization = False
         self.method = build_method(method, self.hparams, method_args)
-        self.rollout_engine = build_rollout_engine(rollout_engine, compile_step=rollout_compile)
+        self.rollout_engine = build_rollout_engine(
+            rollout_engine, compile_step=rollout_compile, **(rollout_engine_args or {})
+        )
         self.update_engine = build_update_engine(
             update_engine,
             micro_batch_size=micro_batch_size,
@@ -411,6 +416,7 @@ class GRPOModule(L.LightningModule):
             )
             timer.lap("update")
             self._optimizer_step(opt, stats_acc)
+            self.rollout_engine.on_weights_updated(self.policy)
             timer.lap("optimizer")
 
         evolution = self.method.evolution(batch, ro, scores, step=int(self.global_step), epoch=int(self.current_epoch))

@@ -5,7 +5,7 @@ decode: ``lightning_modules/rollout.py``); update ``hf`` (the model's own forwar
 (vision tower once per image, right-padded length-bucketed rows, chunked log-probs: ``lightning_modules/efficient.py``).
 """
 
-from lightning_modules.engines import fast, hf, packed  # noqa: F401 - registers the built-in engines
+from lightning_modules.engines import fast, hf, packed, vllm  # noqa: F401 - registers the built-in engines (vllm imports vLLM lazily)
 from lightning_modules.engines.base import (
     ROLLOUT_ENGINES,
     UPDATE_ENGINES,

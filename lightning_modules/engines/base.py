@@ -87,6 +87,11 @@ class RolloutEngine(ABC):
         self.compile_step = compile_step
         """``torch.compile`` the engine's decode step where it has one (the ``fast`` engine; others ignore it)."""
 
+    def on_weights_updated(self, model) -> None:
+        """Called by the module after every optimizer step with the updated policy. Engines that sample from their own
+        copy of the weights (``vllm``) push them here; the others sample from ``model`` itself and do nothing."""
+        return None
+
     @abstractmethod
     def sample(
         self,

@@ -15,11 +15,13 @@ REPO = Path(__file__).resolve().parents[2]
 TRAIN_CONFIGS = sorted(
     p
     for p in (REPO / "configs").rglob("*.yaml")
-    if p.parent.name not in ("synth", "sweeps", "baselines", "study") and "_stage" not in p.stem  # study/: study files
+    if p.parent.name not in ("synth", "sweeps", "baselines", "study", "overlays")  # study/: study files
+    and "_stage" not in p.stem
 )
 TOY_STAGES = sorted((REPO / "configs").glob("toy_sft_stage*.yaml"))
 BASELINES = sorted((REPO / "configs/baselines").glob("*.yaml"))
 BASES = [REPO / "configs" / n for n in ("tiny.yaml", "rec_3b.yaml", "rec_7b.yaml")]
+ENGINE_OVERLAYS = sorted((REPO / "configs/overlays").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", TRAIN_CONFIGS, ids=lambda p: str(p.relative_to(REPO / "configs")))
@@ -96,3 +98,25 @@ def test_baselines_cover_every_method_row_of_table_1():
         "syn_grpo_wo_rdiv",
         "sft",
     }
+
+
+@pytest.mark.parametrize(
+    "base", sorted(p for p in (REPO / "configs").glob("*.yaml") if "_stage" not in p.stem), ids=lambda p: p.stem
+)
+@pytest.mark.parametrize("overlay", ENGINE_OVERLAYS, ids=lambda p: p.stem)
+def test_engine_overlays_change_only_the_rollout_engine(base, overlay):
+    """configs/overlays/vllm.yaml switches the rollout engine of any GRPO config and changes no other line."""
+
+    def printed(*paths):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf), pytest.raises(SystemExit):
+            cli_main(["fit", *[a for p in paths for a in ("--config", str(p))], "--print_config"])
+        return yaml.safe_load(buf.getvalue())
+
+    plain = printed(base)
+    if not plain["model"]["class_path"].endswith("GRPOModule"):
+        pytest.skip("not a GRPO config")
+    with_overlay = printed(base, overlay)
+    m, p = with_overlay["model"]["init_args"], plain["model"]["init_args"]
+    assert {k for k in set(m) | set(p) if m.get(k) != p.get(k)} == {"rollout_engine", "rollout_engine_args"}
+    assert {k: v for k, v in with_overlay.items() if k != "model"} == {k: v for k, v in plain.items() if k != "model"}
