@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from lightning_modules import rewards
-from lightning_modules.engines import RolloutRequest, Sampling, build_rollout_engine
+from lightning_modules.engines import RolloutEngine, RolloutRequest, Sampling, build_rollout_engine
 from lightning_modules.policy import Rollout, build_prompt_text
 
 __all__ = ["Answer", "Evaluator", "greedy_answers", "eval_set_name", "format_for_template"]
@@ -48,17 +48,17 @@ def greedy_answers(
     *,
     template: str,
     max_new_tokens: int,
-    engine: str = "hf",
+    engine: str | RolloutEngine = "hf",
 ) -> tuple[list[Answer], Rollout]:
     """Greedy answers of ``model`` to ``samples`` (each with ``image``, ``query``, ``task``, ``size``) under prompt
-    ``template``, through rollout engine ``engine``."""
+    ``template``, through rollout engine ``engine`` (a registered name, or the module's own engine instance: a vLLM
+    server engine evaluates on its server)."""
     requests = [
         RolloutRequest(build_prompt_text(processor, s.query, task=s.task, template=template), s.image, 1, i)
         for i, s in enumerate(samples)
     ]
-    ro = build_rollout_engine(engine).generate(
-        model, processor, requests, Sampling(max_new_tokens=max_new_tokens, greedy=True)
-    )
+    engine = build_rollout_engine(engine) if isinstance(engine, str) else engine
+    ro = engine.generate(model, processor, requests, Sampling(max_new_tokens=max_new_tokens, greedy=True))
     answers = []
     for s, text, in_wh in zip(samples, ro.texts, ro.input_wh):
         parsed = rewards.parse_completion(text)

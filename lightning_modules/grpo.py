@@ -517,7 +517,7 @@ class GRPOModule(L.LightningModule):
             batch,
             template=hp.eval_prompt_template or hp.prompt_template,
             max_new_tokens=hp.max_new_tokens,
-            engine=hp.rollout_engine,
+            engine=self.rollout_engine.for_evaluation(),
         )[0]
 
     def _eval_step(self, kind: str, batch, dataloader_idx: int) -> None:

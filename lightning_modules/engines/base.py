@@ -92,6 +92,12 @@ class RolloutEngine(ABC):
         copy of the weights (``vllm``) push them here; the others sample from ``model`` itself and do nothing."""
         return None
 
+    def for_evaluation(self) -> RolloutEngine:
+        """The engine greedy evaluation uses: by default a fresh one of the same kind without ``compile_step`` (a
+        compiled decode step would be compiled again for the evaluation batch's shapes); an engine whose generation
+        lives elsewhere (a vLLM server) returns itself."""
+        return type(self)()
+
     @abstractmethod
     def sample(
         self,

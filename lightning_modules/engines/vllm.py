@@ -467,6 +467,10 @@ class VLLMRolloutEngine(RolloutEngine):
         self.last_logprobs: torch.Tensor | None = None
         """vLLM's log-probs [B*G, T] of the last `sample`'s completions (raw, temperature 1; 0 on padding)."""
 
+    def for_evaluation(self) -> VLLMRolloutEngine:
+        """Evaluation generates on the same vLLM (colocated or server) as the rollouts."""
+        return self
+
     # ------------------------------------------------------------------------------------------------ backend
     def backend(self, model) -> _Backend:
         """The vLLM this engine samples from, started (colocate) or connected (server) on first use."""
