@@ -94,10 +94,12 @@ def test_hypothesis_bodies_with_real_images_never_get_a_5xx(server):
     print(report.as_dict())
     assert report.n_server_errors == 0, report.server_errors[:10]
     assert report.nonconforming == [], report.nonconforming[:10]
-    assert report.by_status[202] >= 20, "too few valid bodies: the strategy no longer reaches the painter"
+    # how many of 150 generated bodies are valid varies with Hypothesis's example database (18-26 seen): >= 10 shows
+    # that the strategy still reaches the painter
+    assert report.by_status.get(202, 0) >= 10, "too few valid bodies: the strategy no longer reaches the painter"
     # invalid bodies are refused (422: schema, 400: a valid body the server cannot use); which of the two a run of 150
     # examples reaches depends on Hypothesis's example database, so require the refusals, not both kinds
     assert report.by_status.get(422, 0) + report.by_status.get(400, 0) >= 20
-    assert report.jobs_done >= 20 and report.jobs_unfinished == 0 and report.audits_failed == 0
+    assert report.jobs_done >= 10 and report.jobs_unfinished == 0 and report.audits_failed == 0
     with server.client() as c:
         assert c.health().status == "ok"
