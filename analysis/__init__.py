@@ -546,11 +546,23 @@ def plot_curves(
                 marker="o" if len(df) < 20 else None,
                 markersize=3,
             )
-        ax.set_title(label)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("step")
-        ax.set_ylabel(key)
-        ax.grid(alpha=0.3)
+        _style_step_axis(ax, label, key)
+    return _finish_figure(fig, axes, title)
+
+
+def _style_step_axis(ax, label: str, key: str) -> None:
+    """A curve panel: title, integer steps on x, the metric's name on y, a light grid."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_title(label)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("step")
+    ax.set_ylabel(key)
+    ax.grid(alpha=0.3)
+
+
+def _finish_figure(fig, axes, title: str):
+    """One legend below the panels (each label once) and the title."""
     handles = {h.get_label(): h for ax in axes for h in ax.get_lines() if not h.get_label().startswith("_")}
     if handles:
         fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=min(4, len(handles)))
@@ -602,16 +614,8 @@ def plot_collapse_by_method(
             )
             if len(frames) > 1:
                 ax.fill_between(stats["step"], stats["min"], stats["max"], color=c, alpha=0.15, linewidth=0)
-        ax.set_title(label)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("step")
-        ax.set_ylabel(key)
-        ax.grid(alpha=0.3)
-    handles = {h.get_label(): h for ax in axes for h in ax.get_lines() if not h.get_label().startswith("_")}
-    if handles:
-        fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=min(4, len(handles)))
-    fig.suptitle("Entropy and diversity collapse per method (mean over seeds, band: min-max)")
-    return fig
+        _style_step_axis(ax, label, key)
+    return _finish_figure(fig, axes, "Entropy and diversity collapse per method (mean over seeds, band: min-max)")
 
 
 def plot_accuracy(runs: Sequence[Run], metric: str = "acc50", kind: str = "val") -> Figure:

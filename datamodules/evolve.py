@@ -52,7 +52,7 @@ from PIL import Image
 
 from datamodules import grammar
 from datamodules.grammar import COLOURS, OBJECT_COLOURS, SHAPES, SIZE_FRACTIONS, SIZES, Description
-from datamodules.toy import difficulty
+from datamodules.toy import difficulty, first_free_square
 
 ATTRS = ("size", "colour", "shape")
 SIDES = ("left", "right", "top", "bottom")
@@ -590,15 +590,8 @@ def _free_box(
         lo_y, hi_y = max(lo_y, near[1] - side - reach), min(hi_y, near[3] + reach)
     if hi_x < lo_x or hi_y < lo_y:
         return None
-    xs, ys = rng.integers(lo_x, hi_x + 1, size=256), rng.integers(lo_y, hi_y + 1, size=256)
-    free = np.ones(256, dtype=bool)
-    for bx1, by1, bx2, by2 in boxes:
-        free &= (xs >= bx2 + gap) | (xs + side <= bx1 - gap) | (ys >= by2 + gap) | (ys + side <= by1 - gap)
-    hits = np.flatnonzero(free)
-    if hits.size == 0:
-        return None
-    j = int(hits[0])
-    return [int(xs[j]), int(ys[j]), int(xs[j]) + side, int(ys[j]) + side]
+    box = first_free_square(rng, side, boxes, (lo_x, hi_x, lo_y, hi_y), gap, tries=256)
+    return None if box is None else list(box)
 
 
 def _lookalike(rng: np.random.Generator, target: dict[str, Any]) -> dict[str, str]:

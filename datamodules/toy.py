@@ -152,6 +152,15 @@ def _place(
         reach = int(0.1 * image_size)
         xlo, xhi = max(lo, near[0] - side - reach), min(hi, near[2] + reach)
         ylo, yhi = max(lo, near[1] - side - reach), min(hi, near[3] + reach)
+    return first_free_square(rng, side, boxes, (xlo, xhi, ylo, yhi), gap, tries)
+
+
+def first_free_square(
+    rng: np.random.Generator, side: int, boxes, bounds: tuple[int, int, int, int], gap: int, tries: int
+) -> tuple[int, int, int, int] | None:
+    """The first of ``tries`` random ``side x side`` squares with top-left in ``bounds`` (x_lo, x_hi, y_lo, y_hi,
+    inclusive) that keeps ``gap`` pixels clear of every box in ``boxes``; None when none does."""
+    xlo, xhi, ylo, yhi = bounds
     xs = rng.integers(xlo, xhi + 1, size=tries)
     ys = rng.integers(ylo, yhi + 1, size=tries)
     free = np.ones(tries, dtype=bool)
@@ -459,8 +468,10 @@ def jsonl_path(out_dir: str | Path, split: str, task: str = "rec") -> Path:
     return Path(out_dir) / (f"{split}.jsonl" if task == "rec" else f"{split}_{task}.jsonl")
 
 
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+def atomic_write(path: Path, write) -> None:
+    """``write(tmp)`` to a temporary name beside ``path`` (same suffix, so writers that infer the format from it work),
+    then rename it over ``path``: a reader never sees a half-written file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp{path.suffix}")
     try:
         write(tmp)
         os.replace(tmp, path)
@@ -469,7 +480,8 @@ def _atomic_write(path: Path, write) -> None:
             tmp.unlink()
 
 
-def _reusable(path: Path, manifest: Path, params: dict[str, Any]) -> bool:
+def reusable(path: Path, manifest: Path, params: dict[str, Any], file_key: str = "image") -> bool:
+    """An export at ``path`` made with ``params`` (its manifest) whose every line's ``file_key`` file exists."""
     if not (path.exists() and manifest.exists()):
         return False
     try:
@@ -478,7 +490,7 @@ def _reusable(path: Path, manifest: Path, params: dict[str, Any]) -> bool:
         lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     except (OSError, ValueError):
         return False
-    return len(lines) == params["n"] and all((path.parent / rec["image"]).exists() for rec in lines)
+    return len(lines) == params["n"] and all((path.parent / rec[file_key]).exists() for rec in lines)
 
 
 def export_jsonl(out_dir: str | Path, split: str, n: int, seed: int, task: str = "rec", size: int = 224) -> Path:
@@ -501,7 +513,7 @@ def export_jsonl(out_dir: str | Path, split: str, n: int, seed: int, task: str =
         "size": size,
         "task": task,
     }
-    if _reusable(path, manifest, params):
+    if reusable(path, manifest, params):
         return path
     (out_dir / "images").mkdir(parents=True, exist_ok=True)
     if manifest.exists():
@@ -510,10 +522,10 @@ def export_jsonl(out_dir: str | Path, split: str, n: int, seed: int, task: str =
     for rec in iter_split(split, n, seed, size, task):
         rel = f"images/{rec['id']}.png"
         image = rec.pop("image")
-        _atomic_write(out_dir / rel, lambda p, im=image: im.save(p, format="PNG"))
+        atomic_write(out_dir / rel, lambda p, im=image: im.save(p, format="PNG"))
         lines.append(json.dumps({"id": rec.pop("id"), "image": rel, **rec}) + "\n")
-    _atomic_write(path, lambda p: p.write_text("".join(lines)))
-    _atomic_write(manifest, lambda p: p.write_text(json.dumps(params, indent=1) + "\n"))
+    atomic_write(path, lambda p: p.write_text("".join(lines)))
+    atomic_write(manifest, lambda p: p.write_text(json.dumps(params, indent=1) + "\n"))
     return path
 
 
@@ -590,5 +602,5 @@ def export_offline_descriptions(
         for _ in range(per_sample):
             text = guard_description(str(grammar.random_description(rng)), rec.get("meta") or {})
             lines.append(json.dumps({"sample_id": rec["id"], "description": text}) + "\n")
-    _atomic_write(path, lambda tmp: tmp.write_text("".join(lines)))
+    atomic_write(path, lambda tmp: tmp.write_text("".join(lines)))
     return path

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +47,7 @@ import numpy as np
 from PIL import Image
 
 from datamodules.grammar import COLOURS, OBJECT_COLOURS, SHAPES, SIZE_FRACTIONS, SIZES, draw_shape
+from datamodules.toy import atomic_write, reusable
 from lightning_modules.regions import AnchorSpace, IntervalSpace
 
 TOY_VIDEO_VERSION = 1
@@ -471,28 +471,6 @@ def jsonl_path(out_dir: str | Path, split: str) -> Path:
     return Path(out_dir) / f"{split}_video.jsonl"
 
 
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp{path.suffix}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def _reusable(path: Path, manifest: Path, params: dict[str, Any]) -> bool:
-    if not (path.exists() and manifest.exists()):
-        return False
-    try:
-        if json.loads(manifest.read_text()) != params:
-            return False
-        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except (OSError, ValueError):
-        return False
-    return len(lines) == params["n"] and all((path.parent / rec["video"]).exists() for rec in lines)
-
-
 def export_jsonl(
     out_dir: str | Path, split: str, n: int, seed: int, size: int = 112, num_frames: int = 16, fps: float = 2.0
 ) -> Path:
@@ -516,7 +494,7 @@ def export_jsonl(
         "num_frames": num_frames,
         "fps": fps,
     }
-    if _reusable(path, manifest, params):
+    if reusable(path, manifest, params, file_key="video"):
         return path
     (out_dir / "videos").mkdir(parents=True, exist_ok=True)
     if manifest.exists():
@@ -525,10 +503,10 @@ def export_jsonl(
     for rec in iter_split(split, n, seed, size=size, num_frames=num_frames, fps=fps):
         rel = f"videos/{rec['id']}.npz"
         stack = np.stack([np.asarray(f) for f in rec.pop("frames")])
-        _atomic_write(out_dir / rel, lambda p, a=stack: np.savez_compressed(p, frames=a))
+        atomic_write(out_dir / rel, lambda p, a=stack: np.savez_compressed(p, frames=a))
         lines.append(json.dumps({"id": rec.pop("id"), "video": rel, **rec}) + "\n")
-    _atomic_write(path, lambda p: p.write_text("".join(lines)))
-    _atomic_write(manifest, lambda p: p.write_text(json.dumps(params, indent=1) + "\n"))
+    atomic_write(path, lambda p: p.write_text("".join(lines)))
+    atomic_write(manifest, lambda p: p.write_text(json.dumps(params, indent=1) + "\n"))
     return path
 
 

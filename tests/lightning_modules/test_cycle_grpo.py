@@ -3,23 +3,13 @@ the two rollout levels, and the ablation modes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
+from test_methods import Sample  # the same stand-in sample (tests/lightning_modules is on sys.path)
 
 from lightning_modules.methods import build_method
 from lightning_modules.policy import Rollout, concat_rollouts
-
-
-@dataclass
-class Sample:
-    sample_id: str
-    query: str
-    boxes: list
-    size: tuple = (100, 100)
-    task: str = "rec"
-    image: object = None
 
 
 def _hp():
