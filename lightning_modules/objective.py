@@ -105,6 +105,14 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group
     return centred.reshape(-1)
 
 
+def uniform_group_size(group_ids: torch.Tensor) -> int | None:
+    """G when the ids form contiguous groups of one size G (the [B, G] layout of a plain GRPO rollout), else None."""
+    runs, counts = torch.unique_consecutive(group_ids, return_counts=True)
+    if runs.numel() == torch.unique(group_ids).numel() and bool((counts == counts[0]).all()):
+        return int(counts[0])
+    return None
+
+
 def advantages_by_group(
     rewards: torch.Tensor, group_ids: torch.Tensor | Sequence[int], scale: str = "group", eps: float = 1e-4
 ) -> torch.Tensor:
@@ -122,9 +130,9 @@ def advantages_by_group(
     ids = torch.as_tensor(group_ids, device=r.device).reshape(-1)
     if ids.numel() != r.numel():
         raise ValueError(f"advantages_by_group: {r.numel()} rewards but {ids.numel()} group ids")
-    runs, counts = torch.unique_consecutive(ids, return_counts=True)
-    if runs.numel() == torch.unique(ids).numel() and bool((counts == counts[0]).all()):
-        return group_advantages(r, int(counts[0]), scale=scale, eps=eps)
+    G = uniform_group_size(ids)
+    if G is not None:
+        return group_advantages(r, G, scale=scale, eps=eps)
     if scale not in SCALES:
         raise ValueError(f"--model.advantage_scale must be one of {'|'.join(SCALES)}, got {scale!r}")
     out = torch.zeros_like(r)
@@ -150,9 +158,8 @@ def group_reward_stats(rewards: torch.Tensor, group_ids: torch.Tensor | Sequence
     contiguous equal-size groups take the [B, G] path (the numbers `zero_variance_groups` gives)."""
     r = torch.as_tensor(rewards).detach().float()
     ids = torch.as_tensor(group_ids).reshape(-1)
-    runs, counts = torch.unique_consecutive(ids, return_counts=True)
-    if runs.numel() == torch.unique(ids).numel() and bool((counts == counts[0]).all()) and int(counts[0]) >= 2:
-        G = int(counts[0])
+    G = uniform_group_size(ids)
+    if G is not None and G >= 2:
         return float(r.view(-1, G).std(dim=1).mean()), float(zero_variance_groups(r, G).float().mean())
     stds, constant = [], []
     for g in torch.unique(ids):

@@ -204,6 +204,27 @@ def eos_token_ids(tokenizer) -> list[int]:
     return ids
 
 
+def model_input_wh(image_processor, width: int, height: int) -> tuple[int, int]:
+    """The (width, height) a Qwen2-VL-family image processor resizes a ``width x height`` image to (its ``smart_resize``
+    rule: sides multiples of patch x merge, pixel count within the processor's bounds), without processing an image:
+    what a prompt that writes coordinates in the model's frame needs before the rollout encodes the image."""
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+
+    size = image_processor.size
+    bound = (lambda k: size.get(k)) if isinstance(size, dict) else (lambda k: getattr(size, k, None))
+    lo = bound("shortest_edge") or getattr(image_processor, "min_pixels", None)
+    hi = bound("longest_edge") or getattr(image_processor, "max_pixels", None)
+    if lo is None or hi is None:
+        raise ValueError(
+            f"{type(image_processor).__name__} has no pixel bounds (size.shortest_edge / longest_edge or min_pixels / "
+            "max_pixels): not a Qwen2-VL-family image processor; give the model's own processor"
+        )
+    h, w = smart_resize(
+        height, width, factor=image_processor.patch_size * image_processor.merge_size, min_pixels=lo, max_pixels=hi
+    )
+    return w, h
+
+
 def model_input_size(image_grid_thw: torch.Tensor, patch_size: int = 14) -> list[tuple[int, int]]:
     """(width, height) in pixels of each resized model input, from ``image_grid_thw`` [N, 3] (t, h, w patches)."""
     return [(int(w) * patch_size, int(h) * patch_size) for _, h, w in image_grid_thw.tolist()]

@@ -126,7 +126,11 @@ class Method:
 
     # ------------------------------------------------------------------------------------------------ scoring
     def reward_terms(self) -> list[RewardTerm]:
-        raise NotImplementedError
+        """The weighted reward functions `score` sums (a method that scores otherwise overrides `score`)."""
+        raise NotImplementedError(
+            f"method {type(self).__name__!r} ({type(self).__module__}) defines neither reward_terms() nor score(): "
+            "return a list of RewardTerm(name, weight, fn) from reward_terms()"
+        )
 
     def sample_index(self, batch: Sequence[Any], ro: Rollout) -> list[int]:
         """Per completion row, the index of its sample in the batch (default: ``group_size`` rows per sample)."""

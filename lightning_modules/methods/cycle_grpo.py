@@ -26,11 +26,11 @@ from typing import Any
 
 import torch
 
-from lightning_modules import rewards
+from lightning_modules import regions, rewards
 from lightning_modules.engines.base import RolloutRequest
 from lightning_modules.methods.base import Method, Scores, register_method
-from lightning_modules.policy import Rollout, build_prompt_text, concat_rollouts
-from lightning_modules.regions import NO_TARGET, caption_phi, cycle_rewards, localization_phi, region_space, strip_leaks
+from lightning_modules.policy import Rollout, build_prompt_text, concat_rollouts, model_input_wh
+from lightning_modules.regions import NO_TARGET, caption_phi, cycle_rewards, localization_phi, strip_leaks
 
 _ANSWER_RE = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.S)
 _TAG_RE = re.compile(r"</?[a-z_]+>")
@@ -74,19 +74,17 @@ class CycleGRPO(Method):
                 "(the mask / interval / anchor spaces exist in lightning_modules/regions/; their data is the open part)"
             )
         self.N, self.K, self.alpha, self.mode = n_captions, k_groundings, alpha, mode
-        self.space = _space(region_space)
+        self.space = regions.region_space(region_space)
         self.caption_template = caption_template
 
     # ------------------------------------------------------------------------------------------------ rollout
     def rollout(self, module, batch) -> Rollout:
         B, N, K = len(batch), self.N, self.K
         processor = module.processor
-        patch = getattr(processor.image_processor, "patch_size", 14)
-        regions = []
-        for s in batch:  # the region in the model's input pixels (the frame the model reads and writes)
-            grid = processor.image_processor(images=[s.image], return_tensors="pt")["image_grid_thw"]
-            h, w = int(grid[0][1]) * patch, int(grid[0][2]) * patch
-            regions.append(rewards.rescale_box(s.boxes[0], s.size, (w, h)))
+        # the region in the model's input pixels (the frame the model reads and writes), computed without encoding
+        in_frame = [
+            rewards.rescale_box(s.boxes[0], s.size, model_input_wh(processor.image_processor, *s.size)) for s in batch
+        ]
         caption_requests = [
             RolloutRequest(
                 build_prompt_text(processor, self.space.serialize(r), task="rec", template=self.caption_template),
@@ -94,7 +92,7 @@ class CycleGRPO(Method):
                 N,
                 group_id=b,
             )
-            for b, (s, r) in enumerate(zip(batch, regions))
+            for b, (s, r) in enumerate(zip(batch, in_frame))
         ]
         captions = module.generate(caption_requests)
         texts = [caption_text(t) for t in captions.texts]
@@ -167,8 +165,3 @@ class CycleGRPO(Method):
             "train/cycle/acc50": float((p["consistency"][n_cap:] >= 0.5).float().mean()),
             "train/cycle/caption_leak_frac": float(sum(ph <= -1.0 for ph in p["phi"][:n_cap].tolist()) / max(n_cap, 1)),
         }
-
-
-def _space(name: str):
-    """The region space ``name`` (a module-level name: the constructor's ``region_space`` argument shadows it)."""
-    return region_space(name)

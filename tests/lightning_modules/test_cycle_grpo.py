@@ -94,3 +94,18 @@ def test_concat_rollouts_pads_prompts_left_and_completions_right():
     assert c.completion_mask.tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 0]]
     assert c.pixel_values.shape == (12, 2) and c.texts == ["x", "y", "z"] and c.group_size == 1
     assert c.group_ids.tolist() == [0, 4, 4] and c.parent_ids == [None, 0, 0]
+
+
+def test_model_input_wh_is_the_processors_resize_without_encoding():
+    from pathlib import Path
+
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    from lightning_modules.policy import model_input_size, model_input_wh
+
+    toy = Path(__file__).resolve().parents[2] / "checkpoints/toy-qwen2.5-vl"
+    ip = AutoProcessor.from_pretrained(toy).image_processor
+    for w, h in [(224, 224), (640, 480), (100, 300), (1000, 37)]:
+        grid = ip(images=[Image.new("RGB", (w, h))], return_tensors="pt")["image_grid_thw"]
+        assert model_input_wh(ip, w, h) == model_input_size(grid, ip.patch_size)[0]
