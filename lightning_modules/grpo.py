@@ -315,6 +315,7 @@ class GRPOModule(L.LightningModule):
 
     def on_fit_start(self) -> None:
         self._move_reference()
+        self.method.device = self.device  # where the method's all-reduced state (the diversity EMA) lives
         # from_pretrained returns the policy in eval mode; the fit loop checks the modes before on_train_start
         self.policy.train()
 
@@ -375,7 +376,6 @@ class GRPOModule(L.LightningModule):
         opt = self.optimizers()
         self._move_reference()
         timer = PhaseTimer(self.device)
-        self.method.device = self.device
         ro = self.method.rollout(self, batch)
         timer.lap("rollout")
         scores = self.method.score(batch, ro)

@@ -110,6 +110,8 @@ class Method:
 
     def __init__(self, hparams: Any) -> None:
         self.hp = hparams
+        self.device: torch.device | str = "cpu"
+        """The process's device (set by the module at fit start): where state that is all-reduced under DDP lives."""
 
     # ------------------------------------------------------------------------------------------------ rollout plan
     def prompt(self, processor, sample, template: str) -> str:

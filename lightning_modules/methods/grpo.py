@@ -41,8 +41,6 @@ class GRPO(Method):
         super().__init__(hparams)
         self.smoother = rewards.DiversitySmoother(beta=hparams.diversity_beta)
         """EMA of the ground-truth diversity V(q) (Syn-GRPO's target; GRPO only logs it)."""
-        self.device: torch.device | str = "cpu"
-        """Where the smoother all-reduces (set by the module: the process's device under DDP)."""
 
     def reward_terms(self) -> list[RewardTerm]:
         return [
