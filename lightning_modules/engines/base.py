@@ -125,7 +125,8 @@ class RolloutEngine(ABC):
         n = requests[0].n
         if any(r.n != n for r in requests):
             raise ValueError(
-                f"one generate() call samples the same number of completions per request; got {sorted({r.n for r in requests})}"
+                "one generate() call samples the same number of completions per request; got "
+                f"{sorted({r.n for r in requests})}: make one call per n (as CycleGRPO does for captions and groundings)"
             )
         tok = processor.tokenizer
         eos = eos_token_ids(tok)
