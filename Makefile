@@ -39,6 +39,17 @@ toy-model: setup
 	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage2.yaml --trainer.precision $(TOY_PRECISION)
 	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage3.yaml --trainer.precision $(TOY_PRECISION)
 
+# The CycleGRPO stage on top of it (checkpoints/toy-qwen2.5-vl-cycle: captions a box and grounds a caption;
+# configs/toy_sft_stage_cycle.yaml, docs/cycle_grpo.md): 1,800 steps of 16, about 25 min of one CPU core, fp32.
+toy-model-cycle: setup
+	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage_cycle.yaml --trainer.precision $(TOY_PRECISION)
+
+# The EvolvedGRPO stage on top of it (checkpoints/toy-qwen2.5-vl-evolved: the <step> format of multi-step questions;
+# configs/toy_sft_stage_evolved.yaml, docs/toy_model.md): 2,000 steps of 16, bf16 on a GPU (minutes), about an hour
+# of one CPU core. Not built yet: a first GPU run diverged (docs/toy_model.md).
+toy-model-evolved: setup
+	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage_evolved.yaml --trainer.precision $(TOY_PRECISION)
+
 # Table 1 on the toy world with intervals (docs/study.md): rows x 3 seeds + the beta ablation, evaluated on the held-out
 # test splits. J processes at a time; SHARD=i/n runs a fixed part (a device call), then `python -m study merge`.
 J ?= 2
@@ -68,7 +79,7 @@ test-vllm: vllm-venv
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=$${MKL_NUM_THREADS:-1} \
 		$(VLLM_VENV)/bin/python -m pytest -q -m vllm -s tests/lightning_modules/test_vllm_engine.py
 
-.PHONY: setup train test test-slow lint toy-model study study-smoke vllm-venv test-vllm
+.PHONY: setup train test test-slow lint toy-model toy-model-cycle toy-model-evolved study study-smoke vllm-venv test-vllm
 
 # The end-to-end GPU harness (one H200; docs/performance.md): the paper's one-GPU configs through train.py on
 # random-weight Qwen2.5-VL-3B + SDXL, TRL on the same work, engine parity. On the GPU machine: make gpu-e2e PY=python3

@@ -39,6 +39,20 @@ COLLAPSE_KEYS: dict[str, str] = {
 }
 """Metric -> panel title of the collapse figure (entropy and diversity collapse)."""
 
+EVOLUTION_KEYS: dict[str, str] = {
+    "train/level/mean": "difficulty level of the batch (EvolvedGRPO)",
+    "train/diversity/zero_frac": "zero-variance fraction (accuracy rewards)",
+    "train/level/sub_frac": "fraction in a sub-problem version",
+    "train/level/prefix_credit": "prefix credit on multi-step questions",
+}
+"""Metric -> panel title of the instruction-evolution figure, per training step (EvolvedGRPO vs GRPO)."""
+
+EPOCH_LEVEL_KEYS: dict[str, str] = {
+    "synth/level/mean": "mean difficulty level of the pool",
+    "synth/level/sub_frac": "pool fraction in a sub-problem version",
+}
+"""Metric -> panel title of the per-epoch levels (the synthesis callback's ``synth/level/*``, ``Run.epochs``)."""
+
 REWARD_KEYS: dict[str, str] = {
     "train/reward/accuracy": "R_acc",
     "train/reward/format": "R_format",
@@ -65,6 +79,9 @@ class Run:
     train: pd.DataFrame = field(default_factory=pd.DataFrame)
     val: pd.DataFrame = field(default_factory=pd.DataFrame)
     test: pd.DataFrame = field(default_factory=pd.DataFrame)
+    epochs: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """A row per training epoch (``epoch``, ``step``, what callbacks logged at its end: ``synth/*``,
+    ``synth/level/*``); empty for runs logged before the format had it."""
     source: str = ""
     run_id: str | None = None
     label: str = ""
@@ -134,11 +151,13 @@ class _Builder:
     name: str
     hparams: dict[str, Any]
     run_id: str | None
-    rows: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"train": [], "val": [], "test": []})
+    rows: dict[str, list[dict[str, Any]]] = field(
+        default_factory=lambda: {"train": [], "val": [], "test": [], "epoch": []}
+    )
 
     def truncate(self, step: int) -> None:
         """A resume from the checkpoint at ``step``: what the crashed segment logged after it is superseded."""
-        for kind in ("train", "val"):
+        for kind in ("train", "val", "epoch"):
             self.rows[kind] = [r for r in self.rows[kind] if (r.get("step") or 0) <= step]
 
 
@@ -174,7 +193,7 @@ def read_metrics_jsonl(path: str | os.PathLike, name: str | None = None) -> list
                     same = [b for b in runs if row.get("run_id") and b.run_id == row.get("run_id")]
                     cur = same[-1] if same else cur
                     cur.truncate(int(row.get("step") or 0))
-            elif event in ("train", "val", "test"):
+            elif event in ("train", "val", "test", "epoch"):
                 if cur is None:
                     cur = _Builder(path.parent.name, {}, None)
                     runs.append(cur)
@@ -186,6 +205,7 @@ def read_metrics_jsonl(path: str | os.PathLike, name: str | None = None) -> list
             train=_frame(b.rows["train"]),
             val=_frame(b.rows["val"], ()),
             test=_frame(b.rows["test"], ()),
+            epochs=_frame(b.rows["epoch"], ("epoch",)),
             source=str(path),
             run_id=b.run_id,
         )
@@ -585,10 +605,17 @@ def method_of(run: Run) -> str:
 
 
 def plot_collapse_by_method(
-    runs: Sequence[Run], keys: Mapping[str, str] = COLLAPSE_KEYS, smooth: float = 0.0, method: Callable = method_of
+    runs: Sequence[Run],
+    keys: Mapping[str, str] = COLLAPSE_KEYS,
+    smooth: float = 0.0,
+    method: Callable = method_of,
+    title: str = "Entropy and diversity collapse per method (mean over seeds, band: min-max)",
+    frame: str = "train",
 ) -> Figure:
     """The collapse curves per method: the mean over a method's runs (seeds) at each step, with the band between the
-    lowest and the highest run; a method with one run is its curve. Methods come from ``method(run)``."""
+    lowest and the highest run; a method with one run is its curve. Methods come from ``method(run)``. ``frame``:
+    ``train`` (per step) or ``epochs`` (the per-epoch rows of callbacks' logs, by epoch)."""
+    x = "step" if frame == "train" else "epoch"
     groups: dict[str, list[Run]] = {}
     for r in runs:
         groups.setdefault(method(r), []).append(r)
@@ -598,14 +625,15 @@ def plot_collapse_by_method(
     cmap = colormaps["tab10"]
     for ax, (key, label) in zip(axes, keys.items()):
         for i, (name, group) in enumerate(groups.items()):
-            frames = [r.train[["step", key]].dropna() for r in group if key in r.train and r.train[key].notna().any()]
+            tables = [getattr(r, frame) for r in group]
+            frames = [t[[x, key]].dropna() for t in tables if key in t and t[key].notna().any()]
             if not frames:
                 continue
             both = pd.concat([f.assign(_run=j) for j, f in enumerate(frames)])
-            stats = both.groupby("step")[key].agg(["mean", "min", "max"]).reset_index()
+            stats = both.groupby(x)[key].agg(["mean", "min", "max"]).reset_index()
             c = cmap(i % 10)
             ax.plot(
-                stats["step"],
+                stats[x],
                 ema(stats["mean"], smooth),
                 color=c,
                 label=f"{name} (n={len(frames)})",
@@ -613,9 +641,22 @@ def plot_collapse_by_method(
                 markersize=3,
             )
             if len(frames) > 1:
-                ax.fill_between(stats["step"], stats["min"], stats["max"], color=c, alpha=0.15, linewidth=0)
+                ax.fill_between(stats[x], stats["min"], stats["max"], color=c, alpha=0.15, linewidth=0)
         _style_step_axis(ax, label, key)
-    return _finish_figure(fig, axes, "Entropy and diversity collapse per method (mean over seeds, band: min-max)")
+        ax.set_xlabel(x)
+    return _finish_figure(fig, axes, title)
+
+
+def plot_evolution_by_method(runs: Sequence[Run], smooth: float = 0.0) -> list[Figure]:
+    """EvolvedGRPO against GRPO: per step, the batch's difficulty level and the zero-variance fraction of the
+    accuracy rewards (``EVOLUTION_KEYS``), and per epoch, the pool's level (``EPOCH_LEVEL_KEYS``); per method, mean
+    over seeds with the min-max band. A method that logs no level (GRPO) draws only the zero-variance panel."""
+    title = "Instruction evolution per method (mean over seeds, band: min-max)"
+    per_step = plot_collapse_by_method(runs, EVOLUTION_KEYS, smooth, title=title)
+    per_epoch = plot_collapse_by_method(
+        runs, EPOCH_LEVEL_KEYS, title="Difficulty level of the pool by epoch", frame="epochs"
+    )
+    return [per_step, per_epoch]
 
 
 def plot_accuracy(runs: Sequence[Run], metric: str = "acc50", kind: str = "val") -> Figure:

@@ -13,7 +13,8 @@ What a call does, in order:
    carry them): Qwen2.5-VL-3B (``bench/grpo_step.py``'s written-out config.json) with a Qwen2.5-VL processor around a
    byte-level BPE tokenizer trained here on the project's prompts (so prompts tokenize to about as many tokens as
    with Qwen's tokenizer), and SDXL base + ControlNet-Union (``synth/random_sdxl.py``) as a diffusers directory.
-   Toy-world scenes at 448 x 448 are exported as VLM-R1 JSONL under the file names each config reads.
+   Toy-world scenes at 448 x 448 are exported as VLM-R1 JSONL under the file names each config reads, and toy video
+   clips (16 frames at 2 fps, ``--video-size`` px) as video JSONL for the video configs (``cycle_st_7b``).
 2. **Runs** ``train.py fit`` on each config of ``--runs`` (``config[+overlay...]:synthesis``). The config is composed
    exactly as ``train.py fit --config A --config B`` composes it, then **only paths and lengths** are overridden (the
    list is written into the results): model / data / image paths and the data server's model paths; the train set
@@ -144,6 +145,16 @@ def export_toy(root: Path, task: str, n_train: int, n_val: int, size: int) -> Pa
     return d
 
 
+def export_toy_video(root: Path, n_train: int, n_val: int, size: int) -> Path:
+    """The toy video world (16 frames at 2 fps) as video JSONL, for the configs that read it (``cycle_st_7b``)."""
+    from datamodules.toy_video import export_jsonl
+
+    d = root / f"toy_video_{size}"
+    export_jsonl(d, "train", n_train, seed=0, size=size)
+    export_jsonl(d, "val", n_val, seed=0, size=size)
+    return d
+
+
 # ------------------------------------------------------------------------------------------------------------ config
 def compose(paths: list[Path]) -> dict[str, Any]:
     """The config exactly as ``train.py fit --config A --config B ...`` composes it (``--print_config``)."""
@@ -158,7 +169,11 @@ def compose(paths: list[Path]) -> dict[str, Any]:
 
 
 def swap_paths_and_lengths(cfg: dict[str, Any], *, ctx: dict[str, Any], run_dir: Path, synthesis: str) -> list[str]:
-    """Override only paths and lengths (and the synthesis mode), in place; returns what was overridden."""
+    """Override only paths and lengths (and the synthesis mode, and what ``--set`` names), in place; returns what was
+    overridden."""
+    import yaml
+
+    from datamodules import toy_video
     from datamodules.toy import jsonl_path
 
     changed: list[str] = []
@@ -171,6 +186,9 @@ def swap_paths_and_lengths(cfg: dict[str, Any], *, ctx: dict[str, Any], run_dir:
     t, m, d = cfg["trainer"], cfg["model"]["init_args"], cfg["data"]["init_args"]
     task = m.get("task", "rec")
     put(m, "model_name_or_path", ctx["model_dir"], "model")
+    if cfg["data"]["class_path"].endswith("VideoGroundingDataModule"):  # video configs read the toy video world
+        task = "video"
+        jsonl_path = lambda root, split, task: toy_video.jsonl_path(root, split)  # noqa: E731
     toy = ctx["toy"][task]
     data = run_dir / "data"
     data.mkdir(parents=True, exist_ok=True)
@@ -203,10 +221,20 @@ def swap_paths_and_lengths(cfg: dict[str, Any], *, ctx: dict[str, Any], run_dir:
         if name == "SynthesisCallback":
             put(a, "mode", synthesis, name)
             if synthesis != "off":
-                put(a, "offline_descriptions", str(next(toy.glob("*offline_descriptions.jsonl"))), name)
+                if a.get("strategy", "method") == "method":  # random weights describe nothing: offline descriptions
+                    put(a, "offline_descriptions", str(next(toy.glob("*offline_descriptions.jsonl"))), name)
                 over = dict(a.get("server_overrides") or {})
-                over.update(ctx["server_overrides"])
+                # on GPUs the config's own server GPU stays (a 2-GPU config puts the server on GPU 1 or shares GPU 0)
+                keep = "devices" in over and not ctx.get("smoke")
+                over.update({k: v for k, v in ctx["server_overrides"].items() if not (k == "devices" and keep)})
                 put(a, "server_overrides", over, name)
+    for item in ctx.get("set") or []:  # --set data.init_args.batch_size=20 (weak scaling), recorded like the rest
+        key, _, value = item.partition("=")
+        *parents, leaf = key.split(".")
+        node = cfg
+        for k in parents:
+            node = node.setdefault(k, {})
+        put(node, leaf, yaml.safe_load(value), key.rsplit(".", 1)[0] if parents else "config")
     return changed
 
 
@@ -476,10 +504,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--train-samples", type=int, default=60, help="3 steps per epoch at 20 prompts")
     ap.add_argument("--val-samples", type=int, default=16)
     ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--video-size", type=int, default=224, help="frame side of the toy video clips (video configs)")
     ap.add_argument("--synth-resolution", type=int, default=640, help="the SDXL server's long side in fit runs")
     ap.add_argument("--timeout", type=float, default=480, help="seconds per fit run")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny architectures: a check of the harness itself")
     ap.add_argument("--out", default=None, help="results JSON (merged into an existing one)")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        help="KEY=VALUE (YAML) on every run's composed config, e.g. data.init_args.batch_size=20; repeatable",
+    )
     args = ap.parse_args(argv)
     import torch
 
@@ -497,6 +532,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "epochs": args.epochs,
         "train_samples": args.train_samples if not args.smoke else 4,
         "val_samples": args.val_samples if not args.smoke else 2,
+        "set": args.set,
     }
     builds: dict[str, Any] = {}
     builds["qwen"] = build_qwen(
@@ -520,6 +556,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     size = 448 if not args.smoke else 112
     n_train = max(ctx["train_samples"], 32)
     ctx["toy"] = {task: export_toy(work, task, n_train, ctx["val_samples"], size) for task in ("rec", "ovd")}
+    video_size = args.video_size if not args.smoke else 112
+    ctx["toy"]["video"] = export_toy_video(work, n_train, ctx["val_samples"], video_size)
     builds["build_s"] = round(time.perf_counter() - t0, 1)
     ctx["prompt_text_tokens"] = prompt_text_tokens(ctx)
 

@@ -5,16 +5,23 @@
 * a request with a ``description`` repaints the sample's background through the data server (Syn-GRPO's image
   evolution; the new image and its exact boxes swap in at the epoch boundary, or the sample keeps its image when the
   job fails);
-* a request with a ``query`` replaces the sample's question, keeping its image (instruction evolution, for
-  EvolvedGRPO's textual edits); it is applied at the same boundary, with its difficulty ``level`` recorded in the
-  pool's lineage. The strategy that emits it owns the correctness of the new question's label.
+* a request with ``edits`` sends a visual edit job to the data server (EvolvedGRPO's visual edits: the toy scene is
+  re-rendered with closer look-alikes, clutter or occluders, the target's foreground audited); the edited image, its
+  scene and the request's question and ``level`` swap in at the boundary with their parent, or nothing changes when
+  the job fails;
+* a request with a ``query`` alone replaces the sample's question (instruction evolution, EvolvedGRPO's textual
+  edits); it is applied at the same boundary, with its difficulty ``level`` recorded in the pool's lineage. The
+  strategy that emits it owns the correctness of the new question's label.
 
 Built-in strategies (``--callbacks.synthesis.init_args.strategy``):
 
-* ``instruction_evolution``: EvolvedGRPO's adversarial, progressive question edits on the toy world
-  (``datamodules/evolve.py``): a sample whose group converged at full accuracy gets a harder question (one level
-  up), one whose group failed entirely steps back to its sub-problem version, then a level down; runs without a server;
+* ``instruction_evolution``: EvolvedGRPO's adversarial, progressive edits on the toy world (``datamodules/evolve.py``):
+  a sample whose group converged at full accuracy gets a harder version (one level up: a harder question, or a
+  visual edit the data server runs), one whose group failed entirely steps back to its sub-problem version, then a
+  level down; with text edits only it runs without a server;
 
+* ``instruction_and_image_evolution``: both on one pool: samples at level 0 take the method's repaints (Syn-GRPO),
+  evolved ones instruction evolution's edits;
 * ``method``: the evolution requests the training step returned (``outputs["evolution"]``; Syn-GRPO: the selected
   description of each sample);
 * ``offline``: descriptions read from a JSONL file, cycled per epoch ("GRPO + Offline Generation");
@@ -47,18 +54,22 @@ __all__ = [
 
 @dataclass(frozen=True)
 class EvolutionRequest:
-    """Evolve sample ``sample_id``: repaint its background from ``description`` and/or ask ``query`` instead of its
-    question; ``level`` is the difficulty the new version carries (instruction evolution)."""
+    """Evolve sample ``sample_id``: repaint its background from ``description``, edit its original image with the
+    visual ``edits`` (jobs ``{"kind", "params"}`` the data server runs on the original toy scene), and/or ask
+    ``query`` instead of its question; ``level`` is the difficulty the new version carries (instruction evolution).
+    A question edit alone applies to the ``base`` image: ``current``, or ``original`` (undoing earlier visual edits)."""
 
     sample_id: str
     description: str | None = None
     query: str | None = None
     level: int = 0
+    edits: tuple[dict[str, Any], ...] = ()
+    base: str = "current"
 
 
 class EvolutionStrategy(ABC):
     name: ClassVar[str] = ""
-    paints: ClassVar[bool] = True
+    paints: bool = True
     """The strategy's requests need the data server (image repaints); a strategy that only edits questions runs
     without one."""
 
@@ -158,21 +169,23 @@ class RandomDescriptions(EvolutionStrategy):
 
 @register_strategy("instruction_evolution")
 class InstructionEvolution(EvolutionStrategy):
-    """EvolvedGRPO's textual edits on toy-world samples (``datamodules.evolve``), levels tracked per sample.
+    """EvolvedGRPO's textual and visual edits on toy-world samples (``datamodules.evolve``), levels tracked per sample.
 
     After each batch, every sample's group of answers (the step's ``accuracy`` reward per row, correct at
-    ``>= correct_iou``) moves its level by ``evolve.next_level``; a sample whose level changed gets the question of its
-    new level (``evolve.evolve(..., modality="text")``: the same target, unique in the scene), or its original question
-    back at level 0. A level with no valid edit for the scene keeps the current question. Samples without a toy scene
-    (``meta["objects"]``) are left alone. Visual edits need a data-server job kind (not wired yet).
+    ``>= correct_iou``) moves its level by ``evolve.next_level``; a sample whose level changed gets the version of its
+    new level, always an edit of the *original* scene (``evolve.evolve``): a new question for the same target
+    (``modality: text``), a visual edit the data server runs (``visual``), or either at random with the other as
+    fall-back (``any``); at level 0 its original question and image come back. A level with no valid edit for the scene
+    keeps the current version. Samples without a toy scene (``meta["objects"]``) are left alone.
     """
 
-    paints = False
-
-    def __init__(self, seed: int = 0, max_level: int = 5, correct_iou: float = 0.5):
+    def __init__(self, seed: int = 0, max_level: int = 5, correct_iou: float = 0.5, modality: str = "text"):
         from datamodules.evolve import LevelState
 
-        self.seed, self.correct_iou = seed, correct_iou
+        if modality not in ("text", "visual", "any"):
+            raise ValueError(f"instruction_evolution modality must be 'text', 'visual' or 'any', got {modality!r}")
+        self.seed, self.correct_iou, self.modality = seed, correct_iou, modality
+        self.paints = modality != "text"  # visual edits run on the data server
         self.levels = LevelState(max_level=max_level)
 
     def requests(self, epoch, batch, outputs):
@@ -187,6 +200,7 @@ class InstructionEvolution(EvolutionStrategy):
         out = []
         for b, s in enumerate(batch):
             meta = getattr(s, "meta", None) or {}
+            meta = meta.get("original_meta") or meta  # every level is an edit of the original scene
             if not meta.get("objects"):
                 continue
             before = self.levels.get(s.sample_id)
@@ -194,12 +208,18 @@ class InstructionEvolution(EvolutionStrategy):
             if after == before:
                 continue
             if after == Level():
-                out.append(EvolutionRequest(s.sample_id, query=meta["query"], level=0))
+                out.append(EvolutionRequest(s.sample_id, query=meta["query"], level=0, base="original"))
                 continue
             rng = np.random.default_rng([self.seed, epoch, zlib.crc32(s.sample_id.encode()), after.level])
-            evolved = evolve({"meta": meta, "image": s.image}, after, rng, modality="text")
-            if evolved is not None and evolved.query != s.query:
-                out.append(EvolutionRequest(s.sample_id, query=evolved.query, level=after.level))
+            evolved = evolve({"meta": meta, "image": s.image}, after, rng, modality=self.modality)
+            if evolved is None:
+                continue
+            if evolved.jobs and self.paints:
+                out.append(
+                    EvolutionRequest(s.sample_id, query=evolved.query, level=after.level, edits=tuple(evolved.jobs))
+                )
+            elif not evolved.jobs and evolved.query != s.query:
+                out.append(EvolutionRequest(s.sample_id, query=evolved.query, level=after.level, base="original"))
         return out
 
     def state_dict(self) -> dict[str, Any]:
@@ -211,3 +231,38 @@ class InstructionEvolution(EvolutionStrategy):
 
     def stats(self) -> dict[str, float]:
         return self.levels.stats()
+
+
+@register_strategy("instruction_and_image_evolution")
+class InstructionAndImageEvolution(EvolutionStrategy):
+    """EvolvedGRPO's instruction evolution and Syn-GRPO's image evolution on one pool (``configs/overlays/evolved_syn
+    .yaml``, docs/decisions.md). A sample at level 0 (its original question, not a sub-problem) takes the method's
+    repaints (``outputs["evolution"]``: Syn-GRPO's selected descriptions), as in Syn-GRPO; once its level moves,
+    instruction evolution owns it: its versions are edits of the original scene (a repaint would change the objects a
+    harder question relies on, so its label would no longer be exact), and it takes no repaints until it is back at
+    level 0. Args: those of ``instruction_evolution`` (``modality`` defaults to ``any``)."""
+
+    def __init__(self, seed: int = 0, max_level: int = 5, correct_iou: float = 0.5, modality: str = "any"):
+        self.instructions = InstructionEvolution(seed, max_level, correct_iou, modality)
+        self.images = MethodRequests()
+
+    def requests(self, epoch, batch, outputs):
+        from datamodules.evolve import Level
+
+        edits = self.instructions.requests(epoch, batch, outputs)
+        moved = {r.sample_id for r in edits}
+        repaints = [
+            r
+            for r in self.images.requests(epoch, batch, outputs)
+            if r.sample_id not in moved and self.instructions.levels.get(r.sample_id) == Level()
+        ]
+        return edits + repaints
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.instructions.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.instructions.load_state_dict(state)
+
+    def stats(self) -> dict[str, float]:
+        return self.instructions.stats()

@@ -91,6 +91,10 @@ class MetricsJSONL(Callback):
       ``train/*`` metric the module logged.
     * ``val`` / ``test``: at the end of each validation / test run (sanity checks excluded): ``step``, ``epoch``,
       ``stage`` and every ``val/*`` / ``test/*`` metric (``val/<set>/acc50``, ``val/<set>/miou``, OVD ``map``, ...).
+    * ``epoch``: once per training epoch, what callbacks logged at its end (every namespaced metric outside
+      ``train/``, ``val/`` and ``test/``: ``synth/*``, ``synth/level/*``), when there is any: ``step``, ``epoch``
+      and the values. Lightning reduces a callback's epoch-end logs after every ``on_train_epoch_end`` hook, so the
+      row is written at the next epoch's start, or when training ends.
     * ``end``: when the trainer tears down: ``step``, ``status`` (``finished``, ``failed`` with ``error``, or
       ``interrupted``).
 
@@ -126,6 +130,8 @@ class MetricsJSONL(Callback):
         self._started: str | None = None
         self._last_train_step: int | None = None
         self._error: str | None = None
+        self._epoch_pending: int | None = None
+        """The training epoch whose end-of-epoch row is still to be written."""
 
     def __getstate__(self) -> dict[str, Any]:  # picklable for spawn launchers: the handle reopens on first write
         state = dict(self.__dict__)
@@ -187,6 +193,28 @@ class MetricsJSONL(Callback):
 
     def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._start(trainer, pl_module, "test")
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._epoch_pending = trainer.current_epoch
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._write_epoch(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._write_epoch(trainer)
+
+    def _write_epoch(self, trainer: L.Trainer) -> None:
+        epoch, self._epoch_pending = self._epoch_pending, None
+        if epoch is None or not trainer.is_global_zero:
+            return
+        values = {
+            k: json_safe(v)
+            for k, v in trainer.callback_metrics.items()
+            if "/" in k and not k.startswith(("train/", "val/", "test/"))  # no progress-bar aliases ("iou")
+        }
+        if values:
+            row = {"event": "epoch", "step": trainer.global_step, "epoch": epoch, "time": time.time(), **values}
+            self._write(trainer, row)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int):
         step = trainer.global_step
@@ -257,6 +285,7 @@ class MetricsJSONL(Callback):
         self._started = None
         self._last_train_step = None
         self._error = None
+        self._epoch_pending = None
 
 
 # ---------------------------------------------------------------------------------------------------------------------

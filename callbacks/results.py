@@ -33,6 +33,8 @@ METRIC_LABELS = {
     "gp": "GP",
     "gr": "GR",
     "format": "format",
+    "locatability": "locatability",  # CycleGRPO: captions that ground back to their own region (cycle_metrics)
+    "confusion": "confusion",  # ... that ground onto a look-alike instead
 }
 """Metric key -> column header, in the order the table shows them."""
 

@@ -55,6 +55,12 @@ class Outstanding:
     """Extra canvas as a fraction of the image's size (0: none)."""
     offset: tuple[int, int] | None = None
     """Top-left of the image on the extended canvas (None: centred)."""
+    edit: dict[str, Any] | None = None
+    """A visual edit job (``synth.api.VisualEdit`` as a dict) instead of a repaint."""
+    query: str | None = None
+    """The question the edited version asks (None: keep the current one)."""
+    level: int | None = None
+    """The edited version's difficulty level (instruction evolution)."""
 
 
 def _job_id(sample_id: str, epoch: int, description: str = "") -> str:
@@ -249,7 +255,7 @@ class SynthesisCallback(Callback):
         inside ``on_train_batch_end`` and must not stop training (the sample keeps its image)."""
         from pydantic import ValidationError
 
-        from synth.api import ImageRef, JobRequest
+        from synth.api import ImageRef, JobRequest, VisualEdit
 
         try:
             request = JobRequest(
@@ -260,6 +266,7 @@ class SynthesisCallback(Callback):
                 description=job.description,
                 seed=job.seed,
                 canvas=self._canvas(job),
+                edit=None if job.edit is None else VisualEdit(**job.edit),
             )
         except ValidationError as err:
             log.warning("synthesis job %s not submitted (the sample keeps its image): %s", job.job_id, err)
@@ -310,8 +317,25 @@ class SynthesisCallback(Callback):
         submitted: list[str] = []
         for req in chosen:
             sample_id, description = req.sample_id, req.description
+            if req.query is not None or req.edits:  # the newest version asked for a sample replaces older requests
+                self.pending_edits.pop(sample_id, None)
+                for old in [j for j in self.outstanding.values() if j.sample_id == sample_id]:
+                    self.outstanding.pop(old.job_id)
+            if req.edits:
+                job = self._edit_job(req, epoch)
+                self.outstanding[job.job_id] = job
+                self.totals["submitted"] += 1
+                submitted.append(job.job_id)
+                if self._submitter is not None:
+                    self._submit(job)
+                continue
             if req.query is not None:  # a question edit: applied at the epoch boundary, no server involved
-                self.pending_edits[sample_id] = {"query": req.query, "level": req.level, "epoch": epoch}
+                self.pending_edits[sample_id] = {
+                    "query": req.query,
+                    "level": req.level,
+                    "epoch": epoch,
+                    "base": req.base,
+                }
             if not description or sample_id in busy:  # one job per sample per epoch
                 continue
             src = self._pool.original(sample_id) if self.source == "original" else self._pool.current(sample_id)
@@ -364,6 +388,28 @@ class SynthesisCallback(Callback):
             rank_zero_only=True,
         )
 
+    def _edit_job(self, req: EvolutionRequest, epoch: int) -> Outstanding:
+        """A visual edit of the sample's original image and scene (instruction evolution edits the original)."""
+        import json
+
+        src = self._pool.original(req.sample_id)
+        scene = self._pool.entries[req.sample_id].record.meta
+        job_id = _job_id(req.sample_id, epoch, json.dumps([list(req.edits), req.query, req.level], sort_keys=True))
+        return Outstanding(
+            job_id=job_id,
+            sample_id=req.sample_id,
+            description="",
+            epoch=epoch,
+            parent=self._pool.current(req.sample_id).version,
+            image_path=str(Path(src.image_path).resolve()),
+            boxes=[list(b) for b in src.boxes],
+            seed=zlib.crc32(job_id.encode()) % (2**31),
+            submitted_at=time.time(),
+            edit={"steps": list(req.edits), "scene": scene},
+            query=req.query,
+            level=req.level,
+        )
+
     # ------------------------------------------------------------------------------------------------ swap
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.mode == "off":
@@ -395,8 +441,10 @@ class SynthesisCallback(Callback):
             torch.distributed.broadcast_object_list(box, src=0)
             swaps = box[0]
         for s in swaps:
-            if "image_path" not in s:  # a question edit: the current image, a new question
-                self._pool.edit_question(s["sample_id"], s["query"], epoch=epoch + 1, level=s["level"])
+            if "image_path" not in s:  # a question edit: the base image, a new question
+                self._pool.edit_question(
+                    s["sample_id"], s["query"], epoch=epoch + 1, level=s["level"], base=s.get("base", "current")
+                )
                 continue
             self._pool.swap(
                 s["sample_id"],
@@ -406,6 +454,9 @@ class SynthesisCallback(Callback):
                 description=s["description"],
                 job_id=s["job_id"],
                 parent=s["parent"],
+                query=s.get("query"),
+                level=s.get("level"),
+                scene=s.get("scene"),
             )
         self.last_boundary = epoch
         if trainer.is_global_zero:
@@ -457,9 +508,12 @@ class SynthesisCallback(Callback):
                         "sample_id": job.sample_id,
                         "image_path": res.output_path,
                         "boxes": res.boxes,
-                        "description": job.description,
+                        "description": job.description or None,
                         "job_id": job.job_id,
                         "parent": job.parent,
+                        "query": job.query,
+                        "level": job.level,
+                        "scene": res.scene,
                     }
                 )
                 lags.append(now - job.submitted_at)
@@ -487,6 +541,7 @@ class SynthesisCallback(Callback):
             "lag_s": sum(lags) / len(lags) if lags else 0.0,
             "queue_depth": stats["unsent"] + stats["in_flight"],
             "server_restarts": self.totals["server_restarts"],
+            **self.strategy.stats(),
         }
         return swaps, report
 

@@ -19,8 +19,11 @@ import torch
 from cli.errors import ConfigError
 
 
-def _policy_state(ckpt_path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """(the ``policy.*`` tensors, a few facts) of a Lightning checkpoint, memory-mapped."""
+def _policy_state(ckpt_path: str | Path, model: L.LightningModule) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(the ``policy.*`` tensors, a few facts) of a Lightning checkpoint, memory-mapped; a distributed checkpoint (a
+    folder of shards, ``--trainer.strategy fsdp2``) is read into ``model``'s own tensors."""
+    if Path(ckpt_path).is_dir():
+        return _sharded_policy_state(Path(ckpt_path), model)
     ckpt = torch.load(str(ckpt_path), map_location="cpu", mmap=True, weights_only=False)
     state = ckpt.get("state_dict") or {}
     policy = {k: v for k, v in state.items() if k.startswith("policy.")}
@@ -31,6 +34,30 @@ def _policy_state(ckpt_path: str | Path) -> tuple[dict[str, torch.Tensor], dict[
         )
     facts = {"global_step": ckpt.get("global_step"), "epoch": ckpt.get("epoch")}
     return policy, facts
+
+
+def _sharded_policy_state(path: Path, model: L.LightningModule) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The full policy of a distributed checkpoint (``ModelParallelStrategy``: ``.metadata``, one ``.distcp`` file
+    per rank, ``meta.pt``), read in this one process: each tensor's shards are copied into ``model``'s tensor of the
+    same name (the fp32 masters cast to the export's ``--model.dtype``); the optimizer state is never read."""
+    import torch.distributed.checkpoint as dcp
+
+    if not (path / "meta.pt").is_file() or not (path / ".metadata").is_file():
+        raise ConfigError(
+            f"--ckpt_path {path}: a folder but not a distributed checkpoint (no meta.pt / .metadata); pass a "
+            "checkpoint file, or a checkpoint folder written by a --trainer.strategy fsdp2 run"
+        )
+    saved = set(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+    policy = {k: v for k, v in model.state_dict().items() if k.startswith("policy.")}
+    missing = [k for k in policy if f"state_dict.{k}" not in saved]
+    if missing:
+        raise ConfigError(
+            f"--ckpt_path {path}: {len(missing)} policy weights missing (e.g. {missing[0]}); the checkpoint is of "
+            "another model than --model.init_args.model_name_or_path"
+        )
+    dcp.load({"state_dict": policy}, checkpoint_id=str(path), no_dist=True)
+    meta = torch.load(str(path / "meta.pt"), map_location="cpu", weights_only=False)
+    return policy, {"global_step": meta.get("global_step"), "epoch": meta.get("epoch")}
 
 
 def export_policy(
@@ -47,7 +74,7 @@ def export_policy(
     model.configure_model()
     facts: dict[str, Any] = {}
     if ckpt_path:
-        state, facts = _policy_state(ckpt_path)
+        state, facts = _policy_state(ckpt_path, model)
         result = model.load_state_dict(state, strict=False)
         missing = [k for k in result.missing_keys if k.startswith("policy.")]
         if missing:

@@ -379,10 +379,11 @@ class SynGRPOCLI(LightningCLI):
                 + " to point at your JSONL files (docs/interfaces.md), or pass --data.init_args.data_root DIR"
             )
         ckpt = cfg.get("ckpt_path")
-        if ckpt and ckpt not in ("last", "best", "hpc", "registry") and not Path(ckpt).is_file():
+        sharded = Path(str(ckpt)).is_dir() and (Path(str(ckpt)) / "meta.pt").is_file()  # FSDP2: a folder of shards
+        if ckpt and ckpt not in ("last", "best", "hpc", "registry") and not (Path(ckpt).is_file() or sharded):
             fail(
-                f"--ckpt_path {ckpt}: no such file; checkpoints of a run are in <run folder>/checkpoints/ "
-                f"(e.g. {RUN_ROOT}/{self.run_name}/checkpoints/last.ckpt)"
+                f"--ckpt_path {ckpt}: no such file (nor a distributed checkpoint folder with a meta.pt); checkpoints of "
+                f"a run are in <run folder>/checkpoints/ (e.g. {RUN_ROOT}/{self.run_name}/checkpoints/last.ckpt)"
             )
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:

@@ -321,6 +321,20 @@ def owner_map(meta: dict[str, Any]) -> np.ndarray:
     return owner
 
 
+def foreground_mask(meta: dict[str, Any], boxes: Sequence[Sequence[float]]) -> np.ndarray:
+    """bool ``[H, W]``: the shape pixels of the scene's objects whose boxes are ``boxes`` (the pixels a visual edit
+    must leave as they are: the data server audits them); raises when a box is no object of the scene."""
+    h, w = meta["height"], meta["width"]
+    out = np.zeros((h, w), dtype=bool)
+    for b in boxes:
+        o = next((o for o in _objects(meta) if list(o["box"]) == [int(round(v)) for v in b]), None)
+        if o is None:
+            raise ValueError(f"the box {list(b)} is no object of the scene: send the scene that goes with the image")
+        x1, y1, x2, y2 = o["box"]
+        out[y1:y2, x1:x2] |= grammar.shape_mask(o["shape"], x2 - x1, y2 - y1)
+    return out
+
+
 def visibility(meta: dict[str, Any], owner: np.ndarray | None = None) -> list[Visibility]:
     """Per object: ``clear`` (every pixel of its shape shows and no other object's box comes within 1 px of its box),
     ``occluded`` (apart from other objects, partly under an occluder, but every row and column of its shape still
@@ -793,16 +807,45 @@ def guided_query(steps: Sequence[Step]) -> str:
     return f"{steps[-1].query} ({plan}; then the answer)"
 
 
-def format_steps(steps: Sequence[Step], input_wh: tuple[int, int], orig_wh: tuple[int, int]) -> str:
+GUIDE_MARK = " (step 1: "
+"""Where ``guided_query`` appends the spelled-out steps to the query."""
+
+
+def query_steps(meta: dict[str, Any], query: str) -> list[Step]:
+    """The steps of a sample's question on its scene (``decompose``; a guided sub-problem question counts as its
+    query); [] when the sample is no toy REC scene or the question is no query of the language."""
+    if not meta.get("objects"):
+        return []
+    try:
+        return decompose(meta, query.split(GUIDE_MARK, 1)[0])
+    except ValueError:  # QueryParseError included; an OVD scene; a step that no longer names one object
+        return []
+
+
+def is_sub_problem(meta: dict[str, Any], query: str) -> bool:
+    """Whether a sample is in its sub-problem version: its steps spelled out, or its image decluttered."""
+    edits = meta.get("edits") or []
+    return GUIDE_MARK in query or bool(edits and edits[-1].get("kind") == SUB_VISUAL_KIND)
+
+
+def format_steps(
+    steps: Sequence[Step], input_wh: tuple[int, int], orig_wh: tuple[int, int], queries: bool = True
+) -> str:
     """The reasoning of a sub-problem completion, to go inside ``<think>``: one sentence per step with its box in a
     ``<step>`` tag, in integer pixels of the model input (as ``toy.sft_target`` writes answers), e.g.
-    ``Step 1: the red square <step>[60, 20, 110, 70]</step>. Step 2: the circle below it <step>[...]</step>.``"""
+    ``Step 1: the red square <step>[60, 20, 110, 70]</step>. Step 2: the circle below it <step>[...]</step>.``;
+    ``queries=False`` leaves the steps' queries out (``Step 1: <step>[60, 20, 110, 70]</step>.``: the toy model's
+    short form, docs/decisions.md)."""
     sx, sy = input_wh[0] / orig_wh[0], input_wh[1] / orig_wh[1]
     parts = []
     for k, s in enumerate(steps, 1):
         x1, y1, x2, y2 = s.box
         box = [int(np.floor(v * f + 0.5)) for v, f in ((x1, sx), (y1, sy), (x2, sx), (y2, sy))]
-        parts.append(f"Step {k}: {s.query} <step>{json.dumps(box)}</step>.")
+        parts.append(
+            f"Step {k}: {s.query} <step>{json.dumps(box)}</step>."
+            if queries
+            else f"Step {k}: <step>{json.dumps(box)}</step>."
+        )
     return " ".join(parts)
 
 
@@ -1052,6 +1095,9 @@ __all__ = [
     "evolve",
     "format_steps",
     "execute_job",
+    "foreground_mask",
+    "is_sub_problem",
+    "query_steps",
     "format_query",
     "guided_query",
     "is_exact",

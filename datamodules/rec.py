@@ -210,6 +210,10 @@ class ToySpec:
     mix: dict[str, float] = field(default_factory=dict)
     """With ``render_train``: fractions of the training scenes drawn from other splits, e.g. ``{varied: 0.5}``
     (``datamodules.toy.SPLITS``: ``solo`` and ``varied`` exist for SFT)."""
+    evolve: float = 0.0
+    """With ``render_train``: fraction of the training scenes served in an evolved version (``datamodules.evolve``:
+    ``toy.EVOLVE_LEVELS``, text edits three times in four, half of them in their sub-problem version), for the SFT
+    stage that teaches EvolvedGRPO's step format."""
 
 
 class RECDataModule(L.LightningDataModule):
@@ -298,7 +302,9 @@ class RECDataModule(L.LightningDataModule):
             n = self.toy.splits.get("train", 0)
             if self.max_train_samples is not None:
                 n = min(n, self.max_train_samples)
-            self.train_set = ToySceneDataset("train", n, self.toy.seed, self.toy.size, self.toy.task, mix=self.toy.mix)
+            self.train_set = ToySceneDataset(
+                "train", n, self.toy.seed, self.toy.size, self.toy.task, mix=self.toy.mix, evolve=self.toy.evolve
+            )
         elif stage in (None, "fit") and self.train_set is None and self.train_files:
             self.train_set = GroundingDataset(self._records(self.train_files, self.max_train_samples))
         for kind, files in (("val", self.val_files), ("test", self.test_files)):
@@ -331,7 +337,8 @@ class RECDataModule(L.LightningDataModule):
     def _resumable_loader(self, dataset, collate_fn, persistent_workers: bool = True):
         from datamodules.resumable import EpochSampler, ResumableLoader
 
-        trainer = getattr(self, "_trainer", None)
+        # LightningDataModule's attribute (``_trainer`` does not exist: every rank read rank 0's shard)
+        trainer = self.trainer
         world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
         return ResumableLoader(
             dataset,

@@ -39,6 +39,8 @@ class Version:
     """The question of this version (``None``: the record's original question)."""
     level: int = 0
     """Difficulty level of the question (instruction evolution; 0: the original)."""
+    scene: dict[str, Any] | None = None
+    """The toy scene this version's image shows, when a visual edit changed it (``None``: the record's)."""
 
 
 @dataclass
@@ -89,7 +91,15 @@ class DataPool:
         rec.boxes = [list(b) for b in cur.boxes]
         if cur.query is not None:
             rec.query = cur.query
-        rec.meta = {**entry.record.meta, "version": cur.version, "original_image": str(entry.record.image_path)}
+        rec.meta = {
+            **entry.record.meta,
+            **(cur.scene or {}),
+            "version": cur.version,
+            "level": cur.level,
+            "original_image": str(entry.record.image_path),
+        }
+        if cur.scene is not None:  # what instruction evolution edits from: every level is an edit of the original
+            rec.meta["original_meta"] = entry.record.meta
         return rec
 
     def swap(
@@ -104,9 +114,10 @@ class DataPool:
         parent: int | None = None,
         query: str | None = None,
         level: int | None = None,
+        scene: dict[str, Any] | None = None,
     ) -> Version:
         """Make ``image_path`` the current version of ``sample_id`` (with question ``query`` if given, else the current
-        one); returns the new version."""
+        one, and ``scene``: what a visual edit made the image show); returns the new version."""
         if sample_id not in self.entries:
             raise KeyError(f"swap for unknown sample {sample_id!r}")
         entry = self.entries[sample_id]
@@ -122,18 +133,33 @@ class DataPool:
             job_id=job_id,
             query=entry.current.query if query is None else query,
             level=entry.current.level if level is None else level,
+            scene=scene,
         )
         entry.versions.append(v)
         return v
 
-    def edit_question(self, sample_id: str, query: str, *, epoch: int, level: int = 0) -> Version:
-        """A new version of ``sample_id`` that asks ``query`` about its current image (instruction evolution). The
-        caller guarantees that the current boxes still answer ``query``."""
+    def edit_question(
+        self, sample_id: str, query: str, *, epoch: int, level: int = 0, base: str = "current"
+    ) -> Version:
+        """A new version of ``sample_id`` that asks ``query`` about its ``base`` image: the ``current`` one, or the
+        ``original`` (instruction evolution edits the original scene's question, so a visual edit made earlier is
+        undone). The caller guarantees that the base's boxes answer ``query``."""
         if sample_id not in self.entries:
             raise KeyError(f"question edit for unknown sample {sample_id!r}")
-        cur = self.entries[sample_id].current
+        if base not in ("current", "original"):
+            raise ValueError(f"a question edit's base is 'current' or 'original', got {base!r}")
+        entry = self.entries[sample_id]
+        src = entry.current if base == "current" else entry.versions[0]
         return self.swap(
-            sample_id, cur.image_path, cur.boxes, epoch=epoch, description=None, job_id=None, query=query, level=level
+            sample_id,
+            src.image_path,
+            src.boxes,
+            epoch=epoch,
+            description=None,
+            job_id=None,
+            query=query,
+            level=level,
+            scene=src.scene,
         )
 
     def num_swapped(self) -> int:

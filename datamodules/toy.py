@@ -293,6 +293,10 @@ def iter_split(split: str, n: int, seed: int, size: int = 224, task: str = "rec"
         yield make_scene(split, index, seed, size, task)
 
 
+EVOLVE_LEVELS = (1, 2, 3, 3, 4, 5, 5)
+"""Levels an evolved SFT scene is drawn from (``ToySceneDataset(evolve=...)``), uniformly over this tuple."""
+
+
 class ToySceneDataset:
     """Scenes of a split rendered on access (index -> ``make_scene``), as ``datamodules.rec.Sample``.
 
@@ -302,9 +306,19 @@ class ToySceneDataset:
     """
 
     def __init__(
-        self, split: str, n: int, seed: int, size: int = 224, task: str = "rec", mix: dict[str, float] | None = None
+        self,
+        split: str,
+        n: int,
+        seed: int,
+        size: int = 224,
+        task: str = "rec",
+        mix: dict[str, float] | None = None,
+        evolve: float = 0.0,
     ):
         _check_args(split, task, size)
+        if not 0.0 <= evolve <= 1.0 or (evolve and task != "rec"):
+            raise ValueError(f"--data.toy.evolve must lie in [0, 1] and needs task rec, got {evolve} ({task})")
+        self.evolve = evolve
         self.mix = dict(mix or {})
         for name, frac in self.mix.items():
             if name not in SPLITS or name == split:
@@ -335,14 +349,25 @@ class ToySceneDataset:
             raise IndexError(f"scene {index} out of range for {self.n} {self.split} scenes")
         rec = make_scene(self.split_of(index), index, self.seed, self.size, self.task)
         boxes = [rec["solution"]] if self.task == "rec" else rec["solution"]
+        image, query, meta = rec["image"], rec["meta"]["query"], rec["meta"]
+        rng = np.random.default_rng([self.seed, index, 18])
+        if self.evolve and rng.random() < self.evolve:  # an evolved version of the scene, when one exists
+            from datamodules.evolve import Level, evolve
+
+            # relations and two hops (levels 3 and 5: the multi-step questions) twice as often as the other levels;
+            # text edits three times as often as visual ones (the step format is what the stage teaches)
+            level = Level(int(rng.choice(EVOLVE_LEVELS)), bool(rng.random() < 0.5))
+            out = evolve(rec, level, rng, modality="text" if rng.random() < 0.75 else "visual")
+            if out is not None:
+                image, query, meta = out.image, out.query, {**out.meta, "level": level.level}
         return Sample(
             sample_id=rec["id"],
-            image=rec["image"],
-            query=rec["meta"]["query"],
+            image=image,
+            query=query,
             boxes=[[float(v) for v in b] for b in boxes],
             task=self.task,
             source=f"toy:{rec['meta']['split']}:{index}",
-            meta=rec["meta"],
+            meta=meta,
         )
 
 

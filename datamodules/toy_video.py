@@ -48,6 +48,7 @@ from PIL import Image
 
 from datamodules.grammar import COLOURS, OBJECT_COLOURS, SHAPES, SIZE_FRACTIONS, SIZES, draw_shape
 from datamodules.toy import atomic_write, reusable
+from lightning_modules.qwen_vl import VideoClip, video_processor_kwargs
 from lightning_modules.regions import AnchorSpace, IntervalSpace
 
 TOY_VIDEO_VERSION = 1
@@ -444,23 +445,14 @@ def qwen_video_kwargs(
 ) -> dict[str, Any]:
     """Keyword arguments for a Qwen2.5-VL processor call that feed one clip as a video, at its true frame rate and
     native size: ``processor(text=[...], **qwen_video_kwargs(record), return_tensors="pt")``. ``frames`` / ``root``
-    as ``load_frames`` (an exported record's ``video`` is relative to the export folder).
-
-    - ``video_metadata`` carries the fps: without it transformers assumes 24 fps and ``second_per_grid_ts`` (the
-      seconds per temporal patch that temporal mRoPE uses) becomes 2 / 24 instead of 2 / fps;
-    - ``do_sample_frames=False``: the clip is already sampled, every frame is kept (16 frames -> 8 temporal patches);
-    - ``size``: Qwen2-VL's size is a pixel budget; pinning both bounds to ``width * height`` keeps the 112 x 112
-      frames as they are (8 x 8 patches of 14 px, 4 x 4 = 16 tokens per temporal patch after the 2 x 2 merge).
+    as ``load_frames`` (an exported record's ``video`` is relative to the export folder). The rule is
+    ``qwen_vl.video_processor_kwargs`` (the rollout engines' own): ``video_metadata`` carries the fps (without it
+    transformers assumes 24 fps, and ``second_per_grid_ts`` becomes 2 / 24), ``do_sample_frames=False`` keeps every
+    frame (16 frames -> 8 temporal patches), and the pixel budget pinned to ``width * height`` keeps the 112 x 112
+    frames as they are (8 x 8 patches of 14 px, 4 x 4 = 16 tokens per temporal patch after the 2 x 2 merge).
     """
     frames = frames if frames is not None else load_frames(record, root)
-    n, fps = len(frames), float(record.get("fps") or record["meta"]["fps"])
-    w, h = frames[0].size
-    return {
-        "videos": [frames],
-        "video_metadata": [{"fps": fps, "total_num_frames": n, "frames_indices": list(range(n))}],
-        "do_sample_frames": False,
-        "size": {"shortest_edge": w * h, "longest_edge": w * h},
-    }
+    return video_processor_kwargs([VideoClip(frames, float(record.get("fps") or record["meta"]["fps"]))])
 
 
 # --- export ----------------------------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from lightning_modules.qwen_vl import image_embeddings, model_parts, mrope_positions, rotate_half
+from lightning_modules.qwen_vl import image_embeddings, model_parts, mrope_positions, rotate_half, visual_token_id
 
 __all__ = [
     "PackedRollout",
@@ -141,6 +141,7 @@ class PackedRollout:
     image_grid_thw: torch.Tensor | None
     group_size: int
     image_token_id: int
+    """The placeholder the vision features replace (``<|video_pad|>``'s id for a video rollout)."""
 
     @property
     def num_rows(self) -> int:
@@ -152,10 +153,12 @@ class PackedRollout:
         return int(self.lengths.sum())
 
 
-def _dedupe_groups(prompt_ids, prompt_mask, pixel_values, image_grid_thw, G, n_rows):
+def _dedupe_groups(prompt_ids, prompt_mask, pixel_values, image_grid_thw, G, n_rows, second_per_grid_ts=None):
     """Accept prompts given once [B, P] or repeated per completion [B*G, P] (rows grouped); return the B-prompt form."""
     if prompt_ids.shape[0] == n_rows and G > 1:
         keep = torch.arange(0, n_rows, G, device=prompt_ids.device)
+        if second_per_grid_ts is not None:
+            second_per_grid_ts = second_per_grid_ts[keep.to(second_per_grid_ts.device)]
         if pixel_values is not None:
             counts = image_grid_thw.prod(-1)
             # every row of a group holds its prompt's images; all rows hold the same number of images
@@ -167,10 +170,10 @@ def _dedupe_groups(prompt_ids, prompt_mask, pixel_values, image_grid_thw, G, n_r
                 rows_pix.append(pixel_values[a:b])
             pixel_values = torch.cat(rows_pix)
             image_grid_thw = image_grid_thw.view(n_rows, imgs_per_row, 3)[keep].reshape(-1, 3)
-        return prompt_ids[keep], prompt_mask[keep], pixel_values, image_grid_thw
+        return prompt_ids[keep], prompt_mask[keep], pixel_values, image_grid_thw, second_per_grid_ts
     if prompt_ids.shape[0] * G != n_rows:
         raise ValueError(f"{prompt_ids.shape[0]} prompts and {n_rows} completions do not fit group_size={G}")
-    return prompt_ids, prompt_mask, pixel_values, image_grid_thw
+    return prompt_ids, prompt_mask, pixel_values, image_grid_thw, second_per_grid_ts
 
 
 def pack_rollout(
@@ -184,21 +187,25 @@ def pack_rollout(
     image_grid_thw: torch.Tensor | None,
     group_size: int,
     pad_token_id: int = 0,
+    second_per_grid_ts: torch.Tensor | None = None,
 ) -> PackedRollout:
     """Lay a rollout out for `completion_logprobs` / `policy_backward` (CPU or GPU; a few small host syncs).
 
     ``prompt_ids`` / ``prompt_mask`` / ``pixel_values`` / ``image_grid_thw`` may hold the B prompts once or repeated
-    G times (rows grouped, as `Rollout` stores them); ``completion_mask`` is 1 up to and including EOS.
+    G times (rows grouped, as `Rollout` stores them); ``completion_mask`` is 1 up to and including EOS. With
+    ``second_per_grid_ts`` (one per prompt or per row) the visual inputs are videos (``pixel_values_videos``,
+    ``video_grid_thw``): their features replace ``<|video_pad|>`` tokens, with temporal mRoPE positions.
     """
     config = model_or_config.config if hasattr(model_or_config, "config") else model_or_config
     G = group_size
     N, T = completion_ids.shape
-    prompt_ids, prompt_mask, pixel_values, image_grid_thw = _dedupe_groups(
-        prompt_ids, prompt_mask, pixel_values, image_grid_thw, G, N
+    prompt_ids, prompt_mask, pixel_values, image_grid_thw, second_per_grid_ts = _dedupe_groups(
+        prompt_ids, prompt_mask, pixel_values, image_grid_thw, G, N, second_per_grid_ts
     )
     device = completion_ids.device
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
-    pos, next_pos = mrope_positions(config, prompt_ids, prompt_mask, image_grid_thw)
+    pos, next_pos = mrope_positions(config, prompt_ids, prompt_mask, image_grid_thw, second_per_grid_ts)
+    token_id = visual_token_id(config, second_per_grid_ts is not None)
     p_len = prompt_mask.long().sum(-1)  # [B]
     c_len = completion_mask.long().sum(-1)  # [N]
     row_b = torch.arange(N, device=device) // G
@@ -224,7 +231,7 @@ def pack_rollout(
     ids = torch.where(in_comp, completion_ids.gather(1, t_c), ids)
     cpos = next_pos[row_b][:, None] + t_idx
     positions = torch.where(in_comp[None], cpos[None].expand(3, N, L), positions)
-    n_img = (prompt_ids == config.image_token_id).long().sum(-1)  # [B]
+    n_img = (prompt_ids == token_id).long().sum(-1)  # [B]
     feat_offsets = torch.cat([n_img.new_zeros(1), n_img.cumsum(0)])
     return PackedRollout(
         input_ids=ids,
@@ -237,7 +244,7 @@ def pack_rollout(
         pixel_values=pixel_values,
         image_grid_thw=image_grid_thw,
         group_size=G,
-        image_token_id=config.image_token_id,
+        image_token_id=token_id,
     )
 
 

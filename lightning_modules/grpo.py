@@ -43,7 +43,7 @@ import lightning as L
 import torch
 from torch import nn
 
-from lightning_modules import objective, rewards
+from lightning_modules import fsdp, objective, rewards
 from lightning_modules.engines import (
     ROLLOUT_ENGINES,
     UPDATE_ENGINES,
@@ -54,7 +54,7 @@ from lightning_modules.engines import (
 )
 from lightning_modules.evaluation import Evaluator, eval_set_name, greedy_answers
 from lightning_modules.methods import METHODS, Scores, Selection, build_method
-from lightning_modules.policy import PROMPT_TEMPLATES, Rollout, load_policy
+from lightning_modules.policy import PROMPT_TEMPLATES, Rollout, dtype_from_name, load_policy
 from lightning_modules.precision import build_optimizer, fp32_default_dtype, optimizer_tensors
 
 OptimizerCallable = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
@@ -138,7 +138,16 @@ class GRPOModule(L.LightningModule):
         entropy_coef: entropy bonus in the loss ("GRPO + Entropy Loss"); 0 disables.
         entropy_adv_coef: entropy-shaped advantage coefficient ("GRPO + Entropy Adv."); 0 disables.
         entropy_adv_kappa: the shaping term is capped at ``|A| / kappa``.
-        gradient_checkpointing: trade compute for memory in the policy forward.
+        gradient_checkpointing: trade compute for memory in the policy forward (each decoder layer and vision block
+            recomputes its activations in backward).
+        freeze_vision: keep the vision tower's weights fixed (no gradient, no optimizer state; Generalized CycleGRPO
+            freezes it).
+        reference_offload: under FSDP2 (``--trainer.strategy fsdp2``) keep the frozen reference's shards in CPU memory,
+            gathered to the GPU layer by layer at each reference forward (``lightning_modules/fsdp.py``); without it
+            the reference is sharded over the GPUs like the policy.
+        rollout_gather: under FSDP2, how a rollout reads the sharded policy: ``once`` (the full bf16 policy gathered
+            for the whole rollout; any engine) or ``per_layer`` (each layer gathered at each decode step, ranks decode
+            in lockstep; ``hf`` engine only). ``lightning_modules/fsdp.py`` compares them.
         eval_prompt_template: prompt of validation / test (default: ``prompt_template``). Set the same value for every
             method to compare them under one answer format (Table 1 otherwise mixes Syn-GRPO's prompt with VLM-R1's).
         eval_format: the format validation's ``format`` rate checks (default: ``format``, so each method is scored in
@@ -146,7 +155,7 @@ class GRPOModule(L.LightningModule):
         master_weights: ``fp32`` keeps an fp32 master copy of every low-precision trainable weight, the optimizer
             state in fp32 and gradients accumulated in fp32 (``precision.MasterWeightOptimizer``; the policy itself
             stays in ``dtype`` for rollout and forward); ``none`` steps the ``dtype`` weights directly (at lr 1e-6 a
-            bf16 weight barely moves). No effect when the policy is fp32.
+            bf16 weight barely moves). No effect when the policy is fp32, nor under FSDP2 (its shards are fp32).
         max_grad_norm: gradient clipping (0 disables).
         optimizer: optimizer factory (LightningCLI: ``optimizer: {class_path: torch.optim.AdamW, init_args: ...}``).
         seed: seed of the ``random`` selection.
@@ -194,6 +203,9 @@ class GRPOModule(L.LightningModule):
         entropy_adv_coef: float = 0.0,
         entropy_adv_kappa: float = 2.0,
         gradient_checkpointing: bool = False,
+        freeze_vision: bool = False,
+        reference_offload: bool = False,
+        rollout_gather: Literal["once", "per_layer"] = "once",
         eval_prompt_template: str | None = None,
         eval_format: str | None = None,
         master_weights: Literal["fp32", "none"] = "fp32",
@@ -227,6 +239,13 @@ class GRPOModule(L.LightningModule):
         if description_selection not in ("diversity", "random", "none"):
             raise ValueError(
                 f"--model.description_selection must be 'diversity', 'random' or 'none', got {description_selection!r}"
+            )
+        if rollout_gather not in ("once", "per_layer"):
+            raise ValueError(f"--model.rollout_gather must be 'once' or 'per_layer', got {rollout_gather!r}")
+        if rollout_gather == "per_layer" and rollout_engine != "hf":
+            raise ValueError(
+                f"--model.rollout_gather per_layer needs --model.rollout_engine hf (the {rollout_engine} engine calls "
+                "the layers' sub-modules itself, past FSDP2's per-layer gather): use rollout_gather once"
             )
         if master_weights not in ("fp32", "none"):
             raise ValueError(f"--model.master_weights must be 'fp32' or 'none', got {master_weights!r}")
@@ -274,12 +293,22 @@ class GRPOModule(L.LightningModule):
         if self.policy is not None:
             return
         hp = self.hparams
+        mesh = None if self.inference_only else fsdp.sharding_mesh(self._trainer)
         model, processor = load_policy(
             hp.model_name_or_path,
-            dtype=hp.dtype,
+            # under FSDP2 the fp32 shards are the master weights; ``dtype`` is the compute dtype of the gathered copies
+            dtype="fp32" if mesh is not None else hp.dtype,
             attn_implementation=hp.attn_implementation,
             local_files_only=hp.local_files_only,
         )
+        if hp.freeze_vision:
+            vision = getattr(getattr(model, "model", model), "visual", None)
+            if vision is None:
+                raise ValueError(
+                    f"--model.freeze_vision: {type(model).__name__} has no model.visual "
+                    "(a Qwen2-VL-family vision tower)"
+                )
+            vision.requires_grad_(False)
         if hp.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False
@@ -290,12 +319,18 @@ class GRPOModule(L.LightningModule):
             from lightning_modules.efficient import enable_fast_vision_attention
 
             enable_fast_vision_attention(model)
-        self.policy = model
-        self.processor = processor
+        ref = None
         if self._needs_reference():
             ref = copy.deepcopy(model).eval()
             ref.requires_grad_(False)
-            self._ref = [ref]
+        if mesh is not None:
+            compute = dtype_from_name(hp.dtype)
+            fsdp.shard(model, mesh, compute_dtype=compute)
+            if ref is not None:  # never stepped: its shards are stored in the compute dtype
+                fsdp.shard(ref.to(compute), mesh, compute_dtype=compute, offload=hp.reference_offload)
+        self.policy = model
+        self.processor = processor
+        self._ref = [ref] if ref is not None else []
 
     def _needs_reference(self) -> bool:
         """Only a fit uses the frozen reference: validate, test, predict and export never build it (at 7B it doubles
@@ -310,6 +345,8 @@ class GRPOModule(L.LightningModule):
         return self._ref[0] if self._ref else None
 
     def _move_reference(self) -> None:
+        if fsdp.is_sharded(self.reference):  # its shards live where fully_shard put them (GPU, or CPU when offloaded)
+            return
         if self.reference is not None and next(self.reference.parameters()).device != self.device:
             self.reference.to(self.device)
 
@@ -337,12 +374,31 @@ class GRPOModule(L.LightningModule):
         if trainer is None:
             return
         strategy = type(trainer.strategy).__name__
-        if "FSDP" in strategy:
+        if "FSDP" in strategy and not isinstance(trainer.strategy, fsdp.ModelParallelStrategy):
             raise ValueError(
-                "GRPOModule does not support FSDP yet (generation and several backward passes per step run inside "
-                "one FSDP forward): use --trainer.strategy ddp (the 7B fits in DDP on 141 GB GPUs) or one GPU "
-                "(configs/rec_3b_1gpu.yaml)"
+                f"--trainer.strategy {strategy} (FSDP1) wraps the module in one FSDP forward, but a GRPO step "
+                "calls the policy many times (rollout, reference, micro-batches): use --trainer.strategy fsdp2 "
+                "(FSDP2, lightning_modules/fsdp.py) or ddp"
             )
+        if isinstance(trainer.strategy, fsdp.ModelParallelStrategy):
+            tp = trainer.strategy._tensor_parallel_size
+            if tp not in (1, "auto") or (tp == "auto" and trainer.strategy.num_processes > 1):
+                raise ValueError(
+                    "the policy implements no tensor parallelism: use --trainer.strategy fsdp2 (every process shards "
+                    "the policy) instead of ModelParallelStrategy with tensor_parallel_size > 1"
+                )
+            if str(trainer.precision) != "32-true":
+                raise ValueError(
+                    f"--trainer.precision {trainer.precision} with FSDP2 would cast the fp32 master shards: use "
+                    "--trainer.precision 32-true; the compute dtype is --model.dtype (bf16: gathered in bf16, "
+                    "gradients reduced in fp32)"
+                )
+            if self.rollout_engine.compile_step:
+                raise ValueError(
+                    "--model.rollout_compile compiles the fast engine's decode step once per process, but under "
+                    "FSDP2 that step is rebuilt after every rollout (the gathered parameters it reads are freed), so "
+                    "it would recompile every step: set --model.rollout_compile false with --trainer.strategy fsdp2"
+                )
         plugin = type(trainer.precision_plugin).__name__
         engines = [e.name for e in (self.rollout_engine, self.update_engine) if e.own_kernels]
         if plugin == "MixedPrecision" and engines:
@@ -366,7 +422,13 @@ class GRPOModule(L.LightningModule):
 
     def generate(self, requests: Sequence[RolloutRequest], sampling: Sampling | None = None) -> Rollout:
         """Completions of the policy for rollout requests, through the module's rollout engine (methods call this)."""
-        return self.rollout_engine.generate(self.policy, self.processor, requests, sampling or self.sampling)
+        with self._rollout_parameters():
+            return self.rollout_engine.generate(self.policy, self.processor, requests, sampling or self.sampling)
+
+    def _rollout_parameters(self):
+        """Under FSDP2, the policy gathered for a rollout: whole (``rollout_gather: once``) or its root unit only
+        (``per_layer``: each layer gathers in its own forward)."""
+        return fsdp.gathered(self.policy, layers=self.hparams.rollout_gather == "once")
 
     # ---------------------------------------------------------------------------------------------------- step
     @fp32_default_dtype()
@@ -383,6 +445,11 @@ class GRPOModule(L.LightningModule):
         timer.lap("rewards")
         mask = ro.completion_mask.to(self.device).float()
         total_tokens = mask.sum().clamp(min=1)
+        token_mean = hp.aggregation == "token-mean"
+        # DDP and FSDP2 average the ranks' gradients, so each rank divides by the ranks' *mean* count (of tokens for
+        # token-mean, of rows otherwise), not its own: the averaged gradient is then the aggregation over the global
+        # batch, whatever each rank holds (one process: its own count)
+        denom = self._rank_mean(total_tokens if token_mean else torch.tensor(float(mask.shape[0]), device=self.device))
         stats_acc: dict[str, float] = {}
         entropy_sum = torch.zeros((), dtype=torch.float32, device=self.device)
         engine = self.update_engine
@@ -400,16 +467,13 @@ class GRPOModule(L.LightningModule):
                 loss, stats = self._loss(logp, ent, rows, adv=adv, mask=mask, old_logp=old_logp, ref_logp=ref_logp)
                 # weight so the accumulated gradient equals the full-batch aggregation
                 m = mask[rows]
-                w = (
-                    m.sum() / total_tokens
-                    if hp.aggregation == "token-mean"
-                    else torch.tensor(len(rows) / mask.shape[0], dtype=torch.float32)
-                ).to(self.device)
-                if first:
+                share = m.sum() if token_mean else torch.tensor(float(len(rows)), device=self.device)
+                if first:  # the logged stats are this rank's aggregation
+                    local = float(share / (total_tokens if token_mean else mask.shape[0]))
                     for k, v in stats.items():
-                        stats_acc[k] = stats_acc.get(k, 0.0) + float(v) * float(w)
+                        stats_acc[k] = stats_acc.get(k, 0.0) + float(v) * local
                     entropy_sum = entropy_sum + (ent.detach() * m).sum()
-                return loss * w
+                return loss * (share / denom)
 
             engine.backward(
                 self.policy, prepared, loss_fn, entropy_grad=hp.entropy_coef > 0, backward=self.manual_backward
@@ -424,6 +488,13 @@ class GRPOModule(L.LightningModule):
         stats_acc.update({f"time/{k}_s": v for k, v in timer.times.items()})
         self._log_train(scores, ro, stats_acc, entropy_sum / total_tokens, len(batch))
         return self._step_output(batch, ro, scores, evolution)
+
+    def _rank_mean(self, count: torch.Tensor) -> torch.Tensor:
+        """The mean of ``count`` (a scalar tensor) over the ranks; ``count`` itself on one process."""
+        trainer = self._trainer
+        if trainer is None or trainer.world_size == 1:
+            return count
+        return trainer.strategy.reduce(count.detach().float().clone(), reduce_op="mean")
 
     def _loss(self, logp, ent, rows, *, adv, mask, old_logp, ref_logp):
         """The clipped surrogate (+ KL, + the entropy baselines) of rows ``rows``, aggregated over them."""
@@ -475,7 +546,7 @@ class GRPOModule(L.LightningModule):
         if self.hparams.max_grad_norm > 0:
             # the tensors the optimizer steps: the fp32 masters (and their fp32 gradients) under master weights
             grad_norm = torch.nn.utils.clip_grad_norm_(optimizer_tensors(opt), self.hparams.max_grad_norm)
-            stats_acc["grad_norm"] = float(grad_norm)
+            stats_acc["grad_norm"] = float(fsdp.full_value(grad_norm))  # FSDP2: a DTensor over the shards
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -511,17 +582,20 @@ class GRPOModule(L.LightningModule):
     def _greedy(self, batch):
         """Greedy answers to the batch under the evaluation prompt (``evaluation.greedy_answers``)."""
         hp = self.hparams
-        return greedy_answers(
-            self.policy,
-            self.processor,
-            batch,
-            template=hp.eval_prompt_template or hp.prompt_template,
-            max_new_tokens=hp.max_new_tokens,
-            engine=self.rollout_engine.for_evaluation(),
-        )[0]
+        with self._rollout_parameters():
+            return greedy_answers(
+                self.policy,
+                self.processor,
+                batch,
+                template=hp.eval_prompt_template or hp.prompt_template,
+                max_new_tokens=hp.max_new_tokens,
+                engine=self.rollout_engine.for_evaluation(),
+            )[0]
 
     def _eval_step(self, kind: str, batch, dataloader_idx: int) -> None:
         name = eval_set_name(self._trainer, kind, dataloader_idx)
+        if self.method.evaluate(self, kind, name, batch):  # the method's own metrics (CycleGRPO on video)
+            return
         answers = self._greedy(batch)
         # the method's own answer format (VLM-R1's think + answer for the GRPO baselines), not always Syn-GRPO's
         fmt = self.hparams.eval_format or self.hparams.format
@@ -559,7 +633,7 @@ class GRPOModule(L.LightningModule):
         return out
 
     def _log_detection(self, kind: str) -> None:
-        for k, v in self.evaluator.detection(self.trainer, kind).items():
+        for k, v in {**self.evaluator.detection(self.trainer, kind), **self.method.eval_logs(kind)}.items():
             self.log(k, v, add_dataloader_idx=False, sync_dist=False)
 
     def on_validation_epoch_start(self) -> None:
@@ -596,6 +670,13 @@ class GRPOModule(L.LightningModule):
                 torch.cuda.set_rng_state_all(checkpoint["rng_states"]["torch.cuda"])
 
     def save_pretrained(self, out_dir: str) -> None:
-        """Write the current policy and processor as an HF model directory (loadable with ``from_pretrained``)."""
+        """Write the current policy and processor as an HF model directory (loadable with ``from_pretrained``). Under
+        FSDP2 every rank must call it: the full weights are gathered and rank 0 writes them."""
+        if fsdp.is_sharded(self.policy):
+            state = fsdp.full_state_dict(self.policy)
+            if self.global_rank == 0:
+                self.policy.save_pretrained(out_dir, state_dict=state)
+                self.processor.save_pretrained(out_dir)
+            return
         self.policy.save_pretrained(out_dir)
         self.processor.save_pretrained(out_dir)

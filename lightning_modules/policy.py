@@ -90,6 +90,19 @@ PROMPT_TEMPLATES = {
         "Output the description in <answer> </answer> tags."
     },
     "toy_caption": {"rec": "Describe: {query}"},
+    # CycleGRPO on video (issue 17): ``{query}`` is the serialized interval / anchors, then the stripped caption
+    "video_caption": {
+        "rec": "Describe the event of this video at {query} (seconds; boxes in pixels) so that someone can find it "
+        "again, without times or coordinates. Output the description in <answer> </answer> tags."
+    },
+    "temporal_grounding": {
+        "rec": "Give the start and end time in seconds of the moment this sentence describes: {query}. Output "
+        "[start, end] in <answer> </answer> tags, or no target if it never happens."
+    },
+    "st_grounding": {
+        "rec": "Find when and where this happens: {query}. Output the object's box at each key time as "
+        "'t s: [x1, y1, x2, y2]', separated by ';', in <answer> </answer> tags, or no target if it never happens."
+    },
 }
 
 
@@ -159,13 +172,34 @@ def load_policy(
     return model, processor
 
 
-def build_prompt_text(processor, query: str, *, task: str = "rec", template: str = "syn_grpo") -> str:
-    """The chat-formatted prompt (one image, one user turn, generation prompt) for ``query``."""
+def build_prompt_text(
+    processor, query: str, *, task: str = "rec", template: str = "syn_grpo", video: bool = False
+) -> str:
+    """The chat-formatted prompt (one image, or one video when ``video``, one user turn, generation prompt) for
+    ``query``.
+
+    A chat template without video items (the toy checkpoint's, made for images) renders the image placeholder, which
+    is then swapped for the video one: the video sits where the model's template puts its visual input."""
     if template not in PROMPT_TEMPLATES:
         raise ValueError(f"--model.prompt_template must be one of {sorted(PROMPT_TEMPLATES)}; got {template!r}")
     question = PROMPT_TEMPLATES[template][task].format(query=query)
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
-    return processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def render(kind: str) -> str:
+        messages = [{"role": "user", "content": [{"type": kind}, {"type": "text", "text": question}]}]
+        return processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    if not video:
+        return render("image")
+    text = render("video")
+    if "<|video_pad|>" in text:
+        return text
+    text = render("image")
+    if text.count("<|image_pad|>") != 1:
+        raise ValueError(
+            "the processor's chat template renders neither a video item nor one <|image_pad|>: give it a template "
+            "with video items (Qwen2.5-VL's own has them)"
+        )
+    return text.replace("<|image_pad|>", "<|video_pad|>")
 
 
 def special_token_ids(tokenizer, keep: Iterable[int] = ()) -> list[int]:
@@ -225,6 +259,25 @@ def model_input_wh(image_processor, width: int, height: int) -> tuple[int, int]:
     return w, h
 
 
+RELATIVE_BOX_FRAMES = {"Qwen3VLProcessor": 1000}
+"""Processors whose models read and write boxes in relative coordinates on a ``side x side`` grid (Qwen3-VL: 0-1000,
+QwenLM/Qwen3-VL#1741); every other Qwen-VL model writes pixels of its resized input (Qwen2-VL, Qwen2.5-VL)."""
+
+
+def box_frame(processor) -> int | None:
+    """The side of the relative grid ``processor``'s model writes boxes on (1000 for Qwen3-VL), or None when it
+    writes pixels of the resized model input."""
+    return RELATIVE_BOX_FRAMES.get(type(processor).__name__)
+
+
+def box_frame_wh(processor, width: int, height: int) -> tuple[int, int]:
+    """The (width, height) of the frame the model's box coordinates live in for a ``width x height`` image: the
+    resized input (``model_input_wh``) or the relative grid. ``rewards.rescale_box(b, box_frame_wh(...), (width,
+    height))`` maps a written box to original pixels, and the reverse maps a box into a prompt."""
+    side = box_frame(processor)
+    return (side, side) if side else model_input_wh(processor.image_processor, width, height)
+
+
 def model_input_size(image_grid_thw: torch.Tensor, patch_size: int = 14) -> list[tuple[int, int]]:
     """(width, height) in pixels of each resized model input, from ``image_grid_thw`` [N, 3] (t, h, w patches)."""
     return [(int(w) * patch_size, int(h) * patch_size) for _, h, w in image_grid_thw.tolist()]
@@ -236,9 +289,13 @@ class Rollout:
 
     Shapes: ``prompt_ids`` / ``prompt_mask`` [B*G, P] (left-padded), ``completion_ids`` / ``completion_mask``
     [B*G, T] (right-padded; mask is 1 up to and including EOS), ``pixel_values`` [sum of patches, D] for the B*G rows,
-    ``image_grid_thw`` [B*G, 3], ``texts`` B*G decoded completions, ``input_wh`` B*G model-input sizes,
+    ``image_grid_thw`` [B*G, 3], ``texts`` B*G decoded completions, ``input_wh`` B*G frames of the boxes the model writes (model-input sizes, or
+    (1000, 1000) for a model of relative coordinates: `box_frame`),
     ``prompt_mm_types`` [B*G, P] the processor's ``mm_token_type_ids`` (1 on image tokens): without them the forward
     falls back to 1-D positions and the training log-probs would not be those of the rollout's mRoPE positions.
+    Video rollouts keep their clips in the same two fields (``pixel_values`` = the processor's
+    ``pixel_values_videos``, ``image_grid_thw`` = its ``video_grid_thw``) and set ``second_per_grid_ts`` [B*G], the
+    seconds per temporal patch that temporal mRoPE needs; `rows` hands the model the video keys.
     """
 
     prompt_ids: torch.Tensor
@@ -256,6 +313,12 @@ class Rollout:
     """[N] the advantage group of each row (a method's plan decides; GRPO: one group per prompt)."""
     parent_ids: list[int | None] | None = None
     """Per row, the row of an earlier rollout it continues (nested rollouts), else ``None``."""
+    second_per_grid_ts: torch.Tensor | None = None
+    """[B*G] seconds per temporal patch of each row's video; ``None`` for image rollouts."""
+
+    @property
+    def is_video(self) -> bool:
+        return self.second_per_grid_ts is not None
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -275,12 +338,15 @@ class Rollout:
         idx = list(range(self.prompt_ids.shape[0]))[index] if isinstance(index, slice) else list(index)
         offsets = self.patch_offsets()
         pixels = torch.cat([self.pixel_values[offsets[i] : offsets[i + 1]] for i in idx])
-        out = {
-            "input_ids": self.input_ids[idx],
-            "attention_mask": self.attention_mask[idx],
-            "pixel_values": pixels,
-            "image_grid_thw": self.image_grid_thw[idx],
-        }
+        out = {"input_ids": self.input_ids[idx], "attention_mask": self.attention_mask[idx]}
+        if self.is_video:
+            out.update(
+                pixel_values_videos=pixels,
+                video_grid_thw=self.image_grid_thw[idx],
+                second_per_grid_ts=self.second_per_grid_ts[idx],
+            )
+        else:
+            out.update(pixel_values=pixels, image_grid_thw=self.image_grid_thw[idx])
         if self.prompt_mm_types is not None:
             types = torch.cat([self.prompt_mm_types, torch.zeros_like(self.completion_ids)], dim=1)
             out["mm_token_type_ids"] = types[idx]
@@ -298,6 +364,8 @@ def concat_rollouts(parts: Sequence[Rollout], pad_token_id: int) -> Rollout:
     def right(t: torch.Tensor, width: int, value: int) -> torch.Tensor:
         return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
 
+    if len({r.is_video for r in parts}) > 1:
+        raise ValueError("concat_rollouts: the rollouts mix image and video rows; one rollout holds one kind")
     P = max(r.prompt_ids.shape[1] for r in parts)
     T = max(r.completion_ids.shape[1] for r in parts)
     mm = [r.prompt_mm_types for r in parts]
@@ -314,6 +382,7 @@ def concat_rollouts(parts: Sequence[Rollout], pad_token_id: int) -> Rollout:
         group_size=1,
         group_ids=torch.cat([r.group_ids for r in parts]),
         parent_ids=[p for r in parts for p in (r.parent_ids or [None] * len(r.texts))],
+        second_per_grid_ts=torch.cat([r.second_per_grid_ts for r in parts]) if parts[0].is_video else None,
     )
 
 
@@ -400,6 +469,7 @@ from lightning_modules.tiny_model import (  # noqa: E402, F401
     QWEN2_SPLIT_PATTERN,
     build_processor,
     build_tiny_qwen2_5_vl,
+    build_tiny_qwen3_vl,
     tiny_qwen2_5_vl_config,
     train_bpe_tokenizer,
 )

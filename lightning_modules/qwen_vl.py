@@ -1,20 +1,119 @@
 """The Qwen2.5-VL pieces every fast path shares: the model's parts, its 3-D mRoPE positions, rotary helpers and the
 vision tower's merged features. One copy, used by the rollout engine (``rollout.py``), the packed update engine
-(``efficient.py``) and the batched vision attention.
+(``efficient.py``) and the batched vision attention; and the processor call for a batch of images or video clips
+(``processor_inputs``), which every rollout engine uses.
+
+Video: a clip is a list of frames at a known frame rate (`VideoClip`). The processor turns it into
+``pixel_values_videos``, ``video_grid_thw`` (t = frames / 2 temporal patches) and ``second_per_grid_ts`` (seconds per
+temporal patch); temporal mRoPE spaces the t axis of the video's tokens by ``tokens_per_second * second_per_grid_t``
+(`mrope_positions`). The fast paths keep one kind of visual input per batch (all images or all clips).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from PIL import Image
 
-__all__ = ["ModelParts", "model_parts", "mrope_positions", "rotate_half", "image_embeddings"]
+__all__ = [
+    "ModelParts",
+    "VideoClip",
+    "model_parts",
+    "mrope_positions",
+    "processor_inputs",
+    "rotate_half",
+    "image_embeddings",
+    "video_input_wh",
+    "video_processor_kwargs",
+    "visual_token_id",
+]
+
+
+@dataclass
+class VideoClip:
+    """A video input: its frames (RGB PIL images, all one size, already sampled: every frame is fed) and their rate.
+    ``fps`` sets the seconds per temporal patch the processor reports (``second_per_grid_ts``), hence temporal mRoPE.
+    Not frozen: Lightning's batch transfer refuses frozen dataclasses inside a batch."""
+
+    frames: Sequence[Image.Image]
+    fps: float
+
+    def __post_init__(self) -> None:
+        if len(self.frames) < 2 or len(self.frames) % 2:
+            raise ValueError(
+                f"a VideoClip needs an even number (>= 2) of frames (Qwen2.5-VL's temporal patches hold 2), got "
+                f"{len(self.frames)}: drop or repeat the last frame"
+            )
+        if not self.fps > 0:
+            raise ValueError(f"VideoClip.fps must be > 0, got {self.fps}")
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.frames[0].size
+
+
+def video_processor_kwargs(clips: Sequence[VideoClip]) -> dict:
+    """Keyword arguments of a Qwen2-VL-family processor call that feed ``clips`` as videos at their true frame rate:
+
+    - ``video_metadata`` carries each clip's fps (without it transformers assumes 24 fps, and ``second_per_grid_ts``
+      becomes 2 / 24 s instead of 2 / fps);
+    - ``do_sample_frames=False``: the clips are already sampled, every frame is kept;
+    - ``size``: the processor's pixel budget pinned to the largest clip's frame area, so frames keep their native size
+      (the default budget, >= 100,352 pixels, would upscale a 112 x 112 toy frame to ~316 x 316, 8x the tokens).
+    """
+    area = max(c.size[0] * c.size[1] for c in clips)
+    return {
+        "videos": [list(c.frames) for c in clips],
+        "video_metadata": [
+            {"fps": float(c.fps), "total_num_frames": len(c.frames), "frames_indices": list(range(len(c.frames)))}
+            for c in clips
+        ],
+        "do_sample_frames": False,
+        "size": {"shortest_edge": area, "longest_edge": area},
+    }
+
+
+def video_input_wh(processor, clip: VideoClip) -> tuple[int, int]:
+    """The (width, height) of ``clip``'s frames as the model sees them under `video_processor_kwargs` (the
+    processor's resize rule at the clip's own pixel budget): the frame a prompt's coordinates are written in; the
+    relative grid for a model of relative coordinates (`policy.box_frame`)."""
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+
+    from lightning_modules.policy import box_frame
+
+    if side := box_frame(processor):
+        return side, side
+    vp = processor.video_processor
+    w, h = clip.size
+    h2, w2 = smart_resize(h, w, factor=vp.patch_size * vp.merge_size, min_pixels=w * h, max_pixels=w * h)
+    return w2, h2
+
+
+def processor_inputs(processor, prompts: Sequence[str], visuals: Sequence[Image.Image | VideoClip]):
+    """``processor(text=prompts, images=... | videos=..., return_tensors="pt", padding=True)`` for one visual per
+    prompt: all images or all `VideoClip`s (one kind per batch, as the fast paths assume)."""
+    videos = [isinstance(v, VideoClip) for v in visuals]
+    if any(videos) and not all(videos):
+        raise ValueError("one rollout batch holds images or video clips, not both: make one generate() call per kind")
+    if visuals and all(videos):
+        return processor(text=list(prompts), return_tensors="pt", padding=True, **video_processor_kwargs(visuals))
+    return processor(text=list(prompts), images=list(visuals), return_tensors="pt", padding=True)
+
+
+def visual_token_id(config, video: bool) -> int:
+    """The placeholder token the vision features replace: ``<|video_pad|>`` for clips, ``<|image_pad|>`` for images."""
+    return config.video_token_id if video else config.image_token_id
 
 
 # --------------------------------------------------------------------------------------------------------------------
 # Model parts (works for Qwen2_5_VLForConditionalGeneration of transformers 5.x; wrappers expose `.module`)
 # --------------------------------------------------------------------------------------------------------------------
+
+
+FAST_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
+"""``config.model_type`` of the models the fast / packed engines (and the fast vision attention) implement."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +135,14 @@ def model_parts(model: torch.nn.Module) -> ModelParts:
         m = getattr(m, "module", None) or getattr(m, "_orig_mod", None) or getattr(m, "base_model", None)
         if m is None:
             raise TypeError(f"fast rollout needs a Qwen2_5_VLForConditionalGeneration, got {type(model).__name__}")
+    model_type = getattr(m.config, "model_type", None)
+    if model_type not in FAST_MODEL_TYPES:
+        raise TypeError(
+            f"the fast rollout / packed update engines implement Qwen2-VL and Qwen2.5-VL (their mRoPE and vision "
+            f"merger), not {model_type!r} ({type(m).__name__}; Qwen3-VL adds DeepStack visual features inside the "
+            "decoder): set --model.rollout_engine hf --model.update_engine hf, which run any transformers "
+            "image-text-to-text model"
+        )
     inner = m.model
     text = getattr(inner, "language_model", None)
     if text is None or not hasattr(text, "layers"):
@@ -49,15 +156,25 @@ def model_parts(model: torch.nn.Module) -> ModelParts:
 
 
 def mrope_positions(
-    config, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, image_grid_thw: torch.Tensor | None
+    config,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    image_grid_thw: torch.Tensor | None,
+    second_per_grid_ts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """3-D rope positions of left- or right-padded prompts holding images (no videos).
+    """3-D rope positions of left- or right-padded prompts holding images, or videos when ``second_per_grid_ts`` is
+    given (then ``image_grid_thw`` holds the videos' ``video_grid_thw``).
 
     Returns ``positions [3, B, P]`` (padding gets 0, like transformers) and ``next_pos [B]``: the position of the first
-    token after the prompt, ``max(positions of row b) + 1``. Images are consumed in order from ``image_grid_thw``;
-    each image is one run of ``image_token_id`` tokens of length ``t*h*w / merge**2``.
+    token after the prompt, ``max(positions of row b) + 1``. Visual inputs are consumed in order from the grid; each
+    is one run of its placeholder tokens of length ``t*h*w / merge**2``. A video's t axis advances by
+    ``tokens_per_second * second_per_grid_ts[i]`` per temporal patch (truncated, as transformers' ``get_rope_index``),
+    an image's by 1.
     """
-    image_token_id = config.image_token_id
+    video = second_per_grid_ts is not None
+    seconds = second_per_grid_ts.cpu() if video else None  # one copy, not a device sync per video
+    image_token_id = visual_token_id(config, video)
+    tokens_per_second = getattr(config.vision_config, "tokens_per_second", 1)
     merge = config.vision_config.spatial_merge_size
     B, P = input_ids.shape
     device = input_ids.device
@@ -91,7 +208,8 @@ def mrope_positions(
                 img += 1
                 gh, gw = h // merge, w // merge
                 count = t * gh * gw
-                tt = torch.arange(t).view(t, 1, 1).expand(t, gh, gw).reshape(-1)
+                interval = tokens_per_second * seconds[img - 1] if video else 1
+                tt = (torch.arange(t) * interval).long().view(t, 1, 1).expand(t, gh, gw).reshape(-1)
                 hh = torch.arange(gh).view(1, gh, 1).expand(t, gh, gw).reshape(-1)
                 ww = torch.arange(gw).view(1, 1, gw).expand(t, gh, gw).reshape(-1)
                 if i + count > n or not all(is_img[i : i + count]):

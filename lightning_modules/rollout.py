@@ -38,7 +38,14 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from lightning_modules.qwen_vl import ModelParts, image_embeddings, model_parts, mrope_positions, rotate_half
+from lightning_modules.qwen_vl import (
+    ModelParts,
+    image_embeddings,
+    model_parts,
+    mrope_positions,
+    rotate_half,
+    visual_token_id,
+)
 
 __all__ = ["fast_generate", "mrope_positions", "release_rollout_cache", "model_parts", "image_embeddings", "ModelParts"]
 
@@ -297,12 +304,14 @@ def fast_generate(
     image_embeds: torch.Tensor | None = None,
     return_logprobs: bool = False,
     compile_step: bool = False,
+    second_per_grid_ts: torch.Tensor | None = None,
 ) -> torch.LongTensor | tuple[torch.LongTensor, torch.Tensor]:
     """Sample ``group_size`` completions for each of the B prompts.
 
     Args:
         input_ids, attention_mask: ``[B, P]``, each prompt ONCE, left-padded (as the processor + chat template give).
-        pixel_values, image_grid_thw: the B prompts' images, as the processor gives them.
+        pixel_values, image_grid_thw: the B prompts' images, as the processor gives them; or their videos
+            (``pixel_values_videos``, ``video_grid_thw``) when ``second_per_grid_ts`` is given.
         group_size: G; rows ``b*G .. b*G+G-1`` of the result are prompt b's completions.
         max_new_tokens / min_new_tokens: bounds on completion length (EOS is masked before ``min_new_tokens``).
         temperature / top_p: as in `generate`; ``temperature <= 0`` is greedy.
@@ -317,6 +326,8 @@ def fast_generate(
             "old log-probs" of the rollout policy, as TRL computes them.
         compile_step: `torch.compile` the decode step before capturing it (CUDA graphs only; fewer, fused kernels; the first call of
             a shape pays the compilation).
+        second_per_grid_ts: ``[B]`` seconds per temporal patch of each prompt's video (the processor's): the visual
+            inputs are videos, their features replace ``<|video_pad|>`` tokens and temporal mRoPE spaces their t axis.
 
     Returns:
         ``[B*G, T_new]`` token ids, ``T_new <= max_new_tokens`` (the longest completion, like `generate`);
@@ -347,7 +358,7 @@ def fast_generate(
     embeds = text.embed_tokens(input_ids)
     if image_embeds is None and pixel_values is not None:
         image_embeds = image_embeddings(model, pixel_values.to(device), image_grid_thw.to(device))
-    img_mask = input_ids == parts.config.image_token_id
+    img_mask = input_ids == visual_token_id(parts.config, second_per_grid_ts is not None)
     if image_embeds is not None:
         if int(img_mask.sum()) != image_embeds.shape[0]:
             raise ValueError(
@@ -355,7 +366,7 @@ def fast_generate(
                 f"{image_embeds.shape[0]} features"
             )
         embeds = embeds.masked_scatter(img_mask[..., None], image_embeds.to(dtype))
-    positions, next_pos = mrope_positions(parts.config, input_ids, attention_mask, image_grid_thw)
+    positions, next_pos = mrope_positions(parts.config, input_ids, attention_mask, image_grid_thw, second_per_grid_ts)
 
     # 2) engine (static cache; graph captured at first use of this shape), state reset
     compile_step = compile_step and use_graph  # a CPU run (tests, the toy default) stays eager

@@ -25,6 +25,8 @@ import torch
 from lightning_modules import rewards
 from lightning_modules.evaluation import Evaluator, eval_set_name, format_for_template, greedy_answers
 from lightning_modules.policy import (
+    box_frame,
+    box_frame_wh,
     build_prompt_text,
     build_tiny_qwen2_5_vl,
     load_policy,
@@ -102,7 +104,28 @@ def toy_grounded_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str
     return sft_target(_toy_record(sample), input_wh, grounded_think=True)
 
 
-TARGETS = {"answer": answer_target, "toy": toy_target, "toy_grounded": toy_grounded_target}
+def toy_steps_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str:
+    """``toy_grounded_target``, except that for a multi-step question (EvolvedGRPO's relations and sub-problems) the
+    reasoning walks its steps, one ``<step>[box]</step>`` each, anchor first, then states the box
+    (``<think>Step 1: <step>[..]</step>. Step 2: <step>[..]</step>. It is at [..].</think>``): the format the prefix
+    process reward of ``evolved_grpo`` reads, in the short form (no step queries: docs/decisions.md)."""
+    from datamodules.evolve import format_steps, query_steps
+
+    text = toy_grounded_target(sample, input_wh, seed)
+    steps = query_steps(sample.meta or {}, sample.query) if sample.task == "rec" else []
+    if len(steps) < 2:
+        return text
+    head, rest = text.split("</think>", 1)
+    located = head.removeprefix("<think>").split(". ", 1)[0]  # "It is at [x1, y1, x2, y2]"
+    return f"<think>{format_steps(steps, input_wh, sample.size, queries=False)} {located}.</think>{rest}"
+
+
+TARGETS = {
+    "answer": answer_target,
+    "toy": toy_target,
+    "toy_grounded": toy_grounded_target,
+    "toy_steps": toy_steps_target,
+}
 
 
 class SFTModule(L.LightningModule):
@@ -124,6 +147,12 @@ class SFTModule(L.LightningModule):
         gradient_checkpointing: trade compute for memory.
         fast_vision_attention: one batched SDPA call per vision layer instead of transformers' loop over windows
             (``efficient.enable_fast_vision_attention``, exact; fewer kernel launches per step).
+        caption_frac: fraction of the training samples (fixed by id) that become captioning samples, CycleGRPO's other
+            direction: the prompt (``caption_template``) shows the target's box in model-input pixels as the box
+            region space writes it, the target is the sample's referring expression in answer tags, which singles the
+            target out among its look-alikes. Validation then also runs the cycle greedily (caption each target, ground
+            the stripped caption back) and logs ``<kind>/<set>/cycle_acc50``.
+        caption_template: the captioning prompt (``--model.method_args.caption_template`` of the CycleGRPO run).
         optimizer: optimizer factory (LightningCLI).
     """
 
@@ -143,10 +172,20 @@ class SFTModule(L.LightningModule):
         fast_vision_attention: bool = True,
         optimizer: OptimizerCallable = _default_optimizer,
         seed: int = 0,
+        caption_frac: float = 0.0,
+        caption_template: str = "toy_caption",
     ):
         super().__init__()
         if target not in TARGETS:
             raise ValueError(f"--model.target must be one of {sorted(TARGETS)}, got {target!r}")
+        if not 0.0 <= caption_frac <= 1.0:
+            raise ValueError(f"--model.caption_frac must lie in [0, 1], got {caption_frac}")
+        from lightning_modules.policy import PROMPT_TEMPLATES
+
+        if caption_frac and caption_template not in PROMPT_TEMPLATES:
+            raise ValueError(
+                f"--model.caption_template {caption_template!r} is not a prompt template; one of {sorted(PROMPT_TEMPLATES)}"
+            )
         self.save_hyperparameters(ignore=["optimizer"])
         self.tiny_spec = TinySpec(**build_tiny) if isinstance(build_tiny, dict) else build_tiny
         self.optimizer_factory = optimizer
@@ -229,6 +268,19 @@ class SFTModule(L.LightningModule):
             return t
         return list(t)[zlib.crc32(sample.sample_id.encode()) % len(t)]
 
+    def is_caption(self, sample) -> bool:
+        """Whether training sample ``sample`` is a captioning sample (``caption_frac``, fixed by its id)."""
+        frac = self.hparams.caption_frac
+        return frac > 0 and zlib.crc32(f"{sample.sample_id}/caption".encode()) % 10_000 < frac * 10_000
+
+    def caption_query(self, sample) -> str:
+        """The captioning prompt's query: the target's box in the model's input pixels, as the box space writes it
+        (what `CycleGRPO` shows its captioning prompt)."""
+        from lightning_modules.regions import region_space
+
+        in_wh = box_frame_wh(self.processor, *sample.size)
+        return region_space("box").serialize(tuple(rewards.rescale_box(sample.boxes[0], sample.size, in_wh)))
+
     def target_for(self, sample, input_wh) -> str:
         text = TARGETS[self.hparams.target](sample, input_wh, seed=self.hparams.seed)
         if self.template_for(sample) == "vlm_r1":  # VLM-R1's format: reasoning and answer only
@@ -244,10 +296,21 @@ class SFTModule(L.LightningModule):
         """
         proc = self.processor
         tok = proc.tokenizer
-        prompts = [build_prompt_text(proc, s.query, task=s.task, template=self.template_for(s)) for s in batch]
+        captions = [self.is_caption(s) for s in batch]
+        prompts = [
+            build_prompt_text(proc, self.caption_query(s), task="rec", template=self.hparams.caption_template)
+            if c
+            else build_prompt_text(proc, s.query, task=s.task, template=self.template_for(s))
+            for s, c in zip(batch, captions)
+        ]
         p_enc = proc(text=prompts, images=[s.image for s in batch], return_tensors="pt", padding=True)
         in_wh = model_input_size(p_enc["image_grid_thw"], getattr(proc.image_processor, "patch_size", 14))
-        targets = [self.target_for(s, wh) + "<|im_end|>" for s, wh in zip(batch, in_wh)]
+        if side := box_frame(proc):  # targets on the model's relative grid (Qwen3-VL)
+            in_wh = [(side, side)] * len(in_wh)
+        targets = [
+            (f"<answer>{s.query}</answer>" if c else self.target_for(s, wh)) + "<|im_end|>"
+            for s, wh, c in zip(batch, in_wh, captions)
+        ]
         t_ids = [torch.tensor(t, dtype=torch.long) for t in tok(targets, add_special_tokens=False)["input_ids"]]
         keep = p_enc["attention_mask"].bool()
         lengths = [int(keep[i].sum()) + len(t) for i, t in enumerate(t_ids)]
@@ -337,10 +400,29 @@ class SFTModule(L.LightningModule):
             temperature=1.0,
         )
         fmt = rewards.format_reward(sampled.texts, format=format_for_template(first))
+        if self.hparams.caption_frac:
+            logs[f"{kind}/{name}/cycle_acc50"] = self._cycle_acc50(batch, first)
         self.log_dict(logs, batch_size=len(batch), on_step=False, on_epoch=True, add_dataloader_idx=False)
         self.log(
             f"{kind}/{name}/format_sampled", sum(fmt) / len(batch), batch_size=len(batch), add_dataloader_idx=False
         )
+
+    def _cycle_acc50(self, batch, template: str) -> float:
+        """The greedy cycle: caption each target's box, ground the caption (coordinates stripped, as CycleGRPO
+        grounds it) under ``template``; the fraction that lands back on the target at IoU >= 0.5."""
+        from dataclasses import replace
+
+        from lightning_modules.methods.cycle_grpo import caption_text
+
+        n = self.hparams.eval_max_new_tokens
+        asked = [replace(s, query=self.caption_query(s)) for s in batch]
+        captions, _ = greedy_answers(
+            self.policy, self.processor, asked, template=self.hparams.caption_template, max_new_tokens=n
+        )
+        back = [replace(s, query=caption_text(a.text)) for s, a in zip(batch, captions)]
+        answers, _ = greedy_answers(self.policy, self.processor, back, template=template, max_new_tokens=n)
+        hits = [bool(a.boxes) and rewards.iou(a.boxes[0], s.boxes[0]) >= 0.5 for s, a in zip(batch, answers)]
+        return sum(hits) / max(len(batch), 1)
 
     def on_train_end(self) -> None:
         if self.hparams.export_dir and self.trainer.is_global_zero:

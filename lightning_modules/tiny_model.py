@@ -191,3 +191,111 @@ def build_tiny_qwen2_5_vl(
     model.save_pretrained(out_dir)
     processor.save_pretrained(out_dir)
     return out_dir
+
+
+def build_tiny_qwen3_vl(
+    out_dir: str | Path,
+    tokenizer_dir: str | Path,
+    *,
+    hidden_size: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate_size: int = 128,
+    vision_hidden_size: int = 32,
+    vision_depth: int = 2,
+    vision_heads: int = 2,
+    image_size: int = 224,
+    seed: int = 0,
+) -> Path:
+    """A random tiny ``Qwen3VLForConditionalGeneration`` (the classes of Qwen3-VL-4B: interleaved mRoPE, DeepStack
+    visual features injected into the first decoder layers, 16-pixel patches) with the tokenizer and chat template of
+    ``tokenizer_dir`` (a tiny Qwen2.5-VL's: the same special tokens), saved with ``save_pretrained``; for the tests
+    of the Qwen3-VL configs (``configs/cycle_4b.yaml``) on the CPU."""
+    from transformers import (
+        AutoProcessor,
+        GenerationConfig,
+        Qwen2VLImageProcessor,
+        Qwen3VLConfig,
+        Qwen3VLForConditionalGeneration,
+        Qwen3VLProcessor,
+        Qwen3VLVideoProcessor,
+    )
+
+    out_dir = Path(out_dir)
+    source = AutoProcessor.from_pretrained(tokenizer_dir, local_files_only=True)
+    tok = source.tokenizer
+    ids = {
+        key: tok.convert_tokens_to_ids(t)
+        for key, t in (
+            ("image_token_id", "<|image_pad|>"),
+            ("video_token_id", "<|video_pad|>"),
+            ("vision_start_token_id", "<|vision_start|>"),
+            ("vision_end_token_id", "<|vision_end|>"),
+        )
+    }
+    head_dim = hidden_size // heads
+    half = head_dim // 2
+    hw = (half - half // 4) // 2
+    text = dict(
+        vocab_size=len(tok),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=4096,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": [half - 2 * hw, hw, hw],
+            "mrope_interleaved": True,
+        },
+        tie_word_embeddings=True,
+        bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tok.pad_token_id,
+    )
+    side = math.ceil(image_size / 32) * 32
+    vision = dict(
+        depth=vision_depth,
+        hidden_size=vision_hidden_size,
+        intermediate_size=vision_hidden_size * 2,
+        num_heads=vision_heads,
+        out_hidden_size=hidden_size,
+        patch_size=16,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        deepstack_visual_indexes=[0],  # the 4B injects 3 vision layers' features; one here
+        num_position_embeddings=(side // 16) ** 2,
+    )
+    config = Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids)
+    torch.manual_seed(seed)
+    model = Qwen3VLForConditionalGeneration(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=eos_token_ids(tok),
+        pad_token_id=tok.pad_token_id,
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+    )
+    image_processor = Qwen2VLImageProcessor(
+        patch_size=16,
+        merge_size=2,
+        min_pixels=32 * 32 * 4,
+        max_pixels=side * side,
+        image_mean=[0.5] * 3,
+        image_std=[0.5] * 3,
+    )  # Qwen3-VL's: 16-pixel patches, 32-pixel merged tokens, mean / std 0.5
+    processor = Qwen3VLProcessor(
+        image_processor=image_processor,
+        tokenizer=tok,
+        video_processor=Qwen3VLVideoProcessor(),
+        chat_template=source.chat_template or CHAT_TEMPLATE,
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    processor.save_pretrained(out_dir)
+    return out_dir

@@ -67,9 +67,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="print the runs of this shard and their commands")
     ap.add_argument("--prune", action="store_true", help="delete a run's checkpoints once its record is written")
     ap.add_argument("--online", action="store_true", help="let W&B go online (default: WANDB_MODE=offline)")
+    ap.add_argument(
+        "--eval-flag",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="a train.py flag added to every evaluation of this call only, repeatable: where it runs, not what it "
+        "measures (e.g. --eval-flag=--trainer.accelerator=gpu --eval-flag=--data.init_args.eval_batch_size=128)",
+    )
     args = ap.parse_args(argv)
     try:
         study = load_study(args.study)
+        study.eval_overrides = [*study.eval_overrides, *args.eval_flag]
         i, n = parse_shard(args.shard)
         if args.jobs < 1:
             raise StudyError(f"-j must be >= 1, got {args.jobs}")

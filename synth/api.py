@@ -17,6 +17,10 @@ Endpoints (all need ``Authorization: Bearer <token>``):
 - ``GET /openapi.json``, ``/docs``, ``/redoc``: the schema and its viewers (config ``docs``)
 
 Every error answer is an :class:`ErrorBody`.
+
+A job either repaints the image's background after ``description`` (Syn-GRPO) or, with ``edit`` (:class:`VisualEdit`),
+edits it (EvolvedGRPO's visual edits: toy-world scene edits, or inpainting of regions on real images); both keep the
+boxes' foreground, audited on the file as written (docs/data_server.md, "Visual edit jobs").
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import binascii
 import hashlib
 import math
 from enum import Enum
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -94,8 +99,67 @@ class CanvasParams(_Model):
     """Top edge of the image on the canvas; default centred."""
 
 
+TOY_EDIT_KINDS = ("lookalikes", "clutter", "occlude", "declutter")
+"""Visual edits of a toy-world scene (``datamodules.evolve.execute_job``): re-rendered from the scene, exact labels."""
+EDIT_KINDS = TOY_EDIT_KINDS + ("inpaint",)
+
+
+class EditStep(_Model):
+    """One visual edit (EvolvedGRPO's visual instruction evolution, docs/evolved_grpo.md).
+
+    - a toy kind (``TOY_EDIT_KINDS``): ``params`` as ``datamodules.evolve.plan_visual_edit`` writes them;
+    - ``inpaint`` (real images): ``params = {"description": str, "regions": [[x1, y1, x2, y2], ...]}``: the server's
+      painter repaints the regions (input pixels) after the description of the distractors to add there; the boxes'
+      foreground is kept as in any job.
+    """
+
+    kind: Literal["lookalikes", "clutter", "occlude", "declutter", "inpaint"]
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _inpaint_params(self) -> EditStep:
+        if self.kind != "inpaint":
+            return self
+        desc, regions = self.params.get("description"), self.params.get("regions")
+        if not isinstance(desc, str) or len(desc) > MAX_DESCRIPTION_CHARS:
+            raise ValueError(f"an inpaint edit needs params.description, a string of at most {MAX_DESCRIPTION_CHARS}")
+        if not isinstance(regions, list) or not regions:
+            raise ValueError("an inpaint edit needs params.regions, a non-empty list of [x1, y1, x2, y2] boxes")
+        for i, b in enumerate(regions):
+            ok = isinstance(b, list) and len(b) == 4 and all(isinstance(v, int | float) and math.isfinite(v) for v in b)
+            if not ok or b[2] <= b[0] or b[3] <= b[1]:
+                raise ValueError(f"params.regions[{i}] = {b!r} must be a non-empty box [x1, y1, x2, y2]")
+        return self
+
+
+class VisualEdit(_Model):
+    """Edit the image instead of repainting its background: ``steps`` run in order on the input image. Toy steps need
+    ``scene`` (the scene's ``meta`` as ``datamodules.toy`` writes it, describing the input image exactly); the result
+    then carries the edited scene. The target's foreground (the request's ``boxes``) is never touched: the audit
+    checks it on the file as written."""
+
+    steps: list[EditStep] = Field(min_length=1, max_length=8)
+    scene: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _scene_for_toy_steps(self) -> VisualEdit:
+        toy = [s.kind in TOY_EDIT_KINDS for s in self.steps]
+        if any(toy) and self.scene is None:
+            raise ValueError(f"toy edit steps ({TOY_EDIT_KINDS}) need edit.scene, the toy scene's meta")
+        if not any(toy) and len(self.steps) != 1:
+            raise ValueError("an inpaint edit is one step per job: send the others as their own jobs")
+        if any(toy) and not all(toy):
+            raise ValueError("an edit mixes toy steps and inpaint steps: send them as two jobs")
+        return self
+
+    @property
+    def is_toy(self) -> bool:
+        return self.steps[0].kind in TOY_EDIT_KINDS
+
+
 class JobRequest(_Model):
-    """A synthesis job: repaint everything but the boxes' foreground of ``image`` after ``description``."""
+    """A synthesis job: repaint everything but the boxes' foreground of ``image`` after ``description``, or, with
+    ``edit``, edit the image (visual instruction evolution) keeping the boxes' foreground."""
 
     job_id: str = Field(pattern=JOB_ID_PATTERN)
     """Chosen by the client, unique per intended result (e.g. ``sample_id@e3``): the idempotency key."""
@@ -110,6 +174,14 @@ class JobRequest(_Model):
     canvas: CanvasParams = Field(default_factory=CanvasParams)
     return_bytes: bool = False
     """Include the output PNG (base64) in the job's result, for trainers without the shared filesystem."""
+    edit: VisualEdit | None = None
+    """A visual edit instead of a repaint (``description`` is then unused); the canvas must stay the image's."""
+
+    @model_validator(mode="after")
+    def _edit_keeps_the_canvas(self) -> JobRequest:
+        if self.edit is not None and self.canvas != CanvasParams():
+            raise ValueError("an edit job keeps the image's canvas: leave canvas at its defaults")
+        return self
 
     @field_validator("boxes")
     @classmethod
@@ -177,6 +249,8 @@ class JobResult(_Model):
     """How many jobs were painted in the same batch."""
     image_b64: str | None = None
     """The output PNG, when the request asked for ``return_bytes`` (or the GET for ``include_image``)."""
+    scene: dict[str, Any] | None = None
+    """The edited toy scene (its meta: objects, description, occluders, edits), for a job with toy edit steps."""
 
 
 class JobStatus(_Model):

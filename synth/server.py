@@ -164,6 +164,13 @@ def prepare_input(req: JobRequest, cfg: ServerConfig) -> PreparedInput:
             raise ApiError(422, str(e), [{"field": "image.data_b64", "message": str(e)}]) from e
         image_path = None
         w, h = _image_size(io.BytesIO(image_bytes), "image.data_b64", cfg)
+    scene = req.edit.scene if req.edit is not None else None
+    if scene is not None and (scene.get("width"), scene.get("height")) != (w, h):
+        msg = (
+            f"edit.scene is a {scene.get('width')} x {scene.get('height')} scene but the image is {w} x {h}: "
+            "send the scene that describes this image"
+        )
+        raise ApiError(422, msg, [{"field": "edit.scene", "message": msg}])
     tol = cfg.box_tolerance_px
     boxes = []
     for i, b in enumerate(req.boxes):
@@ -560,6 +567,7 @@ class JobManager:
                             description=job.request.description,
                             seed=job.request.seed,
                             canvas=job.request.canvas.model_dump(),
+                            edit=None if job.request.edit is None else job.request.edit.model_dump(),
                             output_path=inp.output_path,
                             tmp_path=temp_path(inp.output_path, job.uid),
                             fsync=self.cfg.fsync_outputs,

@@ -31,6 +31,7 @@ from synth.compose import (
     Audit,
     CanvasGeometry,
     audit_result,
+    boxes_mask,
     mask_to_canvas,
     paste_back,
     place_image,
@@ -133,6 +134,10 @@ def run_batch(painter, masker, items: list[dict[str, Any]], pool: Executor | Non
     mapper = pool.map if pool is not None else map
     loaded = list(mapper(_try_load, items))
     for item, image in zip(items, loaded):
+        edit = item.get("edit")
+        if edit is not None and edit["scene"] is not None:  # toy edits: rendered from the scene, no painter
+            results[item["uid"]] = _toy_edit(item, image, masker)
+            continue
         try:
             if isinstance(image, Exception):
                 raise image
@@ -145,7 +150,12 @@ def run_batch(painter, masker, items: list[dict[str, Any]], pool: Executor | Non
             keep = mask_to_canvas(fg, geom)
             known = mask_to_canvas(np.ones((geom.img_h, geom.img_w), dtype=bool), geom)
             out_boxes = [geom.transform_box(b) for b in item["boxes"]]
-            job = PaintJob(item["job_id"], canvas, keep, known, item["description"], int(item["seed"]))
+            description = item["description"]
+            if edit is not None:  # inpaint (real images): only the regions are painted, around the kept foreground
+                params = edit["steps"][0]["params"]
+                keep = keep | ~boxes_mask(params["regions"], geom.canvas_w, geom.canvas_h)
+                description = params["description"]
+            job = PaintJob(item["job_id"], canvas, keep, known, description, int(item["seed"]))
             prepared.append((item, job, canvas, out_boxes, geom))
         except Exception as e:
             results[item["uid"]] = _failure(item, f"could not prepare the job: {type(e).__name__}: {e}")
@@ -186,11 +196,45 @@ def _failure(item: dict[str, Any], error: str, detail: str | None = None) -> dic
     return dict(uid=item["uid"], job_id=item["job_id"], ok=False, error=error, detail=detail, result=None)
 
 
+def _toy_edit(item: dict[str, Any], image: Image.Image | Exception, masker) -> dict[str, Any]:
+    """A toy-world visual edit: ``datamodules.evolve.execute_job`` for each step, from the request's scene. No paste
+    back: the render itself must leave the target's foreground (its shape's pixels) as in the input, which the audit
+    checks, so a scene that does not describe the image, or an edit that would touch the target, fails the job."""
+    from datamodules.evolve import execute_job, foreground_mask
+
+    try:
+        if isinstance(image, Exception):
+            raise image
+        reference = np.asarray(image.convert("RGB"), dtype=np.uint8)
+        scene = item["edit"]["scene"]
+        keep = foreground_mask(scene, item["boxes"])
+        edited = None
+        for step in item["edit"]["steps"]:
+            edited, scene = execute_job(scene, {"kind": step["kind"], "params": step["params"]})
+        final = np.asarray(edited.convert("RGB"), dtype=np.uint8)
+    except Exception as e:
+        return _failure(item, f"could not run the edit: {type(e).__name__}: {e}")
+    h, w = reference.shape[:2]
+    try:
+        return _write_audited(item, final, reference, keep, item["boxes"], w, h, "toy-edit", masker, 1, scene)
+    except Exception as e:
+        return _failure(item, f"could not write the result: {type(e).__name__}: {e}")
+
+
 def _finish(item, job: PaintJob, canvas, out_boxes, geom: CanvasGeometry, image, painter, masker, batch_size):
     image = np.asarray(image, dtype=np.uint8)
     if image.shape != canvas.shape:
         return _failure(item, f"painter returned a {image.shape} image for a {canvas.shape} canvas")
     final = paste_back(image, canvas, job.keep)
+    return _write_audited(
+        item, final, canvas, job.keep, out_boxes, geom.canvas_w, geom.canvas_h, painter.name, masker, batch_size
+    )
+
+
+def _write_audited(
+    item, final, reference, keep, out_boxes, width: int, height: int, painter_name: str, masker, batch_size: int,
+    scene: dict[str, Any] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     # A temp file next to the output (the path the server chose), read back and audited. The server renames it over
     # the output (os.replace is atomic on POSIX) only if the job is still wanted when the result arrives, so a job
     # cancelled while it ran can never replace a newer job's file; a reader never sees a partial or unaudited file.
@@ -207,7 +251,7 @@ def _finish(item, job: PaintJob, canvas, out_boxes, geom: CanvasGeometry, image,
                 os.fsync(f.fileno())
         with Image.open(tmp) as on_file:
             on_disk = np.asarray(on_file.convert("RGB"), dtype=np.uint8)
-        audit = audit_result(on_disk, canvas, job.keep, out_boxes, geom.canvas_w, geom.canvas_h)
+        audit = audit_result(on_disk, reference, keep, out_boxes, width, height)
         if not audit.passed:
             return dict(_failure(item, f"audit failed: {audit.message}"), audit=_audit_dict(audit))
         written = True
@@ -216,12 +260,13 @@ def _finish(item, job: PaintJob, canvas, out_boxes, geom: CanvasGeometry, image,
             os.unlink(tmp)
     result = dict(
         output_path=out_path,
-        width=geom.canvas_w,
-        height=geom.canvas_h,
-        boxes=out_boxes,
+        width=width,
+        height=height,
+        boxes=[list(b) for b in out_boxes],
         audit=_audit_dict(audit),
-        painter=painter.name,
-        foreground=getattr(masker, "name", type(masker).__name__),
+        painter=painter_name,
+        foreground="scene" if scene is not None else getattr(masker, "name", type(masker).__name__),
         batch_size=batch_size,
+        scene=scene,
     )
     return dict(uid=item["uid"], job_id=item["job_id"], ok=True, error=None, detail=None, result=result, tmp_path=tmp)

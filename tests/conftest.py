@@ -15,6 +15,27 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 
+_DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE")
+
+
+@pytest.fixture(autouse=True)
+def _no_process_group_leaks():
+    """A Lightning run in this process (FSDP2 on one device) leaves its process group and ``MASTER_PORT`` behind:
+    the next in-process group would fail to initialise, and a multi-process test would inherit a port still bound.
+    Each test ends with neither."""
+    before = {k: os.environ.get(k) for k in _DIST_ENV}
+    yield
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    for k, v in before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 TINY_CORPUS = [
     "Find: the small red circle",
     "Find every: red shape",

@@ -24,12 +24,14 @@ from PIL import Image
 
 from lightning_modules.policy import (
     Rollout,
+    box_frame,
     completion_mask_from_ids,
     eos_token_ids,
     model_input_size,
     special_token_ids,
     untokenizable_ids,
 )
+from lightning_modules.qwen_vl import VideoClip
 from lightning_modules.registry import Registry
 
 __all__ = [
@@ -54,10 +56,12 @@ class RolloutRequest:
     ``prompt`` is the chat-formatted text (the method's template applied); ``group_id`` names the advantage group of
     its completions (rows with the same id are normalised together); ``parent_id`` is the row of an earlier rollout
     this request continues (CycleGRPO: the caption a grounding is conditioned on), ``None`` for a first-level prompt.
+    ``image`` is the prompt's visual input: a PIL image, or a `VideoClip` (frames + fps) for a video prompt (built with
+    ``build_prompt_text(..., video=True)``); one generate call holds one kind.
     """
 
     prompt: str
-    image: Image.Image
+    image: Image.Image | VideoClip
     n: int
     group_id: int
     parent_id: int | None = None
@@ -115,7 +119,8 @@ class RolloutEngine(ABC):
 
         Returns the raw completion ids [B*G, T] (rows grouped by prompt, anything after EOS arbitrary) and the
         processor encoding of the B*G rows (``input_ids``, ``attention_mask``, ``pixel_values``, ``image_grid_thw``,
-        ``mm_token_type_ids`` if the processor gives them), left-padded."""
+        ``mm_token_type_ids`` if the processor gives them; for video prompts ``pixel_values_videos``,
+        ``video_grid_thw`` and ``second_per_grid_ts`` instead of the image keys), left-padded."""
 
     @torch.no_grad()
     def generate(self, model, processor, requests: Sequence[RolloutRequest], sampling: Sampling) -> Rollout:
@@ -150,17 +155,21 @@ class RolloutEngine(ABC):
             completion_ids = completion_ids.new_full((completion_ids.shape[0], 1), tok.pad_token_id)
         completion_mask = completion_mask_from_ids(completion_ids, eos)
         completion_ids = completion_ids.masked_fill(completion_mask == 0, tok.pad_token_id)
-        grid = enc["image_grid_thw"]
+        video = "video_grid_thw" in enc
+        grid = enc["video_grid_thw" if video else "image_grid_thw"]
         patch = getattr(processor.image_processor, "patch_size", 14)
+        side = box_frame(processor)  # Qwen3-VL writes boxes on a 0-1000 grid, not in input pixels
+        frames = [(side, side)] * grid.shape[0] if side else model_input_size(grid, patch)
         return Rollout(
             prompt_ids=enc["input_ids"],
             prompt_mask=enc["attention_mask"],
             completion_ids=completion_ids,
             completion_mask=completion_mask,
-            pixel_values=enc["pixel_values"],
+            pixel_values=enc["pixel_values_videos" if video else "pixel_values"],
             image_grid_thw=grid,
+            second_per_grid_ts=enc["second_per_grid_ts"] if video else None,
             texts=tok.batch_decode(completion_ids, skip_special_tokens=True),
-            input_wh=model_input_size(grid, patch),
+            input_wh=frames,
             prompt_mm_types=enc.get("mm_token_type_ids"),
             group_size=n,
             group_ids=torch.tensor([r.group_id for r in requests for _ in range(n)], dtype=torch.long),

@@ -5,27 +5,32 @@ from __future__ import annotations
 import torch
 
 from lightning_modules.engines.base import RolloutEngine, Sampling, register_rollout_engine
+from lightning_modules.qwen_vl import processor_inputs
 
 
 def repeat_encoding(enc, group_size: int) -> dict[str, torch.Tensor]:
-    """Repeat a B-prompt processor output G times per prompt (rows grouped by prompt)."""
-    counts = enc["image_grid_thw"].prod(dim=-1)
+    """Repeat a B-prompt processor output G times per prompt (rows grouped by prompt); images or videos."""
+    video = "video_grid_thw" in enc
+    pix_key, grid_key = ("pixel_values_videos", "video_grid_thw") if video else ("pixel_values", "image_grid_thw")
+    counts = enc[grid_key].prod(dim=-1)
     offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).tolist()
-    pixels = [enc["pixel_values"][offsets[i] : offsets[i + 1]] for i in range(len(counts)) for _ in range(group_size)]
+    pixels = [enc[pix_key][offsets[i] : offsets[i + 1]] for i in range(len(counts)) for _ in range(group_size)]
     out = {
         "input_ids": enc["input_ids"].repeat_interleave(group_size, 0),
         "attention_mask": enc["attention_mask"].repeat_interleave(group_size, 0),
-        "pixel_values": torch.cat(pixels),
-        "image_grid_thw": enc["image_grid_thw"].repeat_interleave(group_size, 0),
+        pix_key: torch.cat(pixels),
+        grid_key: enc[grid_key].repeat_interleave(group_size, 0),
     }
-    if "mm_token_type_ids" in enc:
-        out["mm_token_type_ids"] = enc["mm_token_type_ids"].repeat_interleave(group_size, 0)
+    for key in ("mm_token_type_ids", "second_per_grid_ts"):
+        if key in enc:
+            out[key] = enc[key].repeat_interleave(group_size, 0)
     return out
 
 
 @register_rollout_engine("fast")
 class FastRolloutEngine(RolloutEngine):
-    """The B prompts are encoded once; their KV caches are copied into the G rows of each group (Qwen2.5-VL)."""
+    """The B prompts are encoded once; their KV caches are copied into the G rows of each group (Qwen2.5-VL; images
+    or video clips)."""
 
     own_kernels = True
 
@@ -33,13 +38,15 @@ class FastRolloutEngine(RolloutEngine):
         from lightning_modules.rollout import fast_generate
 
         device = next(model.parameters()).device
-        enc = processor(text=list(prompts), images=list(images), return_tensors="pt", padding=True).to(device)
+        enc = processor_inputs(processor, prompts, images).to(device)
+        video = "video_grid_thw" in enc
         completion_ids = fast_generate(
             model,
             input_ids=enc["input_ids"],
             attention_mask=enc["attention_mask"],
-            pixel_values=enc["pixel_values"],
-            image_grid_thw=enc["image_grid_thw"],
+            pixel_values=enc["pixel_values_videos" if video else "pixel_values"],
+            image_grid_thw=enc["video_grid_thw" if video else "image_grid_thw"],
+            second_per_grid_ts=enc.get("second_per_grid_ts"),
             group_size=group_size,
             max_new_tokens=sampling.max_new_tokens,
             temperature=0.0 if sampling.greedy else sampling.temperature,

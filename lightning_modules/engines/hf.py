@@ -15,7 +15,9 @@ from lightning_modules.engines.base import (
     register_rollout_engine,
     register_update_engine,
 )
+from lightning_modules.fsdp import needs_lockstep
 from lightning_modules.policy import Rollout, completion_logps
+from lightning_modules.qwen_vl import processor_inputs
 
 
 @register_rollout_engine("hf")
@@ -25,11 +27,8 @@ class HFRolloutEngine(RolloutEngine):
     def sample(self, model, processor, prompts, images, *, group_size, sampling: Sampling, suppress_ids, eos_ids):
         tok = processor.tokenizer
         device = next(model.parameters()).device
-        enc = processor(
-            text=[t for t in prompts for _ in range(group_size)],
-            images=[im for im in images for _ in range(group_size)],
-            return_tensors="pt",
-            padding=True,
+        enc = processor_inputs(
+            processor, [t for t in prompts for _ in range(group_size)], [im for im in images for _ in range(group_size)]
         ).to(device)
         gen_kwargs = dict(
             max_new_tokens=sampling.max_new_tokens,
@@ -40,6 +39,8 @@ class HFRolloutEngine(RolloutEngine):
         )
         if sampling.min_new_tokens:
             gen_kwargs["min_new_tokens"] = sampling.min_new_tokens
+        if needs_lockstep(model):  # FSDP2 gathering per layer: ranks that finished keep stepping with the others
+            gen_kwargs["synced_gpus"] = True
         if not sampling.greedy:
             gen_kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
         out = model.generate(**enc, **gen_kwargs)

@@ -1,6 +1,6 @@
-"""The ``packed`` update engine (``efficient.py``): the vision tower once per unique image with its backward once per
-step, right-padded length-bucketed rows, chunked log-probs from hidden states. Single-process: its deferred vision
-backward is not DDP-aware."""
+"""The ``packed`` update engine (``efficient.py``): the vision tower once per unique image (or video clip) with its
+backward once per step, right-padded length-bucketed rows, chunked log-probs from hidden states. Single-process: its
+deferred vision backward is not DDP-aware."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ class PackedUpdateEngine(UpdateEngine):
             completion_mask=ro.completion_mask.to(device),
             group_size=ro.group_size,
             pad_token_id=processor.tokenizer.pad_token_id,
+            second_per_grid_ts=None if ro.second_per_grid_ts is None else ro.second_per_grid_ts.to(device),
         )
 
     def logprobs(self, model, prepared) -> torch.Tensor:

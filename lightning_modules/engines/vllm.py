@@ -47,6 +47,7 @@ from pydantic import BaseModel
 from lightning_modules.engines.base import RolloutEngine, Sampling, register_rollout_engine
 from lightning_modules.engines.fast import repeat_encoding
 from lightning_modules.policy import completion_logps
+from lightning_modules.qwen_vl import VideoClip
 
 __all__ = [
     "VLLMRolloutEngine",
@@ -618,6 +619,11 @@ class VLLMRolloutEngine(RolloutEngine):
 
     # ------------------------------------------------------------------------------------------------ sampling
     def sample(self, model, processor, prompts, images, *, group_size, sampling: Sampling, suppress_ids, eos_ids):
+        if any(isinstance(im, VideoClip) for im in images):
+            raise NotImplementedError(
+                "the vllm rollout engine does not take video clips yet: use --model.rollout_engine fast (or hf) for "
+                "video prompts"
+            )
         b = self.backend(model)
         self._processor = processor
         self._probe = (prompts[0], images[0])

@@ -167,6 +167,17 @@ class Method:
             scores.total, ro.group_ids, scale=self.hp.advantage_scale, eps=self.hp.advantage_eps
         )
 
+    # ------------------------------------------------------------------------------------------------ evaluation
+    def evaluate(self, module: GRPOModule, kind: str, name: str, batch: Sequence[Any]) -> bool:
+        """Score a validation / test batch of eval set ``name`` with the method's own metrics and return True, or
+        return False to leave it to the module's REC / OVD evaluator (the default). A method that evaluates logs its
+        epoch values through `eval_logs`."""
+        return False
+
+    def eval_logs(self, kind: str) -> dict[str, float]:
+        """The method's own ``{kind}/{set}/{metric}`` values at the end of a validation / test epoch (then reset)."""
+        return {}
+
     # ------------------------------------------------------------------------------------------------ outputs
     def evolution(self, batch: Sequence[Any], ro: Rollout, scores: Scores, *, step: int, epoch: int) -> list[Selection]:
         """Evolution requests for the data-evolution callback (default: none)."""

@@ -12,11 +12,16 @@ never mix (group ids: sample ``b`` -> ``b``, caption row ``i`` -> ``B + i``). ``
 papers' Tables 10-11: ``cycle`` trains both directions, ``caption`` only the captions, ``localization`` only the
 groundings (the other direction is still generated and scored, so its rewards are logged, with zero advantage).
 
-Settings (``--model.method_args``): ``n_captions`` (N), ``k_groundings`` (K), ``alpha``, ``region_space`` (``box``;
-the mask, interval and anchor spaces need the video and mask toy data, not wired yet), ``caption_template`` (a
-``PROMPT_TEMPLATES`` key whose ``{query}`` is the serialized region), ``mode``. The grounding prompt is the module's
-``--model.prompt_template``. This first version generates the K groundings of a caption as K rows of one grounding
-prompt (the engines share the prompt's prefill across them); the image is encoded once per level, not once for both.
+Settings (``--model.method_args``): ``n_captions`` (N), ``k_groundings`` (K), ``alpha``, ``region_space`` (``box``
+on images; ``interval`` or ``anchor`` on video samples, ``datamodules/video.py``), ``caption_template`` (a
+``PROMPT_TEMPLATES`` key whose ``{query}`` is the serialized region), ``mode``; for video ``tau`` (Eq. 15's time gate,
+seconds), ``gate_gamma`` (temporal: ``alpha * s_ik`` is multiplied by ``gate_gamma ** n_invalid_intervals``) and
+``proximity_weight`` (spatio-temporal: ``+ proximity_weight * temporal_proximity`` on ``r_loc``). The grounding
+prompt is the module's ``--model.prompt_template``. Video samples feed their clip (``VideoClip``) as the prompts'
+visual input; validation on them logs ``tiou``, ``r1@{0.3,0.5,0.7}`` (interval) or ``when``, ``where``, ``st``
+(anchor), and ``n_acc`` / ``t_acc`` per eval set (``lightning_modules/cycle_metrics.py``). This first version
+generates the K groundings of a caption as K rows of one grounding prompt (the engines share the prompt's prefill
+across them); the image (or clip) is encoded once per level, not once for both.
 """
 
 from __future__ import annotations
@@ -29,12 +34,24 @@ import torch
 from lightning_modules import regions, rewards
 from lightning_modules.engines.base import RolloutRequest
 from lightning_modules.methods.base import Method, Scores, register_method
-from lightning_modules.policy import Rollout, build_prompt_text, concat_rollouts, model_input_wh
-from lightning_modules.regions import NO_TARGET, caption_phi, cycle_rewards, localization_phi, strip_leaks
+from lightning_modules.policy import Rollout, box_frame_wh, build_prompt_text, concat_rollouts
+from lightning_modules.qwen_vl import video_input_wh
+from lightning_modules.regions import (
+    NO_TARGET,
+    AnchorSpace,
+    IntervalSpace,
+    caption_phi,
+    cycle_rewards,
+    invalid_interval_gate,
+    localization_phi,
+    strip_leaks,
+    temporal_proximity,
+)
 
 _ANSWER_RE = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.S)
 _TAG_RE = re.compile(r"</?[a-z_]+>")
 MAX_CAPTION_CHARS = 300
+VIDEO_SPACES = ("interval", "anchor")
 
 
 def raw_caption(completion: str) -> str:
@@ -49,6 +66,20 @@ def caption_text(completion: str) -> str:
     return strip_leaks(raw_caption(completion))[:MAX_CAPTION_CHARS].strip()
 
 
+def image_lookalikes(sample) -> list[tuple[float, ...]]:
+    """The boxes (original pixels) of the scene's other objects that share the target's shape or colour: what a
+    caption naming only the kind would also fit. From the toy world's ``meta.objects``; none for data without them."""
+    objects = (sample.meta or {}).get("objects") or []
+    target = next((o for o in objects if o.get("role") == "target"), None)
+    if target is None:
+        return []
+    return [
+        tuple(float(v) for v in o["box"])
+        for o in objects
+        if o is not target and (o.get("shape") == target.get("shape") or o.get("colour") == target.get("colour"))
+    ]
+
+
 @register_method("cycle_grpo")
 class CycleGRPO(Method):
     def __init__(
@@ -60,6 +91,9 @@ class CycleGRPO(Method):
         region_space: str = "box",
         caption_template: str = "caption",
         mode: str = "cycle",
+        tau: float = 3.0,
+        gate_gamma: float = 0.5,
+        proximity_weight: float = 0.5,
     ) -> None:
         super().__init__(hparams)
         if n_captions < 2 or k_groundings < 2:
@@ -68,37 +102,38 @@ class CycleGRPO(Method):
             )
         if mode not in ("cycle", "caption", "localization"):
             raise ValueError(f"--model.method_args.mode must be cycle, caption or localization, got {mode!r}")
-        if region_space != "box":
+        if region_space not in ("box", *VIDEO_SPACES):
             raise ValueError(
-                f"--model.method_args.region_space {region_space!r}: only 'box' is wired to the image toy world so far "
-                "(the mask / interval / anchor spaces exist in lightning_modules/regions/; their data is the open part)"
+                f"--model.method_args.region_space {region_space!r}: 'box' (images) or 'interval' / 'anchor' (video "
+                "samples, datamodules/video.py) are wired; the mask space exists in lightning_modules/regions/"
             )
         self.N, self.K, self.alpha, self.mode = n_captions, k_groundings, alpha, mode
-        self.space = regions.region_space(region_space)
+        self.video = region_space in VIDEO_SPACES
+        self.space = AnchorSpace(tau=tau) if region_space == "anchor" else regions.region_space(region_space)
         self.caption_template = caption_template
+        self.tau, self.gate_gamma, self.proximity_weight = tau, gate_gamma, proximity_weight
+        invalid_interval_gate(0, gate_gamma)  # checks gamma
+        self._eval_metrics: dict[str, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------------------------------------ rollout
     def rollout(self, module, batch) -> Rollout:
         B, N, K = len(batch), self.N, self.K
         processor = module.processor
-        # the region in the model's input pixels (the frame the model reads and writes), computed without encoding
-        in_frame = [
-            rewards.rescale_box(s.boxes[0], s.size, model_input_wh(processor.image_processor, *s.size)) for s in batch
-        ]
+        self._check_samples(batch)
         caption_requests = [
             RolloutRequest(
-                build_prompt_text(processor, self.space.serialize(r), task="rec", template=self.caption_template),
+                self._prompt(processor, self.space.serialize(self._prompt_region(processor, s)), self.caption_template),
                 s.image,
                 N,
                 group_id=b,
             )
-            for b, (s, r) in enumerate(zip(batch, in_frame))
+            for b, s in enumerate(batch)
         ]
         captions = module.generate(caption_requests)
         texts = [caption_text(t) for t in captions.texts]
         grounding_requests = [
             RolloutRequest(
-                build_prompt_text(processor, texts[i], task="rec", template=self.hp.prompt_template),
+                self._prompt(processor, texts[i], self.hp.prompt_template),
                 batch[i // N].image,
                 K,
                 group_id=B + i,
@@ -118,24 +153,24 @@ class CycleGRPO(Method):
         B, N, K = len(batch), self.N, self.K
         n_cap = B * N
         parsed = [rewards.parse_completion(t) for t in ro.texts]
-        s, phi_cap, phi_loc = [], [], []
+        s, phi_cap, phi_loc, gate, shaping = [], [], [], [], []
         for i in range(n_cap):
             sample = batch[i // N]
+            space, gt = self._space_for(sample), self._gt_region(sample)
             phi_cap.append(caption_phi(raw_caption(ro.texts[i])))  # the leak is judged before stripping
-            row_s, row_phi = [], []
+            row_s, row_phi, row_gate, row_shaping = [], [], [], []
             for k in range(K):
                 j = n_cap + i * K + k
-                text = ro.texts[j]
-                pred = self.space.parse(text)
-                if parsed[j].boxes:  # the answer part's box, in original pixels
-                    pred = tuple(rewards.rescale_box(parsed[j].boxes[0], ro.input_wh[j], sample.size))
-                elif pred is not None and pred is not NO_TARGET:
-                    pred = tuple(rewards.rescale_box(pred, ro.input_wh[j], sample.size))
-                row_s.append(self.space.consistency(sample.boxes[0], pred))
-                row_phi.append(localization_phi(text, self.space))
+                pred = self._predicted_region(sample, ro.texts[j], parsed[j], ro.input_wh[j])
+                row_s.append(space.consistency(gt, pred))
+                row_phi.append(localization_phi(ro.texts[j], space))
+                row_gate.append(self._gate(space, pred))
+                row_shaping.append(self._shaping(gt, pred))
             s.append(row_s)
             phi_loc.append(row_phi)
-        r_cap, r_loc = cycle_rewards(s, phi_cap, phi_loc, alpha=self.alpha)
+            gate.append(row_gate)
+            shaping.append(row_shaping)
+        r_cap, r_loc = cycle_rewards(s, phi_cap, phi_loc, alpha=self.alpha, gate=gate, shaping=shaping)
         consistency = [sum(r) / K for r in s] + [v for r in s for v in r]
         phi = phi_cap + [v for r in phi_loc for v in r]
         total = r_cap + [v for r in r_loc for v in r]
@@ -144,7 +179,63 @@ class CycleGRPO(Method):
             "phi": torch.tensor(phi, dtype=torch.float32),
             "total": torch.tensor(total, dtype=torch.float32),
         }
-        return Scores(parts=parts, parsed=parsed, extras={"n_captions": n_cap})
+        extras = {"n_captions": n_cap, "gate": [v for r in gate for v in r], "shaping": [v for r in shaping for v in r]}
+        return Scores(parts=parts, parsed=parsed, extras=extras)
+
+    # ------------------------------------------------------------------------------------------------ regions
+    def _check_samples(self, batch) -> None:
+        is_video = [hasattr(s, "clip") for s in batch]
+        if any(v != self.video for v in is_video):
+            kind = "video samples (datamodules.video.VideoGroundingDataModule)" if self.video else "image samples"
+            raise ValueError(
+                f"--model.method_args.region_space {self.space.name} needs {kind}; the batch holds "
+                f"{'video' if any(is_video) else 'image'} samples: set region_space to match the data module"
+            )
+
+    def _prompt(self, processor, query: str, template: str) -> str:
+        return build_prompt_text(processor, query, task="rec", template=template, video=self.video)
+
+    def _space_for(self, sample):
+        """The region space that scores ``sample`` (intervals are bounded by the sample's clip)."""
+        return self.space.with_duration(sample.duration) if isinstance(self.space, IntervalSpace) else self.space
+
+    def _gt_region(self, sample):
+        return sample.region(self.space.name) if self.video else sample.boxes[0]
+
+    def _prompt_region(self, processor, sample):
+        """The region as the captioning prompt shows it, in the frame the model reads and writes (pixels of the
+        model input, seconds), computed without encoding."""
+        if not self.video:
+            return rewards.rescale_box(sample.boxes[0], sample.size, box_frame_wh(processor, *sample.size))
+        region = self._gt_region(sample)
+        if self.space.name == "anchor" and region is not NO_TARGET:
+            wh = video_input_wh(processor, sample.clip)
+            region = tuple((t, tuple(rewards.rescale_box(list(b), sample.size, wh))) for t, b in region)
+        return region
+
+    def _predicted_region(self, sample, text: str, parsed, input_wh):
+        """A grounding's region in the ground truth's frame (original pixels, seconds); None when unreadable."""
+        if self.video:
+            pred = self.space.parse(raw_caption(text))  # the answer part when there is one
+            if self.space.name == "anchor" and pred is not None and pred is not NO_TARGET:
+                pred = tuple((t, tuple(rewards.rescale_box(list(b), input_wh, sample.size))) for t, b in pred)
+            return pred
+        pred = self.space.parse(text)
+        if parsed.boxes:  # the answer part's box, in original pixels
+            return tuple(rewards.rescale_box(parsed.boxes[0], input_wh, sample.size))
+        if pred is not None and pred is not NO_TARGET:
+            return tuple(rewards.rescale_box(pred, input_wh, sample.size))
+        return pred
+
+    def _gate(self, space, pred) -> float:
+        """Temporal: ``gate_gamma ** (invalid intervals written)``; 1 elsewhere."""
+        return invalid_interval_gate(space.n_invalid(pred), self.gate_gamma) if space.name == "interval" else 1.0
+
+    def _shaping(self, gt, pred) -> float:
+        """Spatio-temporal: ``proximity_weight * temporal_proximity`` (a direction when Eq. 15 gives 0); 0 elsewhere."""
+        if self.space.name != "anchor":
+            return 0.0
+        return self.proximity_weight * temporal_proximity(gt, pred, self.tau)
 
     def advantages(self, scores: Scores, ro: Rollout) -> torch.Tensor:
         adv = super().advantages(scores, ro)  # by group ids: caption groups and grounding groups never mix
@@ -164,4 +255,135 @@ class CycleGRPO(Method):
             "train/cycle/consistency": float(p["consistency"][n_cap:].mean()),
             "train/cycle/acc50": float((p["consistency"][n_cap:] >= 0.5).float().mean()),
             "train/cycle/caption_leak_frac": float(sum(ph <= -1.0 for ph in p["phi"][:n_cap].tolist()) / max(n_cap, 1)),
+            **self._video_train_logs(scores),
         }
+
+    def _video_train_logs(self, scores: Scores) -> dict[str, float]:
+        if self.space.name == "interval":
+            return {"train/cycle/gate": sum(scores.extras["gate"]) / max(len(scores.extras["gate"]), 1)}
+        if self.space.name == "anchor":
+            shaping = scores.extras["shaping"]
+            return {"train/cycle/proximity": sum(shaping) / max(len(shaping), 1) / max(self.proximity_weight, 1e-9)}
+        return {}
+
+    # ------------------------------------------------------------------------------------------------ evaluation
+    def evaluate(self, module, kind: str, name: str, batch) -> bool:
+        """Video samples: greedy grounding of each query, scored into the eval set's temporal / spatio-temporal
+        metrics, and (intervals) the cycle's locatability; logged by `eval_logs` at the epoch's end. Image samples:
+        the cycle's locatability of captions (``<kind>/<set>/locatability``, ``.../confusion``), then the module's
+        REC evaluator for the grounding direction (False)."""
+        if not self.video:
+            from lightning_modules.cycle_metrics import Locatability
+            from lightning_modules.engines.base import Sampling
+
+            hp = module.hparams
+            mets = self._eval_metrics.setdefault(f"{kind}/{name}", {"locatability": Locatability(0.5)})
+            engine = module.rollout_engine.for_evaluation()
+            sampling = Sampling(max_new_tokens=hp.max_new_tokens, greedy=True)
+            targets = [s for s in batch if len(s.boxes) == 1]
+            owns = [tuple(s.boxes[0]) for s in targets]
+            self._update_locatability(
+                module,
+                engine,
+                sampling,
+                mets["locatability"],
+                targets,
+                owns,
+                [image_lookalikes(s) for s in targets],
+                hp.eval_prompt_template or hp.prompt_template,
+            )
+            return False
+        from lightning_modules.cycle_metrics import (
+            Locatability,
+            RegionGroundingMetrics,
+            SpatioTemporalMetrics,
+            TemporalGroundingMetrics,
+        )
+        from lightning_modules.engines.base import Sampling
+
+        self._check_samples(batch)
+        hp = module.hparams
+        template = hp.eval_prompt_template or hp.prompt_template
+        requests = [
+            RolloutRequest(self._prompt(module.processor, s.query, template), s.image, 1, i)
+            for i, s in enumerate(batch)
+        ]
+        engine = module.rollout_engine.for_evaluation()
+        sampling = Sampling(max_new_tokens=hp.max_new_tokens, greedy=True)
+        ro = engine.generate(module.policy, module.processor, requests, sampling)
+        gts = [self._gt_region(s) for s in batch]
+        preds = [self._predicted_region(s, t, None, wh) for s, t, wh in zip(batch, ro.texts, ro.input_wh)]
+        key = f"{kind}/{name}"
+        if key not in self._eval_metrics:
+            mets = {"region": RegionGroundingMetrics(self.space)}
+            if self.space.name == "interval":
+                mets["temporal"] = TemporalGroundingMetrics((0.3, 0.5, 0.7))
+                mets["locatability"] = Locatability(0.5)
+            else:
+                mets["st"] = SpatioTemporalMetrics(tau=self.tau, slot=1.0 / batch[0].clip.fps)
+            self._eval_metrics[key] = mets
+        mets = self._eval_metrics[key]
+        mets["region"].update(gts, preds)
+        if "temporal" in mets:
+            mets["temporal"].update([self._space_for(s).consistency(g, p) for s, g, p in zip(batch, gts, preds)])
+            targets = [s for s in batch if s.intervals]
+            self._update_locatability(
+                module,
+                engine,
+                sampling,
+                mets["locatability"],
+                targets,
+                [s.region("interval") for s in targets],
+                [[(tuple(iv),) for iv in s.lookalikes] for s in targets],
+                template,
+            )
+        else:
+            mets["st"].update(gts, preds)
+        return True
+
+    def _update_locatability(self, module, engine, sampling, metric, targets, owns, lookalikes, template: str) -> None:
+        """The cycle on each target region, greedily (the toy analogue of DOVE): caption it, ground the stripped
+        caption back, and count whether the answer lands on its own region or on a look-alike (``lookalikes``: the
+        actor's other moves in a clip, the objects sharing the target's shape or colour in a scene): a caption that
+        names the kind, not the instance, finds a look-alike."""
+        if not targets:
+            return
+        processor, policy = module.processor, module.policy
+        region = [self.space.serialize(self._prompt_region(processor, s)) for s in targets]
+        captions = engine.generate(
+            policy,
+            processor,
+            [
+                RolloutRequest(self._prompt(processor, r, self.caption_template), s.image, 1, i)
+                for i, (s, r) in enumerate(zip(targets, region))
+            ],
+            sampling,
+        )
+        groundings = engine.generate(
+            policy,
+            processor,
+            [
+                RolloutRequest(self._prompt(processor, caption_text(t), template), s.image, 1, i)
+                for i, (s, t) in enumerate(zip(targets, captions.texts))
+            ],
+            sampling,
+        )
+        preds = [
+            self._predicted_region(s, t, rewards.parse_completion(t), wh)
+            for s, t, wh in zip(targets, groundings.texts, groundings.input_wh)
+        ]
+        metric.update_regions(self.space, owns, lookalikes, preds)
+
+    def eval_logs(self, kind: str) -> dict[str, float]:
+        """The epoch's metrics of every eval set of ``kind`` (``{kind}/{set}/{metric}``; nan ones left out), then
+        reset."""
+        out = {}
+        for key, mets in self._eval_metrics.items():
+            if not key.startswith(f"{kind}/"):
+                continue
+            for m in mets.values():
+                for k, v in m.compute().items():
+                    if k != "giou" and not torch.isnan(v):  # giou repeats tiou / st
+                        out[f"{key}/{k}"] = float(v)
+                m.reset()
+        return out

@@ -26,6 +26,6 @@ def test_harness_smoke_runs_a_config_with_synthesis(tmp_path):
     assert fit["steps"] >= 2 and fit["median_step_s"] > 0
     assert fit["swaps"] > 0 and fit["failures"] == 0
     changed = " ".join(fit["overridden"])
-    for key in ("model.model_name_or_path", "data.data_root", "trainer.max_epochs", "SynthesisCallback.mode"):
-        assert key in changed
+    for key in ("model.model_name_or_path", "data.data_root", "trainer.max_epochs"):
+        assert key in changed  # the synthesis mode is listed only when the run's differs from the config's (async here)
     assert "model.group_size" not in changed and "optimizer" not in changed  # only paths and lengths

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from test_synthesis_loop import _fit, _Recorder  # tests/callbacks is on sys.path under pytest
 
@@ -115,3 +116,90 @@ def test_instruction_evolution_moves_levels_from_group_outcomes_and_edits_exactl
     assert restored.stats() == strategy.stats()
     mixed = {"rewards": {"accuracy": [1.0, 0.0, 1.0] * len(batch)}, "group_size": G}
     assert strategy.requests(2, batch, mixed) == []  # GRPO learns from mixed groups: stay
+
+
+@register_strategy("visual_evolution_test")
+class SolvedThenBogus(EvolutionStrategy):
+    """Instruction evolution with visual edits, fed "every group solved" (the tiny random model solves nothing): a
+    level-1 visual edit per sample after epoch 0; after epoch 1, an edit the server must refuse (an occluder on the
+    target)."""
+
+    def __init__(self):
+        self.inner = build_strategy("instruction_evolution", seed=0, modality="visual")
+
+    def requests(self, epoch, batch, outputs):
+        if epoch == 0:
+            n = len(outputs["rewards"]["accuracy"])
+            return self.inner.requests(epoch, batch, {**outputs, "rewards": {"accuracy": [1.0] * n}})
+        bad = []
+        for s in batch:
+            box = (s.meta.get("original_meta") or s.meta)["objects"][0]["box"]
+            job = {"kind": "occlude", "params": {"occluders": [{"box": box, "colour": "gray"}]}}
+            bad.append(EvolutionRequest(s.sample_id, query=s.query, level=4, edits=(job,)))
+        return bad
+
+    def stats(self):
+        return self.inner.stats()
+
+
+def test_visual_edits_run_through_the_data_server_and_swap_in_with_level_and_parent(tiny_model_dir, tmp_path):
+    """Real fit, real local server (procedural painter): visual edits come back audited and swap in with their scene,
+    question, level and parent; a job the server refuses leaves the sample's version as it was."""
+    from PIL import Image
+
+    from datamodules import evolve as ev
+    from datamodules import toy
+
+    data = tmp_path / "toy"
+    toy.export_jsonl(data, "train", 8, seed=0)
+    cli = _fit(
+        tiny_model_dir,
+        data,
+        tmp_path / "run",
+        epochs=3,
+        mode="sync_epoch",
+        synth_args={"offline_descriptions": None, "strategy": "visual_evolution_test", "gallery_samples": 0},
+    )
+    pool = cli.datamodule.pool
+    synth = next(c for c in cli.trainer.callbacks if type(c).__name__ == "SynthesisCallback")
+    edited = [sid for sid in pool.order if len(pool.lineage(sid)) > 1]
+    assert len(edited) >= 6, [len(pool.lineage(s)) for s in pool.order]  # a scene may admit no edit at a level
+    for sid in edited:
+        v = pool.lineage(sid)
+        assert len(v) == 2, "the refused edits of epoch 1 added no version"
+        assert (v[1].level, v[1].parent, v[1].epoch) == (1, 0, 1) and v[1].scene is not None
+        assert v[1].boxes == v[0].boxes and v[1].query == pool.entries[sid].record.query
+        # the swapped-in file is the scene's render, and its question is still exact on it
+        image, _ = ev.render_meta(v[1].scene)
+        assert np.asarray(Image.open(v[1].image_path).convert("RGB")).tobytes() == np.asarray(image).tobytes()
+        assert ev.query_problem(v[1].scene, v[1].query) is None
+        rec = pool.record(pool.order.index(sid))
+        assert rec.meta["objects"] == v[1].scene["objects"] and rec.meta["original_meta"]["objects"][0]["box"]
+    assert synth.totals["failed"] >= len(edited)  # epoch 1's bogus edits
+    assert synth.history[0]["swaps"] == len(edited) and synth.history[1]["swaps"] == 0
+    assert synth.history[0]["level/mean"] == 1.0
+
+
+def test_instruction_and_image_evolution_share_one_pool_without_overlap():
+    """Samples at level 0 take the method's repaints; a sample whose level moves takes instruction evolution's edit
+    and no repaint; the levels are the checkpointed state."""
+    from datamodules.toy import ToySceneDataset
+
+    strategy = build_strategy("instruction_and_image_evolution", seed=0, modality="text")
+    assert strategy.paints
+    batch = [ToySceneDataset("train", 6, seed=0)[i] for i in range(6)]
+    G = 2
+    acc = [1.0, 1.0] * 3 + [1.0, 0.0] * 3  # samples 0-2 solved (level up), 3-5 mixed (stay)
+    sel = [Selection(s.sample_id, "a striped blue background", 0, 1.0, 0.5, 1.0, 1.0, 0, 0) for s in batch]
+    got = strategy.requests(0, batch, {"rewards": {"accuracy": acc}, "group_size": G, "evolution": sel})
+    edits = {r.sample_id for r in got if r.query is not None}
+    repaints = {r.sample_id for r in got if r.description}
+    assert edits <= {s.sample_id for s in batch[:3]} and edits
+    assert repaints == {s.sample_id for s in batch[3:]}
+    # next batch: everything mixed; the evolved samples still take no repaint
+    got = strategy.requests(1, batch, {"rewards": {"accuracy": [1.0, 0.0] * 6}, "group_size": G, "evolution": sel})
+    assert {r.sample_id for r in got} == {s.sample_id for s in batch[3:]}
+    assert strategy.stats()["level/mean"] == 0.5
+    restored = build_strategy("instruction_and_image_evolution", seed=0, modality="text")
+    restored.load_state_dict(json.loads(json.dumps(strategy.state_dict())))
+    assert restored.stats() == strategy.stats()

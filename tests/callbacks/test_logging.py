@@ -368,3 +368,37 @@ def test_resumed_fit_continues_its_wandb_run(tiny_model_dir, rec_dir, tmp_path, 
             + [str(bad), "--model.init_args.model_name_or_path", str(broken)]
         )
     assert not (bad / "wandb").exists()
+
+
+def test_metrics_jsonl_records_what_callbacks_log_at_epoch_end(tmp_path):
+    """A callback's epoch-end logs (the synthesis callback's ``synth/*``, ``synth/level/*``) reach metrics.jsonl as one
+    ``epoch`` row per epoch, which the reader serves as ``Run.epochs``."""
+    import lightning as L
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    class Levels(L.Callback):
+        def on_train_epoch_end(self, trainer, pl_module):
+            pl_module.log_dict({"synth/level/mean": float(trainer.current_epoch) + 0.5, "synth/swaps": 2.0})
+
+    trainer = L.Trainer(
+        default_root_dir=tmp_path,
+        max_epochs=3,
+        limit_train_batches=2,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Levels(), MetricsJSONL()],
+    )
+    torch.manual_seed(0)
+    trainer.fit(BoringModel())
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in rows if r["event"] == "epoch"]
+    assert [(r["epoch"], r["synth/level/mean"], r["synth/swaps"]) for r in epochs] == [
+        (0, 0.5, 2.0),
+        (1, 1.5, 2.0),
+        (2, 2.5, 2.0),
+    ]
+    (run,) = read_metrics_jsonl(tmp_path / "metrics.jsonl")
+    assert run.epochs["synth/level/mean"].tolist() == [0.5, 1.5, 2.5] and run.epochs["epoch"].tolist() == [0, 1, 2]

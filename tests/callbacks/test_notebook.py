@@ -17,7 +17,7 @@ from train import cli_main
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "notebooks/collapse_curves.ipynb"
-FIGURES = ("collapse", "rewards", "accuracy_per_epoch", "beta_ablation")
+FIGURES = ("collapse", "rewards", "accuracy_per_epoch", "beta_ablation", "evolution", "evolution_by_epoch")
 
 
 def _tiny_fit(model_dir: Path, data_root: Path, out: Path, run_name: str) -> Path:
@@ -148,3 +148,24 @@ def test_wandb_api_is_skipped_without_a_key(monkeypatch, capsys):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     assert A.load_wandb_api(["entity/project/abc123"]) == []
     assert "skipped" in capsys.readouterr().out
+
+
+def test_evolution_curves_pool_seeds_per_method_and_read_epoch_levels():
+    import pandas as pd
+
+    def run(name, level=None):
+        train = pd.DataFrame({"step": [1, 2, 3], "train/diversity/zero_frac": [0.5, 0.6, 0.7]})
+        epochs = pd.DataFrame()
+        if level is not None:
+            train["train/level/mean"] = [0.0, level, level + 1]
+            epochs = pd.DataFrame({"epoch": [0, 1], "step": [2, 3], "synth/level/mean": [level, level + 1]})
+        return A.Run(name=name, train=train, epochs=epochs)
+
+    runs = [run("grpo-seed0"), run("grpo-seed1"), run("evolved_grpo-seed0", 1.0), run("evolved_grpo-seed1", 2.0)]
+    per_step, per_epoch = A.plot_evolution_by_method(runs)
+    level_ax, zero_ax = per_step.axes[0], per_step.axes[1]
+    assert [line.get_label() for line in level_ax.get_lines()] == ["evolved_grpo (n=2)"]
+    assert list(level_ax.get_lines()[0].get_ydata()) == [0.0, 1.5, 2.5]  # mean over the two seeds
+    assert sorted(line.get_label() for line in zero_ax.get_lines()) == ["evolved_grpo (n=2)", "grpo (n=2)"]
+    (line,) = per_epoch.axes[0].get_lines()
+    assert list(line.get_xdata()) == [0, 1] and list(line.get_ydata()) == [1.5, 2.5]

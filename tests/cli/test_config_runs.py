@@ -4,8 +4,8 @@
 data module did not have, and nothing caught it). Each config (bases, the toy SFT stages on ``toy_sft.yaml``, and
 every baseline overlay on the one-GPU paper base) is composed exactly as the CLI composes it, then only these are
 swapped for the CPU: model path -> the embedded toy checkpoint, data paths -> toy-world JSONL written under the
-config's own file names, accelerator / devices / strategy -> one CPU process (multi-GPU bases run as one process: their
-GPU runs belong to the multi-GPU work), the data server -> the procedural painter, and lengths (2 epochs of 2 steps,
+config's own file names, accelerator / devices / strategy -> one CPU process (multi-GPU bases run as one process, an
+FSDP2 config under FSDP2 on that one process; tests/cli/test_fsdp.py runs several), the data server -> the procedural painter, and lengths (2 epochs of 2 steps,
 96 new tokens, the toy prompt for the Syn-GRPO format, one eval batch). Precision is kept: the paper configs run ``bf16-true`` with fp32 master weights here
 too, so their numerics path is what runs. Each run runs in its own folder (relative output paths land there).
 """
@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from train import cli_main
@@ -33,6 +34,8 @@ RUNS = (
     [(b,) for b in BASES]
     + [(CONFIGS / "toy_sft.yaml", s) for s in STAGES]
     + [(CONFIGS / "rec_3b_1gpu.yaml", o) for o in OVERLAYS]
+    + [(CONFIGS / "evolved_tiny.yaml", CONFIGS / "overlays/evolved_syn.yaml")]
+    + [(CONFIGS / "cycle_tiny.yaml", o) for o in sorted((CONFIGS / "overlays").glob("cycle_tiny_*.yaml"))]
 )
 
 
@@ -61,15 +64,25 @@ def toy_data(tmp_path_factory) -> dict[str, Path]:
         export_jsonl(root, "val", 4, seed=0, task=task)
         export_offline_descriptions(root, "train", task=task)
         out[task] = root
+    from datamodules import toy_video  # the video configs' data (datamodules.video.VideoGroundingDataModule)
+
+    root = tmp_path_factory.mktemp("toy_video")
+    toy_video.export_jsonl(root, "train", 8, seed=0)
+    toy_video.export_jsonl(root, "val", 4, seed=0)
+    out["video"] = root
     return out
 
 
 def _data_dir(cfg: dict, toy: dict[str, Path], dest: Path) -> Path:
     """A data root holding every file the config names, each a copy of the toy train or val split of its task."""
+    from datamodules import toy_video
     from datamodules.toy import jsonl_path
 
     model_args = cfg["model"]["init_args"]
     task = model_args.get("task", "rec")
+    if cfg["data"]["class_path"].endswith("VideoGroundingDataModule"):
+        task = "video"
+        jsonl_path = lambda root, split, task: toy_video.jsonl_path(root, split)  # noqa: E731
     src = toy[task]
     shutil.copytree(src, dest)
     d = cfg["data"]["init_args"]
@@ -81,14 +94,16 @@ def _data_dir(cfg: dict, toy: dict[str, Path], dest: Path) -> Path:
     return dest
 
 
-def cpu_swap(cfg: dict, toy: dict[str, Path], root: Path) -> dict:
+def cpu_swap(cfg: dict, toy: dict[str, Path], root: Path, qwen3_vl: Path | None = None) -> dict:
+    """``qwen3_vl``: a tiny random Qwen3-VL, swapped in for a config whose model is a Qwen3-VL (its own classes,
+    processor and box frame; the toy checkpoint is a Qwen2.5-VL)."""
     cfg = json.loads(json.dumps(cfg))
     t = cfg["trainer"]
     sft = cfg["model"]["class_path"].endswith("SFTModule")
     t.update(
         accelerator="cpu",
         devices=1,
-        strategy="auto",
+        strategy="fsdp2" if t.get("strategy") == "fsdp2" else "auto",  # FSDP2 on one process: its sharding path
         num_nodes=1,
         max_epochs=2,
         max_steps=4 if sft else -1,
@@ -115,11 +130,15 @@ def cpu_swap(cfg: dict, toy: dict[str, Path], root: Path) -> dict:
                 task = cfg["model"]["init_args"].get("task", "rec")
                 a["offline_descriptions"] = str(next(toy[task].glob("*offline_descriptions.jsonl")))
     m = cfg["model"]["init_args"]
-    m["model_name_or_path"] = str(TOY_CKPT)
+    qwen3 = "qwen3-vl" in str(m["model_name_or_path"]).lower()
+    if qwen3 and qwen3_vl is None:
+        raise ValueError(f"{m['model_name_or_path']} is a Qwen3-VL: pass cpu_swap(..., qwen3_vl=<tiny Qwen3-VL>)")
+    m["model_name_or_path"] = str(qwen3_vl if qwen3 else TOY_CKPT)
     if sft:
         m.update(build_tiny=None, export_dir=str(root / "export"), eval_max_new_tokens=16)
     else:
-        m["max_new_tokens"] = 96  # the toy model's whole Syn-GRPO completion (tiny.yaml's length)
+        # the toy model's whole Syn-GRPO completion (tiny.yaml's length); a random Qwen3-VL never stops: 24 tokens
+        m["max_new_tokens"] = 24 if qwen3 else 96
         if m.get("prompt_template") == "syn_grpo":  # the toy checkpoint learnt Syn-GRPO's format under its own prompt
             m["prompt_template"] = "toy"
     d = cfg["data"]["init_args"]
@@ -140,28 +159,47 @@ def cpu_swap(cfg: dict, toy: dict[str, Path], root: Path) -> dict:
     return cfg
 
 
+@pytest.fixture(scope="module")
+def tiny_qwen3_vl(tmp_path_factory) -> Path:
+    """A random tiny Qwen3-VL with the toy checkpoint's tokenizer (configs/cycle_4b.yaml's architecture)."""
+    from lightning_modules.policy import build_tiny_qwen3_vl
+
+    return build_tiny_qwen3_vl(tmp_path_factory.mktemp("tiny-qwen3-vl"), TOY_CKPT)
+
+
 @pytest.mark.parametrize("run", RUNS, ids=_id)
-def test_config_runs_fit_steps_on_cpu(run, toy_data, tmp_path, monkeypatch):
-    cfg = cpu_swap(compose(run), toy_data, tmp_path)
+def test_config_runs_fit_steps_on_cpu(run, toy_data, tiny_qwen3_vl, tmp_path, monkeypatch):
+    cfg = cpu_swap(compose(run), toy_data, tmp_path, qwen3_vl=tiny_qwen3_vl)
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     monkeypatch.chdir(tmp_path)  # relative output paths of the config (outputs/<name>/...) land in this run's folder
     cli = cli_main(["fit", "--config", str(path)])
     trainer = cli.trainer
     assert trainer.global_step >= 2, f"{_id(run)} ran {trainer.global_step} steps"
+    if cfg["trainer"]["strategy"] == "fsdp2":
+        from lightning_modules.fsdp import is_sharded
+
+        assert is_sharded(cli.model.policy) and all(p.dtype == torch.float32 for p in cli.model.policy.parameters())
     out = Path(t["default_root_dir"]) if (t := cfg["trainer"]).get("default_root_dir") else None
     metrics = [c for c in (cfg.get("callbacks") or {}).values() if c and c["class_path"].endswith("MetricsJSONL")]
     if metrics:  # every config and overlay (SFT included) writes the notebook's input into its run folder
         assert (out / "metrics.jsonl").is_file(), sorted(p.name for p in out.iterdir())
     ckpt = [c for c in (cfg.get("callbacks") or {}).values() if c and c["class_path"].endswith("ModelCheckpoint")]
     if ckpt:
-        assert (out / "checkpoints/last.ckpt").is_file(), sorted(p.name for p in out.rglob("*.ckpt"))
+        # a file, or under FSDP2 a distributed checkpoint (a folder of shards)
+        assert (out / "checkpoints/last.ckpt").exists(), sorted(p.name for p in out.rglob("*.ckpt"))
     logged = trainer.callback_metrics
     if cfg["model"]["class_path"].endswith("GRPOModule"):
         assert "train/reward/total" in trainer.logged_metrics or any(k.startswith("train/") for k in logged)
         assert any(k.startswith("val/") for k in logged), sorted(logged)
+        margs = cfg["model"]["init_args"].get("method_args") or {}
+        if cfg["model"]["init_args"].get("method") == "cycle_grpo" and margs.get("region_space") != "anchor":
+            # the cycle's locatability of captions (boxes, intervals; anchors log when / where scores)
+            assert any(k.endswith("/locatability") for k in logged), sorted(logged)
         synth = [c for c in trainer.callbacks if type(c).__name__ == "SynthesisCallback"]
-        if synth and synth[0].mode != "off" and synth[0].strategy.paints:
+        # instruction evolution submits a job only for a sample whose group converged (and a visual edit drawn for it)
+        evolves = synth and "levels" in synth[0].strategy.state_dict()
+        if synth and synth[0].mode != "off" and synth[0].strategy.paints and not evolves:
             assert synth[0].totals["submitted"] > 0, synth[0].totals
-        elif synth and synth[0].mode != "off":  # question edits only (instruction evolution): levels moved
-            assert synth[0].strategy.state_dict() and synth[0].history, synth[0].history
+        elif synth and synth[0].mode != "off":  # instruction evolution: every trained sample has a level
+            assert synth[0].strategy.state_dict()["levels"]["levels"] and synth[0].history, synth[0].history

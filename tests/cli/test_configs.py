@@ -18,10 +18,12 @@ TRAIN_CONFIGS = sorted(
     if p.parent.name not in ("synth", "sweeps", "baselines", "study", "overlays")  # study/: study files
     and "_stage" not in p.stem
 )
-TOY_STAGES = sorted((REPO / "configs").glob("toy_sft_stage*.yaml"))
+TOY_STAGES = sorted((REPO / "configs").glob("toy_sft_stage[0-9]*.yaml"))
+"""The numbered stages of ``make toy-model``; ``toy_sft_stage_evolved.yaml`` continues the finished checkpoint."""
 BASELINES = sorted((REPO / "configs/baselines").glob("*.yaml"))
 BASES = [REPO / "configs" / n for n in ("tiny.yaml", "rec_3b.yaml", "rec_7b.yaml")]
-ENGINE_OVERLAYS = sorted((REPO / "configs/overlays").glob("*.yaml"))
+ENGINE_OVERLAYS = [REPO / "configs/overlays/vllm.yaml"]
+EVOLVED_BASES = [REPO / "configs" / n for n in ("evolved_tiny.yaml", "evolved_3b.yaml")]
 
 
 @pytest.mark.parametrize("path", TRAIN_CONFIGS, ids=lambda p: str(p.relative_to(REPO / "configs")))
@@ -60,6 +62,32 @@ def test_toy_sft_stages_continue_the_previous_one(stage):
     assert args["build_tiny"] is None and args["model_name_or_path"] == f"outputs/toy_sft/stage{n - 1}"
     last = n == len(TOY_STAGES) + 1
     assert args["export_dir"] == ("checkpoints/toy-qwen2.5-vl" if last else f"outputs/toy_sft/stage{n}")
+
+
+def test_the_evolved_sft_stage_continues_the_toy_checkpoint():
+    """``make toy-model-evolved``: the step-format stage starts from the committed checkpoint and writes its own."""
+    buf = io.StringIO()
+    stage = REPO / "configs/toy_sft_stage_evolved.yaml"
+    with contextlib.redirect_stdout(buf), pytest.raises(SystemExit):
+        cli_main(["fit", "--config", str(REPO / "configs/toy_sft.yaml"), "--config", str(stage), "--print_config"])
+    cfg = yaml.safe_load(buf.getvalue())
+    args = cfg["model"]["init_args"]
+    assert args["model_name_or_path"] == "checkpoints/toy-qwen2.5-vl" and args["build_tiny"] is None
+    assert args["export_dir"] == "checkpoints/toy-qwen2.5-vl-evolved" and args["target"] == "toy_steps"
+    assert cfg["data"]["init_args"]["toy"]["evolve"] > 0
+
+
+@pytest.mark.parametrize("base", EVOLVED_BASES, ids=lambda p: p.stem)
+def test_the_evolved_syn_overlay_puts_both_evolutions_on_one_pool(base):
+    buf = io.StringIO()
+    overlay = REPO / "configs/overlays/evolved_syn.yaml"
+    with contextlib.redirect_stdout(buf), pytest.raises(SystemExit):
+        cli_main(["fit", "--config", str(base), "--config", str(overlay), "--print_config"])
+    cfg = yaml.safe_load(buf.getvalue())
+    synth = cfg["callbacks"]["synthesis"]["init_args"]
+    assert synth["strategy"] == "instruction_and_image_evolution" and synth["source"] == "original"
+    assert cfg["model"]["init_args"]["method"] == "evolved_syn_grpo" and cfg["method"] == "evolved_syn"
+    assert cfg["callbacks"]["metrics"] is not None  # the base's other callbacks stay
 
 
 @pytest.mark.parametrize("base", BASES, ids=lambda p: p.stem)

@@ -109,3 +109,17 @@ def test_model_input_wh_is_the_processors_resize_without_encoding():
     for w, h in [(224, 224), (640, 480), (100, 300), (1000, 37)]:
         grid = ip(images=[Image.new("RGB", (w, h))], return_tensors="pt")["image_grid_thw"]
         assert model_input_wh(ip, w, h) == model_input_size(grid, ip.patch_size)[0]
+
+
+def test_image_lookalikes_are_the_scenes_objects_sharing_shape_or_colour():
+    from lightning_modules.methods.cycle_grpo import image_lookalikes
+
+    objects = [
+        {"role": "target", "shape": "circle", "colour": "red", "box": [0, 0, 10, 10]},
+        {"role": "distractor", "shape": "circle", "colour": "blue", "box": [20, 0, 30, 10]},  # same shape
+        {"role": "foreground", "shape": "square", "colour": "red", "box": [40, 0, 50, 10]},  # same colour
+        {"role": "distractor", "shape": "square", "colour": "green", "box": [60, 0, 70, 10]},  # neither
+    ]
+    sample = SimpleNamespace(meta={"objects": objects})
+    assert image_lookalikes(sample) == [(20.0, 0.0, 30.0, 10.0), (40.0, 0.0, 50.0, 10.0)]
+    assert image_lookalikes(SimpleNamespace(meta={})) == []  # real data without a scene: own region only

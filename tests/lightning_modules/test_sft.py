@@ -141,3 +141,33 @@ def test_tokenizer_splits_digits_as_qwen2(tmp_path):
         ["<answer>[112, 45, 160, 99]</answer> the small red circle"] * 20, vocab_size=300, split_digits=False
     )
     assert "112" in [whole.decode([i]).strip() for i in whole("[112, 45]")["input_ids"]]
+
+
+def test_the_evolved_stage_batches_give_a_finite_loss_and_gradients():
+    """configs/toy_sft_stage_evolved.yaml's examples (evolved scenes, the `toy_steps` target, both prompt templates)
+    through the embedded checkpoint, under bf16 autocast as on the GPU: every target has labels, the loss and every
+    gradient are finite (the first GPU build of the stage went NaN: docs/toy_model.md)."""
+    import math
+
+    import torch
+
+    from datamodules.toy import ToySceneDataset
+    from lightning_modules.sft import SFTModule
+
+    ckpt = str(REPO / "checkpoints/toy-qwen2.5-vl")
+    m = SFTModule(model_name_or_path=ckpt, target="toy_steps", prompt_template=["toy", "vlm_r1"], dtype="fp32")
+    m.policy, m.processor = load_policy(ckpt, dtype="fp32")
+    ds = ToySceneDataset("train", 64, seed=0, mix={"varied": 0.25}, evolve=0.75)
+    batch = [ds[i] for i in range(16)]
+    assert any("<step>" in m.target_for(s, (224, 224)) for s in batch)
+    enc = m.encode(batch)
+    labels = enc.pop("labels")
+    assert ((labels != -100).sum(1) > 0).all()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = m.policy(**enc, use_cache=False).logits[:, :-1].float()
+    loss = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
+    )
+    loss.backward()
+    assert math.isfinite(float(loss))
+    assert all(torch.isfinite(p.grad).all() for p in m.policy.parameters() if p.grad is not None)

@@ -127,9 +127,10 @@ def _print_config(argv: list[str]) -> dict:
     return yaml.safe_load(buf.getvalue())
 
 
-def test_the_cli_accepts_one_run_of_every_row(tmp_path, monkeypatch):
+@pytest.mark.parametrize("path", [TABLE1, REPO / "configs/study/evolved_toy.yaml"], ids=lambda p: p.stem)
+def test_the_cli_accepts_one_run_of_every_row(path, tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
-    study = load_study(TABLE1)
+    study = load_study(path)
     runs, data_root = plan(study, tmp_path / "out")
     seen = set()
     for r in runs:
@@ -139,6 +140,9 @@ def test_the_cli_accepts_one_run_of_every_row(tmp_path, monkeypatch):
         if r.train is not None:
             cfg = _print_config(r.train.argv[2:])
             assert cfg["seed_everything"] == r.seed and cfg["trainer"]["default_root_dir"] == str(r.work)
+            if path.stem == "evolved_toy":  # the two methods differ only in the method and the data evolution
+                model, synth = cfg["model"]["init_args"], cfg["callbacks"]["synthesis"]["init_args"]
+                assert model["method"] == r.row.name and (synth["mode"] == "off") == (r.row.name == "grpo")
         ev = [a for a in r.evaluate.argv[2:] if not a.startswith(("--ckpt_path", "--model.init_args.model_name"))]
         cfg = _print_config(ev)
         data = cfg["data"]["init_args"]
@@ -254,6 +258,19 @@ def test_a_recorded_run_is_skipped(tmp_path, capsys):
     assert "# grpo/seed0 (done)" in text and "# grpo/seed1 (to run)" in text and "# original/single (to run)" in text
     assert study_main([str(SMOKE), "--out", str(out), "--dry-run", "--shard", "2/2"]) == 0
     assert capsys.readouterr().out.count("# ") == 2  # runs 2 and 4 of 5: grpo/seed0, syn_grpo/seed0
+
+
+def test_eval_flags_of_a_call_reach_every_evaluation_and_no_fit(tmp_path, capsys):
+    """``--eval-flag`` says where this call's evaluations run (the device's GPU); fits and the plan stay the same."""
+    out = tmp_path / "out"
+    flags = ["--eval-flag=--trainer.accelerator=gpu", "--eval-flag=--data.init_args.eval_batch_size=128"]
+    assert study_main([str(SMOKE), "--out", str(out), "--dry-run", *flags]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
+    evals = [line for line in lines if " predict " in line or " test " in line]
+    fits = [line for line in lines if " fit " in line]
+    assert evals and fits
+    assert all("--trainer.accelerator=gpu" in line and "eval_batch_size=128" in line for line in evals)
+    assert not any("--trainer.accelerator=gpu" in line for line in fits)
 
 
 def test_run_points_starts_then_only_after_success_and_reports_each_exit(tmp_path):

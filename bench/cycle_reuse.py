@@ -1,0 +1,175 @@
+"""CycleGRPO's nested rollout against the same completions generated independently (issue "CycleGRPO", reuse goal).
+
+    python bench/cycle_reuse.py --model checkpoints/toy-qwen2.5-vl-cycle --engine fast [--device cuda --dtype bf16]
+        [--samples 4 --n 6 --k 6 --tokens 32 --repeats 3] [--out bench/results/cycle_reuse_<device>.json]
+
+A component profiler of the rollout engines (not a train.py figure): the two generate calls of one CycleGRPO step,
+on B toy scenes, as `CycleGRPO.rollout` makes them, against the same N + N x K completions as independent requests.
+
+* nested: B caption requests of n = N rows each (the engine encodes each image and prefills each prompt once for its
+  N rows), then B x N grounding requests of n = K rows (one prefill per caption, shared by its K groundings);
+* independent: B x N caption requests and B x N x K grounding requests of one row each (every completion encodes its
+  image and prefills its prompt).
+
+Every completion is exactly ``--tokens`` long (min = max new tokens), so both sides decode the same number of
+tokens; the grounding prompts hold the nested side's captions, coordinates stripped, as in training. Reported: the
+median seconds of each side over ``--repeats``, their ratio, and the image encodings / prompt prefills each side ran.
+The `hf` engine (transformers' generate) expands a prompt's rows before the prefill, so it shares nothing: its ratio
+is the yardstick of "no reuse".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def _samples(n: int):
+    from datamodules.rec import Sample
+    from datamodules.toy import generate_split
+
+    return [
+        Sample(r["id"], r["image"], r["meta"]["query"], [list(r["solution"])], meta=r["meta"])
+        for r in generate_split("val", n, seed=3)
+    ]
+
+
+def run(args) -> dict:
+    from lightning_modules.engines import RolloutRequest, Sampling, build_rollout_engine
+    from lightning_modules.methods.cycle_grpo import CycleGRPO, caption_text
+    from lightning_modules.policy import load_policy
+
+    device = torch.device(args.device)
+    model, processor = load_policy(args.model, dtype=args.dtype)
+    model.to(device).eval()
+    if args.engine == "fast":
+        from lightning_modules.efficient import enable_fast_vision_attention
+
+        enable_fast_vision_attention(model)
+    engine = build_rollout_engine(args.engine)
+    method = CycleGRPO(
+        SimpleNamespace(prompt_template=args.grounding_template), n_captions=args.n, k_groundings=args.k,
+        caption_template=args.caption_template,
+    )  # fmt: skip
+    samples = _samples(args.samples)
+    sampling = Sampling(max_new_tokens=args.tokens, min_new_tokens=args.tokens, temperature=1.0)
+    cap_prompts = [
+        method._prompt(processor, method.space.serialize(method._prompt_region(processor, s)), method.caption_template)
+        for s in samples
+    ]
+    torch.manual_seed(0)
+    first = engine.generate(
+        model, processor, [RolloutRequest(p, s.image, args.n, i) for i, (p, s) in enumerate(zip(cap_prompts, samples))],
+        sampling,
+    )  # fmt: skip
+    captions = [caption_text(t) for t in first.texts]  # B x N, sample-major
+    ground_prompts = [method._prompt(processor, c, args.grounding_template) for c in captions]
+    ground_images = [samples[i // args.n].image for i in range(len(captions))]
+
+    def nested():
+        engine.generate(
+            model, processor, [RolloutRequest(p, s.image, args.n, i) for i, (p, s) in enumerate(zip(cap_prompts, samples))],
+            sampling,
+        )  # fmt: skip
+        engine.generate(
+            model, processor,
+            [RolloutRequest(p, im, args.k, i) for i, (p, im) in enumerate(zip(ground_prompts, ground_images))], sampling,
+        )  # fmt: skip
+
+    def independent():
+        engine.generate(
+            model, processor,
+            [RolloutRequest(p, s.image, 1, i) for i, (p, s) in enumerate(zip(cap_prompts, samples)) for _ in range(args.n)],
+            sampling,
+        )  # fmt: skip
+        engine.generate(
+            model, processor,
+            [
+                RolloutRequest(p, im, 1, i)
+                for i, (p, im) in enumerate(zip(ground_prompts, ground_images))
+                for _ in range(args.k)
+            ],
+            sampling,
+        )  # fmt: skip
+
+    def timed(fn) -> list[float]:
+        out = []
+        for _ in range(args.repeats):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            out.append(time.perf_counter() - t0)
+        return out
+
+    with torch.no_grad():
+        nested()  # warm-up (kernels, caches)
+    t_nested, t_indep = timed(nested), timed(independent)
+    B, N, K = args.samples, args.n, args.k
+    shares = args.engine == "fast"
+    result = {
+        "what": "CycleGRPO nested rollout vs the same N + N x K completions as independent requests (component "
+        "profiler of the rollout engine, not a train.py figure)",
+        "model": args.model,
+        "architecture": type(model).__name__,
+        "params": sum(p.numel() for p in model.parameters()),
+        "engine": args.engine,
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"cpu ({torch.get_num_threads()} threads)",
+        "dtype": args.dtype,
+        "samples": B,
+        "n_captions": N,
+        "k_groundings": K,
+        "tokens_per_completion": args.tokens,
+        "completions_per_step": B * (N + N * K),
+        "nested_s": t_nested,
+        "independent_s": t_indep,
+        "nested_median_s": statistics.median(t_nested),
+        "independent_median_s": statistics.median(t_indep),
+        "speedup_independent_over_nested": statistics.median(t_indep) / statistics.median(t_nested),
+        "prefills": {"nested": B + B * N if shares else B * (N + N * K), "independent": B * (N + N * K)},
+        "image_encodings": {"nested": B + B * N if shares else B * (N + N * K), "independent": B * (N + N * K)},
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    return result
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    ap.add_argument("--model", default="checkpoints/toy-qwen2.5-vl-cycle")
+    ap.add_argument("--engine", default="fast", choices=["fast", "hf"])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="fp32")
+    ap.add_argument("--samples", type=int, default=4)
+    ap.add_argument("--n", type=int, default=6)
+    ap.add_argument("--k", type=int, default=6)
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--caption-template", default="toy_caption")
+    ap.add_argument("--grounding-template", default="toy")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    result = run(args)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,185 @@
+"""CycleGRPO on video (paper 004): the temporal (Eq. 14 + invalid-interval gate) and spatio-temporal (Eq. 15 +
+temporal-proximity shaping) rewards worked by hand, the nested rollout's prompts on a clip, and the validation
+metrics, with a tiny random Qwen2.5-VL (the conftest factory)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from PIL import Image
+from test_methods import Sample  # the image stand-in sample (tests/lightning_modules is on sys.path)
+
+from datamodules.toy_video import make_clip
+from datamodules.video import VideoSample
+from lightning_modules.engines import build_rollout_engine
+from lightning_modules.methods import build_method
+from lightning_modules.policy import Rollout, load_policy
+from lightning_modules.qwen_vl import VideoClip
+
+
+def _hp(template: str = "toy"):
+    return SimpleNamespace(
+        prompt_template=template,
+        advantage_scale="group",
+        advantage_eps=0.0,
+        eval_prompt_template=None,
+        max_new_tokens=8,
+    )
+
+
+def _rollout(texts, group_ids, input_wh=(100, 100)):
+    n = len(texts)
+    z = torch.zeros(n, 1, dtype=torch.long)
+    return Rollout(
+        z,
+        z + 1,
+        z,
+        z + 1,
+        torch.zeros(0, 1),
+        torch.zeros(n, 3, dtype=torch.long),
+        texts,
+        [input_wh] * n,
+        group_size=1,
+        group_ids=torch.tensor(group_ids),
+    )
+
+
+def _sample(intervals=(), anchors=(), duration=8.0) -> VideoSample:
+    frames = [Image.new("RGB", (100, 100))] * 2
+    return VideoSample(
+        "v0", VideoClip(frames, 2.0), "the second time the circle moves", list(intervals), list(anchors), duration
+    )
+
+
+def test_temporal_rewards_by_hand():
+    texts = [
+        "<answer>the second time the circle moves</answer>",  # caption 0: clean (ordinals are content)
+        "<answer>from 2 to 4 seconds</answer>",  # caption 1: a leak (-1), nothing left after stripping (-1)
+        "<answer>[2.0, 4.0]</answer>",  # tIoU 1
+        "<answer>[3.0, 4.0], [5.0, 4.0]</answer>",  # tIoU 0.5, one invalid interval (end <= start): gate 0.5
+        "<answer>no target</answer>",  # a miss: 0
+        "<answer>[2.0, 4.0], [9.0, 10.0]</answer>",  # tIoU 1, [9, 10] starts after the 8 s clip: gate 0.5
+    ]
+    m = build_method("cycle_grpo", _hp(), {"n_captions": 2, "k_groundings": 2, "region_space": "interval"})
+    batch = [_sample(intervals=[(2.0, 4.0)])]
+    ro = _rollout(texts, [0, 0, 1, 1, 2, 2])
+    s = m.score(batch, ro)
+    # r_cap uses the ungated s: mean(1, 0.5), mean(0, 1) - 2; r_loc = gate * s + Phi
+    assert s.total.tolist() == [0.75, -1.5, 1.0, 0.25, 0.0, 0.5]
+    assert s.extras["gate"] == [1.0, 0.5, 1.0, 0.5]
+    assert m.train_logs(s, ro)["train/cycle/gate"] == 0.75
+
+
+def test_spatio_temporal_rewards_by_hand():
+    a, b = (0.0, 0.0, 10.0, 10.0), (10.0, 0.0, 20.0, 10.0)  # IoU(a, b) = 0
+    texts = [
+        "<answer>the small circle moves left</answer>",  # clean
+        "<answer>the circle at 1.5s</answer>",  # leak: -1 ("the circle" remains)
+        # groundings written in a 200 x 200 model input: halved into the 100 x 100 frame
+        "<answer>1.0s: [0, 0, 20, 20]; 1.5s: [20, 0, 40, 20]</answer>",  # S = 1, proximity 1
+        "<answer>3.0s: [0, 0, 20, 20]</answer>",  # 1.5 s and 2 s away (> tau): S = 0, proximity 0
+        "<answer>1.5s: [0, 0, 20, 20]</answer>",  # matches the 1.0 s anchor (0.5 s <= tau): S = 1 / 2
+        "garbage",  # unreadable: S 0, Phi -1
+    ]
+    m = build_method(
+        "cycle_grpo",
+        _hp(),
+        {"n_captions": 2, "k_groundings": 2, "region_space": "anchor", "tau": 0.5, "proximity_weight": 0.5},
+    )
+    batch = [_sample(anchors=[(1.0, a), (1.5, b)])]
+    s = m.score(batch, _rollout(texts, [0, 0, 1, 1, 2, 2], input_wh=(200, 200)))
+    # proximity of the 1.5 s answer: GT side (0.5 + 1) / 2, answer side 1 -> 0.875, x 0.5 = 0.4375
+    assert s.parts["consistency"].tolist() == [0.5, 0.25, 1.0, 0.0, 0.5, 0.0]
+    assert s.total.tolist() == [0.5, -0.75, 1.5, 0.0, 0.9375, -1.0]
+
+
+def test_region_space_must_match_the_samples():
+    m = build_method("cycle_grpo", _hp(), {"n_captions": 2, "k_groundings": 2, "region_space": "interval"})
+    with pytest.raises(ValueError, match="needs video samples"):
+        m.rollout(SimpleNamespace(processor=None), [Sample("s0", "q", [[0, 0, 10, 10]])])
+    with pytest.raises(ValueError, match="'box' \\(images\\) or 'interval' / 'anchor'"):
+        build_method("cycle_grpo", _hp(), {"region_space": "moments"})
+
+
+@pytest.fixture(scope="module")
+def module(tiny_model_dir):
+    model, processor = load_policy(str(tiny_model_dir), dtype="fp32")
+    calls = []
+
+    def generate(requests, sampling=None):
+        from lightning_modules.engines import Sampling
+
+        calls.append(list(requests))
+        return build_rollout_engine("fast").generate(model, processor, requests, sampling or Sampling(max_new_tokens=8))
+
+    return SimpleNamespace(
+        policy=model,
+        processor=processor,
+        generate=generate,
+        calls=calls,
+        hparams=_hp(),
+        rollout_engine=build_rollout_engine("fast"),
+    )
+
+
+def _toy_samples(n: int = 2) -> list[VideoSample]:
+    out = []
+    for i in range(n):
+        c = make_clip("val", i, 0, num_frames=12)
+        out.append(
+            VideoSample(
+                c["id"],
+                VideoClip(c["frames"], c["fps"]),
+                c["meta"]["query"],
+                [tuple(x) for x in c["solution"]],
+                [(t, tuple(bx)) for t, bx in c["anchors"]],
+                c["duration"],
+                [tuple(x) for x in c["lookalikes"]],
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize("space", ["interval", "anchor"])
+def test_video_rollout_prompts_and_two_level_groups(module, space):
+    torch.manual_seed(0)
+    m = build_method(
+        "cycle_grpo",
+        module.hparams,
+        {"n_captions": 2, "k_groundings": 3, "region_space": space, "caption_template": "toy_caption"},
+    )
+    batch = [s for s in _toy_samples(3) if s.intervals][:2]
+    module.calls.clear()
+    ro = m.rollout(module, batch)
+    caps, grounds = module.calls
+    assert ro.is_video and len(ro.texts) == 2 * 2 + 2 * 2 * 3
+    assert ro.group_ids.tolist() == [0, 0, 1, 1] + [2] * 3 + [3] * 3 + [4] * 3 + [5] * 3
+    region = m.space.serialize(batch[0].region(space))  # frames are 112 px at their native size: same pixels
+    assert caps[0].prompt.count("<|video_pad|>") == 1 and f"Describe: {region}" in caps[0].prompt
+    assert caps[0].image is batch[0].clip and grounds[3].image is batch[1].clip
+    assert [r.parent_id for r in grounds] == [0, 1, 2, 3]
+    assert all("<|video_pad|>" in r.prompt for r in grounds)
+    scores = m.score(batch, ro)
+    assert scores.total.shape == (len(ro.texts),)
+
+
+@pytest.mark.parametrize(
+    "space,keys",
+    [
+        ("interval", {"tiou", "r1@0.3", "r1@0.5", "r1@0.7", "ciou", "t_acc", "locatability", "confusion"}),
+        ("anchor", {"when", "where", "st", "ciou", "t_acc"}),
+    ],
+)
+def test_validation_logs_the_video_metrics(module, space, keys):
+    m = build_method("cycle_grpo", module.hparams, {"n_captions": 2, "k_groundings": 2, "region_space": space})
+    samples = _toy_samples(2)
+    assert m.evaluate(module, "val", "toy_video_val", samples[:1])
+    assert m.evaluate(module, "val", "toy_video_val", samples[1:])
+    logs = m.eval_logs("val")
+    assert {k.rsplit("/", 1)[1] for k in logs} >= keys and all(k.startswith("val/toy_video_val/") for k in logs)
+    assert all(0.0 <= v <= 1.0 for v in logs.values())
+    assert m.eval_logs("val") == {}  # reset after logging
+    image = build_method("cycle_grpo", module.hparams, {"n_captions": 2, "k_groundings": 2})
+    assert not image.evaluate(module, "val", "x", [Sample("s0", "q", [[0, 0, 10, 10]])])  # the module's evaluator

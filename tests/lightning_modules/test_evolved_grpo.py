@@ -1,0 +1,116 @@
+"""EvolvedGRPO's method plug-in: the prefix process reward combined with the group-relative outcome, by hand."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from test_methods import _hp, _rollout  # tests/lightning_modules is on sys.path under pytest
+
+from lightning_modules import objective
+from lightning_modules.methods import build_method
+
+# a hand-made scene (100 x 100): a red square at the top left, a blue circle below it, a blue circle at the right
+OBJECTS = [
+    {"role": "target", "size": "small", "colour": "blue", "shape": "circle", "box": [10, 60, 30, 80]},
+    {"role": "object", "size": "small", "colour": "red", "shape": "square", "box": [10, 10, 30, 30]},
+    {"role": "object", "size": "small", "colour": "blue", "shape": "circle", "box": [70, 10, 90, 30]},
+]
+META = {"objects": OBJECTS, "width": 100, "height": 100, "query": "the small blue circle below the red square"}
+
+
+@dataclass
+class Sample:
+    sample_id: str
+    query: str
+    boxes: list
+    meta: dict = field(default_factory=dict)
+    size: tuple = (100, 100)
+    task: str = "rec"
+    image: object = None
+
+
+def _text(steps, answer):
+    body = " ".join(f"Step {k}: x <step>{b}</step>." for k, b in enumerate(steps, 1))
+    return f"<think>{body}</think><answer>{answer}</answer>"
+
+
+ANCHOR, TARGET, MISS = "[10, 10, 30, 30]", "[10, 60, 30, 80]", "[70, 10, 90, 30]"
+
+
+def test_process_reward_credits_the_correct_prefix_and_ties_break_by_it():
+    # two-step question: anchor (red square), then target. G = 4: both steps right + right answer; anchor right, wrong
+    # second step and answer; no step right, wrong answer; no steps at all, wrong answer.
+    sample = Sample("s0", META["query"], [[10, 60, 30, 80]], {**META, "level": 3})
+    texts = [_text([ANCHOR, TARGET], TARGET), _text([ANCHOR, MISS], MISS), _text([MISS, MISS], MISS), _text([], MISS)]
+    m = build_method("evolved_grpo", _hp(group_size=4, format="think_answer"), {"process_weight": 0.5})
+    s = m.score([sample], _rollout(texts, 4))
+    assert s.parts["accuracy"].tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert s.parts["process"].tolist() == [1.0, 0.5, 0.0, 0.0]  # prefix credit: 2/2, 1/2, 0, 0
+    fmt = s.parts["format"]
+    assert s.total.tolist() == pytest.approx((s.parts["accuracy"] + fmt + 0.5 * s.parts["process"]).tolist())
+    # the three wrong answers tie on outcome; the one that found the anchor gets the larger advantage
+    adv = objective.advantages_by_group(s.total, _rollout(texts, 4).group_ids, scale="group", eps=1e-4)
+    assert adv[1] > adv[2] == pytest.approx(adv[3])
+    logs = m.train_logs(s, _rollout(texts, 4))
+    assert logs["train/level/mean"] == 3.0 and logs["train/level/multi_step_frac"] == 1.0
+    assert logs["train/level/prefix_credit"] == pytest.approx(0.375)
+    assert logs["train/level/outcome_zero_var_frac"] == 0.0
+
+
+def test_one_step_questions_and_non_toy_samples_get_no_process_term():
+    one_step = Sample("s1", "the red square", [[10, 10, 30, 30]], {**META, "query": "the red square"})
+    plain = Sample("s2", "the dog", [[0, 0, 5, 5]])
+    texts = [_text([ANCHOR], ANCHOR), _text([], MISS)] * 2
+    m = build_method("evolved_grpo", _hp(format="think_answer"), {"process_weight": 1.0})
+    s = m.score([one_step, plain], _rollout(texts, 2))
+    assert s.parts["process"].tolist() == [0.0] * 4
+    logs = m.train_logs(s, _rollout(texts, 2))
+    assert logs["train/level/multi_step_frac"] == 0.0 and logs["train/level/mean"] == 0.0
+    # weight 0 is GRPO's total exactly
+    g = build_method("grpo", _hp(format="think_answer")).score([one_step, plain], _rollout(texts, 2))
+    z = build_method("evolved_grpo", _hp(format="think_answer"), {"process_weight": 0.0}).score(
+        [one_step, plain], _rollout(texts, 2)
+    )
+    assert z.total.tolist() == g.total.tolist()
+
+
+def test_guided_sub_problem_questions_use_their_chain_and_count_as_sub():
+    guided = "the small blue circle below the red square (step 1: the red square; then the answer)"
+    sample = Sample("s3", guided, [[10, 60, 30, 80]], {**META, "level": 2})
+    m = build_method("evolved_grpo", _hp(format="think_answer"))
+    texts = [_text([ANCHOR, TARGET], TARGET), _text([ANCHOR], MISS)]
+    s = m.score([sample], _rollout(texts, 2))
+    assert s.parts["process"].tolist() == [1.0, 0.5]
+    assert m.train_logs(s, _rollout(texts, 2))["train/level/sub_frac"] == 1.0
+
+
+def test_bad_method_args_are_clear():
+    with pytest.raises(ValueError, match="process_weight must be >= 0"):
+        build_method("evolved_grpo", _hp(), {"process_weight": -1})
+    with pytest.raises(ValueError, match="step_iou"):
+        build_method("evolved_grpo", _hp(), {"step_iou": 0})
+
+
+def test_the_sft_stage_target_earns_the_full_process_reward():
+    """Round trip: the ``toy_steps`` SFT target of an evolved multi-step scene, scored by the method, gets prefix
+    credit 1 and accuracy 1; a one-step scene's target has no ``<step>``."""
+    from datamodules.toy import ToySceneDataset
+    from lightning_modules.sft import toy_steps_target
+
+    ds = ToySceneDataset("train", 200, seed=0, evolve=0.75)
+    m = build_method("evolved_grpo", _hp(format="syn_grpo"))
+    multi = 0
+    for i in range(60):
+        s = ds[i]
+        text = toy_steps_target(s, (112, 112))  # a model input half the scene's size: boxes are rescaled
+        ro = _rollout([text, text], 2)
+        ro.input_wh = [(112, 112)] * 2
+        scores = m.score([s], ro)
+        assert scores.parts["accuracy"][0].item() > 0.8 and scores.parts["format"][0].item() == 1.0
+        has_steps = bool(scores.extras["multi_step"][0])
+        assert ("<step>" in text) == has_steps
+        if has_steps:
+            multi += 1
+            assert scores.parts["process"][0].item() == 1.0, text
+    assert multi >= 5
