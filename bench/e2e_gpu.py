@@ -6,13 +6,15 @@ wrote (``metrics.jsonl``, the CSV log, the data server's output folder). On the 
     python bench/e2e_gpu.py --runs rec_3b_1gpu:off --trl --parity --out bench/results/e2e_gpu_h200.json
     python bench/e2e_gpu.py --runs rec_3b_1gpu:async,rec_3b_1gpu:sync,ovd_3b_1gpu:async --out ...
     python bench/e2e_gpu.py --server 640,1024 --out ...          # the SDXL data server alone, through its HTTP API
+    python bench/e2e_gpu.py --arch qwen3vl-4b --runs cycle_4b:off --out ...   # Qwen3-VL-4B (CycleGRPO, hf engines)
     python bench/e2e_gpu.py --smoke                                # CPU: the same code paths, tiny architectures
 
 What a call does, in order:
 1. **Builds** local checkpoints from the real configs, random weights, saved with ``save_pretrained`` (no call needs to
    carry them): Qwen2.5-VL-3B (``bench/grpo_step.py``'s written-out config.json) with a Qwen2.5-VL processor around a
    byte-level BPE tokenizer trained here on the project's prompts (so prompts tokenize to about as many tokens as
-   with Qwen's tokenizer), and SDXL base + ControlNet-Union (``synth/random_sdxl.py``) as a diffusers directory.
+   with Qwen's tokenizer) — or Qwen3-VL-4B (``--arch qwen3vl-4b``: its published dimensions, ``QWEN3_VL``, around the
+   same tokenizer) — and SDXL base + ControlNet-Union (``synth/random_sdxl.py``) as a diffusers directory.
    Toy-world scenes at 448 x 448 are exported as VLM-R1 JSONL under the file names each config reads, and toy video
    clips (16 frames at 2 fps, ``--video-size`` px) as video JSONL for the video configs (``cycle_st_7b``).
 2. **Runs** ``train.py fit`` on each config of ``--runs`` (``config[+overlay...]:synthesis``). The config is composed
@@ -94,6 +96,8 @@ def build_qwen(out: Path, arch: str, device: str, vocab_size: int) -> dict[str, 
         return {"path": str(out), "reused": True}
     tok = train_bpe_tokenizer(_corpus(), vocab_size=vocab_size)
     processor = build_processor(tok, image_size=448)
+    if arch in QWEN3_VL:
+        return build_qwen3_vl(out, arch, processor, device, t0)
     cfg = build_config(arch)
     use_tokenizer_ids(cfg, tok)
     cfg.text_config.eos_token_id = tok.convert_tokens_to_ids("<|im_end|>")
@@ -113,6 +117,62 @@ def build_qwen(out: Path, arch: str, device: str, vocab_size: int) -> dict[str, 
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
     return {"path": str(out), "arch": arch, "params": n, "tokenizer_len": len(tok), "build_s": time.perf_counter() - t0}
+
+
+# Qwen3-VL-4B-Instruct's published dimensions (its config.json), built with random weights: no download.
+QWEN3_VL = {
+    "qwen3vl-4b": dict(
+        hidden_size=2560,
+        layers=36,
+        heads=32,
+        kv_heads=8,
+        head_dim=128,
+        intermediate_size=9728,
+        mrope_section=[24, 20, 20],
+        rope_theta=5_000_000.0,
+        vision_hidden_size=1024,
+        vision_intermediate_size=4096,
+        vision_depth=24,
+        vision_heads=16,
+        deepstack_visual_indexes=(5, 11, 17),
+        num_position_embeddings=2304,
+        image_size=448,
+    ),
+    "qwen3vl-tiny": {},  # --smoke: the tiny builder's defaults (the tests' Qwen3-VL)
+}
+
+
+def build_qwen3_vl(out: Path, arch: str, processor, device: str, t0: float) -> dict[str, Any]:
+    """A random-weight Qwen3-VL of ``arch`` (``QWEN3_VL``) with the stand-in tokenizer of ``processor``."""
+    import torch
+
+    from lightning_modules.tiny_model import build_tiny_qwen3_vl
+
+    tok_dir = out.parent / f"{out.name}-tokenizer"
+    processor.save_pretrained(tok_dir)
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    build_tiny_qwen3_vl(out, tok_dir, device=device, dtype=dtype, **QWEN3_VL[arch])
+    n = sum(_numel(t) for t in _safetensors_shapes(out))
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return {"path": str(out), "arch": arch, "params": n, "build_s": time.perf_counter() - t0}
+
+
+def _safetensors_shapes(path: Path):
+    """The tensors of a saved model directory, lazily (for a parameter count without loading it)."""
+    from safetensors import safe_open
+
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(f, "pt") as fh:
+            for k in fh.keys():
+                yield fh.get_slice(k)
+
+
+def _numel(t) -> int:
+    n = 1
+    for d in t.get_shape():
+        n *= d
+    return n
 
 
 def build_sdxl(out: Path, size: str, device: str) -> dict[str, Any]:
@@ -499,7 +559,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--server", default="", help="comma list of long sides for the data-server-alone bench")
     ap.add_argument("--server-jobs", type=int, default=64)
     ap.add_argument("--server-batch", type=int, default=8)
-    ap.add_argument("--arch", default="3b")
+    ap.add_argument("--arch", default="3b", help="3b | 7b (Qwen2.5-VL) | qwen3vl-4b (Qwen3-VL: configs/cycle_4b.yaml)")
     ap.add_argument("--work", default="/tmp/e2e")
     ap.add_argument("--train-samples", type=int, default=60, help="3 steps per epoch at 20 prompts")
     ap.add_argument("--val-samples", type=int, default=16)
@@ -521,7 +581,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cuda = torch.cuda.is_available() and not args.smoke
     device = "cuda" if cuda else "cpu"
     if args.smoke:
-        args.arch = "tiny"
+        args.arch = "qwen3vl-tiny" if args.arch in QWEN3_VL else "tiny"
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

@@ -207,11 +207,21 @@ def build_tiny_qwen3_vl(
     vision_heads: int = 2,
     image_size: int = 224,
     seed: int = 0,
+    head_dim: int | None = None,
+    mrope_section: list[int] | None = None,
+    rope_theta: float = 10000.0,
+    vision_intermediate_size: int | None = None,
+    deepstack_visual_indexes: tuple[int, ...] = (0,),
+    num_position_embeddings: int | None = None,
+    device: str = "cpu",
+    dtype: torch.dtype | None = None,
 ) -> Path:
     """A random tiny ``Qwen3VLForConditionalGeneration`` (the classes of Qwen3-VL-4B: interleaved mRoPE, DeepStack
     visual features injected into the first decoder layers, 16-pixel patches) with the tokenizer and chat template of
     ``tokenizer_dir`` (a tiny Qwen2.5-VL's: the same special tokens), saved with ``save_pretrained``; for the tests
-    of the Qwen3-VL configs (``configs/cycle_4b.yaml``) on the CPU."""
+    of the Qwen3-VL configs (``configs/cycle_4b.yaml``) on the CPU. The keyword dimensions also build the real sizes
+    with random weights (``bench/e2e_gpu.py --arch qwen3vl-4b``: Qwen3-VL-4B's published config), on ``device`` in
+    ``dtype``."""
     from transformers import (
         AutoProcessor,
         GenerationConfig,
@@ -234,9 +244,10 @@ def build_tiny_qwen3_vl(
             ("vision_end_token_id", "<|vision_end|>"),
         )
     }
-    head_dim = hidden_size // heads
+    head_dim = head_dim or hidden_size // heads
     half = head_dim // 2
     hw = (half - half // 4) // 2
+    mrope_section = list(mrope_section or [half - 2 * hw, hw, hw])
     text = dict(
         vocab_size=len(tok),
         hidden_size=hidden_size,
@@ -248,8 +259,8 @@ def build_tiny_qwen3_vl(
         max_position_embeddings=4096,
         rope_parameters={
             "rope_type": "default",
-            "rope_theta": 10000.0,
-            "mrope_section": [half - 2 * hw, hw, hw],
+            "rope_theta": rope_theta,
+            "mrope_section": mrope_section,
             "mrope_interleaved": True,
         },
         tie_word_embeddings=True,
@@ -261,18 +272,19 @@ def build_tiny_qwen3_vl(
     vision = dict(
         depth=vision_depth,
         hidden_size=vision_hidden_size,
-        intermediate_size=vision_hidden_size * 2,
+        intermediate_size=vision_intermediate_size or vision_hidden_size * 2,
         num_heads=vision_heads,
         out_hidden_size=hidden_size,
         patch_size=16,
         spatial_merge_size=2,
         temporal_patch_size=2,
-        deepstack_visual_indexes=[0],  # the 4B injects 3 vision layers' features; one here
-        num_position_embeddings=(side // 16) ** 2,
+        deepstack_visual_indexes=list(deepstack_visual_indexes),  # the 4B injects 3 vision layers' features
+        num_position_embeddings=num_position_embeddings or (side // 16) ** 2,
     )
     config = Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids)
     torch.manual_seed(seed)
-    model = Qwen3VLForConditionalGeneration(config)
+    with torch.device(device):
+        model = Qwen3VLForConditionalGeneration._from_config(config, dtype=dtype or torch.float32)
     model.generation_config = GenerationConfig(
         eos_token_id=eos_token_ids(tok),
         pad_token_id=tok.pad_token_id,

@@ -69,7 +69,7 @@ def caption_text(completion: str) -> str:
 def image_lookalikes(sample) -> list[tuple[float, ...]]:
     """The boxes (original pixels) of the scene's other objects that share the target's shape or colour: what a
     caption naming only the kind would also fit. From the toy world's ``meta.objects``; none for data without them."""
-    objects = (sample.meta or {}).get("objects") or []
+    objects = (getattr(sample, "meta", None) or {}).get("objects") or []
     target = next((o for o in objects if o.get("role") == "target"), None)
     if target is None:
         return []

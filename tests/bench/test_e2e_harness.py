@@ -29,3 +29,15 @@ def test_harness_smoke_runs_a_config_with_synthesis(tmp_path):
     for key in ("model.model_name_or_path", "data.data_root", "trainer.max_epochs"):
         assert key in changed  # the synthesis mode is listed only when the run's differs from the config's (async here)
     assert "model.group_size" not in changed and "optimizer" not in changed  # only paths and lengths
+
+
+@pytest.mark.slow
+def test_harness_smoke_builds_qwen3_vl_and_runs_the_cycle_config(tmp_path):
+    """``--arch qwen3vl-4b`` (CycleGRPO's ``cycle_4b.yaml``): the Qwen3-VL builder at the tiny size, the hf engines."""
+    from bench.e2e_gpu import main
+
+    r = main(["--smoke", "--arch", "qwen3vl-4b", "--work", str(tmp_path / "w"), "--runs", "cycle_4b:off"])
+    assert r["calls"][-1]["builds"]["qwen"]["arch"] == "qwen3vl-tiny"
+    fit = r["fit"]["cycle_4b:off"]
+    assert fit["rc"] == 0, fit.get("log_tail")
+    assert fit["steps"] >= 2 and fit["median_step_s"] > 0

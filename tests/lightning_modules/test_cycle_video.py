@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 from test_methods import Sample  # the image stand-in sample (tests/lightning_modules is on sys.path)
 
+from datamodules.rec import Sample as RecSample
 from datamodules.toy_video import make_clip
 from datamodules.video import VideoSample
 from lightning_modules.engines import build_rollout_engine
@@ -182,4 +183,6 @@ def test_validation_logs_the_video_metrics(module, space, keys):
     assert all(0.0 <= v <= 1.0 for v in logs.values())
     assert m.eval_logs("val") == {}  # reset after logging
     image = build_method("cycle_grpo", module.hparams, {"n_captions": 2, "k_groundings": 2})
-    assert not image.evaluate(module, "val", "x", [Sample("s0", "q", [[0, 0, 10, 10]])])  # the module's evaluator
+    still = RecSample("s0", Image.new("RGB", (112, 112)), "the red square", [[0, 0, 10, 10]])
+    assert not image.evaluate(module, "val", "x", [still])  # grounding: the module's evaluator; captions: locatability
+    assert set(image.eval_logs("val")) == {"val/x/locatability", "val/x/confusion"}

@@ -127,7 +127,10 @@ def _print_config(argv: list[str]) -> dict:
     return yaml.safe_load(buf.getvalue())
 
 
-@pytest.mark.parametrize("path", [TABLE1, REPO / "configs/study/evolved_toy.yaml"], ids=lambda p: p.stem)
+EVOLVED = [REPO / "configs/study/evolved_toy.yaml", REPO / "configs/study/evolved_toy_revisit.yaml"]
+
+
+@pytest.mark.parametrize("path", [TABLE1, *EVOLVED], ids=lambda p: p.stem)
 def test_the_cli_accepts_one_run_of_every_row(path, tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     study = load_study(path)
@@ -140,9 +143,11 @@ def test_the_cli_accepts_one_run_of_every_row(path, tmp_path, monkeypatch):
         if r.train is not None:
             cfg = _print_config(r.train.argv[2:])
             assert cfg["seed_everything"] == r.seed and cfg["trainer"]["default_root_dir"] == str(r.work)
-            if path.stem == "evolved_toy":  # the two methods differ only in the method and the data evolution
+            if path in EVOLVED:  # the two methods differ only in the method and the data evolution
                 model, synth = cfg["model"]["init_args"], cfg["callbacks"]["synthesis"]["init_args"]
                 assert model["method"] == r.row.name and (synth["mode"] == "off") == (r.row.name == "grpo")
+            if path.stem == "evolved_toy_revisit":  # a small pool, seen 12 times
+                assert cfg["data"]["init_args"]["toy"]["splits"]["train"] == 16 and cfg["trainer"]["max_epochs"] == 12
         ev = [a for a in r.evaluate.argv[2:] if not a.startswith(("--ckpt_path", "--model.init_args.model_name"))]
         cfg = _print_config(ev)
         data = cfg["data"]["init_args"]
