@@ -19,4 +19,5 @@ def test_cycle_reuse_bench_runs_and_counts_prefills(tiny_model_dir, tmp_path):
     r = json.loads(out.read_text())
     assert r["completions_per_step"] == 2 * (2 + 2 * 3)
     assert r["prefills"] == {"nested": 2 + 2 * 2, "independent": 16}  # one per prompt vs one per completion
+    assert r["image_encodings"] == {"nested": 2, "independent": 16}  # once per sample (the vision cache) vs per row
     assert r["nested_median_s"] > 0 and r["independent_median_s"] > 0

@@ -80,3 +80,31 @@ def test_update_engines_agree_on_logprobs_and_gradients(policy):
     assert torch.allclose(out["hf"][0], out["packed"][0], atol=1e-4)
     cos = torch.nn.functional.cosine_similarity(out["hf"][1], out["packed"][1], dim=0)
     assert cos > 0.9999, float(cos)
+
+
+def test_fast_engine_encodes_each_image_once_across_requests_and_calls(policy):
+    """CycleGRPO's shape: a caption request per image, then N grounding requests per image (the same objects): the
+    vision tower runs once per image; greedy completions equal an engine without the cache; a weight change (an
+    optimizer step bumps the parameters' versions) or ``on_weights_updated`` drops the cached features."""
+    model, processor = policy
+    images = [Image.new("RGB", (112, 112), c) for c in ("red", "blue")]
+    prompt = build_prompt_text(processor, "the small red circle", template="toy")
+    greedy = Sampling(max_new_tokens=6, greedy=True)
+    caps = [RolloutRequest(prompt, im, 2, i) for i, im in enumerate(images)]
+    grounds = [RolloutRequest(prompt, im, 2, 2 + j) for j, im in enumerate(im for im in images for _ in range(3))]
+    engine = build_rollout_engine("fast")
+    first = engine.generate(model, processor, caps, greedy)
+    assert engine.vision.encoded == 2
+    second = engine.generate(model, processor, grounds, greedy)
+    assert engine.vision.encoded == 2 and len(second.texts) == 12  # 6 requests of 2 images: no new encoding
+    fresh = build_rollout_engine("fast")
+    fresh.vision.capacity = 0  # nothing kept between calls: the batch's own duplicates still run once
+    assert fresh.generate(model, processor, grounds, greedy).texts == second.texts
+    assert fresh.vision.encoded == 2 and first.texts == second.texts[:2] + second.texts[6:8]
+    visual = next(model.model.visual.parameters())
+    with torch.no_grad():
+        visual.mul_(1.0)  # an in-place update: the version moves, the cache is stale
+    engine.generate(model, processor, caps, greedy)
+    assert engine.vision.encoded == 4
+    engine.on_weights_updated(model)
+    assert not engine.vision.entries
