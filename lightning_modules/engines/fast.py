@@ -40,7 +40,8 @@ class VisionCache:
     image reuses one run of the vision tower: CycleGRPO's captions and their groundings (1 + N requests per sample)
     encode the sample's image once. Keyed by the object's identity (the cache holds a reference, so an identity is
     never reused while cached) and its grid; dropped when the vision weights change (`vision_version`, and the
-    engine's ``on_weights_updated``); at most ``capacity`` entries (least recently used out)."""
+    engine's ``on_weights_updated``); at most ``capacity`` entries (least recently used out). An image object is
+    treated as immutable: code that edits pixels makes a new image (as the data pool and the edits do)."""
 
     def __init__(self, capacity: int = 64) -> None:
         self.capacity = capacity
