@@ -128,6 +128,9 @@ class GRPOModule(L.LightningModule):
         advantage_scale: ``group``, ``batch`` or ``none``.
         advantage_eps: added to the std before dividing.
         accuracy_weight: weight of R_acc.
+        accuracy_threshold: REC only. ``None`` (default): R_acc is the IoU itself (VLM-R1's). A number t in (0, 1]: R_acc
+            is 1 when the IoU is >= t, else 0 (a binary outcome reward: the G completions of a group tie more often,
+            the reward convergence EvolvedGRPO is about; docs/evolved_grpo.md).
         format: which parts R_format requires: ``syn_grpo`` (think, diversity, description, answer) or
             ``think_answer`` (VLM-R1's format, for the GRPO baselines).
         format_weight: weight of R_format.
@@ -193,6 +196,7 @@ class GRPOModule(L.LightningModule):
         advantage_scale: Literal["group", "batch", "none"] = "group",
         advantage_eps: float = 1e-4,
         accuracy_weight: float = 1.0,
+        accuracy_threshold: float | None = None,
         format: str = "syn_grpo",
         format_weight: float = 1.0,
         diversity_weight: float = 1.0,
@@ -218,6 +222,8 @@ class GRPOModule(L.LightningModule):
             raise ValueError(f"--model.group_size must be >= 2 for group-normalised advantages, got {group_size}")
         if task not in ("rec", "ovd"):
             raise ValueError(f"--model.task must be 'rec' or 'ovd', got {task!r}")
+        if accuracy_threshold is not None and not 0.0 < accuracy_threshold <= 1.0:
+            raise ValueError(f"--model.accuracy_threshold must be in (0, 1] or null, got {accuracy_threshold}")
         if rollout_engine not in ROLLOUT_ENGINES:
             raise ValueError(f"--model.rollout_engine must be one of {sorted(ROLLOUT_ENGINES)}, got {rollout_engine!r}")
         if update_engine not in UPDATE_ENGINES:

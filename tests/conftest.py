@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,12 +23,15 @@ _DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "
 def _no_process_group_leaks():
     """A Lightning run in this process (FSDP2 on one device) leaves its process group and ``MASTER_PORT`` behind:
     the next in-process group would fail to initialise, and a multi-process test would inherit a port still bound.
-    Each test ends with neither."""
+    Each test ends with neither. A colocated vLLM engine (the ``vllm`` tests, in their own venv) owns its group and
+    reuses it for its next engine: that one stays."""
     before = {k: os.environ.get(k) for k in _DIST_ENV}
     yield
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
+    vllm_state = sys.modules.get("vllm.distributed.parallel_state")
+    vllm_owns = vllm_state is not None and getattr(vllm_state, "_WORLD", None) is not None
+    if dist.is_available() and dist.is_initialized() and not vllm_owns:
         dist.destroy_process_group()
     for k, v in before.items():
         if v is None:

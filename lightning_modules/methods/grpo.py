@@ -8,6 +8,7 @@ and emits no evolution requests.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -17,13 +18,23 @@ from lightning_modules.methods.base import Method, RewardContext, RewardTerm, Sc
 from lightning_modules.policy import Rollout
 
 
-def accuracy_reward(ctx: RewardContext) -> list[float]:
-    """R_acc per row in the sample's task (REC: IoU of the first box; OVD: ``s_ovd * mAP``), boxes in original pixels."""
+def accuracy_reward(ctx: RewardContext, threshold: float | None = None) -> list[float]:
+    """R_acc per row in the sample's task (REC: IoU of the first box, or ``IoU >= threshold`` as 1 / 0 when a
+    threshold is given; OVD: ``s_ovd * mAP``), boxes in original pixels."""
     orig = [s.size for s in ctx.samples]
     if all(s.task == "rec" for s in ctx.samples):
         gts = [s.boxes[0] for s in ctx.samples]
-        return rewards.rec_accuracy_reward(ctx.texts, gts, input_wh=ctx.input_wh, orig_wh=orig)
+        iou = rewards.rec_accuracy_reward(ctx.texts, gts, input_wh=ctx.input_wh, orig_wh=orig)
+        return iou if threshold is None else [float(v >= threshold) for v in iou]
     return rewards.ovd_reward(ctx.texts, [s.boxes for s in ctx.samples], input_wh=ctx.input_wh, orig_wh=orig)
+
+
+def accuracy_term(hp) -> RewardTerm:
+    """The ``accuracy`` reward term of the GRPO family: ``--model.accuracy_weight`` x R_acc, binary at
+    ``--model.accuracy_threshold`` when it is set."""
+    threshold = getattr(hp, "accuracy_threshold", None)
+    fn = accuracy_reward if threshold is None else functools.partial(accuracy_reward, threshold=threshold)
+    return RewardTerm("accuracy", hp.accuracy_weight, fn)
 
 
 def format_reward(fmt: str):
@@ -44,7 +55,7 @@ class GRPO(Method):
 
     def reward_terms(self) -> list[RewardTerm]:
         return [
-            RewardTerm("accuracy", self.hp.accuracy_weight, accuracy_reward),
+            accuracy_term(self.hp),
             RewardTerm("format", self.hp.format_weight, format_reward(self.hp.format)),
         ]
 

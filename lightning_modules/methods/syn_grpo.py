@@ -17,7 +17,7 @@ from typing import Any
 
 from lightning_modules import rewards
 from lightning_modules.methods.base import RewardContext, RewardTerm, Scores, Selection, register_method
-from lightning_modules.methods.grpo import GRPO, accuracy_reward, format_reward
+from lightning_modules.methods.grpo import GRPO, accuracy_term, format_reward
 from lightning_modules.policy import Rollout
 
 
@@ -36,7 +36,7 @@ class SynGRPO(GRPO):
 
     def reward_terms(self) -> list[RewardTerm]:
         return [
-            RewardTerm("accuracy", self.hp.accuracy_weight, accuracy_reward),
+            accuracy_term(self.hp),
             RewardTerm("format", self.hp.format_weight, format_reward(self.hp.format)),
             RewardTerm("diversity", self.hp.diversity_weight, self.diversity_reward),
         ]

@@ -3,7 +3,7 @@ file's worth of code and run by `GRPOModule` unchanged."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import pytest
@@ -24,6 +24,7 @@ class Sample:
     size: tuple = (100, 100)
     task: str = "rec"
     image: Image.Image | None = None
+    meta: dict = field(default_factory=dict)
 
 
 def _hp(**kw):
@@ -87,6 +88,17 @@ def test_syn_grpo_reward_is_the_weighted_sum_of_its_terms_by_hand():
     sg = g.score(batch, ro)
     assert set(sg.parts) == {"accuracy", "format", "total"} and sg.total.tolist() == [3.0, 1.0]
     assert g.evolution(batch, ro, sg, step=0, epoch=0) == []
+
+
+@pytest.mark.parametrize("method", ["grpo", "syn_grpo", "evolved_grpo"])
+def test_accuracy_threshold_makes_the_accuracy_reward_binary(method):
+    # IoU of [0, 0, 10, 10] with [0, 0, 10, 6] is 0.6, with [0, 0, 10, 4] 0.4: 0.6 / 0.4 as IoU, 1 / 0 at t = 0.5
+    batch = [Sample("s0", "the red square", [[0, 0, 10, 10]])]
+    ro = _rollout([_completion("[0, 0, 10, 6]"), _completion("[0, 0, 10, 4]")], 2)
+    iou = build_method(method, _hp()).score(batch, ro).parts["accuracy"]
+    assert iou.tolist() == pytest.approx([0.6, 0.4])
+    binary = build_method(method, _hp(accuracy_threshold=0.5)).score(batch, ro).parts["accuracy"]
+    assert binary.tolist() == [1.0, 0.0]
 
 
 def test_selection_takes_the_highest_diversity_reward_among_parsed_descriptions():

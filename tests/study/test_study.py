@@ -127,7 +127,7 @@ def _print_config(argv: list[str]) -> dict:
     return yaml.safe_load(buf.getvalue())
 
 
-EVOLVED = [REPO / "configs/study/evolved_toy.yaml", REPO / "configs/study/evolved_toy_revisit.yaml"]
+EVOLVED = [REPO / f"configs/study/evolved_toy{s}.yaml" for s in ("", "_revisit", "_binary")]
 
 
 @pytest.mark.parametrize("path", [TABLE1, *EVOLVED], ids=lambda p: p.stem)
@@ -146,8 +146,10 @@ def test_the_cli_accepts_one_run_of_every_row(path, tmp_path, monkeypatch):
             if path in EVOLVED:  # the two methods differ only in the method and the data evolution
                 model, synth = cfg["model"]["init_args"], cfg["callbacks"]["synthesis"]["init_args"]
                 assert model["method"] == r.row.name and (synth["mode"] == "off") == (r.row.name == "grpo")
-            if path.stem == "evolved_toy_revisit":  # a small pool, seen 12 times
+            if path.stem in ("evolved_toy_revisit", "evolved_toy_binary"):  # a small pool, seen 12 times
                 assert cfg["data"]["init_args"]["toy"]["splits"]["train"] == 16 and cfg["trainer"]["max_epochs"] == 12
+                binary = path.stem == "evolved_toy_binary"  # R_acc 1 / 0 at IoU 0.5
+                assert cfg["model"]["init_args"]["accuracy_threshold"] == (0.5 if binary else None)
         ev = [a for a in r.evaluate.argv[2:] if not a.startswith(("--ckpt_path", "--model.init_args.model_name"))]
         cfg = _print_config(ev)
         data = cfg["data"]["init_args"]
