@@ -170,6 +170,8 @@ def tiny_qwen3_vl(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("run", RUNS, ids=_id)
 def test_config_runs_fit_steps_on_cpu(run, toy_data, tiny_qwen3_vl, tmp_path, monkeypatch):
     cfg = cpu_swap(compose(run), toy_data, tmp_path, qwen3_vl=tiny_qwen3_vl)
+    if cfg["data"]["init_args"].get("max_train_samples"):  # one batch of 2 per epoch: 2 steps, 2 validations, a swap
+        cfg["data"]["init_args"]["max_train_samples"] = 2
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     monkeypatch.chdir(tmp_path)  # relative output paths of the config (outputs/<name>/...) land in this run's folder
