@@ -156,6 +156,21 @@ def build_processor(tokenizer, image_size: int = 224, image_last: bool = False):
     )
 
 
+def sampling_generation_config(tokenizer):
+    """The tiny checkpoints' generation config: plain sampling at temperature 1 (no top-k / top-p), stopping at the
+    chat template's end-of-turn tokens."""
+    from transformers import GenerationConfig
+
+    return GenerationConfig(
+        eos_token_id=eos_token_ids(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+    )
+
+
 def build_tiny_qwen2_5_vl(
     out_dir: str | Path,
     corpus: Iterable[str],
@@ -171,7 +186,7 @@ def build_tiny_qwen2_5_vl(
 
     The result loads with ``load_policy(out_dir)`` exactly like a real checkpoint.
     """
-    from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers import Qwen2_5_VLForConditionalGeneration
 
     out_dir = Path(out_dir)
     tokenizer = train_bpe_tokenizer(corpus, vocab_size=vocab_size, split_digits=split_digits)
@@ -179,14 +194,7 @@ def build_tiny_qwen2_5_vl(
     config = tiny_qwen2_5_vl_config(len(tokenizer), tokenizer, **config_kwargs)
     torch.manual_seed(seed)
     model = Qwen2_5_VLForConditionalGeneration(config)
-    model.generation_config = GenerationConfig(
-        eos_token_id=eos_token_ids(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        do_sample=True,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-    )
+    model.generation_config = sampling_generation_config(tokenizer)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     processor.save_pretrained(out_dir)
@@ -224,7 +232,6 @@ def build_tiny_qwen3_vl(
     ``dtype``."""
     from transformers import (
         AutoProcessor,
-        GenerationConfig,
         Qwen2VLImageProcessor,
         Qwen3VLConfig,
         Qwen3VLForConditionalGeneration,
@@ -285,14 +292,7 @@ def build_tiny_qwen3_vl(
     torch.manual_seed(seed)
     with torch.device(device):
         model = Qwen3VLForConditionalGeneration._from_config(config, dtype=dtype or torch.float32)
-    model.generation_config = GenerationConfig(
-        eos_token_id=eos_token_ids(tok),
-        pad_token_id=tok.pad_token_id,
-        do_sample=True,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-    )
+    model.generation_config = sampling_generation_config(tok)
     image_processor = Qwen2VLImageProcessor(
         patch_size=16,
         merge_size=2,

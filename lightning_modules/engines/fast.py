@@ -72,8 +72,12 @@ class VisionCache:
                 first.setdefault(k, i)  # an image repeated in the batch runs once
         todo = sorted(first.values())
         if todo:
-            pix = torch.cat([pixel_values[offsets[i] : offsets[i + 1]] for i in todo])
-            feats = image_embeddings(model, pix, grid[todo])
+            if len(todo) == len(keys):  # every image new and distinct (a GRPO step): the batch as it is, no copy
+                pix, grid_todo = pixel_values, grid
+            else:
+                pix = torch.cat([pixel_values[offsets[i] : offsets[i + 1]] for i in todo])
+                grid_todo = grid[todo]
+            feats = image_embeddings(model, pix, grid_todo)
             merge = sum(patches[i] for i in todo) // feats.shape[0]  # patches per merged token (spatial merge ** 2)
             start = 0
             for i in todo:
