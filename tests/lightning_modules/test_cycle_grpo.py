@@ -16,7 +16,8 @@ def _hp():
     return SimpleNamespace(prompt_template="toy", advantage_scale="group", advantage_eps=0.0)
 
 
-def _rollout(texts, group_ids):
+def _rollout(texts, group_ids, input_wh=(100, 100)):
+    """A stand-in rollout of ``texts`` (one row each) with the given group ids, every row's input ``input_wh``."""
     n = len(texts)
     z = torch.zeros(n, 1, dtype=torch.long)
     return Rollout(
@@ -27,7 +28,7 @@ def _rollout(texts, group_ids):
         torch.zeros(0, 1),
         torch.zeros(n, 3, dtype=torch.long),
         texts,
-        [(100, 100)] * n,
+        [input_wh] * n,
         group_size=1,
         group_ids=torch.tensor(group_ids),
     )

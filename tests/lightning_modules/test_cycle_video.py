@@ -9,14 +9,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 from PIL import Image
-from test_methods import Sample  # the image stand-in sample (tests/lightning_modules is on sys.path)
+from test_cycle_grpo import _rollout  # the stand-in rollout (tests/lightning_modules is on sys.path)
+from test_methods import Sample  # the image stand-in sample
 
 from datamodules.rec import Sample as RecSample
 from datamodules.toy_video import make_clip
 from datamodules.video import VideoSample
 from lightning_modules.engines import build_rollout_engine
 from lightning_modules.methods import build_method
-from lightning_modules.policy import Rollout, load_policy
+from lightning_modules.policy import load_policy
 from lightning_modules.qwen_vl import VideoClip
 
 
@@ -27,23 +28,6 @@ def _hp(template: str = "toy"):
         advantage_eps=0.0,
         eval_prompt_template=None,
         max_new_tokens=8,
-    )
-
-
-def _rollout(texts, group_ids, input_wh=(100, 100)):
-    n = len(texts)
-    z = torch.zeros(n, 1, dtype=torch.long)
-    return Rollout(
-        z,
-        z + 1,
-        z,
-        z + 1,
-        torch.zeros(0, 1),
-        torch.zeros(n, 3, dtype=torch.long),
-        texts,
-        [input_wh] * n,
-        group_size=1,
-        group_ids=torch.tensor(group_ids),
     )
 
 
