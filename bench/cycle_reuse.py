@@ -2,6 +2,8 @@
 
     python bench/cycle_reuse.py --model checkpoints/toy-qwen2.5-vl-cycle --engine fast [--device cuda --dtype bf16]
         [--samples 4 --n 6 --k 6 --tokens 32 --repeats 3] [--out bench/results/cycle_reuse_<device>.json]
+    python bench/cycle_reuse.py --model /tmp/qwen3vl-4b --build qwen3vl-4b --engine hf_shared --device cuda \
+        --dtype bf16 ...   # Qwen3-VL-4B from its published dimensions, random weights (built there, not downloaded)
 
 A component profiler of the rollout engines (not a train.py figure): the two generate calls of one CycleGRPO step,
 on B toy scenes, as `CycleGRPO.rollout` makes them, against the same N + N x K completions as independent requests.
@@ -16,7 +18,9 @@ Every completion is exactly ``--tokens`` long (min = max new tokens), so both si
 tokens; the grounding prompts hold the nested side's captions, coordinates stripped, as in training. Reported: the
 median seconds of each side over ``--repeats``, their ratio, and the image encodings / prompt prefills each side ran.
 The `hf` engine (transformers' generate) expands a prompt's rows before the prefill, so it shares nothing: its ratio
-is the yardstick of "no reuse".
+is the yardstick of "no reuse". `hf_shared` (transformers' generate after one shared prefill per prompt, the vision
+tower served from the same kind of cache) is the reuse path of the architectures the fast engine does not implement
+(Qwen3-VL: `configs/cycle_4b.yaml`).
 """
 
 from __future__ import annotations
@@ -51,6 +55,10 @@ def run(args) -> dict:
     from lightning_modules.policy import load_policy
 
     device = torch.device(args.device)
+    if args.build and not (Path(args.model) / "config.json").exists():
+        from e2e_gpu import build_qwen  # bench/ is on the path when this file runs as a script
+
+        build_qwen(Path(args.model), args.build, args.device, vocab_size=4096)
     model, processor = load_policy(args.model, dtype=args.dtype)
     model.to(device).eval()
     if args.engine == "fast":
@@ -105,14 +113,17 @@ def run(args) -> dict:
             model, processor, [RolloutRequest(p, im, 1, i) for i, (p, im) in enumerate(ground_indep)], sampling
         )
 
-    def encodings(fn) -> int | None:
-        """Images the engine ran through its vision tower in one call of ``fn`` (the fast engine counts them)."""
-        if not hasattr(engine, "vision"):
-            return None
-        before = engine.vision.encoded
+    def counts(fn) -> tuple[int | None, int | None]:
+        """Images the engine ran through its vision tower and prompts it prefilled in one call of ``fn`` (where the
+        engine counts them: ``fast`` and ``hf_shared`` keep a vision cache, ``hf_shared`` counts its prefills)."""
+        vision, prefilled = getattr(engine, "vision", None), getattr(engine, "prefilled", None)
+        before = (vision.encoded if vision else 0, prefilled or 0)
         with torch.no_grad():
             fn()
-        return engine.vision.encoded - before
+        return (
+            vision.encoded - before[0] if vision else None,
+            engine.prefilled - before[1] if prefilled is not None else None,
+        )
 
     def timed(fn) -> list[float]:
         out = []
@@ -130,9 +141,11 @@ def run(args) -> dict:
     with torch.no_grad():
         nested()  # warm-up (kernels)
     t_nested, t_indep = timed(nested), timed(independent)
-    enc_nested, enc_indep = encodings(nested), encodings(independent)
+    (enc_nested, pre_nested), (enc_indep, pre_indep) = counts(nested), counts(independent)
     B, N, K = args.samples, args.n, args.k
-    shares = args.engine == "fast"
+    shares = args.engine in ("fast", "hf_shared")
+    if pre_nested is not None:  # counted, not derived
+        assert pre_nested == B + B * N and pre_indep == B * (N + N * K), (pre_nested, pre_indep)
     result = {
         "what": "CycleGRPO nested rollout vs the same N + N x K completions as independent requests (component "
         "profiler of the rollout engine, not a train.py figure)",
@@ -155,7 +168,7 @@ def run(args) -> dict:
         "independent_median_s": statistics.median(t_indep),
         "speedup_independent_over_nested": statistics.median(t_indep) / statistics.median(t_nested),
         "prefills": {"nested": B + B * N if shares else B * (N + N * K), "independent": B * (N + N * K)},
-        "image_encodings": {  # counted by the fast engine's vision cache; the hf engine encodes every row
+        "image_encodings": {  # counted by the engine's vision cache (fast, hf_shared); the hf engine encodes every row
             "nested": enc_nested if enc_nested is not None else B * (N + N * K),
             "independent": enc_indep if enc_indep is not None else B * (N + N * K),
         },
@@ -167,7 +180,10 @@ def run(args) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--model", default="checkpoints/toy-qwen2.5-vl-cycle")
-    ap.add_argument("--engine", default="fast", choices=["fast", "hf"])
+    ap.add_argument("--engine", default="fast", choices=["fast", "hf", "hf_shared"])
+    ap.add_argument(
+        "--build", default=None, help="build --model first if absent: an arch of bench/e2e_gpu.py (qwen3vl-4b)"
+    )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="fp32")
     ap.add_argument("--samples", type=int, default=4)

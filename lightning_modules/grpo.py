@@ -104,8 +104,10 @@ class GRPOModule(L.LightningModule):
         method: the registered method (``lightning_modules/methods/``): ``syn_grpo`` (the default) or ``grpo`` (plain
             GRPO: accuracy + format rewards, no diversity reward, no evolution requests).
         method_args: the method's own settings (keyword arguments of its class), for methods that have any.
-        rollout_engine: a registered rollout engine (``lightning_modules/engines/``): ``hf`` (``model.generate``) or
-            ``fast`` (static cache, one prefill per group).
+        rollout_engine: a registered rollout engine (``lightning_modules/engines/``): ``hf`` (``model.generate``),
+            ``hf_shared`` (``model.generate`` after one prefill per prompt shared by its group, vision features cached
+            per image: any Qwen-VL, Qwen3-VL included) or ``fast`` (static cache, one prefill per group, CUDA-graph
+            decode; Qwen2(.5)-VL).
         update_engine: a registered update engine: ``hf`` (the model's own forward per micro-batch) or ``packed`` (``efficient.py``: vision
             tower once per image and its backward once per step, length-bucketed micro-batches, chunked log-probs
             from hidden states; single-process only: its deferred vision backward is not DDP-aware).
@@ -248,9 +250,9 @@ class GRPOModule(L.LightningModule):
             )
         if rollout_gather not in ("once", "per_layer"):
             raise ValueError(f"--model.rollout_gather must be 'once' or 'per_layer', got {rollout_gather!r}")
-        if rollout_gather == "per_layer" and rollout_engine != "hf":
+        if rollout_gather == "per_layer" and rollout_engine not in ("hf", "hf_shared"):
             raise ValueError(
-                f"--model.rollout_gather per_layer needs --model.rollout_engine hf (the {rollout_engine} engine calls "
+                f"--model.rollout_gather per_layer needs --model.rollout_engine hf or hf_shared (the {rollout_engine} engine calls "
                 "the layers' sub-modules itself, past FSDP2's per-layer gather): use rollout_gather once"
             )
         if master_weights not in ("fp32", "none"):

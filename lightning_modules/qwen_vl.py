@@ -140,8 +140,8 @@ def model_parts(model: torch.nn.Module) -> ModelParts:
         raise TypeError(
             f"the fast rollout / packed update engines implement Qwen2-VL and Qwen2.5-VL (their mRoPE and vision "
             f"merger), not {model_type!r} ({type(m).__name__}; Qwen3-VL adds DeepStack visual features inside the "
-            "decoder): set --model.rollout_engine hf --model.update_engine hf, which run any transformers "
-            "image-text-to-text model"
+            "decoder): set --model.rollout_engine hf_shared (or hf) --model.update_engine hf, which run the model's "
+            "own transformers code"
         )
     inner = m.model
     text = getattr(inner, "language_model", None)

@@ -5,6 +5,9 @@ They run any HF image-text-to-text model and are what the faster engines are che
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+
 import torch
 
 from lightning_modules.engines.base import (
@@ -15,6 +18,8 @@ from lightning_modules.engines.base import (
     register_rollout_engine,
     register_update_engine,
 )
+from lightning_modules.engines.fast import repeat_encoding
+from lightning_modules.engines.vision_cache import VisionCache
 from lightning_modules.fsdp import needs_lockstep
 from lightning_modules.policy import Rollout, completion_logps
 from lightning_modules.qwen_vl import processor_inputs
@@ -25,11 +30,16 @@ class HFRolloutEngine(RolloutEngine):
     """``model.generate`` on every prompt repeated ``group_size`` times (rows grouped by prompt)."""
 
     def sample(self, model, processor, prompts, images, *, group_size, sampling: Sampling, suppress_ids, eos_ids):
-        tok = processor.tokenizer
         device = next(model.parameters()).device
         enc = processor_inputs(
             processor, [t for t in prompts for _ in range(group_size)], [im for im in images for _ in range(group_size)]
         ).to(device)
+        out = model.generate(**enc, **self._generate_kwargs(model, processor, sampling, suppress_ids, eos_ids))
+        return out[:, enc["input_ids"].shape[1] :], enc
+
+    @staticmethod
+    def _generate_kwargs(model, processor, sampling: Sampling, suppress_ids, eos_ids) -> dict:
+        tok = processor.tokenizer
         gen_kwargs = dict(
             max_new_tokens=sampling.max_new_tokens,
             do_sample=not sampling.greedy,
@@ -43,8 +53,59 @@ class HFRolloutEngine(RolloutEngine):
             gen_kwargs["synced_gpus"] = True
         if not sampling.greedy:
             gen_kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
-        out = model.generate(**enc, **gen_kwargs)
-        return out[:, enc["input_ids"].shape[1] :], enc
+        return gen_kwargs
+
+
+@register_rollout_engine("hf_shared")
+class SharedPrefillRolloutEngine(HFRolloutEngine):
+    """``model.generate`` after one prefill per prompt, shared by its ``group_size`` rows: any transformers Qwen-VL
+    model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL with its DeepStack features and interleaved mRoPE), images or clips.
+
+    The model's own forward prefills the B prompts but their last token, with the vision tower served from a
+    `VisionCache` (an image object runs through the tower once while the vision weights stay the same: CycleGRPO's
+    captions and all their groundings encode a sample's image once); the KV cache and the model's mRoPE offsets
+    (``rope_deltas``) are repeated to the B x G rows, and ``generate`` continues from the last prompt token (the
+    prefix-cache path of transformers). Same sampling as ``hf`` (same logits processors); greedy rollouts equal it
+    token for token (tests/lightning_modules/test_shared_engine.py)."""
+
+    def __init__(self, compile_step: bool = False) -> None:
+        super().__init__(compile_step)
+        self.vision = VisionCache()
+        self.prefilled = 0
+        """Prompts prefilled so far (for the reuse bench)."""
+
+    def on_weights_updated(self, model) -> None:
+        self.vision.clear()
+
+    def sample(self, model, processor, prompts, images, *, group_size, sampling: Sampling, suppress_ids, eos_ids):
+        device = next(model.parameters()).device
+        enc = processor_inputs(processor, prompts, images).to(device)
+        prefix = {
+            k: v[:, :-1] if k in ("input_ids", "attention_mask", "mm_token_type_ids") else v for k, v in enc.items()
+        }
+        # under FSDP2's per-layer gather every rank must run the same modules: no rank may skip the vision tower
+        cached = all(im is not None for im in images) and not needs_lockstep(model)
+        with self.vision.serving(model, list(images)) if cached else contextlib.nullcontext():
+            out = model(**prefix, use_cache=True, logits_to_keep=1)
+        self.prefilled += len(prompts)
+        cache = out.get("cache", out.get("past_key_values"))
+        if cache is None or not hasattr(cache, "batch_repeat_interleave"):
+            raise TypeError(
+                f"{type(model).__name__}'s forward returned no repeatable KV cache: use --model.rollout_engine hf"
+            )
+        cache.batch_repeat_interleave(group_size)
+        inner = getattr(model, "model", None)
+        if getattr(inner, "rope_deltas", None) is not None:  # mRoPE offsets of the B prompts -> their B x G rows
+            inner.rope_deltas = inner.rope_deltas.repeat_interleave(group_size, 0)
+        cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        ids = enc["input_ids"].repeat_interleave(group_size, 0)
+        gen = model.generate(
+            input_ids=ids,
+            attention_mask=enc["attention_mask"].repeat_interleave(group_size, 0),
+            **{cache_kw: cache},
+            **self._generate_kwargs(model, processor, sampling, suppress_ids, eos_ids),
+        )
+        return gen[:, ids.shape[1] :], repeat_encoding(enc, group_size)
 
 
 @register_update_engine("hf")

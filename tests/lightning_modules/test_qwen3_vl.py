@@ -58,7 +58,7 @@ def test_own_engines_refuse_qwen3_vl_and_name_the_flag(qwen3_dir, engine):
     from lightning_modules.qwen_vl import model_parts
 
     model, _ = load_policy(str(qwen3_dir), dtype="fp32")
-    with pytest.raises(TypeError, match="rollout_engine hf --model.update_engine hf"):
+    with pytest.raises(TypeError, match=r"rollout_engine hf_shared \(or hf\) --model.update_engine hf"):
         model_parts(model)
     from lightning_modules.grpo import GRPOModule
 
