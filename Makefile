@@ -44,6 +44,14 @@ toy-model: setup
 toy-model-cycle: setup
 	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage_cycle.yaml --trainer.precision $(TOY_PRECISION)
 
+# The video stage on top of the cycle checkpoint (checkpoints/toy-qwen2.5-vl-cycle-video: captions and grounds images and
+# toy clips, intervals and time-box anchors; configs/toy_sft_stage_cycle_video.yaml, docs/cycle_grpo.md): 4,000 steps
+# of 16, half of them clip batches; about 1.5 h of one CPU core in fp32 (1.3 s a step). On a GPU:
+#   make toy-model-cycle-video TOY_PRECISION=32 TOY_FLAGS="--trainer.accelerator gpu --data.init_args.num_workers 8"
+TOY_FLAGS ?=
+toy-model-cycle-video: setup
+	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage_cycle_video.yaml --trainer.precision $(TOY_PRECISION) $(TOY_FLAGS)
+
 # The EvolvedGRPO stage on top of it (checkpoints/toy-qwen2.5-vl-evolved: the <step> format of multi-step questions;
 # configs/toy_sft_stage_evolved.yaml, docs/toy_model.md): 2,000 steps of 16, bf16 on a GPU (minutes), about an hour
 # of one CPU core. Not built yet: a first GPU run diverged (docs/toy_model.md).
@@ -79,7 +87,7 @@ test-vllm: vllm-venv
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=$${MKL_NUM_THREADS:-1} \
 		$(VLLM_VENV)/bin/python -m pytest -q -m vllm -s tests/lightning_modules/test_vllm_engine.py
 
-.PHONY: setup train test test-slow lint toy-model toy-model-cycle toy-model-evolved study study-smoke vllm-venv test-vllm
+.PHONY: setup train test test-slow lint toy-model toy-model-cycle toy-model-cycle-video toy-model-evolved study study-smoke vllm-venv test-vllm
 
 # The end-to-end GPU harness (one H200; docs/performance.md): the paper's one-GPU configs through train.py on
 # random-weight Qwen2.5-VL-3B + SDXL, TRL on the same work, engine parity. On the GPU machine: make gpu-e2e PY=python3

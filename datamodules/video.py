@@ -10,19 +10,24 @@ A line (what ``python -m datamodules.toy_video`` writes)::
 ``solution`` holds the queried moment's intervals in seconds (empty: "no target"), ``anchors`` its (time, box) pairs
 in frame pixels. Every defect raises ``DataError`` naming the file and line. `VideoGroundingDataModule` is
 ``RECDataModule`` with these records (same loaders, named eval sets, ``toy`` generation before reading).
+
+`ImageVideoSFTDataModule` serves the video SFT stage of the cycle checkpoint: the toy image world's training scenes
+and fresh toy clips (`ToyClipDataset`), in batches that are all images or all clips (`MixedBatches`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torch.utils.data import Dataset
+import numpy as np
+from torch.utils.data import DataLoader, Dataset
 
-from datamodules.rec import DataError, RECDataModule
+from datamodules.rec import DataError, RECDataModule, ToySpec
 from lightning_modules.qwen_vl import VideoClip
 from lightning_modules.regions import NO_TARGET
 
@@ -109,28 +114,32 @@ def read_video_jsonl(path: str | Path, root: str | Path | None = None) -> list[V
 def load_video_sample(rec: VideoRecord) -> VideoSample:
     from datamodules.toy_video import load_frames
 
-    obj = rec.raw
     try:
-        frames = load_frames(obj, rec.root)
+        frames = load_frames(rec.raw, rec.root)
     except FileNotFoundError as err:
         raise DataError(
             f"{rec.source}: {err}; set --data.image_root to the folder the video paths start from"
         ) from None
+    return video_sample(rec.raw, frames, rec.source)
+
+
+def video_sample(obj: dict[str, Any], frames: Sequence[Any], source: str) -> VideoSample:
+    """A `VideoSample` from a JSONL line (or a ``toy_video.make_clip`` record) and its frames."""
     query = obj["conversations"][0]["value"].replace("<video>", "").strip()
     fps = float(obj["fps"])
     duration = float(obj.get("duration") or len(frames) / fps)
     intervals = [(float(s), float(e)) for s, e in obj["solution"]]
     if any(not 0 <= s < e <= duration + 1e-6 for s, e in intervals):
-        raise DataError(f"{rec.source}: solution {obj['solution']} is not a list of [start, end] within the clip")
+        raise DataError(f"{source}: solution {obj['solution']} is not a list of [start, end] within the clip")
     return VideoSample(
-        sample_id=str(obj.get("id", rec.source)),
-        clip=VideoClip(frames, fps),
+        sample_id=str(obj.get("id", source)),
+        clip=VideoClip(list(frames), fps),
         query=query,
         intervals=intervals,
         anchors=[(float(t), tuple(float(v) for v in box)) for t, box in obj.get("anchors") or []],
         duration=duration,
         lookalikes=[(float(s), float(e)) for s, e in obj.get("lookalikes") or []],
-        source=rec.source,
+        source=source,
         meta=obj.get("meta") or {},
     )
 
@@ -144,6 +153,30 @@ class VideoDataset(Dataset):
 
     def __getitem__(self, i: int) -> VideoSample:
         return load_video_sample(self.records[i])
+
+
+class ToyClipDataset(Dataset):
+    """Clips of a toy video split rendered on access (index -> ``toy_video.make_clip``), as `VideoSample`s: the
+    clips ``toy_video.export_jsonl`` writes, without the npz round trip (the video counterpart of
+    ``datamodules.toy.ToySceneDataset``: a long SFT run draws fresh clips in its loader workers)."""
+
+    def __init__(self, split: str, n: int, seed: int, size: int = 112, num_frames: int = 16, fps: float = 2.0):
+        from datamodules.toy_video import _check_args
+
+        _check_args(split, size, num_frames, fps)
+        self.split, self.n, self.seed = split, n, seed
+        self.size, self.num_frames, self.fps = size, num_frames, fps
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> VideoSample:
+        from datamodules.toy_video import make_clip
+
+        if not 0 <= index < self.n:
+            raise IndexError(f"clip {index} out of range for {self.n} {self.split} clips")
+        rec = make_clip(self.split, index, self.seed, self.size, self.num_frames, self.fps)
+        return video_sample(rec, rec.pop("frames"), f"toy_video:{self.split}:{index}")
 
 
 @dataclass
@@ -229,3 +262,152 @@ class VideoGroundingDataModule(RECDataModule):
                 for name, f in files.items():
                     if name not in self.eval_sets[kind]:
                         self.eval_sets[kind][name] = VideoDataset(self._records([f], self.max_eval_samples))
+
+
+# --- image + clip SFT ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ClipMixSpec:
+    """Toy clips mixed into an image SFT run (`ImageVideoSFTDataModule`): the training clips are rendered on access,
+    the validation clips exported into ``--data.data_root`` (``toy_video.export_jsonl``) and read as eval set
+    ``val_name``."""
+
+    frac: float = 0.5
+    """Fraction of the training batches that are clip batches (fixed by batch index, seeded: `MixedBatches`)."""
+    train: int = 1_000_000
+    val: int = 16
+    val_name: str = "toy_video_val"
+    batch_size: int | None = None
+    """Clips per clip batch (None: ``--data.batch_size``, the image batch's size)."""
+    seed: int = 0
+    size: int = 112
+    num_frames: int = 16
+    fps: float = 2.0
+
+
+class MixedBatches(Dataset):
+    """Whole training batches, each all images or all clips. Item ``j`` is a clip batch when the seeded sequence
+    ``floor(j * frac + u)`` (``u`` uniform in [0, 1), drawn from ``seed``) steps at ``j``: any ``n`` consecutive
+    indices hold ``floor(n * frac)`` or ``ceil(n * frac)`` clip batches, so even a short run or a small epoch gets its
+    share (independent draws per index could give a two-batch epoch no clip at all). A batch holds samples
+    ``j * size .. j * size + size - 1`` of its pool (modulo the pool's length).
+
+    Homogeneous batches because one forward (and one processor call) takes images or clips, not both
+    (``qwen_vl.processor_inputs``); fixed by batch index, so the mix does not depend on the loader's order or
+    workers, and no sample is seen twice an epoch while the pools are longer than the epoch (the toy pools hold a
+    million renders, in random order already: consecutive indices are independent scenes). The loader shuffles the
+    batch indices (``batch_size=None``), and under DDP each rank takes its own batch indices."""
+
+    def __init__(self, images, clips, image_batch: int, clip_batch: int, frac: float, seed: int = 0):
+        if not 0.0 <= frac <= 1.0:
+            raise ValueError(f"--data.video.frac must lie in [0, 1], got {frac}")
+        if image_batch < 1 or clip_batch < 1:
+            raise ValueError(f"batch sizes must be >= 1, got {image_batch} (images) and {clip_batch} (clips)")
+        if (frac < 1 and not len(images)) or (frac > 0 and not len(clips)):
+            raise DataError(f"an empty pool: {len(images)} training images, {len(clips)} clips, clip fraction {frac}")
+        self.images, self.clips, self.frac, self.seed = images, clips, frac, seed
+        self.phase = float(np.random.default_rng([seed, _MIX_SEED_TAG]).random())
+        self.image_batch, self.clip_batch = image_batch, clip_batch
+        n = (1 - frac) * len(images) / image_batch + frac * len(clips) / clip_batch
+        self.n = max(1, math.ceil(n))
+        """Batches per epoch: as many as the two pools fill at the mix's proportions."""
+
+    def __len__(self) -> int:
+        return self.n
+
+    def is_clip_batch(self, j: int) -> bool:
+        return math.floor((j + 1) * self.frac + self.phase) > math.floor(j * self.frac + self.phase)
+
+    def __getitem__(self, j: int) -> list:
+        pool, size = (self.clips, self.clip_batch) if self.is_clip_batch(j) else (self.images, self.image_batch)
+        return [pool[(j * size + k) % len(pool)] for k in range(size)]
+
+
+_MIX_SEED_TAG = 4242
+"""Enters the seed of `MixedBatches`' phase (no other draw of the toy worlds uses it)."""
+
+
+class ImageVideoSFTDataModule(RECDataModule):
+    """``RECDataModule`` (the toy image world of the SFT stages) plus toy clips (``video``: a `ClipMixSpec`): training
+    batches are all images or all clips (`MixedBatches`), validation adds the clips as one more eval set. For the
+    video SFT stage of the cycle checkpoint (``SFTModule`` teaches both region spaces of CycleGRPO's video path on
+    the clips, docs/cycle_grpo.md). Without ``video`` it is ``RECDataModule``."""
+
+    def __init__(
+        self,
+        data_root: str = "data",
+        train_files: list[str] | None = None,
+        val_files: dict[str, str] | None = None,
+        test_files: dict[str, str] | None = None,
+        image_root: str | None = None,
+        batch_size: int = 20,
+        eval_batch_size: int = 8,
+        max_train_samples: int | None = None,
+        max_eval_samples: int | None = None,
+        num_workers: int = 0,
+        shuffle: bool = True,
+        seed: int = 0,
+        toy: ToySpec | None = None,
+        resumable: bool = False,
+        video: ClipMixSpec | None = None,
+    ):
+        super().__init__(
+            data_root=data_root,
+            train_files=train_files,
+            val_files=val_files,
+            test_files=test_files,
+            image_root=image_root,
+            batch_size=batch_size,
+            eval_batch_size=eval_batch_size,
+            max_train_samples=max_train_samples,
+            max_eval_samples=max_eval_samples,
+            num_workers=num_workers,
+            shuffle=shuffle,
+            seed=seed,
+            toy=ToySpec(**toy) if isinstance(toy, dict) else toy,
+            resumable=resumable,
+        )
+        self.video = ClipMixSpec(**video) if isinstance(video, dict) else video
+        self.clip_set: ToyClipDataset | None = None
+
+    def prepare_data(self) -> None:
+        super().prepare_data()
+        if self.video is not None and self.video.val:
+            from datamodules.toy_video import export_jsonl
+
+            v = self.video
+            export_jsonl(self.data_root, "val", v.val, v.seed, size=v.size, num_frames=v.num_frames, fps=v.fps)
+
+    def setup(self, stage: str | None = None) -> None:
+        super().setup(stage)
+        v = self.video
+        if v is None:
+            return
+        if stage in (None, "fit") and self.clip_set is None:
+            self.clip_set = ToyClipDataset("train", v.train, v.seed, v.size, v.num_frames, v.fps)
+        if v.val and stage in (None, "fit", "validate") and v.val_name not in self.eval_sets["val"]:
+            from datamodules.toy_video import jsonl_path
+
+            records = read_video_jsonl(jsonl_path(self.data_root, "val"), self.image_root)
+            limit = v.val if self.max_eval_samples is None else min(v.val, self.max_eval_samples)
+            self.eval_sets["val"][v.val_name] = VideoDataset(records[:limit])
+
+    def train_dataloader(self):
+        v = self.video
+        if v is None or v.frac == 0:
+            return super().train_dataloader()
+        if self.train_set is None or self.clip_set is None:
+            self.setup("fit")
+        if self.resumable:
+            raise ValueError("--data.resumable is not wired for mixed image / clip batches; leave it false")
+        images = self.train_set if self.train_set is not None else []
+        batches = MixedBatches(images, self.clip_set, self.batch_size, v.batch_size or self.batch_size, v.frac, v.seed)
+        return DataLoader(
+            batches,
+            batch_size=None,  # an item is a whole batch
+            shuffle=self.shuffle,
+            num_workers=self.num_workers,
+            collate_fn=self.train_collate,
+            persistent_workers=self.num_workers > 0,
+        )

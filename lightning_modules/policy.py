@@ -90,6 +90,10 @@ PROMPT_TEMPLATES = {
         "Output the description in <answer> </answer> tags."
     },
     "toy_caption": {"rec": "Describe: {query}"},
+    # The toy checkpoint's grounding prompts on clips, one per region space: "Find:" with a clip could ask for an
+    # interval or for anchors, so the prompt says which (configs/cycle_tiny_{temporal,st}.yaml, the video SFT stage)
+    "toy_temporal": {"rec": "When: {query}"},
+    "toy_st": {"rec": "Track: {query}"},
     # CycleGRPO on video (issue 17): ``{query}`` is the serialized interval / anchors, then the stripped caption
     "video_caption": {
         "rec": "Describe the event of this video at {query} (seconds; boxes in pixels) so that someone can find it "

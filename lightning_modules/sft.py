@@ -8,6 +8,10 @@ completion only; the prompt (chat template, image tokens, question) is masked ou
 For the toy model, ``build_tiny`` makes the model from scratch in ``configure_model`` (tokenizer trained on the
 prompts and targets of the training set) and ``export_dir`` receives a ``save_pretrained`` copy at the end of fit: a
 normal HF directory that ``configs/tiny.yaml`` loads with ``from_pretrained``.
+
+A batch may also be all toy clips (``datamodules.video.ImageVideoSFTDataModule``): the video SFT stage of the cycle
+checkpoint teaches both directions of CycleGRPO's video path, with the prompts and region texts of
+``methods/cycle_grpo.py`` itself (`SFTModule.clip_example`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch
 from lightning_modules import rewards
 from lightning_modules.evaluation import Evaluator, eval_set_name, format_for_template, greedy_answers
 from lightning_modules.policy import (
+    PROMPT_TEMPLATES,
     box_frame,
     box_frame_wh,
     build_prompt_text,
@@ -127,6 +132,9 @@ TARGETS = {
     "toy_steps": toy_steps_target,
 }
 
+VIDEO_TEMPLATES = {"interval": "toy_temporal", "anchor": "toy_st"}
+"""The toy checkpoint's grounding prompt of clips in each region space (``SFTModule(video_templates=...)``)."""
+
 
 class SFTModule(L.LightningModule):
     """Supervised fine-tuning of an image-text-to-text policy on (prompt, completion) pairs.
@@ -153,6 +161,15 @@ class SFTModule(L.LightningModule):
             target out among its look-alikes. Validation then also runs the cycle greedily (caption each target, ground
             the stripped caption back) and logs ``<kind>/<set>/cycle_acc50``.
         caption_template: the captioning prompt (``--model.method_args.caption_template`` of the CycleGRPO run).
+        video_spaces: the region spaces taught on clips (default both, ``interval`` and ``anchor``: CycleGRPO's
+            temporal and spatio-temporal video path); each training clip gets one, fixed by its id. A clip is a
+            captioning sample under ``caption_frac`` (fixed by id) when its query has a target, else a grounding
+            sample (``SFTModule.clip_example``).
+        video_templates: region space -> the grounding prompt of clips in that space (``--model.prompt_template`` of
+            the CycleGRPO run in that space: configs/cycle_tiny_temporal.yaml, cycle_tiny_st.yaml); one per space,
+            because the same caption can be asked for as an interval or as anchors.
+        video_tau: Eq. 15's time gate of the anchor space (``--model.method_args.tau`` of the spatio-temporal run),
+            for the validation metrics.
         optimizer: optimizer factory (LightningCLI).
     """
 
@@ -174,30 +191,48 @@ class SFTModule(L.LightningModule):
         seed: int = 0,
         caption_frac: float = 0.0,
         caption_template: str = "toy_caption",
+        video_spaces: list[str] | None = None,
+        video_templates: dict[str, str] | None = None,
+        video_tau: float = 0.5,
     ):
         super().__init__()
         if target not in TARGETS:
             raise ValueError(f"--model.target must be one of {sorted(TARGETS)}, got {target!r}")
         if not 0.0 <= caption_frac <= 1.0:
             raise ValueError(f"--model.caption_frac must lie in [0, 1], got {caption_frac}")
-        from lightning_modules.policy import PROMPT_TEMPLATES
-
         if caption_frac and caption_template not in PROMPT_TEMPLATES:
             raise ValueError(
                 f"--model.caption_template {caption_template!r} is not a prompt template; one of {sorted(PROMPT_TEMPLATES)}"
             )
+        video_spaces = list(VIDEO_TEMPLATES if video_spaces is None else video_spaces)
+        video_templates = dict(VIDEO_TEMPLATES if video_templates is None else video_templates)
+        from lightning_modules.methods.cycle_grpo import VIDEO_SPACES
+
+        if not video_spaces or not set(video_spaces) <= set(VIDEO_SPACES) or len(set(video_spaces)) < len(video_spaces):
+            raise ValueError(f"--model.video_spaces: distinct region spaces of {VIDEO_SPACES}, got {video_spaces}")
+        for space in video_spaces:
+            if video_templates.get(space) not in PROMPT_TEMPLATES:
+                raise ValueError(
+                    f"--model.video_templates needs a prompt template for {space!r} (one of {sorted(PROMPT_TEMPLATES)}), "
+                    f"got {video_templates}"
+                )
+        if not video_tau >= 0:
+            raise ValueError(f"--model.video_tau is a time gate in seconds and must be >= 0, got {video_tau}")
         self.save_hyperparameters(ignore=["optimizer"])
+        self.hparams.video_spaces, self.hparams.video_templates = video_spaces, video_templates
         self.tiny_spec = TinySpec(**build_tiny) if isinstance(build_tiny, dict) else build_tiny
         self.optimizer_factory = optimizer
         self.policy = None
         self.processor = None
         self.evaluator = Evaluator()
+        self._video_methods: dict[str, object] = {}
+        self._video_metrics: dict[str, dict[str, object]] = {}
 
     def _corpus(self) -> list[str]:
         """Texts the tiny tokenizer is trained on: the prompts and targets of the first ``corpus_samples`` training
         samples, and the chat template's fixed parts."""
         dm = self.trainer.datamodule
-        from lightning_modules.policy import CHAT_TEMPLATE, PROMPT_TEMPLATES
+        from lightning_modules.policy import CHAT_TEMPLATE
 
         texts = [CHAT_TEMPLATE, "system\nYou are a helpful assistant.", "user\n", "assistant\n"]
         texts += [t for task in PROMPT_TEMPLATES.values() for t in task.values()]
@@ -287,30 +322,76 @@ class SFTModule(L.LightningModule):
             text = re.sub(r"<diversity>.*?</diversity>|<description>.*?</description>", "", text, flags=re.S)
         return text
 
+    # ------------------------------------------------------------------------------------------------ clips
+    def video_method(self, space: str):
+        """CycleGRPO in region space ``space``, as ``configs/cycle_tiny_{temporal,st}.yaml`` build it: the source of
+        the clips' prompts and region texts, so what this stage teaches is what the RL run asks."""
+        if space not in self._video_methods:
+            from types import SimpleNamespace
+
+            from lightning_modules.methods import build_method
+
+            hp = self.hparams
+            module_hp = SimpleNamespace(prompt_template=hp.video_templates[space])  # what it reads of a module's
+            args = {"region_space": space, "caption_template": hp.caption_template, "tau": hp.video_tau}
+            self._video_methods[space] = build_method("cycle_grpo", module_hp, args)
+        return self._video_methods[space]
+
+    def space_for(self, clip) -> str:
+        """The region space training clip ``clip`` is taught in (one of ``video_spaces``, fixed by its id)."""
+        spaces = self.hparams.video_spaces
+        return spaces[zlib.crc32(f"{clip.sample_id}/space".encode()) % len(spaces)]
+
+    def clip_example(self, clip) -> tuple[str, str]:
+        """(prompt, target) of a training clip, both from `video_method`: a captioning sample (``is_caption``, and
+        its query has a target) shows the region serialized in the model's frame under ``caption_template`` and
+        answers the query, which singles the moment out among the actor's other moves; a grounding sample shows the
+        query under the space's ``video_templates`` prompt and answers the region as that space writes it, ``no
+        target`` (``NO_TARGET``) when the query has none. Answers alone in answer tags: the video path reads only
+        the answer (docs/decisions.md)."""
+        m = self.video_method(self.space_for(clip))
+        if clip.intervals and self.is_caption(clip):
+            return m.caption_prompt(self.processor, clip), f"<answer>{clip.query}</answer>"
+        prompt = m.grounding_prompt(self.processor, clip.query, self.hparams.video_templates[m.space.name])
+        return prompt, f"<answer>{m.region_text(self.processor, clip)}</answer>"
+
     def encode(self, batch) -> dict[str, torch.Tensor]:
         """Processor inputs for prompt + target, with ``labels`` = -100 everywhere but the target tokens.
 
-        The images go through the processor once (with the prompts); each target is tokenised on its own and
-        appended to its prompt's tokens, as a rollout appends sampled tokens to the prompt, and the rows are
-        left-padded again.
+        The images (or clips: a batch holds one kind) go through the processor once (with the prompts); each target
+        is tokenised on its own and appended to its prompt's tokens, as a rollout appends sampled tokens to the
+        prompt, and the rows are left-padded again.
         """
         proc = self.processor
         tok = proc.tokenizer
-        captions = [self.is_caption(s) for s in batch]
-        prompts = [
-            build_prompt_text(proc, self.caption_query(s), task="rec", template=self.hparams.caption_template)
-            if c
-            else build_prompt_text(proc, s.query, task=s.task, template=self.template_for(s))
-            for s, c in zip(batch, captions)
-        ]
-        p_enc = proc(text=prompts, images=[s.image for s in batch], return_tensors="pt", padding=True)
-        in_wh = model_input_size(p_enc["image_grid_thw"], getattr(proc.image_processor, "patch_size", 14))
-        if side := box_frame(proc):  # targets on the model's relative grid (Qwen3-VL)
-            in_wh = [(side, side)] * len(in_wh)
-        targets = [
-            (f"<answer>{s.query}</answer>" if c else self.target_for(s, wh)) + "<|im_end|>"
-            for s, wh, c in zip(batch, in_wh, captions)
-        ]
+        clips = [hasattr(s, "clip") for s in batch]
+        if any(clips) and not all(clips):
+            raise ValueError(
+                "an SFT batch holds images or clips, not both (one processor call, one forward): "
+                "datamodules.video.ImageVideoSFTDataModule makes each batch all images or all clips"
+            )
+        if batch and all(clips):
+            from lightning_modules.qwen_vl import processor_inputs
+
+            pairs = [self.clip_example(s) for s in batch]
+            p_enc = processor_inputs(proc, [p for p, _ in pairs], [s.clip for s in batch])
+            targets = [t + "<|im_end|>" for _, t in pairs]
+        else:
+            captions = [self.is_caption(s) for s in batch]
+            prompts = [
+                build_prompt_text(proc, self.caption_query(s), task="rec", template=self.hparams.caption_template)
+                if c
+                else build_prompt_text(proc, s.query, task=s.task, template=self.template_for(s))
+                for s, c in zip(batch, captions)
+            ]
+            p_enc = proc(text=prompts, images=[s.image for s in batch], return_tensors="pt", padding=True)
+            in_wh = model_input_size(p_enc["image_grid_thw"], getattr(proc.image_processor, "patch_size", 14))
+            if side := box_frame(proc):  # targets on the model's relative grid (Qwen3-VL)
+                in_wh = [(side, side)] * len(in_wh)
+            targets = [
+                (f"<answer>{s.query}</answer>" if c else self.target_for(s, wh)) + "<|im_end|>"
+                for s, wh, c in zip(batch, in_wh, captions)
+            ]
         t_ids = [torch.tensor(t, dtype=torch.long) for t in tok(targets, add_special_tokens=False)["input_ids"]]
         keep = p_enc["attention_mask"].bool()
         lengths = [int(keep[i].sum()) + len(t) for i, t in enumerate(t_ids)]
@@ -319,10 +400,11 @@ class SFTModule(L.LightningModule):
             "input_ids": torch.full((B, T), tok.pad_token_id, dtype=torch.long),
             "attention_mask": torch.zeros((B, T), dtype=torch.long),
             "labels": torch.full((B, T), -100, dtype=torch.long),
-            "pixel_values": p_enc["pixel_values"],
-            "image_grid_thw": p_enc["image_grid_thw"],
         }
-        types = p_enc.get("mm_token_type_ids")  # 1 on image tokens (transformers 5.x)
+        # the visual inputs as the processor gave them: pixel_values + image_grid_thw, or pixel_values_videos +
+        # video_grid_thw + second_per_grid_ts (the seconds per temporal patch of temporal mRoPE)
+        enc.update({k: v for k, v in p_enc.items() if k not in ("input_ids", "attention_mask", "mm_token_type_ids")})
+        types = p_enc.get("mm_token_type_ids")  # 1 on image tokens, 2 on video tokens (transformers 5.x)
         if types is not None:
             enc["mm_token_type_ids"] = torch.zeros((B, T), dtype=torch.long)
         for i, (t, n) in enumerate(zip(t_ids, lengths)):  # left padding: every target ends its row
@@ -368,11 +450,11 @@ class SFTModule(L.LightningModule):
         self._eval(batch, "test", dataloader_idx)
 
     def on_validation_epoch_end(self) -> None:
-        for k, v in self.evaluator.detection(self.trainer, "val").items():
+        for k, v in {**self.evaluator.detection(self.trainer, "val"), **self._video_logs("val")}.items():
             self.log(k, v, add_dataloader_idx=False)
 
     def on_test_epoch_end(self) -> None:
-        for k, v in self.evaluator.detection(self.trainer, "test").items():
+        for k, v in {**self.evaluator.detection(self.trainer, "test"), **self._video_logs("test")}.items():
             self.log(k, v, add_dataloader_idx=False)
 
     @torch.no_grad()
@@ -383,6 +465,9 @@ class SFTModule(L.LightningModule):
         first = self.hparams.prompt_template
         first = first if isinstance(first, str) else list(first)[0]
         name = eval_set_name(self._trainer, kind, dataloader_idx)
+        if batch and hasattr(batch[0], "clip"):
+            self._eval_clips(batch, kind, name)
+            return
         answers, _ = greedy_answers(
             self.policy, self.processor, batch, template=first, max_new_tokens=self.hparams.eval_max_new_tokens
         )
@@ -423,6 +508,83 @@ class SFTModule(L.LightningModule):
         answers, _ = greedy_answers(self.policy, self.processor, back, template=template, max_new_tokens=n)
         hits = [bool(a.boxes) and rewards.iou(a.boxes[0], s.boxes[0]) >= 0.5 for s, a in zip(batch, answers)]
         return sum(hits) / max(len(batch), 1)
+
+    def _eval_clips(self, batch, kind: str, name: str) -> None:
+        """Clips, greedily, in every region space of ``video_spaces`` (as CycleGRPO's validation in that space):
+        grounding of each query (``RegionGroundingMetrics``: ``ciou``, ``n_acc``, ``t_acc``; intervals
+        ``TemporalGroundingMetrics``: ``tiou``, ``r1@{0.3,0.5,0.7}``; anchors ``SpatioTemporalMetrics``: ``when``,
+        ``where``, ``st``), then the cycle on each target moment: caption its region, ground the stripped caption
+        back; ``cycle_acc50`` = consistency with its own region >= 0.5, and for intervals ``locatability`` /
+        ``confusion`` against the actor's other moves (``Locatability``). Logged at the epoch's end as
+        ``<kind>/<set>/<space>/<metric>``."""
+        from lightning_modules.cycle_metrics import (
+            Locatability,
+            RegionGroundingMetrics,
+            SpatioTemporalMetrics,
+            TemporalGroundingMetrics,
+        )
+        from lightning_modules.engines import build_rollout_engine
+        from lightning_modules.engines.base import RolloutRequest, Sampling
+        from lightning_modules.methods.cycle_grpo import caption_text
+
+        engine = build_rollout_engine("hf")
+        sampling = Sampling(max_new_tokens=self.hparams.eval_max_new_tokens, greedy=True)
+        proc = self.processor
+
+        def greedy(prompts: list[str], clips):
+            requests = [RolloutRequest(p, c.clip, 1, i) for i, (p, c) in enumerate(zip(prompts, clips))]
+            return engine.generate(self.policy, proc, requests, sampling)
+
+        def ground(m, captions: list[str], clips, template: str) -> list:
+            """The region each greedy grounding names, in the clip's frame (None when unreadable)."""
+            ro = greedy([m.grounding_prompt(proc, c, template) for c in captions], clips)
+            return [m.predicted_region(c, t, wh) for c, t, wh in zip(clips, ro.texts, ro.input_wh)]
+
+        targets = [c for c in batch if c.intervals]
+        for space in self.hparams.video_spaces:
+            m, template = self.video_method(space), self.hparams.video_templates[space]
+            key = f"{kind}/{name}/{space}"
+            if key not in self._video_metrics:
+                mets = {"region": RegionGroundingMetrics(m.space), "cycle": Locatability(0.5)}
+                if space == "interval":
+                    mets.update(temporal=TemporalGroundingMetrics((0.3, 0.5, 0.7)), locatability=Locatability(0.5))
+                else:
+                    mets["st"] = SpatioTemporalMetrics(tau=self.hparams.video_tau, slot=1.0 / batch[0].clip.fps)
+                self._video_metrics[key] = mets
+            mets = self._video_metrics[key]
+            gts = [c.region(space) for c in batch]
+            preds = ground(m, [c.query for c in batch], batch, template)
+            mets["region"].update(gts, preds)
+            if space == "interval":
+                mets["temporal"].update(
+                    [m.space.with_duration(c.duration).consistency(g, p) for c, g, p in zip(batch, gts, preds)]
+                )
+            else:
+                mets["st"].update(gts, preds)
+            if not targets:
+                continue
+            captions = greedy([m.caption_prompt(proc, c) for c in targets], targets).texts
+            back = ground(m, [caption_text(t) for t in captions], targets, template)
+            owns = [c.region(space) for c in targets]
+            mets["cycle"].update_regions(m.space, owns, [[] for _ in targets], back)
+            if space == "interval":
+                lookalikes = [[(tuple(iv),) for iv in c.lookalikes] for c in targets]
+                mets["locatability"].update_regions(m.space, owns, lookalikes, back)
+
+    def _video_logs(self, kind: str) -> dict[str, float]:
+        """The epoch's clip metrics of every eval set of ``kind`` (nan ones left out), then reset."""
+        out = {}
+        for key, mets in self._video_metrics.items():
+            if not key.startswith(f"{kind}/"):
+                continue
+            for part, metric in mets.items():
+                for k, v in metric.compute().items():
+                    k = "cycle_acc50" if part == "cycle" and k == "locatability" else k
+                    keep = k != "giou" and not (part == "cycle" and k == "confusion")  # giou repeats tiou / st
+                    if keep and not torch.isnan(v):
+                        out[f"{key}/{k}"] = float(v)
+                metric.reset()
+        return out
 
     def on_train_end(self) -> None:
         if self.hparams.export_dir and self.trainer.is_global_zero:

@@ -121,19 +121,13 @@ class CycleGRPO(Method):
         processor = module.processor
         self._check_samples(batch)
         caption_requests = [
-            RolloutRequest(
-                self._prompt(processor, self.space.serialize(self._prompt_region(processor, s)), self.caption_template),
-                s.image,
-                N,
-                group_id=b,
-            )
-            for b, s in enumerate(batch)
+            RolloutRequest(self.caption_prompt(processor, s), s.image, N, group_id=b) for b, s in enumerate(batch)
         ]
         captions = module.generate(caption_requests)
         texts = [caption_text(t) for t in captions.texts]
         grounding_requests = [
             RolloutRequest(
-                self._prompt(processor, texts[i], self.hp.prompt_template),
+                self.grounding_prompt(processor, texts[i], self.hp.prompt_template),
                 batch[i // N].image,
                 K,
                 group_id=B + i,
@@ -194,6 +188,26 @@ class CycleGRPO(Method):
 
     def _prompt(self, processor, query: str, template: str) -> str:
         return build_prompt_text(processor, query, task="rec", template=template, video=self.video)
+
+    def region_text(self, processor, sample) -> str:
+        """``sample``'s ground-truth region as the captioning prompt shows it, in the model's frame (input pixels or
+        the relative grid, seconds): also the answer a perfect grounding writes (``no target`` when the query has
+        none). The video SFT stage (``SFTModule``) teaches exactly this text."""
+        return self.space.serialize(self._prompt_region(processor, sample))
+
+    def caption_prompt(self, processor, sample) -> str:
+        """The captioning prompt of ``sample``: its serialized region under ``caption_template``, with its image or
+        clip."""
+        return self._prompt(processor, self.region_text(processor, sample), self.caption_template)
+
+    def grounding_prompt(self, processor, caption: str, template: str) -> str:
+        """The grounding prompt of a (stripped) caption under ``template`` (the module's ``prompt_template``)."""
+        return self._prompt(processor, caption, template)
+
+    def predicted_region(self, sample, text: str, input_wh):
+        """The region a grounding completion ``text`` answers, in the ground truth's frame (original pixels,
+        seconds), as `score` reads it; None when unreadable."""
+        return self._predicted_region(sample, text, rewards.parse_completion(text), input_wh)
 
     def _space_for(self, sample):
         """The region space that scores ``sample`` (intervals are bounded by the sample's clip)."""
@@ -349,29 +363,22 @@ class CycleGRPO(Method):
         if not targets:
             return
         processor, policy = module.processor, module.policy
-        region = [self.space.serialize(self._prompt_region(processor, s)) for s in targets]
         captions = engine.generate(
             policy,
             processor,
-            [
-                RolloutRequest(self._prompt(processor, r, self.caption_template), s.image, 1, i)
-                for i, (s, r) in enumerate(zip(targets, region))
-            ],
+            [RolloutRequest(self.caption_prompt(processor, s), s.image, 1, i) for i, s in enumerate(targets)],
             sampling,
         )
         groundings = engine.generate(
             policy,
             processor,
             [
-                RolloutRequest(self._prompt(processor, caption_text(t), template), s.image, 1, i)
+                RolloutRequest(self.grounding_prompt(processor, caption_text(t), template), s.image, 1, i)
                 for i, (s, t) in enumerate(zip(targets, captions.texts))
             ],
             sampling,
         )
-        preds = [
-            self._predicted_region(s, t, rewards.parse_completion(t), wh)
-            for s, t, wh in zip(targets, groundings.texts, groundings.input_wh)
-        ]
+        preds = [self.predicted_region(s, t, wh) for s, t, wh in zip(targets, groundings.texts, groundings.input_wh)]
         metric.update_regions(self.space, owns, lookalikes, preds)
 
     def eval_logs(self, kind: str) -> dict[str, float]:

@@ -156,6 +156,8 @@ def cpu_swap(cfg: dict, toy: dict[str, Path], root: Path, qwen3_vl: Path | None 
     else:
         d["toy"] = None
         d["max_train_samples"] = 4
+    if d.get("video"):  # the video SFT stage's clips (datamodules.video.ImageVideoSFTDataModule): few, rendered
+        d["video"] = dict(d["video"], train=4, val=2)
     return cfg
 
 
@@ -191,6 +193,8 @@ def test_config_runs_fit_steps_on_cpu(run, toy_data, tiny_qwen3_vl, tmp_path, mo
         # a file, or under FSDP2 a distributed checkpoint (a folder of shards)
         assert (out / "checkpoints/last.ckpt").exists(), sorted(p.name for p in out.rglob("*.ckpt"))
     logged = trainer.callback_metrics
+    if video := cfg["data"]["init_args"].get("video"):  # the video SFT stage also validates on clips, both spaces
+        assert {f"val/{video['val_name']}/{k}" for k in ("interval/tiou", "anchor/st")} <= set(logged), sorted(logged)
     if cfg["model"]["class_path"].endswith("GRPOModule"):
         assert "train/reward/total" in trainer.logged_metrics or any(k.startswith("train/") for k in logged)
         assert any(k.startswith("val/") for k in logged), sorted(logged)
