@@ -46,7 +46,8 @@ toy-model-cycle: setup
 
 # The video stage on top of the cycle checkpoint (checkpoints/toy-qwen2.5-vl-cycle-video: captions and grounds images and
 # toy clips, intervals and time-box anchors; configs/toy_sft_stage_cycle_video.yaml, docs/cycle_grpo.md): 4,000 steps
-# of 16, half of them clip batches; about 1.5 h of one CPU core in fp32 (1.3 s a step). On a GPU:
+# of 16, half of them clip batches; about 1.5 h of one CPU core in fp32 (1.3 s a step), an estimated 10-15 min on one
+# H200 (not measured). On a GPU (fp32, as the evolved stage diverged in bf16):
 #   make toy-model-cycle-video TOY_PRECISION=32 TOY_FLAGS="--trainer.accelerator gpu --data.init_args.num_workers 8"
 TOY_FLAGS ?=
 toy-model-cycle-video: setup
