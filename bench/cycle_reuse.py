@@ -125,22 +125,25 @@ def run(args) -> dict:
             engine.prefilled - before[1] if prefilled is not None else None,
         )
 
-    def timed(fn) -> list[float]:
-        out = []
-        for _ in range(args.repeats):
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            with torch.no_grad():
-                fn()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            out.append(time.perf_counter() - t0)
-        return out
+    def once(fn) -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
 
     with torch.no_grad():
-        nested()  # warm-up (kernels)
-    t_nested, t_indep = timed(nested), timed(independent)
+        nested()  # warm-up (kernels, allocator)
+        independent()
+    # interleaved, the order alternating per repeat: a drift of the machine (clocks, other processes) over the run
+    # falls on both sides instead of on whichever ran second
+    t_nested, t_indep = [], []
+    for r in range(args.repeats):
+        for side in ("n", "i") if r % 2 == 0 else ("i", "n"):
+            (t_nested if side == "n" else t_indep).append(once(nested if side == "n" else independent))
     (enc_nested, pre_nested), (enc_indep, pre_indep) = counts(nested), counts(independent)
     B, N, K = args.samples, args.n, args.k
     shares = args.engine in ("fast", "hf_shared")
