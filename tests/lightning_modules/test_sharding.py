@@ -27,7 +27,9 @@ def mesh():
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize(("engine", "gather"), [("hf", "once"), ("fast", "once"), ("hf", "per_layer")])
+@pytest.mark.parametrize(
+    ("engine", "gather"), [("hf", "once"), ("fast", "once"), ("hf", "per_layer"), ("hf_shared", "per_layer")]
+)
 def test_gathered_rollout_and_logprobs_match_the_unsharded_policy(mesh, tiny_model_dir, engine, gather):
     """``once``: the whole policy gathered for the rollout; ``per_layer``: the root only, each layer gathered by its
     own forward at every decode step."""
