@@ -35,6 +35,16 @@ METRIC_LABELS = {
     "format": "format",
     "locatability": "locatability",  # CycleGRPO: captions that ground back to their own region (cycle_metrics)
     "confusion": "confusion",  # ... that ground onto a look-alike instead
+    "tiou": "tIoU",  # temporal grounding (CycleGRPO on clips, cycle_metrics)
+    "r1@0.3": "R1@0.3",
+    "r1@0.5": "R1@0.5",
+    "r1@0.7": "R1@0.7",
+    "when": "when",  # spatio-temporal grounding: time, box and both (paper 004)
+    "where": "where",
+    "st": "st",
+    "ciou": "cIoU",
+    "n_acc": "N-acc",  # no-target queries answered "no target"
+    "t_acc": "T-acc",  # queries with a target not answered "no target"
 }
 """Metric key -> column header, in the order the table shows them."""
 

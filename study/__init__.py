@@ -41,6 +41,8 @@ from sweep import Point, grid, load_sweep, point_name
 REPO = Path(__file__).resolve().parents[1]
 EVALUATORS = ("predict", "test")
 HELDOUT = "configs/study/heldout.yaml"
+HELDOUT_VIDEO = "configs/study/heldout_video.yaml"
+WORLDS = ("image", "video")
 
 
 class StudyError(ValueError):
@@ -79,6 +81,9 @@ class Study:
     seeds: list[int]
     rows: list[Row]
     test_splits: dict[str, int]
+    world: str = "image"
+    """The toy world of the runs: ``image`` (``datamodules/toy.py``, the REC configs) or ``video`` (the toy video world,
+    ``datamodules/toy_video.py``: configs on ``VideoGroundingDataModule``, CycleGRPO's temporal / spatio-temporal)."""
     overrides: list[str] = field(default_factory=list)
     eval_overrides: list[str] = field(default_factory=list)
     evaluator: str = "predict"
@@ -152,7 +157,7 @@ def load_study(path: str | Path) -> Study:
         raise StudyError(f"{path}: no such study file; the studies are in configs/study/")
     raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     known = {
-        "name", "base", "seeds", "rows", "ablations", "test_splits", "overrides", "eval_overrides", "evaluator",
+        "name", "base", "seeds", "rows", "ablations", "test_splits", "world", "overrides", "eval_overrides", "evaluator",
         "reference", "compare", "metrics", "replicates",
     }  # fmt: skip
     unknown = sorted(set(raw) - known)
@@ -170,18 +175,26 @@ def load_study(path: str | Path) -> Study:
     if evaluator not in EVALUATORS:
         raise StudyError(f"{path}: evaluator must be one of {EVALUATORS}, got {evaluator!r}")
     splits = raw["test_splits"]
-    from datamodules.toy import SPLITS
+    world = raw.get("world", "image")
+    if world not in WORLDS:
+        raise StudyError(f"{path}: world must be one of {WORLDS}, got {world!r}")
+    if world == "video":
+        from datamodules.toy_video import SPLITS
+    else:
+        from datamodules.toy import SPLITS
 
+    example = "{test: 200}" if world == "video" else "{test_id: 1000}"
     if not isinstance(splits, Mapping) or not splits:
-        raise StudyError(f"{path}: test_splits must map a toy split to its number of scenes, e.g. {{test_id: 1000}}")
+        raise StudyError(f"{path}: test_splits must map a toy split to its number of scenes, e.g. {example}")
     for s, n in splits.items():
         if s not in SPLITS or not isinstance(n, int) or n < 1:
             raise StudyError(
-                f"{path}: test_splits: {s}: {n!r}; splits are {tuple(SPLITS)} (held out: test_*), counts >= 1"
+                f"{path}: test_splits: {s}: {n!r}; the {world} world's splits are {tuple(SPLITS)} (held out: "
+                f"{'test' if world == 'video' else 'test_*'}), counts >= 1"
             )
-        if s in ("train", "val", "ood", "solo", "varied"):
+        if not s.startswith("test"):
             raise StudyError(
-                f"{path}: test_splits: {s} is read by training or validation; use the held-out test_* splits"
+                f"{path}: test_splits: {s} is read by training or validation; use the held-out test split(s)"
             )
 
     base = str(raw["base"])
@@ -227,6 +240,7 @@ def load_study(path: str | Path) -> Study:
         seeds=list(seeds),
         rows=rows,
         test_splits=dict(splits),
+        world=world,
         overrides=_strings(raw.get("overrides"), f"{path}: overrides"),
         eval_overrides=_strings(raw.get("eval_overrides"), f"{path}: eval_overrides"),
         evaluator=evaluator,
@@ -297,10 +311,12 @@ def _fill(flags: Sequence[str], **values: Any) -> list[str]:
 def eval_flags(study: Study, data_root: Path) -> list[str]:
     """What makes ``train.py test / predict`` the study's evaluator: the held-out overlay, the scene counts of this
     study, the shared data folder, no logger."""
-    flags = ["--config", HELDOUT]
+    video = study.world == "video"
+    flags = ["--config", HELDOUT_VIDEO if video else HELDOUT]
     flags += [
         "--data.init_args.toy.splits=" + json.dumps(study.test_splits),
-        "--data.init_args.test_files=" + json.dumps({s: f"{s}.jsonl" for s in study.test_splits}),
+        "--data.init_args.test_files="
+        + json.dumps({s: f"{s}_video.jsonl" if video else f"{s}.jsonl" for s in study.test_splits}),
         f"--data.init_args.data_root={data_root}",
         "--trainer.logger=false",
         "--trainer.enable_progress_bar=false",
@@ -408,17 +424,22 @@ def prepare_data(runs: Sequence[Run]) -> None:
     first evaluation's test splits, through the data module's own ``prepare_data`` (same files, same manifests), so
     ``-j N`` processes find them instead of all rendering them at once. Strips ``--ckpt_path`` (not read here)."""
     from datamodules.rec import RECDataModule, ToySpec
+    from datamodules.video import ToyVideoSpec, VideoGroundingDataModule
 
     seen: set[str] = set()
     for point in [next((r.train for r in runs if r.train is not None), None), runs[0].evaluate if runs else None]:
         if point is None:
             continue
         argv = [a for a in point.argv[2:] if not a.startswith(("--ckpt_path", "--model.init_args.model_name"))]
-        data = resolved_config(argv)["data"]["init_args"]
+        resolved = resolved_config(argv)["data"]
+        data = resolved["init_args"]
         if data.get("toy") is None or json.dumps(data["toy"], sort_keys=True) in seen:
             continue
         seen.add(json.dumps(data["toy"], sort_keys=True))
-        RECDataModule(data_root=data["data_root"], toy=ToySpec(**data["toy"])).prepare_data()
+        if resolved.get("class_path", "").endswith("VideoGroundingDataModule"):
+            VideoGroundingDataModule(data_root=data["data_root"], toy=ToyVideoSpec(**data["toy"])).prepare_data()
+        else:
+            RECDataModule(data_root=data["data_root"], toy=ToySpec(**data["toy"])).prepare_data()
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -159,6 +159,54 @@ def test_the_cli_accepts_one_run_of_every_row(path, tmp_path, monkeypatch):
     assert len(seen) == len(study.rows)
 
 
+VIDEO_ABLATION = REPO / "configs/study/cycle_ablation_toy_temporal.yaml"
+
+
+def test_a_video_study_plans_cycle_runs_on_the_toy_video_world(tmp_path, monkeypatch):
+    """``world: video``: the rows train cycle_tiny_temporal.yaml in their ablation mode; every evaluation reads the
+    held-out ``test`` clips (``test_video.jsonl``, all of them); ``prepare_data`` exports the clips once."""
+    from study import prepare_data
+
+    monkeypatch.chdir(REPO)
+    study = load_study(VIDEO_ABLATION)
+    assert study.world == "video" and study.test_splits == {"test": 100}
+    runs, data_root = plan(study, tmp_path / "out")
+    assert len(runs) == 1 + 3 * 3
+    modes = {}
+    for r in runs:
+        if r.train is not None and r.row.name not in modes:
+            cfg = _print_config(r.train.argv[2:])
+            modes[r.row.name] = cfg["model"]["init_args"]["method_args"]["mode"]
+            assert cfg["model"]["init_args"]["method_args"]["region_space"] == "interval"
+            assert cfg["trainer"]["limit_val_batches"] == 0
+    assert modes == {"caption_only": "caption", "localization_only": "localization", "cycle": "cycle"}
+    ev = [a for a in runs[0].evaluate.argv[2:] if not a.startswith("--ckpt_path")]
+    data = _print_config(ev)["data"]
+    assert data["class_path"].endswith("VideoGroundingDataModule")
+    assert data["init_args"]["test_files"] == {"test": "test_video.jsonl"}
+    assert data["init_args"]["toy"]["splits"] == {"test": 100} and data["init_args"]["max_eval_samples"] is None
+    small = [
+        a.replace('{"test": 100}', '{"test": 2}') if a.startswith("--data.init_args.toy.splits") else a
+        for a in runs[0].evaluate.argv
+    ]
+    runs[0].evaluate.argv[:] = small
+    prepare_data(runs[:2])  # the evaluation-only row, then the first training run (24 clips)
+    lines = (data_root / "test_video.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and (data_root / "train_video.jsonl").is_file()  # the first training run's clips too
+
+
+@pytest.mark.parametrize(
+    "patch,match",
+    [({"world": "audio"}, "world must be one of"), ({"test_splits": {"test_id": 10}}, "the video world's splits")],
+)
+def test_video_study_errors_name_the_key(tmp_path, patch, match):
+    raw = {**yaml.safe_load(VIDEO_ABLATION.read_text()), **patch}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(StudyError, match=match):
+        load_study(path)
+
+
 def test_shards_cover_every_run_once_and_are_fixed():
     study = load_study(TABLE1)
     runs, _ = plan(study, "out")
