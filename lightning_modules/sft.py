@@ -136,6 +136,13 @@ VIDEO_TEMPLATES = {"interval": "toy_temporal", "anchor": "toy_st"}
 """The toy checkpoint's grounding prompt of clips in each region space (``SFTModule(video_templates=...)``)."""
 
 
+TOKENIZER_TEMPLATES = ("syn_grpo", "vlm_r1", "toy")
+"""The prompt templates the committed toy tokenizer was trained on (2026-11-29). Templates added since (captioning,
+temporal and spatio-temporal grounding) are tokenized with that vocabulary, which byte-level BPE covers; adding them to
+the tokenizer's corpus would change its merges, so ``make toy-model`` would no longer rebuild the committed
+checkpoint bit for bit."""
+
+
 class SFTModule(L.LightningModule):
     """Supervised fine-tuning of an image-text-to-text policy on (prompt, completion) pairs.
 
@@ -235,7 +242,7 @@ class SFTModule(L.LightningModule):
         from lightning_modules.policy import CHAT_TEMPLATE
 
         texts = [CHAT_TEMPLATE, "system\nYou are a helpful assistant.", "user\n", "assistant\n"]
-        texts += [t for task in PROMPT_TEMPLATES.values() for t in task.values()]
+        texts += [t for name in TOKENIZER_TEMPLATES for t in PROMPT_TEMPLATES[name].values()]
         size = self.tiny_spec.image_size
         for s in dm.train_samples(self.tiny_spec.corpus_samples):
             texts.append(PROMPT_TEMPLATES[self.template_for(s)][s.task].format(query=s.query))
