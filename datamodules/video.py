@@ -289,8 +289,10 @@ class ClipMixSpec:
 class MixedBatches(Dataset):
     """Whole training batches, each all images or all clips. Item ``j`` is a clip batch when the seeded sequence
     ``floor(j * frac + u)`` (``u`` uniform in [0, 1), drawn from ``seed``) steps at ``j``: any ``n`` consecutive
-    indices hold ``floor(n * frac)`` or ``ceil(n * frac)`` clip batches, so even a short run or a small epoch gets its
-    share (independent draws per index could give a two-batch epoch no clip at all). A batch holds samples
+    indices hold ``floor(n * frac)`` or ``ceil(n * frac)`` clip batches, so even a small epoch gets its share
+    (independent draws per index could give a two-batch epoch no clip at all). A run shorter than an epoch, with the
+    loader's shuffle, sees a random subset of the indices: about ``frac`` of its steps are clip batches, not exactly
+    (4,000 steps of a 62,500-batch epoch at 0.5: 2,000 +- ~30). A batch holds samples
     ``j * size .. j * size + size - 1`` of its pool (modulo the pool's length).
 
     Homogeneous batches because one forward (and one processor call) takes images or clips, not both
