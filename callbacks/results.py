@@ -48,7 +48,9 @@ METRIC_LABELS = {
 }
 """Metric key -> column header, in the order the table shows them."""
 
-_KEY = re.compile(r"^(?P<kind>val|test)/(?P<set>[^/]+)/(?P<metric>[^/]+)$")
+_KEY = re.compile(r"^(?P<kind>val|test)/(?P<set>[^/]+(?:/[^/]+)?)/(?P<metric>[^/]+)$")
+"""``<kind>/<set>/<metric>``; a set may carry one qualifier (``val/toy_video_val/interval/tiou``: the video SFT stage
+grounds the same clips in two region spaces), which becomes part of the row's name."""
 
 
 def collect_results(

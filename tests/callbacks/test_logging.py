@@ -299,6 +299,21 @@ def test_results_table_layouts(tmp_path, capsys):
     assert [c.strip() for c in row1.split("|")[1:-1]] == ["refcoco_val", "62.5", "55.1", "-", "-", "-", "-", "100.0"]
     assert [c.strip() for c in row2.split("|")[1:-1]] == ["d3", "-", "-", "12.0", "30.0", "50.0", "nan", "90.0"]
     assert paper_row(res, "Syn-GRPO", ["acc50", "map"]).splitlines()[2] == "| Syn-GRPO | 62.5 | 12.0 |"
+    # clips: CycleGRPO's temporal metrics, and the video SFT stage's sets qualified by their region space
+    clips = {"val/toy_video_val/interval/tiou": 0.25, "val/toy_video_val/anchor/st": 0.5, "val/v/r1@0.5": 1.0}
+    clips["val/a/b/c/tiou"] = 1.0  # two qualifiers: not a table key
+    res_v = collect_results(clips, "val")
+    assert res_v == {
+        "toy_video_val/interval": {"tiou": 0.25},
+        "toy_video_val/anchor": {"st": 0.5},
+        "v": {"r1@0.5": 1.0},
+    }
+    assert [c.strip() for c in markdown_table(res_v).splitlines()[0].split("|")[1:-1]] == [
+        "set",
+        "tIoU",
+        "R1@0.5",
+        "st",
+    ]
 
     class _State:
         fn = "test"
