@@ -176,17 +176,27 @@ class InstructionEvolution(EvolutionStrategy):
     new level, always an edit of the *original* scene (``evolve.evolve``): a new question for the same target
     (``modality: text``), a visual edit the data server runs (``visual``), or either at random with the other as
     fall-back (``any``); at level 0 its original question and image come back. A level with no valid edit for the scene
-    keeps the current version. Samples without a toy scene (``meta["objects"]``) are left alone.
+    keeps the current version. Samples without a toy scene (``meta["objects"]``) are left alone. ``step_up_after`` /
+    ``step_back_after``: consecutive converged groups (all correct / all wrong) before a sample moves (``LevelState``;
+    1 / 1: at once).
     """
 
-    def __init__(self, seed: int = 0, max_level: int = 5, correct_iou: float = 0.5, modality: str = "text"):
+    def __init__(
+        self,
+        seed: int = 0,
+        max_level: int = 5,
+        correct_iou: float = 0.5,
+        modality: str = "text",
+        step_up_after: int = 1,
+        step_back_after: int = 1,
+    ):
         from datamodules.evolve import LevelState
 
         if modality not in ("text", "visual", "any"):
             raise ValueError(f"instruction_evolution modality must be 'text', 'visual' or 'any', got {modality!r}")
         self.seed, self.correct_iou, self.modality = seed, correct_iou, modality
         self.paints = modality != "text"  # visual edits run on the data server
-        self.levels = LevelState(max_level=max_level)
+        self.levels = LevelState(max_level=max_level, up_after=step_up_after, back_after=step_back_after)
 
     def requests(self, epoch, batch, outputs):
         import numpy as np
@@ -242,8 +252,16 @@ class InstructionAndImageEvolution(EvolutionStrategy):
     harder question relies on, so its label would no longer be exact), and it takes no repaints until it is back at
     level 0. Args: those of ``instruction_evolution`` (``modality`` defaults to ``any``)."""
 
-    def __init__(self, seed: int = 0, max_level: int = 5, correct_iou: float = 0.5, modality: str = "any"):
-        self.instructions = InstructionEvolution(seed, max_level, correct_iou, modality)
+    def __init__(
+        self,
+        seed: int = 0,
+        max_level: int = 5,
+        correct_iou: float = 0.5,
+        modality: str = "any",
+        step_up_after: int = 1,
+        step_back_after: int = 1,
+    ):
+        self.instructions = InstructionEvolution(seed, max_level, correct_iou, modality, step_up_after, step_back_after)
         self.images = MethodRequests()
 
     def requests(self, epoch, batch, outputs):

@@ -958,22 +958,50 @@ def next_level(state: Level, correct: Sequence[bool], max_level: int = MAX_LEVEL
 
 @dataclass
 class LevelState:
-    """Per-sample levels (sample id -> ``Level``), updated from each group's correctness, checkpointed with the run."""
+    """Per-sample levels (sample id -> ``Level``), updated from each group's correctness, checkpointed with the run.
+
+    ``up_after`` / ``back_after``: how many consecutive converged groups of a sample (all answers correct / all wrong)
+    move it (`next_level`); a group whose answers differ resets the count. 1 / 1 moves at once, in both directions.
+    A larger ``back_after`` keeps a sample on its harder version through a failed group or two before it steps back,
+    so the ratio of harder edits to steps back is a setting (the binary-reward study, docs/evolved_grpo.md, found the
+    steps back re-creating the ties the harder edits remove)."""
 
     max_level: int = MAX_LEVEL
     levels: dict[str, Level] = field(default_factory=dict)
+    up_after: int = 1
+    back_after: int = 1
+    streaks: dict[str, int] = field(default_factory=dict)
+    """Sample id -> consecutive all-correct groups (> 0) or all-wrong groups (< 0) since its last move."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_level <= MAX_LEVEL:
             raise ValueError(f"--max_level must be in [0, {MAX_LEVEL}], got {self.max_level}")
+        for name in ("up_after", "back_after"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(
+                    f"--callbacks.synthesis.init_args.strategy_args.step_{name} must be an integer >= 1 (converged "
+                    f"groups of a sample before it moves), got {value!r}"
+                )
 
     def get(self, sample_id: str) -> Level:
         return self.levels.get(sample_id, Level())
 
     def update(self, sample_id: str, correct: Sequence[bool]) -> Level:
-        new = next_level(self.get(sample_id), correct, self.max_level)
-        self.levels[sample_id] = new
-        return new
+        state = self.get(sample_id)
+        if not len(correct):
+            raise ValueError("next_level needs the group's answers; got an empty group")
+        outcome = 1 if all(correct) else -1 if not any(correct) else 0
+        streak = self.streaks.get(sample_id, 0)
+        streak = 0 if outcome == 0 else streak + outcome if streak * outcome > 0 else outcome
+        if streak >= self.up_after or -streak >= self.back_after:
+            state, streak = next_level(state, correct, self.max_level), 0
+        self.levels[sample_id] = state
+        if streak:
+            self.streaks[sample_id] = streak
+        else:
+            self.streaks.pop(sample_id, None)
+        return state
 
     def stats(self) -> dict[str, float]:
         """For logging: mean level, fraction of samples in their sub-problem version, and the highest level."""
@@ -987,7 +1015,11 @@ class LevelState:
         }
 
     def state_dict(self) -> dict[str, Any]:
-        return {"max_level": self.max_level, "levels": {k: [v.level, v.sub] for k, v in self.levels.items()}}
+        return {
+            "max_level": self.max_level,
+            "levels": {k: [v.level, v.sub] for k, v in self.levels.items()},
+            "streaks": dict(self.streaks),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("max_level", self.max_level) != self.max_level:
@@ -996,6 +1028,7 @@ class LevelState:
                 "resume with the same --max_level"
             )
         self.levels = {k: Level(int(v[0]), bool(v[1])) for k, v in state["levels"].items()}
+        self.streaks = {k: int(v) for k, v in state.get("streaks", {}).items()}  # absent in older checkpoints: none
 
 
 # --- one evolved sample ----------------------------------------------------------------------------------------------

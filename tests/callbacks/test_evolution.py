@@ -116,6 +116,10 @@ def test_instruction_evolution_moves_levels_from_group_outcomes_and_edits_exactl
     assert restored.stats() == strategy.stats()
     mixed = {"rewards": {"accuracy": [1.0, 0.0, 1.0] * len(batch)}, "group_size": G}
     assert strategy.requests(2, batch, mixed) == []  # GRPO learns from mixed groups: stay
+    patient = build_strategy("instruction_evolution", seed=0, step_back_after=2)  # strategy_args
+    patient.requests(0, batch, solved)
+    assert patient.requests(1, batch, failed) == [] and patient.stats()["level/sub_frac"] == 0.0  # one failure: stay
+    assert patient.requests(2, batch, failed) == [] and patient.stats()["level/sub_frac"] == 1.0  # two: step back
 
 
 @register_strategy("visual_evolution_test")

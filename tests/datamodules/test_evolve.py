@@ -335,6 +335,31 @@ def test_level_state_round_trips_and_checks():
         next_level(Level(), [])
 
 
+def test_level_state_moves_after_consecutive_converged_groups():
+    """``back_after = 2``: one failed group is not enough to step back; a mixed group resets the count; a success
+    after a failure starts a new count. ``up_after = 2`` likewise for harder versions. 1 / 1 is `next_level`."""
+    state = LevelState(max_level=3, up_after=2, back_after=2)
+    assert state.update("a", ALL) == Level(0) and state.update("a", ALL) == Level(1)  # two converged: harder
+    assert state.update("a", NONE) == Level(1) and state.update("a", SOME) == Level(1)  # reset by a mixed group
+    assert state.update("a", NONE) == Level(1) and state.update("a", ALL) == Level(1)  # a success restarts the count
+    assert state.update("a", NONE) == Level(1) and state.update("a", NONE) == Level(1, sub=True)
+    assert state.streaks == {}  # moved: the count starts again
+    state.update("b", NONE)
+    saved = json.loads(json.dumps(state.state_dict()))
+    restored = LevelState(max_level=3, up_after=2, back_after=2)
+    restored.load_state_dict(saved)
+    assert restored.streaks == {"b": -1} and restored.update("b", NONE) == Level(0, sub=True)  # resumed mid-count
+    legacy = {"max_level": 3, "levels": {"a": [1, False]}}  # a checkpoint from before the counts
+    restored.load_state_dict(legacy)
+    assert restored.streaks == {} and restored.get("a") == Level(1)
+    once = LevelState(max_level=3)  # the defaults: every converged group moves, as next_level
+    for correct in (ALL, NONE, SOME, NONE, NONE, ALL):
+        expected = next_level(once.get("x"), correct, 3)
+        assert once.update("x", correct) == expected
+    with pytest.raises(ValueError, match="strategy_args.step_back_after must be an integer >= 1"):
+        LevelState(back_after=0)
+
+
 # --- visual edits ----------------------------------------------------------------------------------------------------
 
 
