@@ -168,12 +168,15 @@ def _cell(mean: float, lo: float, hi: float) -> str:
 
 def markdown(study: Study, table: pd.DataFrame, diffs: pd.DataFrame, missing: Sequence[str]) -> str:
     """``table.md``: what was run and how the intervals are made, then one table per metric and the differences."""
-    splits = ", ".join(f"`{s}` ({n} scenes)" for s, n in study.test_splits.items())
+    video = study.world == "video"
+    unit = "clips" if video else "scenes"
+    heldout = "configs/study/heldout_video.yaml" if video else "configs/study/heldout.yaml"
+    splits = ", ".join(f"`{s}` ({n} {unit})" for s, n in study.test_splits.items())
     lines = [
         f"# Study `{study.name}` ({study.path})",
         "",
         f"Held-out test splits: {splits}. Evaluator: `train.py {study.evaluator}` (greedy) on each run's final "
-        "checkpoint (`configs/study/heldout.yaml`); Original is the starting checkpoint, evaluated the same way. "
+        f"checkpoint (`{heldout}`); Original is the starting checkpoint, evaluated the same way. "
         f"Seeds: {study.seeds}. Percentages.",
         "",
         "Intervals (95%): a method's cell is the mean over seeds of its per-seed score with a **t interval over seeds** "
