@@ -166,7 +166,12 @@ def mrope_positions(
     given (then ``image_grid_thw`` holds the videos' ``video_grid_thw``).
 
     Returns ``positions [3, B, P]`` (padding gets 0, like transformers) and ``next_pos [B]``: the position of the first
-    token after the prompt, ``max(positions of row b) + 1``. Visual inputs are consumed in order from the grid; each
+    token after the prompt, where ``get_rope_index`` puts a text token that follows it (each text run continues from
+    the one before; a visual block advances the text by ``max(h, w) / merge``), i.e. where a full forward of prompt +
+    completion, as the update engines and SFT compute it, puts the completion. That is ``max(positions) + 1`` for
+    images, but not after a clip whose t axis (``tokens_per_second`` x seconds per patch) runs past its h / w axes:
+    transformers' own ``rope_deltas`` (``max + 1 - length``) would then decode at positions its forward never gives a
+    completion (a 16-frame clip at 4 tokens per second: 67 instead of 49). Visual inputs are consumed in order from the grid; each
     is one run of its placeholder tokens of length ``t*h*w / merge**2``. A video's t axis advances by
     ``tokens_per_second * second_per_grid_ts[i]`` per temporal patch (truncated, as transformers' ``get_rope_index``),
     an image's by 1.
@@ -220,7 +225,7 @@ def mrope_positions(
                 cur += max(gh, gw)
                 i += count
         positions[:, b, mask_cpu[b].to(device)] = pos.to(device)
-        next_pos[b] = (int(pos.max()) + 1) if n else 0
+        next_pos[b] = cur  # the next text token's position (not max + 1: see the docstring)
     return positions, next_pos
 
 

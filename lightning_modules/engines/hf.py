@@ -56,6 +56,25 @@ class HFRolloutEngine(RolloutEngine):
         return gen_kwargs
 
 
+def continuation_deltas(inner, enc) -> torch.Tensor | None:
+    """``rope_deltas`` [B, 1] that continue each prompt's text where a full forward of prompt + completion puts the
+    completion: the last prompt token's position minus its index among the row's real tokens. transformers' own
+    (``max(positions) + 1 - length``) differ after a clip whose t axis runs past its h / w axes, where its
+    ``get_rope_index`` continues the text from ``max(h, w)`` (``qwen_vl.mrope_positions``); ``generate`` from scratch
+    continues from the prompt's positions, so this keeps ``hf_shared`` equal to ``hf``. None when the model has no
+    ``get_rope_index``."""
+    get = getattr(inner, "get_rope_index", None)
+    if get is None:
+        return None
+    params = inspect.signature(get).parameters
+    keys = ("image_grid_thw", "video_grid_thw", "second_per_grid_ts", "mm_token_type_ids", "attention_mask")
+    positions, _ = get(enc["input_ids"], **{k: enc[k] for k in keys if k in enc and k in params})
+    mask = enc["attention_mask"]
+    last = mask.shape[1] - 1 - mask.flip(1).long().argmax(1)  # the last real token (left or right padding)
+    rows = torch.arange(mask.shape[0], device=mask.device)
+    return (positions[0, rows, last].to(mask.device) - (mask.long().sum(1) - 1))[:, None]
+
+
 @register_rollout_engine("hf_shared")
 class SharedPrefillRolloutEngine(HFRolloutEngine):
     """``model.generate`` after one prefill per prompt, shared by its ``group_size`` rows: any transformers Qwen-VL
@@ -96,7 +115,8 @@ class SharedPrefillRolloutEngine(HFRolloutEngine):
         cache.batch_repeat_interleave(group_size)
         inner = getattr(model, "model", None)
         if getattr(inner, "rope_deltas", None) is not None:  # mRoPE offsets of the B prompts -> their B x G rows
-            inner.rope_deltas = inner.rope_deltas.repeat_interleave(group_size, 0)
+            deltas = continuation_deltas(inner, enc)
+            inner.rope_deltas = (inner.rope_deltas if deltas is None else deltas).repeat_interleave(group_size, 0)
         cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         ids = enc["input_ids"].repeat_interleave(group_size, 0)
         gen = model.generate(

@@ -121,3 +121,35 @@ def test_cycle_shaped_calls_encode_each_image_once(qwen3):
     engine.on_weights_updated(model)
     assert not engine.vision.entries
     assert "forward" not in model.model.visual.__dict__  # the tower's own forward is back after each prefill
+
+
+def test_decoding_after_a_long_clip_continues_where_a_full_forward_puts_the_completion(qwen25):
+    """A clip whose t axis runs past its h / w axes (16 frames, little text after it): transformers' own
+    ``rope_deltas`` (max + 1 - length) point beyond where its full forward puts a completion; the engine continues at
+    the full forward's positions, as ``generate`` from scratch does (without it, the toy video checkpoint's greedy
+    answers under ``hf_shared`` were garbage while ``hf``'s were right)."""
+    from lightning_modules.qwen_vl import processor_inputs
+
+    model, processor = qwen25
+    clip = make_clip("val", 0, 0, num_frames=16)
+    req = RolloutRequest(
+        build_prompt_text(processor, "when", template="toy", video=True), VideoClip(clip["frames"], clip["fps"]), 2, 0
+    )
+    greedy = Sampling(max_new_tokens=6, greedy=True)
+    ours = build_rollout_engine("hf_shared").generate(model, processor, [req], greedy)
+    enc = processor_inputs(processor, [req.prompt], [req.image])
+    ids = torch.cat([enc["input_ids"], ours.completion_ids[:1]], 1)
+    full, max_based = model.model.get_rope_index(
+        ids,
+        mm_token_type_ids=torch.cat([enc["mm_token_type_ids"], torch.zeros_like(ours.completion_ids[:1])], 1),
+        video_grid_thw=enc["video_grid_thw"],
+        second_per_grid_ts=enc["second_per_grid_ts"],
+        attention_mask=torch.ones_like(ids),
+    )
+    P = enc["input_ids"].shape[1]
+    want = int(full[0, 0, P]) - P  # the first completion token's position minus its index
+    assert model.model.rope_deltas.tolist() == [[want], [want]]  # the engine's offsets, for both rows
+    assert int(max_based[0, 0]) != want  # the case is exercised
+    assert torch.equal(
+        ours.completion_ids, build_rollout_engine("hf").generate(model, processor, [req], greedy).completion_ids
+    )

@@ -107,3 +107,29 @@ def test_one_batch_holds_one_kind_of_visual(policy):
         build_rollout_engine("hf").generate(model, processor, [video, image], Sampling(max_new_tokens=2))
     with pytest.raises(ValueError, match="even number"):
         VideoClip(video.image.frames[:3], fps=2.0)
+
+
+def test_completion_positions_after_a_long_clip_are_those_of_a_full_forward(policy):
+    """A clip whose t axis runs past its h / w axes (16 frames at 4 tokens per second: t up to 28, h / w up to 3):
+    transformers' get_rope_index continues the text after it from max(h, w), so a completion sits there in a full
+    forward (SFT, the hf update engine) while ``rope_deltas`` (max + 1) points far beyond. ``next_pos`` (the fast
+    rollout's decode positions, the packed engine's completion positions) is the full forward's."""
+    model, processor = policy
+    clip = make_clip("val", 0, 0, num_frames=16)
+    prompt = build_prompt_text(processor, "when", template="toy", video=True)  # little text after the clip
+    enc = processor_inputs(processor, [prompt], [VideoClip(clip["frames"], fps=clip["fps"])])
+    pos, next_pos = mrope_positions(
+        model.config, enc["input_ids"], enc["attention_mask"], enc["video_grid_thw"], enc["second_per_grid_ts"]
+    )
+    completion = torch.tensor([[11, 12, 13]])
+    ids = torch.cat([enc["input_ids"], completion], 1)
+    full, deltas = model.model.get_rope_index(
+        ids,
+        mm_token_type_ids=torch.cat([enc["mm_token_type_ids"], torch.zeros_like(completion)], 1),
+        video_grid_thw=enc["video_grid_thw"],
+        second_per_grid_ts=enc["second_per_grid_ts"],
+        attention_mask=torch.ones_like(ids),
+    )
+    P = enc["input_ids"].shape[1]
+    assert full[:, 0, P:].tolist() == [[int(next_pos[0]) + j for j in range(3)]] * 3
+    assert int(pos.max()) + 1 > int(next_pos[0])  # the case is exercised: max + 1 is not the continuation
