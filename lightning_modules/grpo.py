@@ -252,8 +252,8 @@ class GRPOModule(L.LightningModule):
             raise ValueError(f"--model.rollout_gather must be 'once' or 'per_layer', got {rollout_gather!r}")
         if rollout_gather == "per_layer" and rollout_engine not in ("hf", "hf_shared"):
             raise ValueError(
-                f"--model.rollout_gather per_layer needs --model.rollout_engine hf or hf_shared (the {rollout_engine} engine calls "
-                "the layers' sub-modules itself, past FSDP2's per-layer gather): use rollout_gather once"
+                f"--model.rollout_gather per_layer needs --model.rollout_engine hf or hf_shared (the {rollout_engine} "
+                "engine calls the layers' sub-modules itself, past FSDP2's per-layer gather): use rollout_gather once"
             )
         if master_weights not in ("fp32", "none"):
             raise ValueError(f"--model.master_weights must be 'fp32' or 'none', got {master_weights!r}")

@@ -171,8 +171,8 @@ def mrope_positions(
     completion, as the update engines and SFT compute it, puts the completion. That is ``max(positions) + 1`` for
     images, but not after a clip whose t axis (``tokens_per_second`` x seconds per patch) runs past its h / w axes:
     transformers' own ``rope_deltas`` (``max + 1 - length``) would then decode at positions its forward never gives a
-    completion (a 16-frame clip at 4 tokens per second: 67 instead of 49). Visual inputs are consumed in order from the grid; each
-    is one run of its placeholder tokens of length ``t*h*w / merge**2``. A video's t axis advances by
+    completion (a 16-frame clip at 4 tokens per second: 67 instead of 49). Visual inputs are consumed in order from
+    the grid; each is one run of its placeholder tokens of length ``t*h*w / merge**2``. A video's t axis advances by
     ``tokens_per_second * second_per_grid_ts[i]`` per temporal patch (truncated, as transformers' ``get_rope_index``),
     an image's by 1.
     """
