@@ -11,7 +11,8 @@ Splits (a RefCOCO vs LISA stand-in):
 - ``ood``: striped / checkered / noisy / dotted backgrounds, 4-8 other objects that each share one or two of the
   target's attributes, the foreground ones placed close to the target.
 - ``test_id``, ``test_ood_texture``, ``test_ood_crowded``, ``test_ood``: held-out test splits on seeds of their own
-  (in-domain; textured backgrounds only; crowded look-alikes only; both), for the study's evaluator.
+  (in-domain; textured backgrounds only; crowded look-alikes only; both), for the study's evaluator;
+  ``test_multihop``: in-domain scenes asked with relational and two-hop questions (EvolvedGRPO's hard split).
 
 REC: the query "the small red circle" names the target's (size, colour, shape) triple, unique in the scene.
 OVD: the query "every red shape" names a colour; the solution is the boxes of all objects of that colour, and only
@@ -60,6 +61,10 @@ class SplitSpec:
     """Other objects share one or two of the target's attributes (else their attributes are random)."""
     near: bool
     """Foreground objects are placed close to the target."""
+    text_levels: tuple[int, ...] = ()
+    """REC only: the query is rewritten by EvolvedGRPO's textual edit (``evolve.edit_query``) at one of these levels,
+    ``text_levels[index % len]``, so every level holds the same share of the split; a scene that admits no exact query
+    at its level is drawn again (a new seed for the same index). Empty: the plain attribute query."""
 
 
 SPLITS: dict[str, SplitSpec] = {
@@ -73,6 +78,7 @@ SPLITS: dict[str, SplitSpec] = {
     "test_ood_texture": SplitSpec(6, grammar.TEXTURED_BACKGROUNDS, (1, 3), share=False, near=False),
     "test_ood_crowded": SplitSpec(7, grammar.PLAIN_BACKGROUNDS, (4, 8), share=True, near=True),
     "test_ood": SplitSpec(8, grammar.TEXTURED_BACKGROUNDS, (4, 8), share=True, near=True),
+    "test_multihop": SplitSpec(9, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, text_levels=(3, 5)),
 }
 """Two SFT-only splits (``ToySceneDataset(mix=...)``). ``solo``: the target alone (where things are before which
 thing is meant). ``varied``: any background of the grammar and up to "many" distractors, the kind of image the
@@ -82,10 +88,12 @@ loop feeds it (OOD still differs: its distractors share the target's attributes 
 Four held-out test splits that no training, validation or tuning reads (the study's evaluator, ``study/``):
 ``test_id`` is drawn as ``train`` / ``val``; each OOD kind of ``ood`` on its own, ``test_ood_texture`` (textured
 backgrounds, in-domain objects) and ``test_ood_crowded`` (plain backgrounds, 4-8 look-alikes close to the target);
-``test_ood`` both at once, as ``ood``. Adding them changed no existing split: a split's scenes depend only on its
-own code."""
+``test_ood`` both at once, as ``ood``. ``test_multihop`` (EvolvedGRPO's held-out hard split): scenes drawn as
+``test_id``'s, asked with multi-step questions, half "the D left of / above ... the anchor" (level 3, two steps), half
+two hops "the D right of the D' below the anchor" (level 5, three steps), each exact on its scene
+(``evolve.query_problem``). Adding them changed no existing split: a split's scenes depend only on its own code."""
 
-TEST_SPLITS = ("test_id", "test_ood_texture", "test_ood_crowded", "test_ood")
+TEST_SPLITS = ("test_id", "test_ood_texture", "test_ood_crowded", "test_ood", "test_multihop")
 """The held-out splits, in the order the study's table shows them."""
 
 
@@ -173,10 +181,15 @@ def first_free_square(
     return (int(xs[j]), int(ys[j]), int(xs[j]) + side, int(ys[j]) + side)
 
 
-def _rng(seed: int, split: str, task: str, index: int) -> np.random.Generator:
+def _rng(seed: int, split: str, task: str, index: int, attempt: int = 0) -> np.random.Generator:
     if seed < 0:
         raise ValueError(f"--seed must be >= 0, got {seed}")
-    return np.random.default_rng(np.random.SeedSequence([seed, SPLITS[split].code, TASKS.index(task), index]))
+    key = [seed, SPLITS[split].code, TASKS.index(task), index] + ([attempt] if attempt else [])
+    return np.random.default_rng(np.random.SeedSequence(key))
+
+
+HARD_QUERY_ATTEMPTS = 64
+"""Draws of a ``text_levels`` scene before giving up (a two-hop query exists on about a third of in-domain scenes)."""
 
 
 def _check_args(split: str, task: str, size: int) -> None:
@@ -191,7 +204,29 @@ def _check_args(split: str, task: str, size: int) -> None:
 def make_scene(split: str, index: int, seed: int, size: int = 224, task: str = "rec") -> dict[str, Any]:
     """One scene record: the JSONL keys of docs/interfaces.md with ``image`` a PIL image, and ``meta`` the scene."""
     _check_args(split, task, size)
-    spec, rng = SPLITS[split], _rng(seed, split, task, index)
+    levels = SPLITS[split].text_levels
+    if not levels:
+        return _draw_scene(split, index, seed, size, task, _rng(seed, split, task, index))
+    if task != "rec":
+        raise ValueError(f"split {split!r} asks REC questions (a referred object); --task rec, got {task!r}")
+    from datamodules.evolve import edit_query
+
+    level = levels[index % len(levels)]
+    for attempt in range(HARD_QUERY_ATTEMPTS):
+        rng = _rng(seed, split, task, index, attempt)
+        rec = _draw_scene(split, index, seed, size, task, rng)
+        query = edit_query(rec["meta"], rec["meta"]["query"], level, rng)
+        if query is not None:
+            rec["meta"].update(query=query, level=level)
+            rec["conversations"][0]["value"] = f"<image>{query}"
+            return rec
+    raise RuntimeError(f"{split} scene {index}: no exact level-{level} query in {HARD_QUERY_ATTEMPTS} draws")
+
+
+def _draw_scene(
+    split: str, index: int, seed: int, size: int, task: str, rng: np.random.Generator
+) -> dict[str, Any]:
+    spec = SPLITS[split]
     n_others = int(rng.integers(spec.others[0], spec.others[1] + 1))
     # OOD keeps at least one foreground object and one painted distractor; in-domain splits anything goes
     n_painted = int(rng.integers(1, n_others)) if spec.near else int(rng.integers(0, n_others + 1))

@@ -278,8 +278,29 @@ def test_test_splits_are_held_out_and_of_their_kind():
             assert textured and others < 3.5, (kinds, others)
         elif split == "test_ood_crowded":
             assert plain and others > 4, (kinds, others)
+        elif split == "test_multihop":
+            assert plain and others < 4.5, (kinds, others)  # test_id's drawing; scenes with room for relations kept
         else:
             assert textured and others > 4, (kinds, others)
+
+
+def test_the_multihop_split_asks_exact_multi_step_questions_about_the_target():
+    from datamodules import evolve
+
+    recs = toy.generate_split("test_multihop", 24, seed=0)
+    assert [r["meta"]["level"] for r in recs] == [3, 5] * 12
+    for r in recs:
+        meta, query = r["meta"], r["meta"]["query"]
+        np_ = evolve.parse_query(query)
+        assert np_.hops() == (1 if meta["level"] == 3 else 2), query
+        t = evolve.target_index(meta)
+        assert evolve.resolve(np_, meta) == [t] and evolve.query_problem(meta, np_) is None, query
+        assert r["solution"] == meta["objects"][t]["box"] and r["conversations"][0]["value"] == f"<image>{query}"
+        assert len(evolve.decompose(meta, query)) == np_.hops() + 1  # anchor, (middle,) target: the prefix reward's
+    again = toy.make_scene("test_multihop", 5, 0)
+    assert again["meta"]["query"] == recs[5]["meta"]["query"] and again["image"].tobytes() == recs[5]["image"].tobytes()
+    with pytest.raises(ValueError, match="REC questions"):
+        toy.make_scene("test_multihop", 0, 0, task="ovd")
 
 
 def test_a_test_split_of_1000_scenes_exports_and_is_cached(tmp_path):

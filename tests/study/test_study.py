@@ -127,7 +127,7 @@ def _print_config(argv: list[str]) -> dict:
     return yaml.safe_load(buf.getvalue())
 
 
-EVOLVED = [REPO / f"configs/study/evolved_toy{s}.yaml" for s in ("", "_revisit", "_binary")]
+EVOLVED = [REPO / f"configs/study/evolved_toy{s}.yaml" for s in ("", "_revisit", "_binary", "_stepback")]
 
 
 @pytest.mark.parametrize("path", [TABLE1, *EVOLVED], ids=lambda p: p.stem)
@@ -145,10 +145,13 @@ def test_the_cli_accepts_one_run_of_every_row(path, tmp_path, monkeypatch):
             assert cfg["seed_everything"] == r.seed and cfg["trainer"]["default_root_dir"] == str(r.work)
             if path in EVOLVED:  # the two methods differ only in the method and the data evolution
                 model, synth = cfg["model"]["init_args"], cfg["callbacks"]["synthesis"]["init_args"]
-                assert model["method"] == r.row.name and (synth["mode"] == "off") == (r.row.name == "grpo")
-            if path.stem in ("evolved_toy_revisit", "evolved_toy_binary"):  # a small pool, seen 12 times
+                method = "grpo" if r.row.name == "grpo" else "evolved_grpo"
+                assert model["method"] == method and (synth["mode"] == "off") == (r.row.name == "grpo")
+                back = {"evolved_back2": 2, "evolved_back3": 3}.get(r.row.name, 1)  # the step-back rule's rows
+                assert synth["strategy_args"].get("step_back_after", 1) == back and synth["strategy_args"]["seed"] == 0
+            if path in EVOLVED and path.stem != "evolved_toy":  # a small pool, seen 12 times
                 assert cfg["data"]["init_args"]["toy"]["splits"]["train"] == 16 and cfg["trainer"]["max_epochs"] == 12
-                binary = path.stem == "evolved_toy_binary"  # R_acc 1 / 0 at IoU 0.5
+                binary = path.stem in ("evolved_toy_binary", "evolved_toy_stepback")  # R_acc 1 / 0 at IoU 0.5
                 assert cfg["model"]["init_args"]["accuracy_threshold"] == (0.5 if binary else None)
         ev = [a for a in r.evaluate.argv[2:] if not a.startswith(("--ckpt_path", "--model.init_args.model_name"))]
         cfg = _print_config(ev)
@@ -160,15 +163,18 @@ def test_the_cli_accepts_one_run_of_every_row(path, tmp_path, monkeypatch):
 
 
 VIDEO_ABLATION = REPO / "configs/study/cycle_ablation_toy_temporal.yaml"
+VIDEO_ABLATIONS = {VIDEO_ABLATION: "interval", REPO / "configs/study/cycle_ablation_toy_st.yaml": "anchor"}
 
 
-def test_a_video_study_plans_cycle_runs_on_the_toy_video_world(tmp_path, monkeypatch):
-    """``world: video``: the rows train cycle_tiny_temporal.yaml in their ablation mode; every evaluation reads the
-    held-out ``test`` clips (``test_video.jsonl``, all of them); ``prepare_data`` exports the clips once."""
+@pytest.mark.parametrize("path", list(VIDEO_ABLATIONS), ids=lambda p: p.stem)
+def test_a_video_study_plans_cycle_runs_on_the_toy_video_world(path, tmp_path, monkeypatch):
+    """``world: video``: the rows train cycle_tiny_temporal.yaml / cycle_tiny_st.yaml in their ablation mode; every
+    evaluation reads the held-out ``test`` clips (``test_video.jsonl``, all of them); ``prepare_data`` exports the
+    clips once."""
     from study import prepare_data
 
     monkeypatch.chdir(REPO)
-    study = load_study(VIDEO_ABLATION)
+    study = load_study(path)
     assert study.world == "video" and study.test_splits == {"test": 100}
     runs, data_root = plan(study, tmp_path / "out")
     assert len(runs) == 1 + 3 * 3
@@ -177,7 +183,7 @@ def test_a_video_study_plans_cycle_runs_on_the_toy_video_world(tmp_path, monkeyp
         if r.train is not None and r.row.name not in modes:
             cfg = _print_config(r.train.argv[2:])
             modes[r.row.name] = cfg["model"]["init_args"]["method_args"]["mode"]
-            assert cfg["model"]["init_args"]["method_args"]["region_space"] == "interval"
+            assert cfg["model"]["init_args"]["method_args"]["region_space"] == VIDEO_ABLATIONS[path]
             assert cfg["trainer"]["limit_val_batches"] == 0
     assert modes == {"caption_only": "caption", "localization_only": "localization", "cycle": "cycle"}
     ev = [a for a in runs[0].evaluate.argv[2:] if not a.startswith("--ckpt_path")]
