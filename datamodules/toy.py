@@ -223,9 +223,7 @@ def make_scene(split: str, index: int, seed: int, size: int = 224, task: str = "
     raise RuntimeError(f"{split} scene {index}: no exact level-{level} query in {HARD_QUERY_ATTEMPTS} draws")
 
 
-def _draw_scene(
-    split: str, index: int, seed: int, size: int, task: str, rng: np.random.Generator
-) -> dict[str, Any]:
+def _draw_scene(split: str, index: int, seed: int, size: int, task: str, rng: np.random.Generator) -> dict[str, Any]:
     spec = SPLITS[split]
     n_others = int(rng.integers(spec.others[0], spec.others[1] + 1))
     # OOD keeps at least one foreground object and one painted distractor; in-domain splits anything goes
