@@ -71,6 +71,25 @@ class VideoSample:
             return tuple(self.anchors) or NO_TARGET
         raise ValueError(f"a video sample has interval and anchor regions, not {space!r}")
 
+    def lookalike_regions(self, space: str) -> list[Any]:
+        """The queried actor's other moves as regions of ``space``: where a caption that names only the kind of event
+        grounds (``Locatability``). ``interval``: one region per move; ``anchor``: the actor's (time, box) on each of
+        the move's frames, read from the toy world's per-frame boxes (``meta["objects"][0]["boxes"]``); none for a
+        record without them (the look-alikes then count as absent, so confusion reads 0)."""
+        if space == "interval":
+            return [((s, e),) for s, e in self.lookalikes]
+        if space != "anchor":
+            raise ValueError(f"a video sample has interval and anchor regions, not {space!r}")
+        objects = self.meta.get("objects") or [{}]
+        boxes, fps = objects[0].get("boxes"), float(self.meta.get("fps") or self.clip.fps)
+        if not boxes:
+            return []
+        return [
+            tuple((f / fps, tuple(float(v) for v in boxes[f])) for f in range(round(s * fps), round(e * fps) + 1))
+            for s, e in self.lookalikes
+            if round(e * fps) < len(boxes)
+        ]
+
 
 @dataclass
 class VideoRecord:

@@ -553,8 +553,9 @@ class SFTModule(L.LightningModule):
             key = f"{kind}/{name}/{space}"
             if key not in self._video_metrics:
                 mets = {"region": RegionGroundingMetrics(m.space), "cycle": Locatability(0.5)}
+                mets["locatability"] = Locatability(0.5)
                 if space == "interval":
-                    mets.update(temporal=TemporalGroundingMetrics((0.3, 0.5, 0.7)), locatability=Locatability(0.5))
+                    mets["temporal"] = TemporalGroundingMetrics((0.3, 0.5, 0.7))
                 else:
                     mets["st"] = SpatioTemporalMetrics(tau=self.hparams.video_tau, slot=1.0 / batch[0].clip.fps)
                 self._video_metrics[key] = mets
@@ -574,9 +575,7 @@ class SFTModule(L.LightningModule):
             back = ground(m, [caption_text(t) for t in captions], targets, template)
             owns = [c.region(space) for c in targets]
             mets["cycle"].update_regions(m.space, owns, [[] for _ in targets], back)
-            if space == "interval":
-                lookalikes = [[(tuple(iv),) for iv in c.lookalikes] for c in targets]
-                mets["locatability"].update_regions(m.space, owns, lookalikes, back)
+            mets["locatability"].update_regions(m.space, owns, [c.lookalike_regions(space) for c in targets], back)
 
     def _video_logs(self, kind: str) -> dict[str, float]:
         """The epoch's clip metrics of every eval set of ``kind`` (nan ones left out), then reset."""

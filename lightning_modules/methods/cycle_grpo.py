@@ -329,10 +329,9 @@ class CycleGRPO(Method):
         preds = [self._predicted_region(s, t, None, wh) for s, t, wh in zip(batch, ro.texts, ro.input_wh)]
         key = f"{kind}/{name}"
         if key not in self._eval_metrics:
-            mets = {"region": RegionGroundingMetrics(self.space)}
+            mets = {"region": RegionGroundingMetrics(self.space), "locatability": Locatability(0.5)}
             if self.space.name == "interval":
                 mets["temporal"] = TemporalGroundingMetrics((0.3, 0.5, 0.7))
-                mets["locatability"] = Locatability(0.5)
             else:
                 mets["st"] = SpatioTemporalMetrics(tau=self.tau, slot=1.0 / batch[0].clip.fps)
             self._eval_metrics[key] = mets
@@ -340,19 +339,19 @@ class CycleGRPO(Method):
         mets["region"].update(gts, preds)
         if "temporal" in mets:
             mets["temporal"].update([self._space_for(s).consistency(g, p) for s, g, p in zip(batch, gts, preds)])
-            targets = [s for s in batch if s.intervals]
-            self._update_locatability(
-                module,
-                engine,
-                sampling,
-                mets["locatability"],
-                targets,
-                [s.region("interval") for s in targets],
-                [[(tuple(iv),) for iv in s.lookalikes] for s in targets],
-                template,
-            )
         else:
             mets["st"].update(gts, preds)
+        targets = [s for s in batch if s.intervals]
+        self._update_locatability(
+            module,
+            engine,
+            sampling,
+            mets["locatability"],
+            targets,
+            [s.region(self.space.name) for s in targets],
+            [s.lookalike_regions(self.space.name) for s in targets],
+            template,
+        )
         return True
 
     def _update_locatability(self, module, engine, sampling, metric, targets, owns, lookalikes, template: str) -> None:

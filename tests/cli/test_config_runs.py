@@ -198,9 +198,8 @@ def test_config_runs_fit_steps_on_cpu(run, toy_data, tiny_qwen3_vl, tmp_path, mo
     if cfg["model"]["class_path"].endswith("GRPOModule"):
         assert "train/reward/total" in trainer.logged_metrics or any(k.startswith("train/") for k in logged)
         assert any(k.startswith("val/") for k in logged), sorted(logged)
-        margs = cfg["model"]["init_args"].get("method_args") or {}
-        if cfg["model"]["init_args"].get("method") == "cycle_grpo" and margs.get("region_space") != "anchor":
-            # the cycle's locatability of captions (boxes, intervals; anchors log when / where scores)
+        if cfg["model"]["init_args"].get("method") == "cycle_grpo":
+            # the cycle's locatability of captions (boxes, intervals, anchors)
             assert any(k.endswith("/locatability") for k in logged), sorted(logged)
         synth = [c for c in trainer.callbacks if type(c).__name__ == "SynthesisCallback"]
         # instruction evolution submits a job only for a sample whose group converged (and a visual edit drawn for it)

@@ -122,6 +122,7 @@ def _toy_samples(n: int = 2) -> list[VideoSample]:
                 [(t, tuple(bx)) for t, bx in c["anchors"]],
                 c["duration"],
                 [tuple(x) for x in c["lookalikes"]],
+                meta=c["meta"],
             )
         )
     return out
@@ -154,7 +155,7 @@ def test_video_rollout_prompts_and_two_level_groups(module, space):
     "space,keys",
     [
         ("interval", {"tiou", "r1@0.3", "r1@0.5", "r1@0.7", "ciou", "t_acc", "locatability", "confusion"}),
-        ("anchor", {"when", "where", "st", "ciou", "t_acc"}),
+        ("anchor", {"when", "where", "st", "ciou", "t_acc", "locatability", "confusion"}),
     ],
 )
 def test_validation_logs_the_video_metrics(module, space, keys):
@@ -170,3 +171,25 @@ def test_validation_logs_the_video_metrics(module, space, keys):
     still = RecSample("s0", Image.new("RGB", (112, 112)), "the red square", [[0, 0, 10, 10]])
     assert not image.evaluate(module, "val", "x", [still])  # grounding: the module's evaluator; captions: locatability
     assert set(image.eval_logs("val")) == {"val/x/locatability", "val/x/confusion"}
+
+
+def test_lookalike_regions_are_the_actors_other_moves_in_either_space():
+    """By hand on a toy clip: each other move of the actor is one interval, and in the anchor space its (time, box)
+    on each of its frames, the boxes the clip was drawn with; the target's own anchors are of the same form."""
+    s = next(x for x in _toy_samples(6) if len(x.lookalikes) >= 1 and x.intervals)
+    fps, boxes = s.meta["fps"], s.meta["objects"][0]["boxes"]
+    assert s.lookalike_regions("interval") == [((a, b),) for a, b in s.lookalikes]
+    anchors = s.lookalike_regions("anchor")
+    assert len(anchors) == len(s.lookalikes)
+    for (a, b), region in zip(s.lookalikes, anchors):
+        frames = list(range(round(a * fps), round(b * fps) + 1))
+        assert [t for t, _ in region] == [f / fps for f in frames]
+        assert [list(box) for _, box in region] == [list(map(float, boxes[f])) for f in frames]
+    own = s.region("anchor")
+    assert [list(box) for _, box in own] == [list(map(float, boxes[round(t * fps)])) for t, _ in own]
+    assert (
+        VideoSample("x", s.clip, "q", s.intervals, s.anchors, s.duration, s.lookalikes).lookalike_regions("anchor")
+        == []
+    )  # no per-frame boxes in the record: no look-alikes
+    with pytest.raises(ValueError, match="interval and anchor"):
+        s.lookalike_regions("box")
