@@ -73,6 +73,7 @@ SPLITS: dict[str, SplitSpec] = {
     "ood": SplitSpec(2, grammar.TEXTURED_BACKGROUNDS, (4, 8), share=True, near=True),
     "solo": SplitSpec(3, grammar.PLAIN_BACKGROUNDS, (0, 0), share=False, near=False),
     "varied": SplitSpec(4, grammar.BACKGROUNDS, (1, 10), share=False, near=False),
+    "crowded": SplitSpec(10, grammar.PLAIN_BACKGROUNDS, (4, 8), share=True, near=True),
     # held-out test splits (docs/study.md): new split codes, so seeds no train / val / ood scene ever used
     "test_id": SplitSpec(5, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False),
     "test_ood_texture": SplitSpec(6, grammar.TEXTURED_BACKGROUNDS, (1, 3), share=False, near=False),
@@ -80,10 +81,12 @@ SPLITS: dict[str, SplitSpec] = {
     "test_ood": SplitSpec(8, grammar.TEXTURED_BACKGROUNDS, (4, 8), share=True, near=True),
     "test_multihop": SplitSpec(9, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, text_levels=(3, 5)),
 }
-"""Two SFT-only splits (``ToySceneDataset(mix=...)``). ``solo``: the target alone (where things are before which
+"""Three splits for ``ToySceneDataset(mix=...)`` only (never validated on). ``solo``: the target alone (where things are before which
 thing is meant). ``varied``: any background of the grammar and up to "many" distractors, the kind of image the
 procedural painter makes from the model's descriptions, so the warm-started model has seen what the self-evolving
-loop feeds it (OOD still differs: its distractors share the target's attributes and crowd it).
+loop feeds it (OOD still differs: its distractors share the target's attributes and crowd it). ``crowded``: 4-8
+look-alikes close to the target on plain backgrounds, drawn as ``test_ood_crowded`` on a code of its own, for RL runs
+where a caption must single out its object among look-alikes (``configs/study/cycle_ablation_toy_crowded.yaml``).
 
 Four held-out test splits that no training, validation or tuning reads (the study's evaluator, ``study/``):
 ``test_id`` is drawn as ``train`` / ``val``; each OOD kind of ``ood`` on its own, ``test_ood_texture`` (textured
