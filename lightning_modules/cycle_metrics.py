@@ -114,10 +114,11 @@ class TemporalGroundingMetrics(Metric):
         values = _as_list(tiou)
         if any(not 0.0 <= v <= 1.0 for v in values):
             raise ValueError(f"tIoU values must lie in [0, 1], got {values}")
-        t = torch.tensor(values, dtype=torch.float64)
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)  # the states' device (NCCL syncs CUDA)
         self.tiou_sum += t.sum()
         self.n += t.numel()
-        self.hits += (t[None, :] >= torch.tensor(self.thresholds, dtype=torch.float64)[:, None]).sum(dim=1)
+        thresholds = torch.tensor(self.thresholds, dtype=torch.float64, device=self.device)
+        self.hits += (t[None, :] >= thresholds[:, None]).sum(dim=1)
 
     def update_regions(self, gts: Sequence[Any], preds: Sequence[Any], space: IntervalSpace | None = None) -> None:
         _check_lengths(gts, preds)
@@ -211,8 +212,9 @@ class Locatability(Metric):
             self.add_state(name, torch.tensor(0, dtype=torch.int64), dist_reduce_fx="sum")
 
     def update(self, own_iou: Tensor | Sequence[float], distractor_iou: Tensor | Sequence[float]) -> None:
-        own = torch.tensor(_as_list(own_iou), dtype=torch.float64)
-        other = torch.nan_to_num(torch.tensor(_as_list(distractor_iou), dtype=torch.float64), nan=0.0, neginf=0.0)
+        own = torch.tensor(_as_list(own_iou), dtype=torch.float64, device=self.device)
+        other = torch.tensor(_as_list(distractor_iou), dtype=torch.float64, device=self.device)
+        other = torch.nan_to_num(other, nan=0.0, neginf=0.0)
         if own.shape != other.shape:
             raise ValueError(f"one distractor IoU per caption: got {other.numel()} for {own.numel()} captions")
         self.located += ((own >= self.threshold) & (own > other)).sum()

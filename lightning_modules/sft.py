@@ -558,7 +558,7 @@ class SFTModule(L.LightningModule):
                     mets["temporal"] = TemporalGroundingMetrics((0.3, 0.5, 0.7))
                 else:
                     mets["st"] = SpatioTemporalMetrics(tau=self.hparams.video_tau, slot=1.0 / batch[0].clip.fps)
-                self._video_metrics[key] = mets
+                self._video_metrics[key] = {k: m.to(self.device) for k, m in mets.items()}  # NCCL syncs CUDA states
             mets = self._video_metrics[key]
             gts = [c.region(space) for c in batch]
             preds = ground(m, [c.query for c in batch], batch, template)

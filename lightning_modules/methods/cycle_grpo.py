@@ -291,7 +291,10 @@ class CycleGRPO(Method):
             from lightning_modules.engines.base import Sampling
 
             hp = module.hparams
-            mets = self._eval_metrics.setdefault(f"{kind}/{name}", {"locatability": Locatability(0.5)})
+            key = f"{kind}/{name}"
+            if key not in self._eval_metrics:  # on the module's device: a multi-GPU sync (NCCL) reduces CUDA states
+                self._eval_metrics[key] = {"locatability": Locatability(0.5).to(module.device)}
+            mets = self._eval_metrics[key]
             engine = module.rollout_engine.for_evaluation()
             sampling = Sampling(max_new_tokens=hp.max_new_tokens, greedy=True)
             targets = [s for s in batch if len(s.boxes) == 1]
@@ -334,7 +337,7 @@ class CycleGRPO(Method):
                 mets["temporal"] = TemporalGroundingMetrics((0.3, 0.5, 0.7))
             else:
                 mets["st"] = SpatioTemporalMetrics(tau=self.tau, slot=1.0 / batch[0].clip.fps)
-            self._eval_metrics[key] = mets
+            self._eval_metrics[key] = {k: m.to(module.device) for k, m in mets.items()}
         mets = self._eval_metrics[key]
         mets["region"].update(gts, preds)
         if "temporal" in mets:

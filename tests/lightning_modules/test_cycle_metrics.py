@@ -150,3 +150,62 @@ def test_reset_clears_state():
     m.update([1.0], [0.0])
     m.reset()
     assert math.isnan(float(m.compute()["locatability"]))
+
+
+def _rank_metrics(rank: int, world: int, init: str, out: str) -> None:
+    """One rank of ``test_metrics_reduce_over_ranks``: the samples ``rank::world`` of each metric, then compute()."""
+    import json
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        values = {}
+        for name, (make, args) in _RANKED.items():
+            m = make()
+            m.update(*[list(a)[rank::world] for a in args])
+            values.update({f"{name}/{k}": float(v) for k, v in m.compute().items()})
+        with open(f"{out}.{rank}", "w") as f:
+            json.dump(values, f)
+    finally:
+        dist.destroy_process_group()
+
+
+_RANKED = {
+    "region": (lambda: RegionGroundingMetrics("box"), list(zip(*GROUNDING))),
+    "temporal": (lambda: TemporalGroundingMetrics((0.3, 0.5)), [[0.1, 0.4, 0.6, 0.9, 1.0]]),
+    "locatability": (Locatability, [[0.9, 0.6, 0.2, 0.55, 0.3], [0.0, 0.7, 0.8, float("nan"), 0.1]]),
+}
+
+
+def test_metrics_reduce_over_ranks(tmp_path):
+    """Under torch.distributed each rank's compute() sums every rank's states, so two ranks holding half the samples
+    each report the one-process value (the states are created and updated on the metric's device, as NCCL needs)."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "rank")
+    mp.spawn(_rank_metrics, args=(2, f"file://{tmp_path / 'store'}", out), nprocs=2, join=True)
+    one = {}
+    for name, (make, args) in _RANKED.items():
+        m = make()
+        m.update(*args)
+        one.update({f"{name}/{k}": float(v) for k, v in m.compute().items()})
+    for rank in range(2):
+        got = json.loads((tmp_path / f"rank.{rank}").read_text())
+        assert got.keys() == one.keys()
+        for k, v in one.items():
+            assert got[k] == pytest.approx(v, nan_ok=True), (rank, k)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_metrics_update_on_a_cuda_device():
+    """Moved to the GPU (``.to(module.device)``, as CycleGRPO's evaluation does), every metric updates and computes
+    there: NCCL can only reduce CUDA states."""
+    for make, args in _RANKED.values():
+        m = make().to("cuda")
+        m.update(*args)
+        assert all(v.device.type == "cuda" for v in m.metric_state.values())
+        m.compute()

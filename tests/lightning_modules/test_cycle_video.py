@@ -106,6 +106,7 @@ def module(tiny_model_dir):
         calls=calls,
         hparams=_hp(),
         rollout_engine=build_rollout_engine("fast"),
+        device=torch.device("cpu"),
     )
 
 
