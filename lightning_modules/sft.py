@@ -233,7 +233,6 @@ class SFTModule(L.LightningModule):
         self.processor = None
         self.evaluator = Evaluator()
         self._video_methods: dict[str, object] = {}
-        self._video_metrics: dict[str, dict[str, object]] = {}
 
     def _corpus(self) -> list[str]:
         """Texts the tiny tokenizer is trained on: the prompts and targets of the first ``corpus_samples`` training
@@ -517,79 +516,25 @@ class SFTModule(L.LightningModule):
         return sum(hits) / max(len(batch), 1)
 
     def _eval_clips(self, batch, kind: str, name: str) -> None:
-        """Clips, greedily, in every region space of ``video_spaces`` (as CycleGRPO's validation in that space):
-        grounding of each query (``RegionGroundingMetrics``: ``ciou``, ``n_acc``, ``t_acc``; intervals
-        ``TemporalGroundingMetrics``: ``tiou``, ``r1@{0.3,0.5,0.7}``; anchors ``SpatioTemporalMetrics``: ``when``,
-        ``where``, ``st``), then the cycle on each target moment: caption its region, ground the stripped caption
-        back; ``cycle_acc50`` = consistency with its own region >= 0.5, and for intervals ``locatability`` /
-        ``confusion`` against the actor's other moves (``Locatability``). Logged at the epoch's end as
-        ``<kind>/<set>/<space>/<metric>``."""
-        from lightning_modules.cycle_metrics import (
-            Locatability,
-            RegionGroundingMetrics,
-            SpatioTemporalMetrics,
-            TemporalGroundingMetrics,
-        )
+        """Clips, greedily, in every region space of ``video_spaces``: CycleGRPO's own clip validation in that space
+        (``CycleGRPO.evaluate_clips``: the grounding of each query under the space's ``video_templates`` prompt, then
+        the cycle on each target moment), so this stage reports what the RL run on its checkpoint will. Logged at
+        the epoch's end as ``<kind>/<set>/<space>/<metric>``."""
         from lightning_modules.engines import build_rollout_engine
-        from lightning_modules.engines.base import RolloutRequest, Sampling
-        from lightning_modules.methods.cycle_grpo import caption_text
 
         engine = build_rollout_engine("hf")
-        sampling = Sampling(max_new_tokens=self.hparams.eval_max_new_tokens, greedy=True)
-        proc = self.processor
-
-        def greedy(prompts: list[str], clips):
-            requests = [RolloutRequest(p, c.clip, 1, i) for i, (p, c) in enumerate(zip(prompts, clips))]
-            return engine.generate(self.policy, proc, requests, sampling)
-
-        def ground(m, captions: list[str], clips, template: str) -> list:
-            """The region each greedy grounding names, in the clip's frame (None when unreadable)."""
-            ro = greedy([m.grounding_prompt(proc, c, template) for c in captions], clips)
-            return [m.predicted_region(c, t, wh) for c, t, wh in zip(clips, ro.texts, ro.input_wh)]
-
-        targets = [c for c in batch if c.intervals]
+        n = self.hparams.eval_max_new_tokens
         for space in self.hparams.video_spaces:
             m, template = self.video_method(space), self.hparams.video_templates[space]
-            key = f"{kind}/{name}/{space}"
-            if key not in self._video_metrics:
-                mets = {"region": RegionGroundingMetrics(m.space), "cycle": Locatability(0.5)}
-                mets["locatability"] = Locatability(0.5)
-                if space == "interval":
-                    mets["temporal"] = TemporalGroundingMetrics((0.3, 0.5, 0.7))
-                else:
-                    mets["st"] = SpatioTemporalMetrics(tau=self.hparams.video_tau, slot=1.0 / batch[0].clip.fps)
-                self._video_metrics[key] = {k: m.to(self.device) for k, m in mets.items()}  # NCCL syncs CUDA states
-            mets = self._video_metrics[key]
-            gts = [c.region(space) for c in batch]
-            preds = ground(m, [c.query for c in batch], batch, template)
-            mets["region"].update(gts, preds)
-            if space == "interval":
-                mets["temporal"].update(
-                    [m.space.with_duration(c.duration).consistency(g, p) for c, g, p in zip(batch, gts, preds)]
-                )
-            else:
-                mets["st"].update(gts, preds)
-            if not targets:
-                continue
-            captions = greedy([m.caption_prompt(proc, c) for c in targets], targets).texts
-            back = ground(m, [caption_text(t) for t in captions], targets, template)
-            owns = [c.region(space) for c in targets]
-            mets["cycle"].update_regions(m.space, owns, [[] for _ in targets], back)
-            mets["locatability"].update_regions(m.space, owns, [c.lookalike_regions(space) for c in targets], back)
+            m.evaluate_clips(
+                self.policy, self.processor, engine, batch, f"{kind}/{name}/{space}", template, n, self.device
+            )
 
     def _video_logs(self, kind: str) -> dict[str, float]:
         """The epoch's clip metrics of every eval set of ``kind`` (nan ones left out), then reset."""
         out = {}
-        for key, mets in self._video_metrics.items():
-            if not key.startswith(f"{kind}/"):
-                continue
-            for part, metric in mets.items():
-                for k, v in metric.compute().items():
-                    k = "cycle_acc50" if part == "cycle" and k == "locatability" else k
-                    keep = k != "giou" and not (part == "cycle" and k == "confusion")  # giou repeats tiou / st
-                    if keep and not torch.isnan(v):
-                        out[f"{key}/{k}"] = float(v)
-                metric.reset()
+        for space in self.hparams.video_spaces:
+            out.update(self.video_method(space).eval_logs(kind))
         return out
 
     def on_train_end(self) -> None:

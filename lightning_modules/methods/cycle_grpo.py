@@ -282,34 +282,42 @@ class CycleGRPO(Method):
 
     # ------------------------------------------------------------------------------------------------ evaluation
     def evaluate(self, module, kind: str, name: str, batch) -> bool:
-        """Video samples: greedy grounding of each query, scored into the eval set's temporal / spatio-temporal
-        metrics, and (intervals) the cycle's locatability; logged by `eval_logs` at the epoch's end. Image samples:
-        the cycle's locatability of captions (``<kind>/<set>/locatability``, ``.../confusion``), then the module's
-        REC evaluator for the grounding direction (False)."""
-        if not self.video:
-            from lightning_modules.cycle_metrics import Locatability
-            from lightning_modules.engines.base import Sampling
+        """Video samples: ``evaluate_clips`` (greedy grounding of each query and the cycle of each target moment),
+        logged by `eval_logs` at the epoch's end. Image samples: the cycle's locatability of captions
+        (``<kind>/<set>/locatability``, ``.../confusion``), then the module's REC evaluator for the grounding
+        direction (False)."""
+        from lightning_modules.engines.base import Sampling
 
-            hp = module.hparams
-            key = f"{kind}/{name}"
-            if key not in self._eval_metrics:  # on the module's device: a multi-GPU sync (NCCL) reduces CUDA states
-                self._eval_metrics[key] = {"locatability": Locatability(0.5).to(module.device)}
-            mets = self._eval_metrics[key]
-            engine = module.rollout_engine.for_evaluation()
-            sampling = Sampling(max_new_tokens=hp.max_new_tokens, greedy=True)
-            targets = [s for s in batch if len(s.boxes) == 1]
-            owns = [tuple(s.boxes[0]) for s in targets]
-            self._update_locatability(
-                module,
-                engine,
-                sampling,
-                mets["locatability"],
-                targets,
-                owns,
-                [image_lookalikes(s) for s in targets],
-                hp.eval_prompt_template or hp.prompt_template,
-            )
-            return False
+        hp, key = module.hparams, f"{kind}/{name}"
+        engine = module.rollout_engine.for_evaluation()
+        template = hp.eval_prompt_template or hp.prompt_template
+        if self.video:
+            n = hp.max_new_tokens
+            self.evaluate_clips(module.policy, module.processor, engine, batch, key, template, n, module.device)
+            return True
+        from lightning_modules.cycle_metrics import Locatability
+
+        if key not in self._eval_metrics:  # on the module's device: a multi-GPU sync (NCCL) reduces CUDA states
+            self._eval_metrics[key] = {"locatability": Locatability(0.5).to(module.device)}
+        targets = [s for s in batch if len(s.boxes) == 1]
+        sampling = Sampling(max_new_tokens=hp.max_new_tokens, greedy=True)
+        back = self._cycle(module.policy, module.processor, engine, sampling, targets, template)
+        owns = [tuple(s.boxes[0]) for s in targets]
+        self._eval_metrics[key]["locatability"].update_regions(
+            self.space, owns, [image_lookalikes(s) for s in targets], back
+        )
+        return False
+
+    def evaluate_clips(
+        self, policy, processor, engine, batch, key: str, template: str, max_new_tokens: int, device
+    ) -> None:
+        """Clips, greedily, into the metrics of eval set ``key`` (``<kind>/<set>``, created on ``device``): each
+        query grounded under ``template`` (``RegionGroundingMetrics``: ``ciou``, ``n_acc``, ``t_acc``; intervals
+        ``TemporalGroundingMetrics``: ``tiou``, ``r1@{0.3,0.5,0.7}``; anchors ``SpatioTemporalMetrics``: ``when``,
+        ``where``, ``st``), then the cycle on each target moment: caption its region, ground the stripped caption
+        back; ``locatability`` / ``confusion`` against the actor's other moves, and ``cycle_acc50`` (consistency
+        with its own region >= 0.5, look-alikes aside). Also the video SFT stage's clip validation (``SFTModule``),
+        so the stage and the RL run report the same numbers under the same keys."""
         from lightning_modules.cycle_metrics import (
             Locatability,
             RegionGroundingMetrics,
@@ -319,25 +327,21 @@ class CycleGRPO(Method):
         from lightning_modules.engines.base import Sampling
 
         self._check_samples(batch)
-        hp = module.hparams
-        template = hp.eval_prompt_template or hp.prompt_template
+        sampling = Sampling(max_new_tokens=max_new_tokens, greedy=True)
         requests = [
-            RolloutRequest(self._prompt(module.processor, s.query, template), s.image, 1, i)
-            for i, s in enumerate(batch)
+            RolloutRequest(self._prompt(processor, s.query, template), s.image, 1, i) for i, s in enumerate(batch)
         ]
-        engine = module.rollout_engine.for_evaluation()
-        sampling = Sampling(max_new_tokens=hp.max_new_tokens, greedy=True)
-        ro = engine.generate(module.policy, module.processor, requests, sampling)
+        ro = engine.generate(policy, processor, requests, sampling)
         gts = [self._gt_region(s) for s in batch]
         preds = [self._predicted_region(s, t, None, wh) for s, t, wh in zip(batch, ro.texts, ro.input_wh)]
-        key = f"{kind}/{name}"
         if key not in self._eval_metrics:
             mets = {"region": RegionGroundingMetrics(self.space), "locatability": Locatability(0.5)}
+            mets["cycle"] = Locatability(0.5)
             if self.space.name == "interval":
                 mets["temporal"] = TemporalGroundingMetrics((0.3, 0.5, 0.7))
             else:
                 mets["st"] = SpatioTemporalMetrics(tau=self.tau, slot=1.0 / batch[0].clip.fps)
-            self._eval_metrics[key] = {k: m.to(module.device) for k, m in mets.items()}
+            self._eval_metrics[key] = {k: m.to(device) for k, m in mets.items()}  # NCCL reduces CUDA states
         mets = self._eval_metrics[key]
         mets["region"].update(gts, preds)
         if "temporal" in mets:
@@ -345,26 +349,20 @@ class CycleGRPO(Method):
         else:
             mets["st"].update(gts, preds)
         targets = [s for s in batch if s.intervals]
-        self._update_locatability(
-            module,
-            engine,
-            sampling,
-            mets["locatability"],
-            targets,
-            [s.region(self.space.name) for s in targets],
-            [s.lookalike_regions(self.space.name) for s in targets],
-            template,
+        back = self._cycle(policy, processor, engine, sampling, targets, template)
+        owns = [s.region(self.space.name) for s in targets]
+        mets["locatability"].update_regions(
+            self.space, owns, [s.lookalike_regions(self.space.name) for s in targets], back
         )
-        return True
+        mets["cycle"].update_regions(self.space, owns, [[] for _ in targets], back)
 
-    def _update_locatability(self, module, engine, sampling, metric, targets, owns, lookalikes, template: str) -> None:
+    def _cycle(self, policy, processor, engine, sampling, targets, template: str) -> list:
         """The cycle on each target region, greedily (the toy analogue of DOVE): caption it, ground the stripped
-        caption back, and count whether the answer lands on its own region or on a look-alike (``lookalikes``: the
-        actor's other moves in a clip, the objects sharing the target's shape or colour in a scene): a caption that
-        names the kind, not the instance, finds a look-alike."""
+        caption back under ``template``; the regions the groundings answer (None when unreadable). Scored against
+        the target's own region and its look-alikes (the actor's other moves in a clip, the objects sharing the
+        target's shape or colour in a scene): a caption that names the kind, not the instance, finds a look-alike."""
         if not targets:
-            return
-        processor, policy = module.processor, module.policy
+            return []
         captions = engine.generate(
             policy,
             processor,
@@ -380,8 +378,7 @@ class CycleGRPO(Method):
             ],
             sampling,
         )
-        preds = [self.predicted_region(s, t, wh) for s, t, wh in zip(targets, groundings.texts, groundings.input_wh)]
-        metric.update_regions(self.space, owns, lookalikes, preds)
+        return [self.predicted_region(s, t, wh) for s, t, wh in zip(targets, groundings.texts, groundings.input_wh)]
 
     def eval_logs(self, kind: str) -> dict[str, float]:
         """The epoch's metrics of every eval set of ``kind`` (``{kind}/{set}/{metric}``; nan ones left out), then
@@ -390,8 +387,12 @@ class CycleGRPO(Method):
         for key, mets in self._eval_metrics.items():
             if not key.startswith(f"{kind}/"):
                 continue
-            for m in mets.values():
+            for part, m in mets.items():
                 for k, v in m.compute().items():
+                    if part == "cycle":  # own region only: its locatability is the cycle's Acc@0.5
+                        if k != "locatability":
+                            continue
+                        k = "cycle_acc50"
                     if k != "giou" and not torch.isnan(v):  # giou repeats tiou / st
                         out[f"{key}/{k}"] = float(v)
                 m.reset()

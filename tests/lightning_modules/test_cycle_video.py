@@ -155,8 +155,11 @@ def test_video_rollout_prompts_and_two_level_groups(module, space):
 @pytest.mark.parametrize(
     "space,keys",
     [
-        ("interval", {"tiou", "r1@0.3", "r1@0.5", "r1@0.7", "ciou", "t_acc", "locatability", "confusion"}),
-        ("anchor", {"when", "where", "st", "ciou", "t_acc", "locatability", "confusion"}),
+        (
+            "interval",
+            {"tiou", "r1@0.3", "r1@0.5", "r1@0.7", "ciou", "t_acc", "locatability", "confusion", "cycle_acc50"},
+        ),
+        ("anchor", {"when", "where", "st", "ciou", "t_acc", "locatability", "confusion", "cycle_acc50"}),
     ],
 )
 def test_validation_logs_the_video_metrics(module, space, keys):

@@ -216,6 +216,8 @@ def test_clip_fit_steps_lower_the_loss_and_log_the_clip_metrics(tiny_model_dir, 
         "anchor/when",
         "anchor/where",
         "anchor/cycle_acc50",
+        "interval/locatability",
+        "anchor/locatability",  # CycleGRPO's own clip validation (evaluate_clips), both spaces
     ):
         assert f"val/toy_video_val/{key}" in logged, sorted(logged)
     assert "val/toy_val/acc50" in logged  # the image sets keep their metrics
