@@ -4,6 +4,8 @@ Each line (``GRPOModule.predict_step``): ``sample_id``, ``task``, ``query``, ``c
 (parsed, original pixels), ``gt_boxes``, ``format_ok`` and ``rewards`` (``accuracy``: IoU for REC, ``s_ovd * mAP``
 for OVD; ``format``). At the end the REC sets' Acc@0.5 / mIoU and every set's format rate are printed and written to
 ``summary.json``: the same numbers ``train.py test`` reports for the same model (tests/cli/test_export.py checks it).
+A method may write its own records (``Method.predict``): CycleGRPO's clips carry their region answers, per-clip
+``scores`` and, like its image records, the ``cycle`` of each target (caption, located, confused).
 """
 
 from __future__ import annotations
@@ -69,7 +71,36 @@ class PredictionsJSONL(BasePredictionWriter):
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Metrics of one set's predictions: REC ``acc50`` (IoU >= 0.5) and ``miou``, OVD mean ``s_ovd * mAP``
-    (``ovd_reward``), and ``format`` (the rate of well-formed answers), all in [0, 1]."""
+    (``ovd_reward``), and ``format`` (the rate of well-formed answers), all in [0, 1]. CycleGRPO's records
+    (`CycleGRPO.predict`) add its ``test`` metrics: clips ``tiou`` / ``r1@{0.3,0.5,0.7}`` (intervals) or ``when`` /
+    ``where`` / ``st`` (anchors), ``n_acc`` / ``t_acc``; both worlds ``locatability`` / ``confusion`` over the
+    samples with a target (``cycle``)."""
+    out = _summarize_boxes([r for r in rows if r["task"] != "video"])
+    video = [r for r in rows if r["task"] == "video"]
+    if video:
+        scores = pd.DataFrame([r["scores"] for r in video])
+        for k in scores.columns:
+            out[k] = float(scores[k].mean())
+        if "tiou" in scores:
+            for t in (0.3, 0.5, 0.7):
+                out[f"r1@{t:g}"] = float((scores["tiou"] >= t).mean())
+        nt = [r["rejected"] for r in video if r["no_target"]]
+        tg = [r["answered"] for r in video if not r["no_target"]]
+        if nt:
+            out["n_acc"] = sum(nt) / len(nt)
+        if tg:
+            out["t_acc"] = sum(tg) / len(tg)
+        out["format"] = sum(bool(r["format_ok"]) for r in video) / len(video)
+    cycles = [r["cycle"] for r in rows if r.get("cycle")]
+    if cycles:
+        out["locatability"] = sum(bool(c["located"]) for c in cycles) / len(cycles)
+        out["confusion"] = sum(bool(c["confused"]) for c in cycles) / len(cycles)
+    return out
+
+
+def _summarize_boxes(rows: list[dict[str, Any]]) -> dict[str, float]:
+    if not rows:
+        return {}
     frame = pd.DataFrame([{"task": r["task"], "acc": r["rewards"]["accuracy"], "fmt": r["format_ok"]} for r in rows])
     out: dict[str, float] = {}
     rec = frame[frame["task"] == "rec"]

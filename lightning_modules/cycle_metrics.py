@@ -15,6 +15,7 @@ IoU 0, and for a no-target sample not a rejection.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -220,6 +221,11 @@ class Locatability(Metric):
         self.located += ((own >= self.threshold) & (own > other)).sum()
         self.confused += ((other >= self.threshold) & (other >= own)).sum()
         self.n += own.numel()
+
+    def flags(self, own_iou: float, distractor_iou: float) -> tuple[bool, bool]:
+        """``(located, confused)`` of one caption, as `update` counts it (a nan / -inf distractor IoU: none)."""
+        other = 0.0 if math.isnan(distractor_iou) or distractor_iou == -math.inf else distractor_iou
+        return own_iou >= self.threshold and own_iou > other, other >= self.threshold and other >= own_iou
 
     def update_regions(
         self, space: RegionSpace, owns: Sequence[Any], lookalikes: Sequence[Sequence[Any]], preds: Sequence[Any]

@@ -613,7 +613,13 @@ class GRPOModule(L.LightningModule):
     @fp32_default_dtype()
     def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> list[dict]:
         """Greedy answers with their parsed boxes (original pixels) and rewards against the labels, one dict per sample
-        (``callbacks.predictions.PredictionsJSONL`` writes them as JSONL)."""
+        (``callbacks.predictions.PredictionsJSONL`` writes them as JSONL); the method's own records when it has them
+        (CycleGRPO: `CycleGRPO.predict`)."""
+        rows = self.method.predict(self, batch)
+        return rows if rows is not None else self.rec_predictions(batch)
+
+    def rec_predictions(self, batch) -> list[dict]:
+        """`predict_step`'s REC / OVD records: the greedy answer of each sample, its boxes and its rewards."""
         answers = self._greedy(batch)
         fmt = rewards.format_reward(
             [a.text for a in answers],

@@ -12,6 +12,7 @@ folders (one per shard) and writes, into the results folder:
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,19 @@ SCENE_METRICS = {
     "acc50": lambda f: (f["iou"] >= 0.5).astype(float),
     "miou": lambda f: f["iou"].astype(float),
     "format": lambda f: f["format_ok"].astype(float),
+    "tiou": lambda f: f["iou"].astype(float),
+    "r1@0.3": lambda f: (f["iou"] >= 0.3).astype(float),
+    "r1@0.5": lambda f: (f["iou"] >= 0.5).astype(float),
+    "r1@0.7": lambda f: (f["iou"] >= 0.7).astype(float),
+    "st": lambda f: f["iou"].astype(float),
+    "when": lambda f: f["when"].astype(float),
+    "where": lambda f: f["where"].astype(float),
+    "locatability": lambda f: f["located"].astype(float),
+    "confusion": lambda f: f["confused"].astype(float),
 }
-"""Per-scene score whose mean over scenes is the metric (REC: ``iou`` is the predicted box's IoU, 0 if none)."""
+"""Per-scene score whose mean over scenes is the metric (REC: ``iou`` is the predicted box's IoU, 0 if none; clips:
+the space's consistency, tIoU or Eq. 15). ``located`` / ``confused`` (CycleGRPO's cycle) are nan on a scene without a
+target, which has no caption: those scenes leave the matrix (they are the same scenes for every run)."""
 
 LABELS = {"acc50": "Acc@0.5", "miou": "mIoU", "format": "format"}
 
@@ -56,6 +68,8 @@ def read_evaluation(eval_dir: str | Path, evaluator: str = "predict") -> tuple[d
     for name in per_set:
         for line in (eval_dir / "predictions" / f"{name}.jsonl").read_text().splitlines():
             r = json.loads(line)
+            cycle = r.get("cycle") or {}
+            scores = r.get("scores") or {}
             rows.append(
                 {
                     "set": name,
@@ -63,9 +77,17 @@ def read_evaluation(eval_dir: str | Path, evaluator: str = "predict") -> tuple[d
                     "task": r["task"],
                     "iou": float(r["rewards"]["accuracy"]),
                     "format_ok": bool(r["format_ok"]),
+                    "when": float(scores.get("when", math.nan)),
+                    "where": float(scores.get("where", math.nan)),
+                    "located": float(cycle["located"]) if cycle else math.nan,
+                    "confused": float(cycle["confused"]) if cycle else math.nan,
                 }
             )
-    return per_set, pd.DataFrame(rows, columns=["set", "sample_id", "task", "iou", "format_ok"])
+    return per_set, pd.DataFrame(rows, columns=SCENE_COLUMNS)
+
+
+SCENE_COLUMNS = ["set", "sample_id", "task", "iou", "format_ok", "when", "where", "located", "confused"]
+"""``scenes.csv``'s columns (``when`` .. ``confused``: nan where a record has no such value)."""
 
 
 def load_records(folders: Sequence[str | Path]) -> dict[str, dict[str, Any]]:
@@ -98,8 +120,19 @@ def _scene_matrix(records: list[dict[str, Any]], split: str, metric: str) -> np.
             ids = f["sample_id"].tolist()
         elif f["sample_id"].tolist() != ids:
             return None
+        if metric in ("locatability", "confusion", "when", "where") and metric_column(metric) not in f:
+            return None  # an older scenes.csv, from before the column
         rows.append(SCENE_METRICS[metric](f).to_numpy())
-    return np.stack(rows) if rows and ids else None
+    if not rows or not ids:
+        return None
+    mat = np.stack(rows)
+    defined = ~np.isnan(mat).any(axis=0)  # a scene without a target has no caption to locate
+    return mat[:, defined] if defined.any() else None
+
+
+def metric_column(metric: str) -> str:
+    """The ``scenes.csv`` column a per-scene metric reads."""
+    return {"locatability": "located", "confusion": "confused"}.get(metric, metric)
 
 
 def _seed_values(records: list[dict[str, Any]], split: str, metric: str) -> list[float]:

@@ -178,6 +178,12 @@ class Method:
         """The method's own ``{kind}/{set}/{metric}`` values at the end of a validation / test epoch (then reset)."""
         return {}
 
+    def predict(self, module: GRPOModule, batch: Sequence[Any]) -> list[dict] | None:
+        """``train.py predict``'s per-sample records of a test batch (``callbacks.predictions``), or None to leave them
+        to the module's REC / OVD records (the default). A method with its own `evaluate` writes here what each of
+        its metrics is the mean of, so a study can bootstrap over samples."""
+        return None
+
     # ------------------------------------------------------------------------------------------------ outputs
     def evolution(self, batch: Sequence[Any], ro: Rollout, scores: Scores, *, step: int, epoch: int) -> list[Selection]:
         """Evolution requests for the data-evolution callback (default: none)."""

@@ -361,8 +361,12 @@ class CycleGRPO(Method):
         caption back under ``template``; the regions the groundings answer (None when unreadable). Scored against
         the target's own region and its look-alikes (the actor's other moves in a clip, the objects sharing the
         target's shape or colour in a scene): a caption that names the kind, not the instance, finds a look-alike."""
+        return self._cycle_texts(policy, processor, engine, sampling, targets, template)[1]
+
+    def _cycle_texts(self, policy, processor, engine, sampling, targets, template: str) -> tuple[list[str], list]:
+        """`_cycle`'s captions (the texts as written) and the regions their groundings answer."""
         if not targets:
-            return []
+            return [], []
         captions = engine.generate(
             policy,
             processor,
@@ -378,7 +382,91 @@ class CycleGRPO(Method):
             ],
             sampling,
         )
-        return [self.predicted_region(s, t, wh) for s, t, wh in zip(targets, groundings.texts, groundings.input_wh)]
+        preds = [self.predicted_region(s, t, wh) for s, t, wh in zip(targets, groundings.texts, groundings.input_wh)]
+        return list(captions.texts), preds
+
+    def predict(self, module, batch) -> list[dict]:
+        """``train.py predict``'s records, greedily, as `evaluate` scores them, so a study can bootstrap over samples.
+
+        Clips: per clip the grounding's ``completion``, its ``region`` and the ground truth's (serialized), ``scores``
+        (intervals: ``tiou``; anchors: ``when``, ``where``, ``st``), ``rewards.accuracy`` = the space's consistency
+        (tIoU or Eq. 15), ``no_target`` / ``rejected`` / ``answered``. Images: the module's REC records. Both add, for
+        a sample with a target, ``cycle``: the caption, the consistency of its grounding with the own region and with
+        the best look-alike, and whether that counts as ``located`` / ``confused`` (`Locatability`). The means of
+        these over a set are the set's ``test`` metrics (``callbacks.predictions.summarize``)."""
+        from lightning_modules.cycle_metrics import Locatability, SpatioTemporalMetrics
+        from lightning_modules.engines.base import Sampling
+
+        hp = module.hparams
+        engine = module.rollout_engine.for_evaluation()
+        template = hp.eval_prompt_template or hp.prompt_template
+        sampling = Sampling(max_new_tokens=hp.max_new_tokens, greedy=True)
+        loc = Locatability(0.5)
+        if self.video:
+            self._check_samples(batch)
+            requests = [
+                RolloutRequest(self._prompt(module.processor, s.query, template), s.image, 1, i)
+                for i, s in enumerate(batch)
+            ]
+            ro = engine.generate(module.policy, module.processor, requests, sampling)
+            gts = [self._gt_region(s) for s in batch]
+            preds = [self._predicted_region(s, t, None, wh) for s, t, wh in zip(batch, ro.texts, ro.input_wh)]
+            st = (
+                SpatioTemporalMetrics(tau=self.tau, slot=1.0 / batch[0].clip.fps)
+                if self.space.name == "anchor"
+                else None
+            )
+            rows = []
+            for s, text, g, p in zip(batch, ro.texts, gts, preds):
+                norm = self.space.normalize(p) if p is not None else None
+                if st is None:
+                    scores = {"tiou": self._space_for(s).consistency(g, p)}
+                else:
+                    scores = dict(zip(("when", "where", "st"), st.scores(g, p)))
+                rows.append(
+                    {
+                        "sample_id": s.sample_id,
+                        "task": "video",
+                        "space": self.space.name,
+                        "query": s.query,
+                        "completion": text,
+                        "region": None if p is None else self.space.serialize(p),
+                        "gt_region": self.space.serialize(g),
+                        "no_target": g is NO_TARGET,
+                        "rejected": norm is NO_TARGET,
+                        "answered": norm is not None and norm is not NO_TARGET,
+                        "format_ok": p is not None,
+                        "scores": scores,
+                        "rewards": {
+                            "accuracy": float(scores.get("tiou", scores.get("st"))),
+                            "format": float(p is not None),
+                        },
+                        "cycle": None,
+                    }
+                )
+            targets = [(i, s) for i, s in enumerate(batch) if s.intervals]
+            owns = [s.region(self.space.name) for _, s in targets]
+            lookalikes = [s.lookalike_regions(self.space.name) for _, s in targets]
+        else:
+            rows = module.rec_predictions(batch)
+            targets = [(i, s) for i, s in enumerate(batch) if len(s.boxes) == 1]
+            owns = [tuple(s.boxes[0]) for _, s in targets]
+            lookalikes = [image_lookalikes(s) for _, s in targets]
+        caps, back = self._cycle_texts(
+            module.policy, module.processor, engine, sampling, [s for _, s in targets], template
+        )
+        for (i, _), own, looks, cap, pred in zip(targets, owns, lookalikes, caps, back):
+            c_own = self.space.consistency(own, pred)
+            c_other = max((self.space.consistency(d, pred) for d in looks), default=0.0)
+            located, confused = loc.flags(c_own, c_other)
+            rows[i]["cycle"] = {
+                "caption": cap,
+                "own": c_own,
+                "lookalike": c_other,
+                "located": located,
+                "confused": confused,
+            }
+        return rows
 
     def eval_logs(self, kind: str) -> dict[str, float]:
         """The epoch's metrics of every eval set of ``kind`` (``{kind}/{set}/{metric}``; nan ones left out), then

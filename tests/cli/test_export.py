@@ -120,3 +120,52 @@ def test_export_from_pretrained_predict_reproduce_the_checkpoint(toy_rec, tmp_pa
     assert summary["acc50"] == pytest.approx(ref["test/toy_val/acc50"])
     assert summary["miou"] == pytest.approx(ref["test/toy_val/miou"], abs=1e-5)
     assert summary["format"] == pytest.approx(ref["test/toy_val/format"])
+
+
+@pytest.mark.parametrize(
+    "config,splits,sets",
+    [
+        ("cycle_tiny.yaml", {"test_id": 6}, ["test_id"]),
+        ("cycle_tiny_temporal.yaml", {"test": 8}, ["test"]),
+        ("cycle_tiny_st.yaml", {"test": 6}, ["test"]),
+    ],
+    ids=["boxes", "intervals", "anchors"],
+)
+def test_cycle_predict_records_reproduce_its_test_metrics(config, splits, sets, tmp_path, monkeypatch):
+    """CycleGRPO's ``predict`` records (per sample: the grounding's consistency, per-clip scores, the cycle's
+    located / confused) average to the metrics ``train.py test`` logs for the same checkpoint: what lets a study
+    bootstrap its video and locatability columns over samples (study.report.SCENE_METRICS)."""
+    monkeypatch.chdir(REPO)
+    video = config != "cycle_tiny.yaml"
+    files = {s: f"{s}_video.jsonl" if video else f"{s}.jsonl" for s in sets}
+    args = [
+        "--config",
+        f"configs/{config}",
+        f"--data.init_args.toy.splits={json.dumps(splits)}",
+        f"--data.init_args.test_files={json.dumps(files)}",
+        "--data.init_args.max_eval_samples=null",
+        f"--data.init_args.data_root={tmp_path / 'data'}",
+        "--trainer.logger=false",
+        "--trainer.enable_progress_bar=false",
+        f"--trainer.default_root_dir={tmp_path / 'run'}",
+        "--model.init_args.max_new_tokens=48",
+    ]
+    test = cli_main(["test", *args])
+    cli_main(["predict", *args])
+    for s in sets:
+        ref = {
+            k.rsplit("/", 1)[1]: float(v)
+            for k, v in test.trainer.callback_metrics.items()
+            if k.startswith(f"test/{s}/")
+        }
+        summary = json.loads((tmp_path / "run/predictions/summary.json").read_text())[s]
+        shared = set(ref) & set(summary)
+        want = {"locatability", "confusion"} | (
+            {"acc50", "miou"} if not video else {"tiou", "r1@0.5", "t_acc"} if "temporal" in config else {"st", "when"}
+        )
+        assert want <= shared, (sorted(ref), sorted(summary))
+        for k in shared:
+            assert summary[k] == pytest.approx(ref[k], abs=1e-5), k
+        rows = [json.loads(line) for line in (tmp_path / f"run/predictions/{s}.jsonl").read_text().splitlines()]
+        assert len(rows) == splits[s]
+        assert sum(r.get("cycle") is not None for r in rows) >= 1

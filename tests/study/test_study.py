@@ -373,6 +373,31 @@ def test_read_evaluation_of_predict_and_of_test(tmp_path):
         read_evaluation(tmp_path / "nothing", "predict")
 
 
+def test_clip_records_give_per_clip_metrics_and_skip_clips_without_a_caption(tmp_path):
+    """CycleGRPO's clip records (``predict``): tIoU / R1 per clip from the consistency, locatability / confusion per
+    caption; a no-target clip has no caption, so it leaves the locatability matrix (the same clips for every run)."""
+    from study.report import _scene_matrix, read_evaluation
+
+    pred = tmp_path / "p/predictions"
+    pred.mkdir(parents=True)
+    (pred / "summary.json").write_text(json.dumps({"test": {"tiou": 0.5, "locatability": 0.5}}))
+    cycles = [{"located": True, "confused": False}, {"located": False, "confused": True}, None]
+    rows = [
+        {"sample_id": f"c{i}", "task": "video", "rewards": {"accuracy": v}, "format_ok": True, "scores": {"tiou": v},
+         "cycle": c}
+        for i, (v, c) in enumerate(zip([0.6, 0.4, 1.0], cycles))
+    ]  # fmt: skip
+    (pred / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _, scenes = read_evaluation(tmp_path / "p", "predict")
+    assert scenes.to_csv(index=False)  # what write_record stores as scenes.csv
+    rec = [{"scenes": scenes}, {"scenes": scenes}]
+    assert _scene_matrix(rec, "test", "tiou").tolist() == [[0.6, 0.4, 1.0]] * 2
+    assert _scene_matrix(rec, "test", "r1@0.5").tolist() == [[1.0, 0.0, 1.0]] * 2
+    assert _scene_matrix(rec, "test", "locatability").tolist() == [[1.0, 0.0]] * 2  # c2: no target, no caption
+    assert _scene_matrix(rec, "test", "confusion").tolist() == [[0.0, 1.0]] * 2
+    assert _scene_matrix(rec, "test", "when") is None  # an interval clip has no when / where score
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # The smoke study through real train.py processes
 # ---------------------------------------------------------------------------------------------------------------------
