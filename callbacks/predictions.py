@@ -73,8 +73,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Metrics of one set's predictions: REC ``acc50`` (IoU >= 0.5) and ``miou``, OVD mean ``s_ovd * mAP``
     (``ovd_reward``), and ``format`` (the rate of well-formed answers), all in [0, 1]. CycleGRPO's records
     (`CycleGRPO.predict`) add its ``test`` metrics: clips ``tiou`` / ``r1@{0.3,0.5,0.7}`` (intervals) or ``when`` /
-    ``where`` / ``st`` (anchors), ``n_acc`` / ``t_acc``; both worlds ``locatability`` / ``confusion`` over the
-    samples with a target (``cycle``)."""
+    ``where`` / ``st`` (anchors), ``n_acc`` / ``t_acc``, ``cycle_acc50``; both worlds ``locatability`` / ``confusion``
+    over the samples with a target (``cycle``). Not rebuilt: the clips' ``ciou`` (a ratio of sums over the set)."""
     out = _summarize_boxes([r for r in rows if r["task"] != "video"])
     video = [r for r in rows if r["task"] == "video"]
     if video:
@@ -95,6 +95,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
     if cycles:
         out["locatability"] = sum(bool(c["located"]) for c in cycles) / len(cycles)
         out["confusion"] = sum(bool(c["confused"]) for c in cycles) / len(cycles)
+    clip_cycles = [r["cycle"] for r in video if r.get("cycle")]
+    if clip_cycles:  # the clips' cycle_acc50: back onto its own moment at consistency >= 0.5, look-alikes aside
+        out["cycle_acc50"] = sum(c["own"] >= 0.5 for c in clip_cycles) / len(clip_cycles)
     return out
 
 

@@ -81,20 +81,21 @@ SPLITS: dict[str, SplitSpec] = {
     "test_ood": SplitSpec(8, grammar.TEXTURED_BACKGROUNDS, (4, 8), share=True, near=True),
     "test_multihop": SplitSpec(9, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, text_levels=(3, 5)),
 }
-"""Three splits for ``ToySceneDataset(mix=...)`` only (never validated on). ``solo``: the target alone (where things are before which
-thing is meant). ``varied``: any background of the grammar and up to "many" distractors, the kind of image the
-procedural painter makes from the model's descriptions, so the warm-started model has seen what the self-evolving
+"""Three splits for ``ToySceneDataset(mix=...)`` only (never validated on). ``solo``: the target alone (where things are
+before which thing is meant). ``varied``: any background of the grammar and up to "many" distractors, the kind of image
+the procedural painter makes from the model's descriptions, so the warm-started model has seen what the self-evolving
 loop feeds it (OOD still differs: its distractors share the target's attributes and crowd it). ``crowded``: 4-8
 look-alikes close to the target on plain backgrounds, drawn as ``test_ood_crowded`` on a code of its own, for RL runs
 where a caption must single out its object among look-alikes (``configs/study/cycle_ablation_toy_crowded.yaml``).
 
-Four held-out test splits that no training, validation or tuning reads (the study's evaluator, ``study/``):
-``test_id`` is drawn as ``train`` / ``val``; each OOD kind of ``ood`` on its own, ``test_ood_texture`` (textured
-backgrounds, in-domain objects) and ``test_ood_crowded`` (plain backgrounds, 4-8 look-alikes close to the target);
-``test_ood`` both at once, as ``ood``. ``test_multihop`` (EvolvedGRPO's held-out hard split): scenes drawn as
-``test_id``'s, asked with multi-step questions, half "the D left of / above ... the anchor" (level 3, two steps), half
-two hops "the D right of the D' below the anchor" (level 5, three steps), each exact on its scene
-(``evolve.query_problem``). Adding them changed no existing split: a split's scenes depend only on its own code."""
+Five held-out test splits that no training, validation or tuning reads (the study's evaluator, ``study/``): ``test_id``
+is drawn as ``train`` / ``val``; each OOD kind of ``ood`` on its own, ``test_ood_texture`` (textured backgrounds,
+in-domain objects) and ``test_ood_crowded`` (plain backgrounds, 4-8 look-alikes close to the target); ``test_ood`` both
+at once, as ``ood``. ``test_multihop`` (EvolvedGRPO's held-out hard split): scenes drawn as ``test_id``'s and kept when
+they admit the question (which favours scenes with more objects), asked with multi-step questions, half "the D left of /
+above ... the anchor" (level 3, two steps), half two hops "the D right of the D' below the anchor" (level 5, three
+steps), each exact on its scene (``evolve.query_problem``). Adding them changed no existing split: a split's scenes
+depend only on its own code."""
 
 TEST_SPLITS = ("test_id", "test_ood_texture", "test_ood_crowded", "test_ood", "test_multihop")
 """The held-out splits, in the order the study's table shows them."""

@@ -26,7 +26,15 @@ from torchmetrics import Metric
 from lightning_modules.regions import NO_TARGET, AnchorSpace, IntervalSpace, RegionSpace, region_space
 from lightning_modules.regions.boxes import box_iou
 
-__all__ = ["Locatability", "RegionGroundingMetrics", "SpatioTemporalMetrics", "TemporalGroundingMetrics"]
+__all__ = [
+    "Locatability",
+    "RegionGroundingMetrics",
+    "SpatioTemporalMetrics",
+    "TemporalGroundingMetrics",
+    "locate",
+    "pair_consistency",
+    "st_scores",
+]
 
 
 def _ratio(num: Tensor, den: Tensor) -> Tensor:
@@ -164,19 +172,8 @@ class SpatioTemporalMetrics(Metric):
         self.add_state("n", torch.tensor(0, dtype=torch.int64), dist_reduce_fx="sum")
 
     def scores(self, gt: Any, pred: Any) -> tuple[float, float, float]:
-        """``(when, where, st)`` of one sample."""
-        if pred is None:
-            return 0.0, 0.0, 0.0
-        gt, pred = self.space.normalize(gt), self.space.normalize(pred)
-        if gt is NO_TARGET or pred is NO_TARGET:
-            v = 1.0 if gt is pred else 0.0
-            return v, v, v
-        when = IntervalSpace().consistency(_slots(gt, self.slot), _slots(pred, self.slot))
-        where = 0.0
-        for t, box in gt:
-            dt, nearest = min((abs(t - tp), bp) for tp, bp in pred)
-            where += box_iou(box, nearest) if dt <= self.space.tau else 0.0
-        return when, where / len(gt), self.space.consistency(gt, pred)
+        """``(when, where, st)`` of one sample (`st_scores`)."""
+        return _st_scores(self.space, gt, pred, self.slot)
 
     def update(self, gts: Sequence[Any], preds: Sequence[Any]) -> None:
         _check_lengths(gts, preds)
@@ -222,25 +219,57 @@ class Locatability(Metric):
         self.confused += ((other >= self.threshold) & (other >= own)).sum()
         self.n += own.numel()
 
-    def flags(self, own_iou: float, distractor_iou: float) -> tuple[bool, bool]:
-        """``(located, confused)`` of one caption, as `update` counts it (a nan / -inf distractor IoU: none)."""
-        other = 0.0 if math.isnan(distractor_iou) or distractor_iou == -math.inf else distractor_iou
-        return own_iou >= self.threshold and own_iou > other, other >= self.threshold and other >= own_iou
-
     def update_regions(
         self, space: RegionSpace, owns: Sequence[Any], lookalikes: Sequence[Sequence[Any]], preds: Sequence[Any]
     ) -> None:
         """Per caption: its own region, the look-alike regions (the actor's other moves in the toy video world, the
         objects sharing the target's attributes in a scene) and the region its grounding answered; IoU =
         ``space.consistency``."""
-        if not len(owns) == len(lookalikes) == len(preds):
-            raise ValueError(
-                f"one own region, one list of look-alikes and one prediction per caption, got {len(owns)}, "
-                f"{len(lookalikes)}, {len(preds)}"
-            )
-        own = [space.consistency(o, p) for o, p in zip(owns, preds)]
-        other = [max((space.consistency(d, p) for d in ds), default=0.0) for ds, p in zip(lookalikes, preds)]
-        self.update(own, other)
+        self.update(*pair_consistency(space, owns, lookalikes, preds))
 
     def compute(self) -> dict[str, Tensor]:
         return {"locatability": _ratio(self.located, self.n), "confusion": _ratio(self.confused, self.n)}
+
+
+# --- one sample at a time (CycleGRPO.predict's records: the same rules as the metrics above) ---------------------
+
+
+def pair_consistency(
+    space: RegionSpace, owns: Sequence[Any], lookalikes: Sequence[Sequence[Any]], preds: Sequence[Any]
+) -> tuple[list[float], list[float]]:
+    """Per caption: the consistency of its grounding ``preds[i]`` with its own region, and the best with any of its
+    look-alike regions (0 without any), as ``Locatability.update_regions`` scores them."""
+    if not len(owns) == len(lookalikes) == len(preds):
+        raise ValueError(
+            f"one own region, one list of look-alikes and one prediction per caption, got {len(owns)}, "
+            f"{len(lookalikes)}, {len(preds)}"
+        )
+    own = [space.consistency(o, p) for o, p in zip(owns, preds)]
+    other = [max((space.consistency(d, p) for d in ds), default=0.0) for ds, p in zip(lookalikes, preds)]
+    return own, other
+
+
+def locate(own_iou: float, distractor_iou: float, threshold: float = 0.5) -> tuple[bool, bool]:
+    """``(located, confused)`` of one caption, as ``Locatability.update`` counts it (a nan / -inf distractor: none)."""
+    other = 0.0 if math.isnan(distractor_iou) or distractor_iou == -math.inf else distractor_iou
+    return own_iou >= threshold and own_iou > other, other >= threshold and other >= own_iou
+
+
+def st_scores(gt: Any, pred: Any, tau: float = 3.0, slot: float = 0.5) -> tuple[float, float, float]:
+    """``(when, where, st)`` of one anchor answer, as ``SpatioTemporalMetrics`` scores it."""
+    return _st_scores(AnchorSpace(tau=tau), gt, pred, slot)
+
+
+def _st_scores(space: AnchorSpace, gt: Any, pred: Any, slot: float) -> tuple[float, float, float]:
+    if pred is None:
+        return 0.0, 0.0, 0.0
+    gt, pred = space.normalize(gt), space.normalize(pred)
+    if gt is NO_TARGET or pred is NO_TARGET:
+        v = 1.0 if gt is pred else 0.0
+        return v, v, v
+    when = IntervalSpace().consistency(_slots(gt, slot), _slots(pred, slot))
+    where = 0.0
+    for t, box in gt:
+        dt, nearest = min((abs(t - tp), bp) for tp, bp in pred)
+        where += box_iou(box, nearest) if dt <= space.tau else 0.0
+    return when, where / len(gt), space.consistency(gt, pred)

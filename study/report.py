@@ -23,32 +23,38 @@ import pandas as pd
 from study import Study, plan
 from study.stats import Interval, bootstrap_mean, paired_bootstrap, t_interval
 
-SCENE_METRICS = {
-    "acc50": lambda f: (f["iou"] >= 0.5).astype(float),
-    "miou": lambda f: f["iou"].astype(float),
-    "format": lambda f: f["format_ok"].astype(float),
-    "tiou": lambda f: f["iou"].astype(float),
-    "r1@0.3": lambda f: (f["iou"] >= 0.3).astype(float),
-    "r1@0.5": lambda f: (f["iou"] >= 0.5).astype(float),
-    "r1@0.7": lambda f: (f["iou"] >= 0.7).astype(float),
-    "st": lambda f: f["iou"].astype(float),
-    "when": lambda f: f["when"].astype(float),
-    "where": lambda f: f["where"].astype(float),
-    "locatability": lambda f: f["located"].astype(float),
-    "confusion": lambda f: f["confused"].astype(float),
+SCENE_METRICS: dict[str, tuple[str, float | None]] = {
+    "acc50": ("iou", 0.5),
+    "miou": ("iou", None),
+    "format": ("format_ok", None),
+    "tiou": ("tiou", None),
+    "r1@0.3": ("tiou", 0.3),
+    "r1@0.5": ("tiou", 0.5),
+    "r1@0.7": ("tiou", 0.7),
+    "st": ("st", None),
+    "when": ("when", None),
+    "where": ("where", None),
+    "locatability": ("located", None),
+    "confusion": ("confused", None),
 }
-"""Per-scene score whose mean over scenes is the metric (REC: ``iou`` is the predicted box's IoU, 0 if none; clips:
-the space's consistency, tIoU or Eq. 15). ``located`` / ``confused`` (CycleGRPO's cycle) are nan on a scene without a
-target, which has no caption: those scenes leave the matrix (they are the same scenes for every run)."""
+"""Metric -> (``scenes.csv`` column, threshold): the per-scene score whose mean over scenes is the metric, the column
+itself or the indicator ``column >= threshold``. REC: ``iou`` is the predicted box's IoU, 0 if none; clips: ``tiou``
+or ``st`` (Eq. 15), ``when`` / ``where``; CycleGRPO's cycle: ``located`` / ``confused``. A value is nan where the
+scene has none (a clip of the other region space; a scene without a target has no caption to locate): such scenes
+leave the matrix, the same scenes for every run since they depend on the ground truth only."""
 
 LABELS = {"acc50": "Acc@0.5", "miou": "mIoU", "format": "format"}
+
+
+SCENE_COLUMNS = ["set", "sample_id", "task", "iou", "format_ok", "tiou", "st", "when", "where", "located", "confused"]
+"""``scenes.csv``'s columns (``tiou`` .. ``confused``: nan where a record has no such value)."""
 
 
 def read_evaluation(eval_dir: str | Path, evaluator: str = "predict") -> tuple[dict[str, dict[str, float]], Any]:
     """(``{set: {metric: value}}``, per-scene frame or None) of one evaluation folder (its ``default_root_dir``).
 
-    ``predict``: ``predictions/summary.json`` and ``predictions/<set>.jsonl`` (frame columns ``set, sample_id, task,
-    iou, format_ok``); ``test``: ``results/test.csv`` (no per-scene frame)."""
+    ``predict``: ``predictions/summary.json`` and ``predictions/<set>.jsonl`` (frame columns ``SCENE_COLUMNS``);
+    ``test``: ``results/test.csv`` (no per-scene frame)."""
     eval_dir = Path(eval_dir)
     if evaluator == "test":
         path = eval_dir / "results/test.csv"
@@ -68,8 +74,7 @@ def read_evaluation(eval_dir: str | Path, evaluator: str = "predict") -> tuple[d
     for name in per_set:
         for line in (eval_dir / "predictions" / f"{name}.jsonl").read_text().splitlines():
             r = json.loads(line)
-            cycle = r.get("cycle") or {}
-            scores = r.get("scores") or {}
+            cycle, scores = r.get("cycle") or {}, r.get("scores") or {}
             rows.append(
                 {
                     "set": name,
@@ -77,17 +82,12 @@ def read_evaluation(eval_dir: str | Path, evaluator: str = "predict") -> tuple[d
                     "task": r["task"],
                     "iou": float(r["rewards"]["accuracy"]),
                     "format_ok": bool(r["format_ok"]),
-                    "when": float(scores.get("when", math.nan)),
-                    "where": float(scores.get("where", math.nan)),
+                    **{k: float(scores.get(k, math.nan)) for k in ("tiou", "st", "when", "where")},
                     "located": float(cycle["located"]) if cycle else math.nan,
                     "confused": float(cycle["confused"]) if cycle else math.nan,
                 }
             )
     return per_set, pd.DataFrame(rows, columns=SCENE_COLUMNS)
-
-
-SCENE_COLUMNS = ["set", "sample_id", "task", "iou", "format_ok", "when", "where", "located", "confused"]
-"""``scenes.csv``'s columns (``when`` .. ``confused``: nan where a record has no such value)."""
 
 
 def load_records(folders: Sequence[str | Path]) -> dict[str, dict[str, Any]]:
@@ -107,32 +107,47 @@ def load_records(folders: Sequence[str | Path]) -> dict[str, dict[str, Any]]:
     return records
 
 
-def _scene_matrix(records: list[dict[str, Any]], split: str, metric: str) -> np.ndarray | None:
-    """``[seeds, scenes]`` per-scene scores of one method on ``split``, scenes in sample-id order; None when a run has
-    no per-scene answers (``evaluator: test``) or the runs did not answer the same scenes."""
+def _scene_scores(records: list[dict[str, Any]], split: str, metric: str) -> tuple[np.ndarray, list[str]] | None:
+    """(``[seeds, scenes]`` per-scene scores of one method on ``split``, nan where a scene has none; the scenes'
+    sample ids, sorted); None when a run has no per-scene answers (``evaluator: test``, or a ``scenes.csv`` from
+    before the metric's column) or the runs did not answer the same scenes."""
+    if metric not in SCENE_METRICS:
+        return None
+    column, threshold = SCENE_METRICS[metric]
     rows, ids = [], None
     for rec in records:
         f = rec.get("scenes")
-        if f is None or metric not in SCENE_METRICS:
+        if f is None or column not in f:
             return None
         f = f[f["set"] == split].sort_values("sample_id")
         if ids is None:
             ids = f["sample_id"].tolist()
         elif f["sample_id"].tolist() != ids:
             return None
-        if metric in ("locatability", "confusion", "when", "where") and metric_column(metric) not in f:
-            return None  # an older scenes.csv, from before the column
-        rows.append(SCENE_METRICS[metric](f).to_numpy())
-    if not rows or not ids:
+        v = f[column].astype(float).to_numpy()
+        rows.append(v if threshold is None else np.where(np.isnan(v), np.nan, (v >= threshold).astype(float)))
+    return (np.stack(rows), ids) if rows and ids else None
+
+
+def _scene_matrix(records: list[dict[str, Any]], split: str, metric: str) -> np.ndarray | None:
+    """`_scene_scores`' matrix without the scenes that have no value; None when nothing is left."""
+    got = _scene_scores(records, split, metric)
+    if got is None:
         return None
-    mat = np.stack(rows)
-    defined = ~np.isnan(mat).any(axis=0)  # a scene without a target has no caption to locate
-    return mat[:, defined] if defined.any() else None
+    keep = ~np.isnan(got[0]).any(axis=0)
+    return got[0][:, keep] if keep.any() else None
 
 
-def metric_column(metric: str) -> str:
-    """The ``scenes.csv`` column a per-scene metric reads."""
-    return {"locatability": "located", "confusion": "confused"}.get(metric, metric)
+def _paired_matrices(
+    a: list[dict[str, Any]], b: list[dict[str, Any]], split: str, metric: str
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Two methods' per-scene matrices over the same scenes in the same order (the scenes both have a value for);
+    None when either has no per-scene answers or they answered different scenes."""
+    sa, sb = _scene_scores(a, split, metric), _scene_scores(b, split, metric)
+    if sa is None or sb is None or sa[1] != sb[1]:
+        return None
+    keep = ~(np.isnan(sa[0]).any(axis=0) | np.isnan(sb[0]).any(axis=0))
+    return (sa[0][:, keep], sb[0][:, keep]) if keep.any() else None
 
 
 def _seed_values(records: list[dict[str, Any]], split: str, metric: str) -> list[float]:
@@ -177,12 +192,13 @@ def build_tables(study: Study, records: dict[str, dict[str, Any]]) -> tuple[pd.D
             continue
         for s in splits:
             for m in study.metrics:
-                ma, mb = _scene_matrix(by_row[a], s, m), _scene_matrix(by_row[b], s, m)
-                if ma is None or mb is None or ma.shape[1] != mb.shape[1]:  # per-seed means only: seeds resampled
-                    ma = np.array(_seed_values(by_row[a], s, m))[:, None]
-                    mb = np.array(_seed_values(by_row[b], s, m))[:, None]
-                    if not ma.size or not mb.size:
-                        continue
+                va, vb = _seed_values(by_row[a], s, m), _seed_values(by_row[b], s, m)
+                if not va or not vb:  # a metric the runs do not report (another region space's)
+                    continue
+                pair = _paired_matrices(by_row[a], by_row[b], s, m)
+                if pair is None:  # per-seed means only: seeds resampled
+                    pair = np.array(va)[:, None], np.array(vb)[:, None]
+                ma, mb = pair
                 paired = ma.shape[0] == mb.shape[0] > 1 and [r["seed"] for r in by_row[a]] == [
                     r["seed"] for r in by_row[b]
                 ]
@@ -190,9 +206,27 @@ def build_tables(study: Study, records: dict[str, dict[str, Any]]) -> tuple[pd.D
                 diffs.append(
                     {"a": a, "b": b, "label": f"{study.row(a).label} - {study.row(b).label}", "set": s, "metric": m,
                      "seeds_a": ma.shape[0], "seeds_b": mb.shape[0], "scenes": ma.shape[1], "paired_seeds": paired,
-                     "diff": iv.mean, "lo": iv.lo, "hi": iv.hi, "excludes_zero": iv.excludes_zero}
+                     "diff": iv.mean, "lo": iv.lo, "hi": iv.hi, "excludes_zero": iv.excludes_zero and iv.hi > iv.lo}
                 )  # fmt: skip
     return pd.DataFrame(runs), pd.DataFrame(table), pd.DataFrame(diffs)
+
+
+def _differences_text(study: Study, diffs: pd.DataFrame) -> str:
+    """How the differences were resampled: over scenes and seeds where the runs wrote per-scene answers, over seeds
+    only where they wrote per-set metrics (``evaluator: test``)."""
+    per_scene = bool(len(diffs)) and bool((diffs["scenes"] > 1).any())
+    per_seed = bool(len(diffs)) and bool((diffs["scenes"] == 1).any())
+    reps = f"{study.replicates} replicates"
+    text = {
+        (True, False): "Differences use a **paired bootstrap over scenes and seeds** "
+        f"({reps}; the same scenes for both sides, the same seeds when both ran the same seeds; percentile interval).",
+        (False, True): "Differences use a **bootstrap over seeds only** "
+        f"({reps}; the runs reported per-set metrics, `evaluator: test`: coarse with 3 seeds; percentile interval).",
+        (True, True): "Differences use a **paired bootstrap over scenes and seeds** where both runs wrote per-scene "
+        f"answers, over seeds only elsewhere (the `scenes` column of differences.csv; {reps}; percentile interval).",
+        (False, False): "",
+    }[(per_scene, per_seed)]
+    return text + " `*`: the interval excludes 0 (an interval of zero width, no spread to estimate, is not starred)."
 
 
 def _cell(mean: float, lo: float, hi: float) -> str:
@@ -212,11 +246,10 @@ def markdown(study: Study, table: pd.DataFrame, diffs: pd.DataFrame, missing: Se
         f"checkpoint (`{heldout}`); Original is the starting checkpoint, evaluated the same way. "
         f"Seeds: {study.seeds}. Percentages.",
         "",
-        "Intervals (95%): a method's cell is the mean over seeds of its per-seed score with a **t interval over seeds** "
-        "(mean +- t(0.975, n-1) s / sqrt(n)); a row with one run (Original) gets a **bootstrap over scenes** instead. "
-        "Differences use a **paired bootstrap over scenes and seeds** "
-        f"({study.replicates} replicates; the same scenes for both sides, the same seeds when both ran the same "
-        "seeds; percentile interval). `*`: the interval excludes 0.",
+        "Intervals (95%): a method's cell is the mean over seeds of its per-seed score with a **t interval over "
+        "seeds** (mean +- t(0.975, n-1) s / sqrt(n)); a row with one run (Original) gets a **bootstrap over scenes** "
+        "instead "
+        "(none with per-set metrics only). " + _differences_text(study, diffs),
         "",
     ]
     if missing:
@@ -239,7 +272,14 @@ def markdown(study: Study, table: pd.DataFrame, diffs: pd.DataFrame, missing: Se
             )
         lines.append("")
     if len(diffs):
-        lines += ["## Differences (paired bootstrap over scenes and seeds)", ""]
+        over = (
+            "scenes and seeds"
+            if len(diffs) and (diffs["scenes"] > 1).all()
+            else "seeds"
+            if (len(diffs) and (diffs["scenes"] == 1).all())
+            else "scenes and seeds, or seeds only"
+        )
+        lines += [f"## Differences (paired bootstrap over {over})", ""]
         for m in study.metrics:
             d = diffs[diffs["metric"] == m]
             if not len(d):

@@ -66,6 +66,13 @@ def caption_text(completion: str) -> str:
     return strip_leaks(raw_caption(completion))[:MAX_CAPTION_CHARS].strip()
 
 
+def _greedy(max_new_tokens: int):
+    """Greedy sampling of up to ``max_new_tokens``: how every evaluation of the method answers."""
+    from lightning_modules.engines.base import Sampling
+
+    return Sampling(max_new_tokens=max_new_tokens, greedy=True)
+
+
 def image_lookalikes(sample) -> list[tuple[float, ...]]:
     """The boxes (original pixels) of the scene's other objects that share the target's shape or colour: what a
     caption naming only the kind would also fit. From the toy world's ``meta.objects``; none for data without them."""
@@ -286,8 +293,6 @@ class CycleGRPO(Method):
         logged by `eval_logs` at the epoch's end. Image samples: the cycle's locatability of captions
         (``<kind>/<set>/locatability``, ``.../confusion``), then the module's REC evaluator for the grounding
         direction (False)."""
-        from lightning_modules.engines.base import Sampling
-
         hp, key = module.hparams, f"{kind}/{name}"
         engine = module.rollout_engine.for_evaluation()
         template = hp.eval_prompt_template or hp.prompt_template
@@ -299,13 +304,9 @@ class CycleGRPO(Method):
 
         if key not in self._eval_metrics:  # on the module's device: a multi-GPU sync (NCCL) reduces CUDA states
             self._eval_metrics[key] = {"locatability": Locatability(0.5).to(module.device)}
-        targets = [s for s in batch if len(s.boxes) == 1]
-        sampling = Sampling(max_new_tokens=hp.max_new_tokens, greedy=True)
-        back = self._cycle(module.policy, module.processor, engine, sampling, targets, template)
-        owns = [tuple(s.boxes[0]) for s in targets]
-        self._eval_metrics[key]["locatability"].update_regions(
-            self.space, owns, [image_lookalikes(s) for s in targets], back
-        )
+        targets, owns, lookalikes = self._cycle_targets(batch)
+        back = self._cycle(module.policy, module.processor, engine, _greedy(hp.max_new_tokens), targets, template)
+        self._eval_metrics[key]["locatability"].update_regions(self.space, owns, lookalikes, back)
         return False
 
     def evaluate_clips(
@@ -316,24 +317,17 @@ class CycleGRPO(Method):
         ``TemporalGroundingMetrics``: ``tiou``, ``r1@{0.3,0.5,0.7}``; anchors ``SpatioTemporalMetrics``: ``when``,
         ``where``, ``st``), then the cycle on each target moment: caption its region, ground the stripped caption
         back; ``locatability`` / ``confusion`` against the actor's other moves, and ``cycle_acc50`` (consistency
-        with its own region >= 0.5, look-alikes aside). Also the video SFT stage's clip validation (``SFTModule``),
-        so the stage and the RL run report the same numbers under the same keys."""
+        with its own region >= 0.5, look-alikes aside). Also the video SFT stage's clip validation (``SFTModule``,
+        under the key ``<kind>/<set>/<space>``), so the stage reports what the RL run on its checkpoint will."""
         from lightning_modules.cycle_metrics import (
             Locatability,
             RegionGroundingMetrics,
             SpatioTemporalMetrics,
             TemporalGroundingMetrics,
         )
-        from lightning_modules.engines.base import Sampling
 
-        self._check_samples(batch)
-        sampling = Sampling(max_new_tokens=max_new_tokens, greedy=True)
-        requests = [
-            RolloutRequest(self._prompt(processor, s.query, template), s.image, 1, i) for i, s in enumerate(batch)
-        ]
-        ro = engine.generate(policy, processor, requests, sampling)
-        gts = [self._gt_region(s) for s in batch]
-        preds = [self._predicted_region(s, t, None, wh) for s, t, wh in zip(batch, ro.texts, ro.input_wh)]
+        sampling = _greedy(max_new_tokens)
+        _, gts, preds = self._ground_clips(policy, processor, engine, batch, template, sampling)
         if key not in self._eval_metrics:
             mets = {"region": RegionGroundingMetrics(self.space), "locatability": Locatability(0.5)}
             mets["cycle"] = Locatability(0.5)
@@ -348,19 +342,41 @@ class CycleGRPO(Method):
             mets["temporal"].update([self._space_for(s).consistency(g, p) for s, g, p in zip(batch, gts, preds)])
         else:
             mets["st"].update(gts, preds)
-        targets = [s for s in batch if s.intervals]
+        targets, owns, lookalikes = self._cycle_targets(batch)
         back = self._cycle(policy, processor, engine, sampling, targets, template)
-        owns = [s.region(self.space.name) for s in targets]
-        mets["locatability"].update_regions(
-            self.space, owns, [s.lookalike_regions(self.space.name) for s in targets], back
-        )
+        mets["locatability"].update_regions(self.space, owns, lookalikes, back)
         mets["cycle"].update_regions(self.space, owns, [[] for _ in targets], back)
+
+    def _ground_clips(self, policy, processor, engine, batch, template: str, sampling) -> tuple[list[str], list, list]:
+        """Each clip's query grounded under ``template``: (completions, ground-truth regions, predicted regions in
+        the ground truth's frame, None when unreadable)."""
+        self._check_samples(batch)
+        requests = [
+            RolloutRequest(self._prompt(processor, s.query, template), s.image, 1, i) for i, s in enumerate(batch)
+        ]
+        ro = engine.generate(policy, processor, requests, sampling)
+        preds = [self._predicted_region(s, t, None, wh) for s, t, wh in zip(batch, ro.texts, ro.input_wh)]
+        return list(ro.texts), [self._gt_region(s) for s in batch], preds
+
+    def _cycle_targets(self, batch) -> tuple[list, list, list]:
+        """The samples the cycle runs on (a clip with a target moment; a scene with one referred box), their own
+        regions and their look-alike regions (the actor's other moves; the objects sharing the target's shape or
+        colour)."""
+        if self.video:
+            targets = [s for s in batch if s.intervals]
+            return (
+                targets,
+                [s.region(self.space.name) for s in targets],
+                [s.lookalike_regions(self.space.name) for s in targets],
+            )
+        targets = [s for s in batch if len(s.boxes) == 1]
+        return targets, [tuple(s.boxes[0]) for s in targets], [image_lookalikes(s) for s in targets]
 
     def _cycle(self, policy, processor, engine, sampling, targets, template: str) -> list:
         """The cycle on each target region, greedily (the toy analogue of DOVE): caption it, ground the stripped
         caption back under ``template``; the regions the groundings answer (None when unreadable). Scored against
-        the target's own region and its look-alikes (the actor's other moves in a clip, the objects sharing the
-        target's shape or colour in a scene): a caption that names the kind, not the instance, finds a look-alike."""
+        the target's own region and its look-alikes (`_cycle_targets`): a caption that names the kind, not the
+        instance, finds a look-alike."""
         return self._cycle_texts(policy, processor, engine, sampling, targets, template)[1]
 
     def _cycle_texts(self, policy, processor, engine, sampling, targets, template: str) -> tuple[list[str], list]:
@@ -394,72 +410,24 @@ class CycleGRPO(Method):
         a sample with a target, ``cycle``: the caption, the consistency of its grounding with the own region and with
         the best look-alike, and whether that counts as ``located`` / ``confused`` (`Locatability`). The means of
         these over a set are the set's ``test`` metrics (``callbacks.predictions.summarize``)."""
-        from lightning_modules.cycle_metrics import Locatability, SpatioTemporalMetrics
-        from lightning_modules.engines.base import Sampling
+        from lightning_modules.cycle_metrics import locate, pair_consistency, st_scores
 
         hp = module.hparams
         engine = module.rollout_engine.for_evaluation()
         template = hp.eval_prompt_template or hp.prompt_template
-        sampling = Sampling(max_new_tokens=hp.max_new_tokens, greedy=True)
-        loc = Locatability(0.5)
+        sampling = _greedy(hp.max_new_tokens)
         if self.video:
-            self._check_samples(batch)
-            requests = [
-                RolloutRequest(self._prompt(module.processor, s.query, template), s.image, 1, i)
-                for i, s in enumerate(batch)
-            ]
-            ro = engine.generate(module.policy, module.processor, requests, sampling)
-            gts = [self._gt_region(s) for s in batch]
-            preds = [self._predicted_region(s, t, None, wh) for s, t, wh in zip(batch, ro.texts, ro.input_wh)]
-            st = (
-                SpatioTemporalMetrics(tau=self.tau, slot=1.0 / batch[0].clip.fps)
-                if self.space.name == "anchor"
-                else None
-            )
-            rows = []
-            for s, text, g, p in zip(batch, ro.texts, gts, preds):
-                norm = self.space.normalize(p) if p is not None else None
-                if st is None:
-                    scores = {"tiou": self._space_for(s).consistency(g, p)}
-                else:
-                    scores = dict(zip(("when", "where", "st"), st.scores(g, p)))
-                rows.append(
-                    {
-                        "sample_id": s.sample_id,
-                        "task": "video",
-                        "space": self.space.name,
-                        "query": s.query,
-                        "completion": text,
-                        "region": None if p is None else self.space.serialize(p),
-                        "gt_region": self.space.serialize(g),
-                        "no_target": g is NO_TARGET,
-                        "rejected": norm is NO_TARGET,
-                        "answered": norm is not None and norm is not NO_TARGET,
-                        "format_ok": p is not None,
-                        "scores": scores,
-                        "rewards": {
-                            "accuracy": float(scores.get("tiou", scores.get("st"))),
-                            "format": float(p is not None),
-                        },
-                        "cycle": None,
-                    }
-                )
-            targets = [(i, s) for i, s in enumerate(batch) if s.intervals]
-            owns = [s.region(self.space.name) for _, s in targets]
-            lookalikes = [s.lookalike_regions(self.space.name) for _, s in targets]
+            texts, gts, preds = self._ground_clips(module.policy, module.processor, engine, batch, template, sampling)
+            rows = [self._clip_record(s, t, g, p, st_scores) for s, t, g, p in zip(batch, texts, gts, preds)]
         else:
             rows = module.rec_predictions(batch)
-            targets = [(i, s) for i, s in enumerate(batch) if len(s.boxes) == 1]
-            owns = [tuple(s.boxes[0]) for _, s in targets]
-            lookalikes = [image_lookalikes(s) for _, s in targets]
-        caps, back = self._cycle_texts(
-            module.policy, module.processor, engine, sampling, [s for _, s in targets], template
-        )
-        for (i, _), own, looks, cap, pred in zip(targets, owns, lookalikes, caps, back):
-            c_own = self.space.consistency(own, pred)
-            c_other = max((self.space.consistency(d, pred) for d in looks), default=0.0)
-            located, confused = loc.flags(c_own, c_other)
-            rows[i]["cycle"] = {
+        targets, owns, lookalikes = self._cycle_targets(batch)
+        caps, back = self._cycle_texts(module.policy, module.processor, engine, sampling, targets, template)
+        index = {id(s): i for i, s in enumerate(batch)}
+        own, other = pair_consistency(self.space, owns, lookalikes, back)
+        for s, cap, c_own, c_other in zip(targets, caps, own, other):
+            located, confused = locate(c_own, c_other, 0.5)
+            rows[index[id(s)]]["cycle"] = {
                 "caption": cap,
                 "own": c_own,
                 "lookalike": c_other,
@@ -467,6 +435,33 @@ class CycleGRPO(Method):
                 "confused": confused,
             }
         return rows
+
+    def _clip_record(self, sample, text: str, gt, pred, st_scores) -> dict:
+        """`predict`'s record of one clip's grounding (its ``cycle`` added by the caller)."""
+        norm = self.space.normalize(pred) if pred is not None else None
+        if self.space.name == "interval":
+            scores = {"tiou": self._space_for(sample).consistency(gt, pred)}
+            accuracy = scores["tiou"]
+        else:
+            slot = 1.0 / sample.clip.fps
+            scores = dict(zip(("when", "where", "st"), st_scores(gt, pred, tau=self.tau, slot=slot)))
+            accuracy = scores["st"]
+        return {
+            "sample_id": sample.sample_id,
+            "task": "video",
+            "space": self.space.name,
+            "query": sample.query,
+            "completion": text,
+            "region": None if pred is None else self.space.serialize(pred),
+            "gt_region": self.space.serialize(gt),
+            "no_target": gt is NO_TARGET,
+            "rejected": norm is NO_TARGET,
+            "answered": norm is not None and norm is not NO_TARGET,
+            "format_ok": pred is not None,
+            "scores": scores,
+            "rewards": {"accuracy": float(accuracy), "format": float(pred is not None)},
+            "cycle": None,
+        }
 
     def eval_logs(self, kind: str) -> dict[str, float]:
         """The epoch's metrics of every eval set of ``kind`` (``{kind}/{set}/{metric}``; nan ones left out), then

@@ -311,3 +311,17 @@ def test_a_test_split_of_1000_scenes_exports_and_is_cached(tmp_path):
     t0 = time.monotonic()
     assert toy.export_jsonl(tmp_path, "test_id", 1000, seed=0) == path  # the manifest: no second render
     assert time.monotonic() - t0 < 2.0
+
+
+def test_the_crowded_training_split_is_test_ood_crowded_drawing_on_its_own_scenes():
+    recs = toy.generate_split("crowded", 20, seed=0)
+    held = {r["image"].tobytes() for r in toy.generate_split("test_ood_crowded", 20, seed=0)}
+    assert not held & {r["image"].tobytes() for r in recs}  # its own code: never a held-out scene
+    for r in recs:
+        meta = r["meta"]
+        target = next(o for o in meta["objects"] if o["role"] == "target")
+        others = [o for o in meta["objects"] if o["role"] != "target"]
+        assert meta["description"].split()[1] in grammar.PLAIN_BACKGROUNDS and len(others) >= 3
+        assert all(1 <= sum(o[a] == target[a] for a in ("size", "colour", "shape")) <= 2 for o in others)
+    assert toy.make_scene("crowded", 3, 0)["image"].tobytes() == recs[3]["image"].tobytes()
+    assert "crowded" not in toy.TEST_SPLITS

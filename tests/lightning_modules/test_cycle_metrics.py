@@ -129,6 +129,18 @@ def test_locatability_hand_values():
         Locatability().update([0.5], [0.1, 0.2])
 
 
+def test_locate_counts_one_caption_as_locatability_does():
+    from lightning_modules.cycle_metrics import locate
+
+    own = [0.9, 0.6, 0.2, 0.55, 0.3, 0.5]
+    other = [0.0, 0.7, 0.8, float("nan"), float("-inf"), 0.5]
+    for o, d in zip(own, other):
+        m = Locatability()
+        m.update([o], [d])
+        assert locate(o, d) == (bool(m.located), bool(m.confused)), (o, d)
+    assert locate(0.5, 0.5) == (False, True)  # a tie with a look-alike is a confusion, not a location
+
+
 def test_locatability_from_regions():
     space = IntervalSpace()
     own, lookalikes = [(1.0, 2.0)], [[(4.0, 5.0)], [(6.0, 7.0)]]
@@ -205,7 +217,9 @@ def test_metrics_update_on_a_cuda_device():
     """Moved to the GPU (``.to(module.device)``, as CycleGRPO's evaluation does), every metric updates and computes
     there: NCCL can only reduce CUDA states."""
     for make, args in _RANKED.values():
-        m = make().to("cuda")
+        m, cpu = make().to("cuda"), make()
         m.update(*args)
+        cpu.update(*args)
         assert all(v.device.type == "cuda" for v in m.metric_state.values())
-        m.compute()
+        for k, v in cpu.compute().items():
+            torch.testing.assert_close(m.compute()[k].cpu(), v, equal_nan=True)

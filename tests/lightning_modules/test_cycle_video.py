@@ -185,8 +185,13 @@ def test_lookalike_regions_are_the_actors_other_moves_in_either_space():
     assert s.lookalike_regions("interval") == [((a, b),) for a, b in s.lookalikes]
     anchors = s.lookalike_regions("anchor")
     assert len(anchors) == len(s.lookalikes)
-    for (a, b), region in zip(s.lookalikes, anchors):
-        frames = list(range(round(a * fps), round(b * fps) + 1))
+    moves = [  # the actor's other moves, from the clip's events (frames), not from the seconds
+        ev for i, ev in enumerate(s.meta["events"])
+        if ev["type"] == "move" and ev["object"] == 0 and i != s.meta["target_event"]
+    ]  # fmt: skip
+    assert len(moves) == len(anchors)
+    for ev, region in zip(moves, anchors):
+        frames = list(range(ev["start_frame"], ev["end_frame"] + 1))
         assert [t for t, _ in region] == [f / fps for f in frames]
         assert [list(box) for _, box in region] == [list(map(float, boxes[f])) for f in frames]
     own = s.region("anchor")

@@ -130,7 +130,10 @@ def _print_config(argv: list[str]) -> dict:
 EVOLVED = [REPO / f"configs/study/evolved_toy{s}.yaml" for s in ("", "_revisit", "_binary", "_stepback")]
 
 
-@pytest.mark.parametrize("path", [TABLE1, *EVOLVED], ids=lambda p: p.stem)
+CROWDED = REPO / "configs/study/cycle_ablation_toy_crowded.yaml"
+
+
+@pytest.mark.parametrize("path", [TABLE1, *EVOLVED, CROWDED], ids=lambda p: p.stem)
 def test_the_cli_accepts_one_run_of_every_row(path, tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     study = load_study(path)
@@ -149,6 +152,9 @@ def test_the_cli_accepts_one_run_of_every_row(path, tmp_path, monkeypatch):
                 assert model["method"] == method and (synth["mode"] == "off") == (r.row.name == "grpo")
                 back = {"evolved_back2": 2, "evolved_back3": 3}.get(r.row.name, 1)  # the step-back rule's rows
                 assert synth["strategy_args"].get("step_back_after", 1) == back and synth["strategy_args"]["seed"] == 0
+            if path == CROWDED:  # about half of the training scenes drawn from the crowded split, rendered on access
+                toy = cfg["data"]["init_args"]["toy"]
+                assert toy["render_train"] is True and toy["mix"] == {"crowded": 0.5}
             if path in EVOLVED and path.stem != "evolved_toy":  # a small pool, seen 12 times
                 assert cfg["data"]["init_args"]["toy"]["splits"]["train"] == 16 and cfg["trainer"]["max_epochs"] == 12
                 binary = path.stem in ("evolved_toy_binary", "evolved_toy_stepback")  # R_acc 1 / 0 at IoU 0.5
@@ -389,13 +395,15 @@ def test_clip_records_give_per_clip_metrics_and_skip_clips_without_a_caption(tmp
     ]  # fmt: skip
     (pred / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     _, scenes = read_evaluation(tmp_path / "p", "predict")
-    assert scenes.to_csv(index=False)  # what write_record stores as scenes.csv
+    scenes.to_csv(tmp_path / "scenes.csv", index=False)  # what write_record stores, and load_records reads back
+    scenes = pd.read_csv(tmp_path / "scenes.csv")
     rec = [{"scenes": scenes}, {"scenes": scenes}]
     assert _scene_matrix(rec, "test", "tiou").tolist() == [[0.6, 0.4, 1.0]] * 2
     assert _scene_matrix(rec, "test", "r1@0.5").tolist() == [[1.0, 0.0, 1.0]] * 2
     assert _scene_matrix(rec, "test", "locatability").tolist() == [[1.0, 0.0]] * 2  # c2: no target, no caption
     assert _scene_matrix(rec, "test", "confusion").tolist() == [[0.0, 1.0]] * 2
     assert _scene_matrix(rec, "test", "when") is None  # an interval clip has no when / where score
+    assert _scene_matrix(rec, "test", "st") is None  # nor an Eq. 15 score: tIoU is not reported as st
 
 
 # ---------------------------------------------------------------------------------------------------------------------
