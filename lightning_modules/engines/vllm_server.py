@@ -5,9 +5,10 @@
 One ``vllm.LLM`` (`engines.vllm.VLLMGenerator`) behind a small FastAPI app, the client being
 `engines.vllm.VLLMServerClient`:
 
-- ``GET /health``: ``{status, model, dtype, vocab_size, weights}`` (``weights``: the directory last reloaded, or the model's);
-- ``POST /generate``: a `SampleRequest` (prompts, base64 PNG images, sampling) -> `SampleResponse` (prompt ids,
-  completion ids, their log-probs);
+- ``GET /health``: ``{status, model, dtype, vocab_size, weights, architecture, clips}`` (``weights``: the directory
+  last reloaded, or the model's; ``clips``: whether it samples video clips, Qwen2.5-VL only);
+- ``POST /generate``: a `SampleRequest` (prompts, base64 PNG images or clips of PNG frames + fps, sampling) ->
+  `SampleResponse` (prompt ids, completion ids, their log-probs);
 - ``POST /reload_weights``: ``{path}``: a directory of ``*.safetensors`` (the trainer writes one after every
   optimizer step on storage both machines see); the weights are replaced in place and the encoder and prefix caches
   reset, so no request after it sees the old weights.
@@ -42,14 +43,23 @@ def build_app(gen: VLLMGenerator):
             "dtype": gen.dtype,
             "vocab_size": gen.vocab_size,
             "weights": gen.weights,
+            "architecture": gen.architecture,
+            "clips": gen.takes_clips,
         }
 
     @app.post("/generate", response_model=SampleResponse)
     def generate(req: SampleRequest) -> SampleResponse:
-        if len(req.images) != len(req.prompts):
-            raise HTTPException(422, f"one image per prompt: {len(req.images)} images for {len(req.prompts)} prompts")
+        if len(req.images) + len(req.videos) != len(req.prompts) or (req.images and req.videos):
+            raise HTTPException(
+                422,
+                f"one image or one clip per prompt, one kind per request: {len(req.images)} images and "
+                f"{len(req.videos)} clips for {len(req.prompts)} prompts",
+            )
         with lock:
-            return gen.generate(req)
+            try:
+                return gen.generate(req)
+            except NotImplementedError as err:  # clips on a model whose positions vLLM would get wrong
+                raise HTTPException(422, str(err)) from err
 
     @app.post("/reload_weights")
     def reload_weights(req: ReloadRequest) -> dict:

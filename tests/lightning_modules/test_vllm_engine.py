@@ -338,6 +338,147 @@ def test_weight_sync_matches_and_stale_weights_fail(engine, policy, requests_):
     assert min(stale) > 10 * max(after)
 
 
+# ---------------------------------------------------------------------------------------------- video clips
+VIDEO = REPO / "checkpoints/toy-qwen2.5-vl-cycle-video"
+"""The video checkpoint: the same config, processor and tokenizer as TOY, so the vLLM started from TOY (colocated or
+the server) samples it once the engine has pushed its weights (every sample pushes when the policy changes)."""
+
+
+@pytest.fixture(scope="module")
+def video_policy():
+    from lightning_modules.policy import load_policy
+
+    model, processor = load_policy(str(VIDEO), dtype="fp32")
+    return model.eval(), processor
+
+
+def _clip_requests(processor, n: int = 1, clips: int = 4) -> list[RolloutRequest]:
+    """CycleGRPO's grounding prompt of the temporal clips (toy_temporal) on held-out toy clips: 16 frames at 2 fps, so
+    the clip's t axis (8 patches x 4 tokens per second) runs far past its 4 x 4 grid."""
+    from datamodules.toy_video import make_clip
+    from lightning_modules.policy import build_prompt_text
+    from lightning_modules.qwen_vl import VideoClip
+
+    out = []
+    for i in range(clips):
+        c = make_clip("test", i, 0)
+        prompt = build_prompt_text(processor, c["meta"]["query"], task="rec", template="toy_temporal", video=True)
+        out.append(RolloutRequest(prompt, VideoClip(c["frames"], fps=c["fps"]), n, i))
+    return out
+
+
+@vllm_test
+def test_clip_positions_are_the_full_forwards():
+    """vLLM's own Qwen2.5-VL puts the text after a 16-frame clip 25 positions further than transformers' forward
+    (max(t) + 1 = start + 29 instead of start + max(h, w) = start + 4, on all three axes); the class the engine runs
+    (`vllm_qwen`) gives a prompt's positions and its completion's exactly as transformers' get_rope_index of prompt +
+    completion does."""
+    from types import SimpleNamespace
+
+    from vllm.model_executor.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
+
+    from lightning_modules.engines.vllm_qwen import Qwen2_5_VLWithProjectPositions
+    from lightning_modules.policy import load_policy
+    from lightning_modules.qwen_vl import processor_inputs
+
+    model, processor = load_policy(str(VIDEO), dtype="fp32")
+    req = _clip_requests(processor, clips=1)[0]
+    enc = processor_inputs(processor, [req.prompt], [req.image])
+    ids = enc["input_ids"][0].tolist()
+    grid, seconds = enc["video_grid_thw"][0], enc["second_per_grid_ts"][0]
+    assert grid.tolist() == [8, 8, 8] and float(seconds) == 1.0
+    start = ids.index(model.config.video_token_id)
+    feature = SimpleNamespace(
+        modality="video",
+        mm_position=SimpleNamespace(offset=start, length=int(grid.prod()) // 4),
+        data={"video_grid_thw": SimpleNamespace(data=grid), "second_per_grid_ts": SimpleNamespace(data=seconds)},
+    )
+    ours = object.__new__(Qwen2_5_VLWithProjectPositions)  # the methods read only .config
+    object.__setattr__(ours, "config", model.config)
+    theirs_pos, theirs_delta = Qwen2_5_VLForConditionalGeneration.get_mrope_input_positions(ours, ids, [feature])
+    ours_pos, ours_delta = ours.get_mrope_input_positions(ids, [feature])
+
+    T = 5  # a completion of 5 tokens: a full forward's positions of prompt + completion
+    full_ids = torch.cat([enc["input_ids"], torch.full((1, T), 11)], 1)
+    full, _ = model.model.get_rope_index(
+        full_ids,
+        mm_token_type_ids=torch.cat([enc["mm_token_type_ids"], torch.zeros(1, T, dtype=torch.long)], 1),
+        video_grid_thw=enc["video_grid_thw"],
+        second_per_grid_ts=enc["second_per_grid_ts"],
+        attention_mask=torch.ones_like(full_ids),
+    )
+    P = len(ids)
+    assert torch.equal(torch.as_tensor(ours_pos), full[:, 0, :P])
+    completion = [P + k + ours_delta for k in range(T)]  # vLLM's decode positions: index + delta
+    assert full[:, 0, P:].tolist() == [completion] * 3
+    end = start + int(grid.prod()) // 4  # the first text token after the clip
+    diff = torch.as_tensor(theirs_pos) - full[:, 0, :P]
+    shift = theirs_delta - ours_delta
+    print(f"vLLM's own positions after the clip (index {end} on): +{diff[:, end].tolist()}; decode +{shift}")
+    assert not diff[:, :end].any() and (diff[:, end:] == 25).all() and shift == 25
+
+
+@vllm_test
+def test_greedy_clip_rollouts_equal_the_hf_engine(engine, video_policy):
+    """The toy video checkpoint's greedy groundings of 4 held-out clips: vLLM's equal the hf engine's token for token,
+    from the same prompt encoding (prompt ids, pixels, grids, seconds per temporal patch)."""
+    model, processor = video_policy
+    reqs = _clip_requests(processor)
+    greedy = Sampling(max_new_tokens=48, greedy=True)
+    ours = engine.generate(model, processor, reqs, greedy)
+    ref = build_rollout_engine("hf").generate(model, processor, reqs, greedy)
+    print(f"[{engine.mode}] clip groundings: vllm {ours.texts} hf {ref.texts}")
+    assert ours.is_video and ref.is_video
+    assert torch.equal(ours.prompt_ids, ref.prompt_ids) and torch.equal(ours.prompt_mask, ref.prompt_mask)
+    assert torch.equal(ours.pixel_values, ref.pixel_values) and torch.equal(ours.image_grid_thw, ref.image_grid_thw)
+    assert torch.equal(ours.second_per_grid_ts, ref.second_per_grid_ts)
+    assert ours.texts == ref.texts and all("</answer>" in t for t in ours.texts)
+    assert torch.equal(ours.completion_ids, ref.completion_ids)
+    # the weight push before this rollout was checked on a clip prompt (the last one sampled)
+    sync = engine.backend(model).syncs[-1]
+    assert sync["max_abs_logp_diff"] is not None and sync["max_abs_logp_diff"] < SYNC_ATOL
+
+
+@vllm_test
+def test_clip_rollout_logprobs_match_the_policy_forward(engine, video_policy):
+    """vLLM's log-probs of its sampled clip completions (temperature 1) equal the policy's teacher-forced forward on
+    the Rollout (transformers' positions after the clip): the update scores what vLLM sampled."""
+    model, processor = video_policy
+    reqs = _clip_requests(processor, n=3, clips=2)
+    ro = engine.generate(model, processor, reqs, Sampling(temperature=1.0, max_new_tokens=24, min_new_tokens=24))
+    assert ro.completion_ids.shape == (6, 24) and (ro.completion_mask.sum(1) == 24).all()
+    upd = HFUpdateEngine(micro_batch_size=6, temperature=1.0)
+    logp = upd.logprobs(model, upd.prepare(model, processor, ro, torch.device("cpu")))
+    diff = (logp - engine.last_logprobs).abs()[ro.completion_mask.bool()].max().item()
+    print(f"[{engine.mode}] clip rollout log-prob |vLLM - policy| max {diff:.3g}")
+    assert diff < SYNC_ATOL
+
+
+def test_clips_are_refused_where_vllm_would_place_them_elsewhere(policy):
+    """A vLLM whose model is not Qwen2.5-VL (no project positions after a clip) refuses clips, saying why (no vLLM
+    needed: the engine's backend is a stand-in that would fail if sampled)."""
+    from types import SimpleNamespace
+
+    from lightning_modules.engines.vllm import _Backend, weights_fingerprint
+    from lightning_modules.qwen_vl import VideoClip
+
+    model, processor = policy
+    eng = build_rollout_engine("vllm")
+    impl = SimpleNamespace(takes_clips=False, architecture="Qwen3VLForConditionalGeneration")
+    eng._backend = _Backend(("stand-in",), impl, torch.float32, fingerprint=weights_fingerprint(model))
+    with pytest.raises(NotImplementedError, match="Qwen2.5-VL checkpoints only.*max\\(positions\\) \\+ 1"):
+        eng.sample(
+            model,
+            processor,
+            ["<|vision_start|><|video_pad|><|vision_end|>when"],
+            [VideoClip([_scene("red", 20)] * 4, fps=2.0)],
+            group_size=1,
+            sampling=Sampling(max_new_tokens=2),
+            suppress_ids=[],
+            eos_ids=[processor.tokenizer.eos_token_id],
+        )
+
+
 # ---------------------------------------------------------------------------------------------- fits
 def _tiny_fit_args(tmp_path: Path, *extra: str) -> list[str]:
     return [
