@@ -579,6 +579,10 @@ class GRPOModule(L.LightningModule):
         if acc is not None and self.hparams.task == "rec":
             logs["train/iou"] = float(acc.mean())
             logs["train/acc50"] = float((acc >= 0.5).float().mean())
+            # which way tied groups go: every answer right (IoU >= 0.5), every answer wrong
+            logs["train/all_correct_frac"], logs["train/all_wrong_frac"] = objective.group_convergence(
+                acc, ro.group_ids, 0.5
+            )
         for k, v in stats.items():
             logs[f"train/{k}"] = v
         self.log_dict(logs, batch_size=bsz, on_step=True, on_epoch=False)

@@ -169,6 +169,19 @@ def group_reward_stats(rewards: torch.Tensor, group_ids: torch.Tensor | Sequence
     return sum(stds) / len(stds), sum(constant) / len(constant)
 
 
+def group_convergence(
+    values: torch.Tensor, group_ids: torch.Tensor | Sequence[int], threshold: float = 0.5
+) -> tuple[float, float]:
+    """(fraction of groups whose values are all >= ``threshold``, fraction whose values are all below it): which way
+    the groups of an outcome reward converge (all answers right, all wrong) when they tie."""
+    v = torch.as_tensor(values).detach().float().reshape(-1)
+    ids = torch.as_tensor(group_ids).reshape(-1)
+    groups = torch.unique(ids)
+    lo = torch.stack([v[ids == g].min() for g in groups])
+    hi = torch.stack([v[ids == g].max() for g in groups])
+    return float((lo >= threshold).float().mean()), float((hi < threshold).float().mean())
+
+
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
     """Per-token estimate of KL(pi || pi_ref) from the sampled token's log-probs (Schulman's k1 / k2 / k3).
 

@@ -28,10 +28,6 @@ from lightning_modules.methods.grpo import GRPO
 from lightning_modules.methods.syn_grpo import SynGRPO
 from lightning_modules.policy import Rollout
 
-CORRECT = 0.5
-"""An accuracy reward at or above this counts as a correct answer in the convergence logs (IoU 0.5, the default
-``correct_iou`` of the instruction-evolution strategy; the binary reward is 1 / 0)."""
-
 
 class ProcessReward:
     """EvolvedGRPO's part of a method, mixed in before a GRPO-family base: the process reward term, the level logs.
@@ -76,18 +72,10 @@ class ProcessReward:
     def train_logs(self, scores: Scores, ro: Rollout) -> dict[str, float]:
         logs = super().train_logs(scores, ro)
         multi = scores.extras["multi_step"][:: ro.group_size].float()
-        acc = scores.parts["accuracy"]
-        _, zero_var = objective.group_reward_stats(acc, ro.group_ids)
-        groups = ro.group_ids.unique()
-        lo = torch.stack([acc[ro.group_ids == g].min() for g in groups])
-        hi = torch.stack([acc[ro.group_ids == g].max() for g in groups])
+        _, zero_var = objective.group_reward_stats(scores.parts["accuracy"], ro.group_ids)
         logs.update(
             {
                 "train/level/outcome_zero_var_frac": float(zero_var),
-                # which way the groups converge (IoU >= 0.5 counts as correct, the level rule's default): all correct
-                # moves a sample up, all wrong steps it back
-                "train/level/all_correct_frac": float((lo >= CORRECT).float().mean()),
-                "train/level/all_wrong_frac": float((hi < CORRECT).float().mean()),
                 "train/level/multi_step_frac": float(multi.mean()),
                 # the process reward where it applies: how much of the chain the completions got right
                 "train/level/prefix_credit": float(scores.parts["process"][scores.extras["multi_step"]].mean())

@@ -94,6 +94,8 @@ def test_fit_runs_grpo_steps_and_resumes_with_smoother_state(tiny_model_dir, rec
         "train/clip_frac_high",
         "train/iou",
         "train/acc50",
+        "train/all_correct_frac",
+        "train/all_wrong_frac",
     ):
         assert key in logged, key
         assert torch.isfinite(torch.as_tensor(logged[key])), key

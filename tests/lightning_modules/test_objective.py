@@ -428,3 +428,13 @@ def test_token_entropy_matches_reference_and_masks():
     assert close(token_entropy(torch.zeros(1, 2, 16)), [[math.log(16)] * 2])
     x = torch.randn(1, 3, 5, dtype=torch.float64, generator=g, requires_grad=True)
     assert torch.autograd.gradcheck(lambda z: token_entropy(z, chunk_size=2), (x,))
+
+
+def test_group_convergence_says_which_way_groups_tie():
+    """Three groups of 2 (IoU rewards): both right, both wrong, mixed; uneven groups go through the same path."""
+    from lightning_modules.objective import group_convergence
+
+    iou = torch.tensor([0.9, 0.5, 0.1, 0.0, 0.7, 0.2])
+    assert group_convergence(iou, [0, 0, 1, 1, 2, 2]) == pytest.approx((1 / 3, 1 / 3))
+    assert group_convergence(iou, [0, 0, 0, 1, 1, 1], threshold=0.05) == (0.5, 0.0)  # 0.0 < 0.05: group 1 is mixed
+    assert group_convergence(torch.tensor([1.0, 1.0, 0.0]), [0, 0, 1]) == (0.5, 0.5)
