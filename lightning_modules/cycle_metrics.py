@@ -173,7 +173,7 @@ class SpatioTemporalMetrics(Metric):
 
     def scores(self, gt: Any, pred: Any) -> tuple[float, float, float]:
         """``(when, where, st)`` of one sample (`st_scores`)."""
-        return _st_scores(self.space, gt, pred, self.slot)
+        return st_scores(gt, pred, self.space.tau, self.slot)
 
     def update(self, gts: Sequence[Any], preds: Sequence[Any]) -> None:
         _check_lengths(gts, preds)
@@ -256,11 +256,9 @@ def locate(own_iou: float, distractor_iou: float, threshold: float = 0.5) -> tup
 
 
 def st_scores(gt: Any, pred: Any, tau: float = 3.0, slot: float = 0.5) -> tuple[float, float, float]:
-    """``(when, where, st)`` of one anchor answer, as ``SpatioTemporalMetrics`` scores it."""
-    return _st_scores(AnchorSpace(tau=tau), gt, pred, slot)
-
-
-def _st_scores(space: AnchorSpace, gt: Any, pred: Any, slot: float) -> tuple[float, float, float]:
+    """``(when, where, st)`` of one anchor answer (``SpatioTemporalMetrics``' per-sample scores): the merged frame
+    slots' tIoU, the mean IoU with the predicted box nearest in time (0 beyond ``tau``), Eq. 15."""
+    space = AnchorSpace(tau=tau)
     if pred is None:
         return 0.0, 0.0, 0.0
     gt, pred = space.normalize(gt), space.normalize(pred)

@@ -176,9 +176,13 @@ def group_convergence(
     the groups of an outcome reward converge (all answers right, all wrong) when they tie."""
     v = torch.as_tensor(values).detach().float().reshape(-1)
     ids = torch.as_tensor(group_ids).reshape(-1)
-    groups = torch.unique(ids)
-    lo = torch.stack([v[ids == g].min() for g in groups])
-    hi = torch.stack([v[ids == g].max() for g in groups])
+    G = uniform_group_size(ids)
+    if G is not None:  # contiguous equal-size groups (every GRPO step): one reduction per side
+        lo, hi = v.view(-1, G).amin(1), v.view(-1, G).amax(1)
+    else:
+        groups = torch.unique(ids)
+        lo = torch.stack([v[ids == g].min() for g in groups])
+        hi = torch.stack([v[ids == g].max() for g in groups])
     return float((lo >= threshold).float().mean()), float((hi < threshold).float().mean())
 
 

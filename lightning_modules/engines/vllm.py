@@ -62,6 +62,7 @@ __all__ = [
     "SampleRequest",
     "SampleResponse",
     "EncodedClip",
+    "UnsupportedClipError",
     "import_vllm",
     "export_weights",
     "weights_fingerprint",
@@ -85,13 +86,18 @@ def import_vllm():
     return vllm
 
 
-CLIPS_UNSUPPORTED = (
-    "the vllm rollout engine takes video clips for Qwen2.5-VL checkpoints only, and this vLLM runs {arch}: vLLM "
-    "continues the text after a clip from max(positions) + 1 where transformers' forward (SFT, the update engines) "
-    "continues it from start + max(h, w) / merge, so its rollouts would come from other positions than the ones the "
-    "update scores (lightning_modules/engines/vllm_qwen.py replaces them for Qwen2.5-VL only). Use "
-    "--model.rollout_engine fast (or hf) for video prompts (docs/vllm.md)."
-)
+class UnsupportedClipError(ValueError):
+    """Video clips sent to a vLLM that would sample them at other positions than the update scores (any model but
+    Qwen2.5-VL, whose positions `vllm_qwen` replaces); the message says why and which engine to use instead."""
+
+    def __init__(self, arch: str):
+        super().__init__(
+            f"the vllm rollout engine takes video clips for Qwen2.5-VL checkpoints only, and this vLLM runs {arch}: "
+            "vLLM continues the text after a clip from max(positions) + 1 where transformers' forward (SFT, the "
+            "update engines) continues it from start + max(h, w) / merge, so its rollouts would come from other "
+            "positions than the ones the update scores (lightning_modules/engines/vllm_qwen.py replaces them for "
+            "Qwen2.5-VL only). Use --model.rollout_engine fast (or hf) for video prompts (docs/vllm.md)."
+        )
 
 
 # -------------------------------------------------------------------------------------------------- wire format
@@ -286,7 +292,7 @@ class VLLMGenerator:
             images = [decode_clip(c) for c in req.videos] + [decode_image(s) for s in req.images]
         images = list(images)
         if any(isinstance(v, VideoClip) for v in images) and not self.takes_clips:
-            raise NotImplementedError(CLIPS_UNSUPPORTED.format(arch=self.architecture or "an unknown architecture"))
+            raise UnsupportedClipError(self.architecture or "an unknown architecture")
         inputs = vllm_inputs(req.prompts, images)
         outs = self.llm.generate(inputs, self.sampling_params(req), use_tqdm=False)
         ids, lps = [], []
@@ -394,9 +400,7 @@ class VLLMServerClient:
 
     def generate(self, req: SampleRequest, images: Sequence[Image.Image | VideoClip] | None = None) -> SampleResponse:
         if images is not None:
-            clips = [im for im in images if isinstance(im, VideoClip)]
-            if clips and not self.takes_clips:
-                raise NotImplementedError(CLIPS_UNSUPPORTED.format(arch=self.architecture or "an older server"))
+            clips = [im for im in images if isinstance(im, VideoClip)]  # a server that cannot take them says so
             stills = [im for im in images if not isinstance(im, VideoClip)]
             update = {"images": [encode_image(im) for im in stills], "videos": [encode_clip(c) for c in clips]}
             req = req.model_copy(update=update)
@@ -716,7 +720,7 @@ class VLLMRolloutEngine(RolloutEngine):
     def sample(self, model, processor, prompts, images, *, group_size, sampling: Sampling, suppress_ids, eos_ids):
         b = self.backend(model)
         if any(isinstance(im, VideoClip) for im in images) and not b.impl.takes_clips:
-            raise NotImplementedError(CLIPS_UNSUPPORTED.format(arch=b.impl.architecture or "an unknown architecture"))
+            raise UnsupportedClipError(b.impl.architecture or "an unknown architecture")
         self._processor = processor
         self._probe = (prompts[0], images[0])
         if b.fingerprint != weights_fingerprint(model):

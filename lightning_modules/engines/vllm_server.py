@@ -24,7 +24,13 @@ import argparse
 import threading
 import time
 
-from lightning_modules.engines.vllm import ReloadRequest, SampleRequest, SampleResponse, VLLMGenerator
+from lightning_modules.engines.vllm import (
+    ReloadRequest,
+    SampleRequest,
+    SampleResponse,
+    UnsupportedClipError,
+    VLLMGenerator,
+)
 
 __all__ = ["build_app", "main"]
 
@@ -58,7 +64,7 @@ def build_app(gen: VLLMGenerator):
         with lock:
             try:
                 return gen.generate(req)
-            except NotImplementedError as err:  # clips on a model whose positions vLLM would get wrong
+            except UnsupportedClipError as err:  # clips on a model whose positions vLLM would get wrong
                 raise HTTPException(422, str(err)) from err
 
     @app.post("/reload_weights")

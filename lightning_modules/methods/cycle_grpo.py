@@ -410,7 +410,7 @@ class CycleGRPO(Method):
         a sample with a target, ``cycle``: the caption, the consistency of its grounding with the own region and with
         the best look-alike, and whether that counts as ``located`` / ``confused`` (`Locatability`). The means of
         these over a set are the set's ``test`` metrics (``callbacks.predictions.summarize``)."""
-        from lightning_modules.cycle_metrics import locate, pair_consistency, st_scores
+        from lightning_modules.cycle_metrics import locate, pair_consistency
 
         hp = module.hparams
         engine = module.rollout_engine.for_evaluation()
@@ -418,7 +418,7 @@ class CycleGRPO(Method):
         sampling = _greedy(hp.max_new_tokens)
         if self.video:
             texts, gts, preds = self._ground_clips(module.policy, module.processor, engine, batch, template, sampling)
-            rows = [self._clip_record(s, t, g, p, st_scores) for s, t, g, p in zip(batch, texts, gts, preds)]
+            rows = [self._clip_record(s, t, g, p) for s, t, g, p in zip(batch, texts, gts, preds)]
         else:
             rows = module.rec_predictions(batch)
         targets, owns, lookalikes = self._cycle_targets(batch)
@@ -436,8 +436,10 @@ class CycleGRPO(Method):
             }
         return rows
 
-    def _clip_record(self, sample, text: str, gt, pred, st_scores) -> dict:
+    def _clip_record(self, sample, text: str, gt, pred) -> dict:
         """`predict`'s record of one clip's grounding (its ``cycle`` added by the caller)."""
+        from lightning_modules.cycle_metrics import st_scores
+
         norm = self.space.normalize(pred) if pred is not None else None
         if self.space.name == "interval":
             scores = {"tiou": self._space_for(sample).consistency(gt, pred)}

@@ -459,14 +459,14 @@ def test_clips_are_refused_where_vllm_would_place_them_elsewhere(policy):
     needed: the engine's backend is a stand-in that would fail if sampled)."""
     from types import SimpleNamespace
 
-    from lightning_modules.engines.vllm import _Backend, weights_fingerprint
+    from lightning_modules.engines.vllm import UnsupportedClipError, _Backend, weights_fingerprint
     from lightning_modules.qwen_vl import VideoClip
 
     model, processor = policy
     eng = build_rollout_engine("vllm")
     impl = SimpleNamespace(takes_clips=False, architecture="Qwen3VLForConditionalGeneration")
     eng._backend = _Backend(("stand-in",), impl, torch.float32, fingerprint=weights_fingerprint(model))
-    with pytest.raises(NotImplementedError, match="Qwen2.5-VL checkpoints only.*max\\(positions\\) \\+ 1"):
+    with pytest.raises(UnsupportedClipError, match="Qwen2.5-VL checkpoints only.*max\\(positions\\) \\+ 1"):
         eng.sample(
             model,
             processor,
