@@ -224,7 +224,11 @@ def make_scene(split: str, index: int, seed: int, size: int = 224, task: str = "
             rec["meta"].update(query=query, level=level)
             rec["conversations"][0]["value"] = f"<image>{query}"
             return rec
-    raise RuntimeError(f"{split} scene {index}: no exact level-{level} query in {HARD_QUERY_ATTEMPTS} draws")
+    raise RuntimeError(
+        f"{split} scene {index} (seed {seed}): no exact level-{level} question in {HARD_QUERY_ATTEMPTS} draws; the "
+        f"split's SplitSpec (datamodules/toy.py SPLITS) draws too few objects for that level: widen its `others` "
+        "range or raise HARD_QUERY_ATTEMPTS"
+    )
 
 
 def _draw_scene(split: str, index: int, seed: int, size: int, task: str, rng: np.random.Generator) -> dict[str, Any]:

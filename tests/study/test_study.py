@@ -444,3 +444,31 @@ def test_smoke_study_end_to_end(tmp_path):
     assert sorted(A.method_of(r) for r in runs) == ["grpo", "grpo", "syn_grpo", "syn_grpo"]
     fig = A.plot_collapse_by_method(runs)
     assert A.save_figure(fig, tmp_path / "fig", "collapse_by_method").stat().st_size > 1000
+
+
+@pytest.mark.parametrize(
+    "path,row",
+    [
+        (CROWDED, "cycle"),
+        (REPO / "configs/study/evolved_toy_stepback.yaml", "evolved_back2"),
+        (REPO / "configs/study/cycle_ablation_toy_st.yaml", "cycle"),
+    ],
+    ids=["crowded", "stepback", "st"],
+)
+def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatch):
+    """The study's own fit command line of one row (its overrides: the crowded mix, the step-back rule, the anchor
+    space), two real optimizer steps with validation off, through train.py's CLI in process."""
+    from study import prepare_data
+    from train import cli_main
+
+    monkeypatch.chdir(REPO)
+    study = load_study(path)
+    runs, _ = plan(study, tmp_path / "out")
+    run = next(r for r in runs if r.row.name == row and r.train is not None)
+    prepare_data([run])
+    cli = cli_main([*run.train.argv[2:], "--trainer.max_steps=2", "--trainer.limit_val_batches=0"])
+    assert cli.trainer.global_step == 2
+    assert any(k.startswith("train/") for k in cli.trainer.logged_metrics)
+    if row == "evolved_back2":  # the rule the row varies reached the strategy
+        synth = next(c for c in cli.trainer.callbacks if type(c).__name__ == "SynthesisCallback")
+        assert synth.strategy.levels.back_after == 2
