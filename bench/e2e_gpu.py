@@ -353,13 +353,22 @@ def synth_figures(run_dir: Path, fit_start: float | None, fit_end: float | None)
 
 
 # ------------------------------------------------------------------------------------------------------------ runs
+def _overlay_path(name: str) -> Path:
+    """An overlay of ``--runs config+overlay``: a baseline (configs/baselines/) or another overlay (configs/overlays/)."""
+    for folder in ("baselines", "overlays"):
+        path = REPO / "configs" / folder / f"{name}.yaml"
+        if path.exists():
+            return path
+    raise SystemExit(f"--runs: no overlay {name!r} in configs/baselines/ or configs/overlays/")
+
+
 def run_fit(spec: str, ctx: dict[str, Any], timeout: float) -> dict[str, Any]:
     import yaml
 
     cfg_part, _, synthesis = spec.partition(":")
     synthesis = synthesis or "off"
     names = cfg_part.split("+")
-    paths = [REPO / "configs" / f"{names[0]}.yaml"] + [REPO / "configs/baselines" / f"{n}.yaml" for n in names[1:]]
+    paths = [REPO / "configs" / f"{names[0]}.yaml"] + [_overlay_path(n) for n in names[1:]]
     run_dir = Path(ctx["work"]) / "runs" / spec.replace(":", "_").replace("+", "_")
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)

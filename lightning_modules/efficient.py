@@ -1,4 +1,4 @@
-"""Efficient GRPO policy updates for Qwen2.5-VL: score completions without the per-sample multimodal overhead.
+"""Efficient GRPO policy updates for Qwen-VL (Qwen2-VL, Qwen2.5-VL, Qwen3-VL with DeepStack): score completions without the per-sample multimodal overhead.
 
 What the stock path (``model(**inputs)`` on B*G rows, then log-softmax) spends its time on, and what this does instead:
 
@@ -33,7 +33,15 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from lightning_modules.qwen_vl import image_embeddings, model_parts, mrope_positions, rotate_half, visual_token_id
+from lightning_modules.qwen_vl import (
+    add_deepstack,
+    image_embeddings,
+    model_parts,
+    mrope_positions,
+    rotate_half,
+    split_visual_features,
+    visual_token_id,
+)
 
 __all__ = [
     "PackedRollout",
@@ -339,21 +347,25 @@ def _forward_rows(
     ids = packed.input_ids.to(device)[rows, :L]
     pos = packed.positions.to(device)[:, rows, :L]
     h = text.embed_tokens(ids)
+    img, deepstack = None, []
     if feats is not None:
         img = ids == packed.image_token_id
         f = feats.index_select(0, _feature_index(packed, rows.to(feats.device)).to(feats.device))
-        h = h.masked_scatter(img[..., None], f.to(h.dtype))
+        merged, deepstack = split_visual_features(f, h.shape[-1])  # Qwen3-VL: DeepStack features beside the merged
+        h = h.masked_scatter(img[..., None], merged.to(h.dtype))
     cos, sin = text.rotary_emb(h, pos)
     impl = getattr(text.config, "_attn_implementation", "sdpa")
     mask = None
     if impl not in ("sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"):  # eager needs a causal mask
         mask = torch.full((L, L), -math.inf, device=device, dtype=h.dtype).triu(1)[None, None]
-    for layer in text.layers:
+    for li, layer in enumerate(text.layers):
         hf_ckpt = getattr(layer, "gradient_checkpointing", False) and layer.training
         if grad and checkpoint_layers and not hf_ckpt and torch.is_grad_enabled():
             h = checkpoint(_call_layer, layer, h, mask, cos, sin, use_reentrant=False)
         else:
             h = _call_layer(layer, h, mask, cos, sin)
+        if li < len(deepstack):
+            h = add_deepstack(h, img, deepstack[li])
     h = text.norm(h)
     # hidden state at column comp_start + t - 1 predicts completion token t
     T = packed.completion_ids.shape[1]
@@ -515,7 +527,8 @@ def model_flops_per_token(model) -> dict[str, float]:
     )
     head = parts.lm_head.weight.numel()
     blocks = sum(p.numel() for blk in parts.visual.blocks for n, p in blk.named_parameters() if p.dim() == 2)
-    merger = sum(p.numel() for p in parts.visual.merger.parameters() if p.dim() == 2)
+    mergers = [parts.visual.merger, *getattr(parts.visual, "deepstack_merger_list", [])]
+    merger = sum(p.numel() for m in mergers for p in m.parameters() if p.dim() == 2)
     patch = parts.visual.patch_embed.proj.weight.numel()
     return {
         "decoder": float(layers),

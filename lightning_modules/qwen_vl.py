@@ -1,5 +1,5 @@
-"""The Qwen2.5-VL pieces every fast path shares: the model's parts, its 3-D mRoPE positions, rotary helpers and the
-vision tower's merged features. One copy, used by the rollout engine (``rollout.py``), the packed update engine
+"""The Qwen-VL pieces every fast path shares: the model's parts, its 3-D mRoPE positions, rotary helpers and the
+vision tower's merged features (with Qwen3-VL's DeepStack features beside them). One copy, used by the rollout engine (``rollout.py``), the packed update engine
 (``efficient.py``) and the batched vision attention; and the processor call for a batch of images or video clips
 (``processor_inputs``), which every rollout engine uses.
 
@@ -25,6 +25,8 @@ __all__ = [
     "processor_inputs",
     "rotate_half",
     "image_embeddings",
+    "split_visual_features",
+    "add_deepstack",
     "video_input_wh",
     "video_processor_kwargs",
     "visual_token_id",
@@ -112,36 +114,44 @@ def visual_token_id(config, video: bool) -> int:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-FAST_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
-"""``config.model_type`` of the models the fast / packed engines (and the fast vision attention) implement."""
+FAST_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+"""``config.model_type`` of the models the fast / packed engines (and the fast vision attention) implement. Qwen3-VL
+differs from Qwen2.5-VL in three places these paths handle: per-head RMSNorm of queries and keys (``q_norm`` /
+``k_norm``, applied in `rollout._qkv` when the attention has them), interleaved mRoPE sections (inside the model's own
+``rotary_emb``, which the paths call with the same 3-D positions) and DeepStack (`image_embeddings`,
+`add_deepstack`)."""
 
 
 @dataclass(frozen=True)
 class ModelParts:
-    """The pieces of a Qwen2.5-VL model that the fast paths use."""
+    """The pieces of a Qwen-VL model that the fast paths use."""
 
-    visual: torch.nn.Module  # vision tower (patch embed, blocks, merger)
-    text: torch.nn.Module  # Qwen2_5_VLTextModel: embed_tokens, layers, norm, rotary_emb
+    visual: torch.nn.Module  # vision tower (patch embed, blocks, merger; Qwen3-VL: DeepStack mergers)
+    text: torch.nn.Module  # the text model: embed_tokens, layers, norm, rotary_emb
     lm_head: torch.nn.Module
-    config: object  # the top-level Qwen2_5_VLConfig
+    config: object  # the top-level Qwen2_5_VLConfig / Qwen3VLConfig
+
+    @property
+    def deepstack_layers(self) -> int:
+        """How many first decoder layers take DeepStack features (0 for Qwen2-VL / Qwen2.5-VL)."""
+        return len(getattr(self.visual, "deepstack_visual_indexes", None) or ())
 
 
 def model_parts(model: torch.nn.Module) -> ModelParts:
-    """Find the vision tower, the text model and the LM head of a Qwen2.5-VL model (or a wrapper holding one)."""
+    """Find the vision tower, the text model and the LM head of a Qwen-VL model (or a wrapper holding one)."""
     m = model
     for _ in range(4):  # unwrap DDP / Lightning / torch.compile wrappers
         if hasattr(m, "lm_head") and hasattr(m, "model"):
             break
         m = getattr(m, "module", None) or getattr(m, "_orig_mod", None) or getattr(m, "base_model", None)
         if m is None:
-            raise TypeError(f"fast rollout needs a Qwen2_5_VLForConditionalGeneration, got {type(model).__name__}")
+            raise TypeError(f"fast rollout needs a Qwen-VL ForConditionalGeneration model, got {type(model).__name__}")
     model_type = getattr(m.config, "model_type", None)
     if model_type not in FAST_MODEL_TYPES:
         raise TypeError(
-            f"the fast rollout / packed update engines implement Qwen2-VL and Qwen2.5-VL (their mRoPE and vision "
-            f"merger), not {model_type!r} ({type(m).__name__}; Qwen3-VL adds DeepStack visual features inside the "
-            "decoder): set --model.rollout_engine hf_shared (or hf) --model.update_engine hf, which run the model's "
-            "own transformers code"
+            f"the fast rollout / packed update engines implement Qwen2-VL, Qwen2.5-VL and Qwen3-VL (their mRoPE, "
+            f"vision merger and DeepStack), not {model_type!r} ({type(m).__name__}): set --model.rollout_engine "
+            "hf_shared (or hf) --model.update_engine hf, which run the model's own transformers code"
         )
     inner = m.model
     text = getattr(inner, "language_model", None)
@@ -236,9 +246,28 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def image_embeddings(model, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> torch.Tensor:
-    """Merged vision features of all images, in order: ``[sum_i t*h*w/merge**2, hidden]`` (grad flows if enabled)."""
+    """Vision features of all images (or clips), in order, one row per merged token (grad flows if enabled).
+
+    Qwen2-VL / Qwen2.5-VL: the merged features ``[n, hidden]``. Qwen3-VL: the merged features and then each DeepStack
+    layer's, side by side, ``[n, hidden * (1 + deepstack_layers)]``, so that every gather, split and cache over tokens
+    (the G rows of a group, the vision cache, the packed engine's micro-batches) carries them together;
+    `split_visual_features` takes them apart where they enter the decoder."""
     visual = model_parts(model).visual
     out = visual(
         pixel_values.to(visual.dtype if hasattr(visual, "dtype") else pixel_values.dtype), grid_thw=image_grid_thw
     )
-    return out.pooler_output if hasattr(out, "pooler_output") else out
+    merged = out.pooler_output if hasattr(out, "pooler_output") else out
+    deep = getattr(out, "deepstack_features", None)
+    return torch.cat([merged, *deep], dim=-1) if deep else merged
+
+
+def split_visual_features(feats: torch.Tensor, hidden: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """`image_embeddings`' rows -> (merged features [n, hidden], one [n, hidden] tensor per DeepStack layer)."""
+    merged, *deep = feats.split(hidden, dim=-1)
+    return merged, deep
+
+
+def add_deepstack(h: torch.Tensor, visual_mask: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
+    """DeepStack: add one vision layer's features to the hidden states of the visual tokens (``visual_mask`` [B, S])
+    after a decoder layer, as Qwen3-VL's text model does; out of place, so autograd and checkpointing see it."""
+    return h.masked_scatter(visual_mask[..., None], h[visual_mask] + feats.to(h.dtype))

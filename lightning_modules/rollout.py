@@ -1,4 +1,4 @@
-"""Fast GRPO rollouts for Qwen2.5-VL: prefill once per prompt, static KV cache, CUDA-graph decode.
+"""Fast GRPO rollouts for Qwen-VL (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): prefill once per prompt, static KV cache, CUDA-graph decode.
 
 `fast_generate` is a compact generation loop of the project's own over the Hugging Face modules (the weights and the
 decoder layers' sub-modules are used as they are; the loop, the KV cache and the attention calls are ours). It does
@@ -18,6 +18,10 @@ Positions follow Qwen2.5-VL's 3-D mRoPE exactly as transformers computes them (`
 all three axes together, the image's tokens take (t, h, w) grid positions, and the text after the image restarts
 at ``max(previous positions) + 1``. A generated token j of prompt b therefore sits at ``max_pos[b] + 1 + j`` on all
 three axes (transformers: ``cache_position + rope_deltas``).
+
+Qwen3-VL: the same loop, with the attention's per-head query / key RMSNorm (`_qkv`), the model's own interleaved
+rotary embedding, and DeepStack in the prefill (the vision features of the first decoder layers' outputs are added
+at the visual tokens, `qwen_vl.add_deepstack`). Decoded tokens are text, so the decode step has no DeepStack.
 
 On a CPU (tests, the tiny config) the same loop runs eagerly, without graphs.
 
@@ -40,10 +44,12 @@ import torch.nn.functional as F
 
 from lightning_modules.qwen_vl import (
     ModelParts,
+    add_deepstack,
     image_embeddings,
     model_parts,
     mrope_positions,
     rotate_half,
+    split_visual_features,
     visual_token_id,
 )
 
@@ -65,8 +71,11 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 def _qkv(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_q: int, n_kv: int, d: int):
     attn = layer.self_attn
     N, S, _ = x.shape
-    q = attn.q_proj(x).view(N, S, n_q, d).transpose(1, 2)
-    k = attn.k_proj(x).view(N, S, n_kv, d).transpose(1, 2)
+    q = attn.q_proj(x).view(N, S, n_q, d)
+    k = attn.k_proj(x).view(N, S, n_kv, d)
+    if hasattr(attn, "q_norm"):  # Qwen3-VL: RMSNorm over each head's dimensions before the rotation
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k = q.transpose(1, 2), k.transpose(1, 2)
     v = attn.v_proj(x).view(N, S, n_kv, d).transpose(1, 2)
     return _rope(q, cos, sin), _rope(k, cos, sin), v
 
@@ -206,8 +215,9 @@ def _engine_for(model, parts, N, S_needed, T, device, dtype, use_graph, compile_
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _prefill(parts, eng: _DecodeEngine, embeds, positions, attention_mask, G):
-    """Run the B prompts through the language model, write their KV into the G rows of each group, return logits."""
+def _prefill(parts, eng: _DecodeEngine, embeds, positions, attention_mask, G, deepstack=(), visual_mask=None):
+    """Run the B prompts through the language model, write their KV into the G rows of each group, return logits.
+    ``deepstack``: per first decoder layer, the features added at ``visual_mask`` [B, P] after it (Qwen3-VL)."""
     text = parts.text
     B, P, _ = embeds.shape
     cos, sin = text.rotary_emb(embeds, positions)  # [B, P, D]
@@ -226,6 +236,8 @@ def _prefill(parts, eng: _DecodeEngine, embeds, positions, attention_mask, G):
         vx = v[:, :, None].expand(B, eng.n_kv, rep, P, eng.d).reshape(B, eng.n_q, P, eng.d)
         o = F.scaled_dot_product_attention(q, kx, vx, attn_mask=mask, scale=eng.scale)
         h = _finish_layer(layer, h, o.transpose(1, 2).reshape(B, P, eng.n_q * eng.d))
+        if li < len(deepstack):
+            h = add_deepstack(h, visual_mask, deepstack[li])
     h = text.norm(h[:, -1])
     return parts.lm_head(h).float()  # [B, V]
 
@@ -320,7 +332,8 @@ def fast_generate(
         generator: a torch.Generator on the model's device, for reproducible draws.
         cuda_graph: capture the decode step as a CUDA graph (default: on when the model is on CUDA).
         check_every: read "all rows finished?" back to the host every this many tokens (early exit).
-        image_embeds: precomputed merged vision features (skip the vision tower), e.g. from `image_embeddings`.
+        image_embeds: precomputed vision features (skip the vision tower), from `image_embeddings` (Qwen3-VL: with
+            its DeepStack features beside the merged ones).
         return_logprobs: also return each sampled token's log-prob under ``log_softmax(logits / temperature)``
             (temperature 1 when greedy; before suppression, min_new_tokens and top-p; 0 after EOS): the
             "old log-probs" of the rollout policy, as TRL computes them.
@@ -359,13 +372,15 @@ def fast_generate(
     if image_embeds is None and pixel_values is not None:
         image_embeds = image_embeddings(model, pixel_values.to(device), image_grid_thw.to(device))
     img_mask = input_ids == visual_token_id(parts.config, second_per_grid_ts is not None)
+    deepstack = []
     if image_embeds is not None:
         if int(img_mask.sum()) != image_embeds.shape[0]:
             raise ValueError(
                 f"Image features and image tokens do not match: {int(img_mask.sum())} tokens, "
                 f"{image_embeds.shape[0]} features"
             )
-        embeds = embeds.masked_scatter(img_mask[..., None], image_embeds.to(dtype))
+        merged, deepstack = split_visual_features(image_embeds, embeds.shape[-1])
+        embeds = embeds.masked_scatter(img_mask[..., None], merged.to(dtype))
     positions, next_pos = mrope_positions(parts.config, input_ids, attention_mask, image_grid_thw, second_per_grid_ts)
 
     # 2) engine (static cache; graph captured at first use of this shape), state reset
@@ -381,7 +396,8 @@ def fast_generate(
     eng.j.fill_(0)
 
     # 3) prefill (B rows) and the first token (N rows)
-    prefill_logits = _prefill(parts, eng, embeds, positions, attention_mask, G).repeat_interleave(G, dim=0)
+    prefill_logits = _prefill(parts, eng, embeds, positions, attention_mask, G, deepstack, img_mask)
+    prefill_logits = prefill_logits.repeat_interleave(G, dim=0)
     eos = _ids_tensor(eos_token_ids, device)
     sample = dict(temperature=temperature, top_p=top_p, suppress=_ids_tensor(suppress_token_ids, device), eos=eos)
     sample.update(min_new_tokens=min_new_tokens, generator=generator)

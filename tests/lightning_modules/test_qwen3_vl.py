@@ -1,9 +1,11 @@
-"""Qwen3-VL (configs/cycle_4b.yaml's architecture) on the transformers engines: its boxes live on a 0-1000 grid,
-and the project's own engines, written for Qwen2(.5)-VL, refuse it instead of computing wrong positions."""
+"""Qwen3-VL (configs/cycle_4b.yaml's architecture): its boxes live on a 0-1000 grid, and the project's own engines
+(fast rollouts, packed updates) compute what its transformers code computes, DeepStack included; other architectures
+are refused with the flags to use instead."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 from PIL import Image, ImageDraw
 
 from lightning_modules import rewards
@@ -53,19 +55,77 @@ def test_cycle_captioning_prompt_shows_the_box_on_the_grid(qwen3_dir):
     assert method.space.serialize(region) == "[100, 100, 600, 600]"
 
 
-@pytest.mark.parametrize("engine", ["fast", "packed"])
-def test_own_engines_refuse_qwen3_vl_and_name_the_flag(qwen3_dir, engine):
+def test_fast_and_packed_engines_equal_transformers_on_qwen3_vl(qwen3_dir):
+    """The project's own engines on Qwen3-VL (per-head q / k norms, interleaved mRoPE, DeepStack): the fast engine's
+    sampling log-probs and the packed engine's teacher-forced ones equal the model's transformers forward, and so do
+    the GRPO loss and its gradient (bench/engine_parity.py, fp32 on the CPU)."""
+    from bench.engine_parity import run_parity
+
+    out = run_parity(str(qwen3_dir), device="cpu", prompts=2, group=3, new_tokens=10, micro_batch=2)
+    for name, d in out["logprob_abs_diff"].items():
+        assert d["max"] < 1e-4, (name, d)
+    assert out["loss"]["relative_diff"] < 1e-5 and out["grad_cosine_packed_vs_hf"] > 0.9999, out
+
+
+def test_without_deepstack_the_engines_would_differ(qwen3_dir, monkeypatch):
+    """The check above can fail: with DeepStack left out of the project's paths, the packed engine and the fast
+    engine's sampling are both off the transformers forward by far more than rounding."""
+    from bench.engine_parity import run_parity
+    from lightning_modules import efficient, rollout
+
+    monkeypatch.setattr(efficient, "add_deepstack", lambda h, mask, feats: h)
+    monkeypatch.setattr(rollout, "add_deepstack", lambda h, mask, feats: h)
+    out = run_parity(str(qwen3_dir), device="cpu", prompts=2, group=2, new_tokens=6, micro_batch=2)
+    assert out["logprob_abs_diff"]["packed_vs_hf"]["max"] > 1e-3
+    assert out["logprob_abs_diff"]["fast_sampling_vs_hf"]["max"] > 1e-3
+
+
+def test_greedy_fast_rollouts_equal_the_hf_engine_on_qwen3_vl(qwen3_dir):
+    from lightning_modules.engines import RolloutRequest, Sampling, build_rollout_engine
+    from lightning_modules.policy import build_prompt_text
+
+    model, processor = load_policy(str(qwen3_dir), dtype="fp32")
+    images = [Image.new("RGB", (112, 112), "red"), Image.new("RGB", (140, 84), "blue")]
+    queries = ["the small red circle", "the blue shape on the left of everything else"]  # prompts of two lengths
+    reqs = [
+        RolloutRequest(build_prompt_text(processor, q, template="toy"), im, 2, i)
+        for i, (im, q) in enumerate(zip(images, queries))
+    ]
+    greedy = Sampling(max_new_tokens=8, greedy=True)
+    a = build_rollout_engine("hf").generate(model.eval(), processor, reqs, greedy)
+    fast = build_rollout_engine("fast")
+    b = fast.generate(model, processor, reqs, greedy)
+    assert torch.equal(a.completion_ids, b.completion_ids) and fast.vision.encoded == 2
+
+
+def test_batched_vision_attention_is_exact_on_qwen3_vl(qwen3_dir):
+    """The fast paths batch the vision tower's per-image attention (`enable_fast_vision_attention`); on Qwen3-VL's
+    tower (no windows: one attention per image, images of different sizes) it gives the same merged and DeepStack
+    features."""
+    from lightning_modules.efficient import enable_fast_vision_attention
+    from lightning_modules.qwen_vl import image_embeddings
+
+    model, processor = load_policy(str(qwen3_dir), dtype="fp32")
+    images = [Image.new("RGB", (112, 112), "red"), Image.new("RGB", (160, 64), "blue")]
+    enc = processor(
+        text=["<|vision_start|><|image_pad|><|vision_end|>"] * 2, images=images, return_tensors="pt", padding=True
+    )
+    with torch.no_grad():
+        ref = image_embeddings(model, enc["pixel_values"], enc["image_grid_thw"])
+        assert enable_fast_vision_attention(model) == len(model.model.visual.blocks)
+        out = image_embeddings(model, enc["pixel_values"], enc["image_grid_thw"])
+    assert ref.shape[1] == model.config.text_config.hidden_size * 2  # merged + one DeepStack layer, side by side
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_own_engines_refuse_other_architectures_and_name_the_flag():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     from lightning_modules.qwen_vl import model_parts
 
-    model, _ = load_policy(str(qwen3_dir), dtype="fp32")
-    with pytest.raises(TypeError, match=r"rollout_engine hf_shared \(or hf\) --model.update_engine hf"):
-        model_parts(model)
-    from lightning_modules.grpo import GRPOModule
-
-    kwargs = {"rollout_engine": engine} if engine == "fast" else {"update_engine": engine}
-    module = GRPOModule(model_name_or_path=str(qwen3_dir), dtype="fp32", **kwargs)
-    with pytest.raises(TypeError, match="Qwen3-VL adds DeepStack"):
-        module.configure_model()
+    cfg = LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2)
+    with pytest.raises(TypeError, match=r"not 'llama'.*rollout_engine hf_shared \(or hf\) --model.update_engine hf"):
+        model_parts(LlamaForCausalLM(cfg))
 
 
 def test_sft_writes_targets_on_the_grid(qwen3_dir):
