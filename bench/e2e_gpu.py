@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import importlib.util
 import io
 import json
 import os
@@ -265,7 +266,14 @@ def swap_paths_and_lengths(cfg: dict[str, Any], *, ctx: dict[str, Any], run_dir:
     if ctx.get("smoke"):
         put(t, "accelerator", "cpu", "trainer")
         put(m, "max_new_tokens", 16, "model")
-    for lg in t.get("logger") or []:
+    loggers = t.get("logger") or []
+    if isinstance(loggers, list) and importlib.util.find_spec("wandb") is None:
+        # a machine without wandb (20 MB of wheels to carry): the run keeps its other loggers and metrics.jsonl
+        kept = [lg for lg in loggers if not str(lg.get("class_path", "")).endswith("WandbLogger")]
+        if len(kept) != len(loggers):
+            changed.append(f"trainer.logger: W&B logger dropped (wandb is not installed here), kept {len(kept)}")
+            t["logger"] = loggers = kept or False
+    for lg in loggers or []:
         if isinstance(lg, dict) and "save_dir" in lg.get("init_args", {}):
             put(lg["init_args"], "save_dir", str(run_dir), f"logger[{lg['class_path'].rsplit('.', 1)[-1]}]")
     for cb in list(t.get("callbacks") or []) + [c for c in (cfg.get("callbacks") or {}).values() if c]:  # + named
