@@ -32,8 +32,8 @@ def repeat_encoding(enc, group_size: int) -> dict[str, torch.Tensor]:
 
 @register_rollout_engine("fast")
 class FastRolloutEngine(RolloutEngine):
-    """The B prompts are encoded once; their KV caches are copied into the G rows of each group (Qwen2.5-VL; images
-    or video clips). Each image object runs through the vision tower once while the vision weights stay the same
+    """The B prompts are encoded once; their KV caches are copied into the G rows of each group (Qwen2-VL / Qwen2.5-VL
+    images or video clips; Qwen3-VL images). Each image object runs through the vision tower once while the vision weights stay the same
     (`VisionCache`), across requests and calls."""
 
     own_kernels = True
@@ -51,6 +51,13 @@ class FastRolloutEngine(RolloutEngine):
         device = next(model.parameters()).device
         enc = processor_inputs(processor, prompts, images).to(device)
         video = "video_grid_thw" in enc
+        if video and enc.get("second_per_grid_ts") is None:
+            raise ValueError(
+                f"the fast rollout engine takes video clips of Qwen2-VL / Qwen2.5-VL, whose processor gives "
+                f"second_per_grid_ts; {type(processor).__name__} (Qwen3-VL) separates a clip's frames by timestamp "
+                "text instead, which the fast engine's positions do not implement: use --model.rollout_engine "
+                "hf_shared (or hf) for video prompts on this model"
+            )
         pixels = enc["pixel_values_videos" if video else "pixel_values"]
         grid = enc["video_grid_thw" if video else "image_grid_thw"]
         cacheable = all(im is not None for im in images) and grid.shape[0] == len(images)

@@ -118,6 +118,24 @@ def test_batched_vision_attention_is_exact_on_qwen3_vl(qwen3_dir):
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
+def test_fast_engine_refuses_qwen3_vl_clips_and_names_the_engine(qwen3_dir):
+    from datamodules.toy_video import make_clip
+    from lightning_modules.engines import RolloutRequest, Sampling, build_rollout_engine
+    from lightning_modules.policy import build_prompt_text
+    from lightning_modules.qwen_vl import VideoClip
+
+    model, processor = load_policy(str(qwen3_dir), dtype="fp32")
+    clip = make_clip("val", 0, 0, num_frames=12)
+    req = RolloutRequest(
+        build_prompt_text(processor, "the red circle", template="toy", video=True),
+        VideoClip(clip["frames"], fps=clip["fps"]),
+        2,
+        0,
+    )
+    with pytest.raises(ValueError, match=r"timestamp text.*--model.rollout_engine hf_shared \(or hf\)"):
+        build_rollout_engine("fast").generate(model, processor, [req], Sampling(max_new_tokens=4))
+
+
 def test_own_engines_refuse_other_architectures_and_name_the_flag():
     from transformers import LlamaConfig, LlamaForCausalLM
 
