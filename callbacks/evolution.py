@@ -178,7 +178,10 @@ class InstructionEvolution(EvolutionStrategy):
     fall-back (``any``); at level 0 its original question and image come back. A level with no valid edit for the scene
     keeps the current version. Samples without a toy scene (``meta["objects"]``) are left alone. ``step_up_after`` /
     ``step_back_after``: consecutive converged groups (all correct / all wrong) before a sample moves (``LevelState``;
-    1 / 1: at once).
+    1 / 1: at once). ``sub_levels``: 1, a failed full question steps back to its sub-problem version and a failed
+    sub-problem a level down; 2, a failed sub-problem first steps to an easier version, the isolated image
+    (``evolve.ISOLATE_KIND``: only the target and the objects its query needs), and is eased back up one version per
+    solved group (docs/evolved_grpo.md, "The isolate study").
     """
 
     def __init__(
@@ -189,6 +192,7 @@ class InstructionEvolution(EvolutionStrategy):
         modality: str = "text",
         step_up_after: int = 1,
         step_back_after: int = 1,
+        sub_levels: int = 1,
     ):
         from datamodules.evolve import LevelState
 
@@ -196,7 +200,9 @@ class InstructionEvolution(EvolutionStrategy):
             raise ValueError(f"instruction_evolution modality must be 'text', 'visual' or 'any', got {modality!r}")
         self.seed, self.correct_iou, self.modality = seed, correct_iou, modality
         self.paints = modality != "text"  # visual edits run on the data server
-        self.levels = LevelState(max_level=max_level, up_after=step_up_after, back_after=step_back_after)
+        self.levels = LevelState(
+            max_level=max_level, up_after=step_up_after, back_after=step_back_after, sub_levels=sub_levels
+        )
 
     def requests(self, epoch, batch, outputs):
         import numpy as np
@@ -260,8 +266,11 @@ class InstructionAndImageEvolution(EvolutionStrategy):
         modality: str = "any",
         step_up_after: int = 1,
         step_back_after: int = 1,
+        sub_levels: int = 1,
     ):
-        self.instructions = InstructionEvolution(seed, max_level, correct_iou, modality, step_up_after, step_back_after)
+        self.instructions = InstructionEvolution(
+            seed, max_level, correct_iou, modality, step_up_after, step_back_after, sub_levels
+        )
         self.images = MethodRequests()
 
     def requests(self, epoch, batch, outputs):

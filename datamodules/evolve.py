@@ -10,13 +10,15 @@ toy world every edit keeps the label exact because the scene model is known:
   (counting), two-hop relation. ``None`` when no such query exists at that level: never an ambiguous one.
 - **Visual edits** (``plan_visual_edit`` -> a job dict ``{"kind", "params"}`` -> ``execute_job``): closer look-alikes
   of the target, clutter (a textured background with more painted distractors), occlusion of non-target objects, and
-  the visual sub-problem "declutter". The job holds everything needed to re-render (boxes, description, seeds), so a
+  the visual sub-problems "declutter" and, easier, "isolate" (declutter, and every other object the query does not
+  need removed). The job holds everything needed to re-render (boxes, description, seeds), so a
   data server can execute it; here ``execute_job`` runs the toy renderer. The target's pixels and box never change.
 - **Sub-problems** (``decompose``): a relational query's chain of steps (anchor, ..., target), each a valid REC query
   with an exact box; the model writes one ``<step>[box]</step>`` per step inside ``<think>`` and
   ``prefix_process_reward`` credits the correct prefix (docs/decisions.md, "EvolvedGRPO's edits").
 - **Levels** (``LevelState``): per-sample ``(level, sub)``; a group that is all correct goes harder, one that is all
-  wrong steps back to the sub-problem version, then a level down.
+  wrong steps back to the sub-problem version (with ``sub_levels=2`` then to the easier, isolated one), then a level
+  down.
 
 Query language (canonical text, parsed by ``parse_query``, printed by ``format_query``)::
 
@@ -70,6 +72,11 @@ TEXT_KINDS = ("original", "attributes", "negation", "relation", "ordinal", "mult
 VISUAL_KINDS = ("lookalikes", "clutter", "occlude")
 """Visual edit kinds; each takes the level as its intensity."""
 SUB_VISUAL_KIND = "declutter"
+"""The visual sub-problem: the scene on a plain background, no painted distractors."""
+ISOLATE_KIND = "isolate"
+"""The easier visual sub-problem (``Level.sub == 2``): declutter, and remove every other object the query does not
+need to stay exact (look-alikes first), so the target stands with its anchors only."""
+SUB_VISUAL_KINDS = (SUB_VISUAL_KIND, ISOLATE_KIND)
 """The visual sub-problem: the same foreground on a plain background without painted distractors."""
 MAX_LEVEL = len(TEXT_KINDS) - 1
 
@@ -628,7 +635,7 @@ def _background_colours(rng: np.random.Generator, used: set[str], textured: bool
 def plan_visual_edit(
     meta: dict[str, Any], kind: str, level: int, rng: np.random.Generator, tries: int = 8
 ) -> dict[str, Any] | None:
-    """A visual edit job ``{"kind", "params"}`` of intensity ``level`` (>= 1; ``declutter`` ignores it) whose
+    """A visual edit job ``{"kind", "params"}`` of intensity ``level`` (>= 1; the sub-problems ignore it) whose
     execution keeps the target's pixels and box and the scene's query exact; None when none is found in ``tries``.
 
     - ``lookalikes``: ``level`` (at most 4) foreground objects sharing two of the target's attributes, within
@@ -642,14 +649,17 @@ def plan_visual_edit(
       the object but leaving every row and column of its shape visible, never within 1 px of the target's box;
       params ``{"occluders": [{"box", "colour"}]}``.
     - ``declutter`` (the visual sub-problem): a plain white background, no painted distractors.
+    - ``isolate`` (the easier one): declutter, and of the other foreground objects keep only those the query needs
+      to stay exact (each removed in turn, most attributes shared with the target first, if the query stays exact
+      without it); params ``{"description", "n_painted": 0, "keep": [their boxes]}``. None when nothing can go.
     """
-    if kind not in VISUAL_KINDS + (SUB_VISUAL_KIND,):
-        raise ValueError(f"unknown visual edit kind {kind!r}; choose one of {VISUAL_KINDS + (SUB_VISUAL_KIND,)}")
-    if kind != SUB_VISUAL_KIND and level < 1:
+    if kind not in VISUAL_KINDS + SUB_VISUAL_KINDS:
+        raise ValueError(f"unknown visual edit kind {kind!r}; choose one of {VISUAL_KINDS + SUB_VISUAL_KINDS}")
+    if kind not in SUB_VISUAL_KINDS and level < 1:
         raise ValueError(f"a visual edit's level is its intensity and must be >= 1, got {level}")
     query = meta["query"]
     t = target_index(meta)
-    for _ in range(1 if kind == SUB_VISUAL_KIND else tries):  # declutter draws nothing at random
+    for _ in range(1 if kind in SUB_VISUAL_KINDS else tries):  # the sub-problems draw nothing at random
         job = _plan_once(meta, kind, level, rng, t)
         if job is None:
             continue
@@ -666,6 +676,8 @@ def _plan_once(meta: dict[str, Any], kind: str, level: int, rng: np.random.Gener
     seed = int(rng.integers(2**31))
     if kind == SUB_VISUAL_KIND:
         return {"kind": kind, "params": {"description": str(Description("plain", "white")), "n_painted": 0}}
+    if kind == ISOLATE_KIND:
+        return _plan_isolate(meta, t)
     if kind == "lookalikes":
         boxes = [o["box"] for o in fore]
         added = []
@@ -735,6 +747,23 @@ def _plan_once(meta: dict[str, Any], kind: str, level: int, rng: np.random.Gener
     return {"kind": "occlude", "params": {"occluders": occluders}}
 
 
+def _plan_isolate(meta: dict[str, Any], t: int) -> dict | None:
+    objects = _objects(meta)
+    target, query = objects[t], meta["query"]
+    plain = {"description": str(Description("plain", "white")), "n_painted": 0}
+    kept = [o for i, o in enumerate(objects) if i != t and o["role"] != "distractor"]
+    shared = lambda o: sum(o[a] == target[a] for a in ATTRS)  # noqa: E731
+    removed = 0
+    for o in sorted(kept, key=lambda o: (-shared(o), o["box"])):  # look-alikes first; deterministic
+        trial = [k for k in kept if k is not o]
+        job = {"kind": ISOLATE_KIND, "params": {**plain, "keep": [list(k["box"]) for k in trial]}}
+        if query_problem(execute_job(meta, job)[1], query) is None:
+            kept, removed = trial, removed + 1
+    if not removed:
+        return None
+    return {"kind": ISOLATE_KIND, "params": {**plain, "keep": [list(k["box"]) for k in kept]}}
+
+
 def execute_job(meta: dict[str, Any], job: dict[str, Any]) -> tuple[Image.Image, dict[str, Any]]:
     """Run a visual edit job on a toy scene: the new image and meta (objects, description, seeds, occluders and the
     job appended to ``meta["edits"]``). The target object is copied unchanged; raises if a job would touch it."""
@@ -746,8 +775,11 @@ def execute_job(meta: dict[str, Any], job: dict[str, Any]) -> tuple[Image.Image,
         new["objects"] = _foreground(meta) + [{"role": "object", **o} for o in params["objects"]]
         new["n_painted"] = sum(o["role"] == "distractor" for o in meta["objects"])
         new["render_seed"] = params["render_seed"]
-    elif kind in ("clutter", SUB_VISUAL_KIND):
+    elif kind in ("clutter",) + SUB_VISUAL_KINDS:
         new["objects"] = _foreground(meta)
+        if kind == ISOLATE_KIND:
+            keep = [list(b) for b in params["keep"]]
+            new["objects"] = [o for o in new["objects"] if o["role"] == "target" or list(o["box"]) in keep]
         new["occluders"] = []  # they covered painted distractors that are gone
         new["description"] = params["description"]
         new["n_painted"] = params["n_painted"]
@@ -823,9 +855,9 @@ def query_steps(meta: dict[str, Any], query: str) -> list[Step]:
 
 
 def is_sub_problem(meta: dict[str, Any], query: str) -> bool:
-    """Whether a sample is in its sub-problem version: its steps spelled out, or its image decluttered."""
+    """Whether a sample is in a sub-problem version: its steps spelled out, or its image decluttered or isolated."""
     edits = meta.get("edits") or []
-    return GUIDE_MARK in query or bool(edits and edits[-1].get("kind") == SUB_VISUAL_KIND)
+    return GUIDE_MARK in query or bool(edits and edits[-1].get("kind") in SUB_VISUAL_KINDS)
 
 
 def format_steps(
@@ -931,28 +963,32 @@ def combine_rewards(outcome: Sequence[float], process: Sequence[float], process_
 
 @dataclass(frozen=True)
 class Level:
-    """Where a sample stands: its difficulty level (0 = the original question) and whether it is trained in its
-    sub-problem version (steps spelled out + process reward, or the decluttered image)."""
+    """Where a sample stands: its difficulty level (0 = the original question) and how far it is eased below it:
+    ``sub`` 0 is the full question, 1 its sub-problem version (steps spelled out + process reward, or the decluttered
+    image), 2 the easier one of ``LevelState(sub_levels=2)`` (the same, on the isolated image: ``isolate``)."""
 
     level: int = 0
-    sub: bool = False
+    sub: int = 0
 
 
-def next_level(state: Level, correct: Sequence[bool], max_level: int = MAX_LEVEL) -> Level:
+def next_level(state: Level, correct: Sequence[bool], max_level: int = MAX_LEVEL, sub_levels: int = 1) -> Level:
     """The adversarial, progressive rule for one group of G answers to a sample.
 
-    - all G correct (the group converged at full reward, no gradient): the sub-problem version goes back to the full
-      question at its level; the full question goes one level harder (at most ``max_level``);
-    - all G wrong (converged at zero): the full question steps back to its sub-problem version; the sub-problem
-      version steps one level down (at least 0) to the full question there;
+    - all G correct (the group converged at full reward, no gradient): a sub-problem version goes one step back up
+      towards the full question at its level (sub 2 -> 1 -> 0); the full question goes one level harder (at most
+      ``max_level``);
+    - all G wrong (converged at zero): the full question steps back to its sub-problem version, and that (with
+      ``sub_levels=2``) to the easier one; the easiest version steps one level down (at least 0) to the full
+      question there;
     - otherwise (the group's rewards differ: GRPO learns from it): stay.
     """
     if not len(correct):
         raise ValueError("next_level needs the group's answers; got an empty group")
+    sub = int(state.sub)
     if all(correct):
-        return Level(state.level, False) if state.sub else Level(min(state.level + 1, max_level), False)
+        return Level(state.level, sub - 1) if sub else Level(min(state.level + 1, max_level), 0)
     if not any(correct):
-        return Level(max(state.level - 1, 0), False) if state.sub else Level(state.level, True)
+        return Level(state.level, sub + 1) if sub < sub_levels else Level(max(state.level - 1, 0), 0)
     return state
 
 
@@ -964,12 +1000,14 @@ class LevelState:
     move it (`next_level`); a group whose answers differ resets the count. 1 / 1 moves at once, in both directions.
     A larger ``back_after`` keeps a sample on its harder version through a failed group or two before it steps back,
     so the ratio of harder edits to steps back is a setting (the binary-reward study, docs/evolved_grpo.md, found the
-    steps back re-creating the ties the harder edits remove)."""
+    steps back re-creating the ties the harder edits remove). ``sub_levels``: how many eased versions lie below a
+    level's full question (1: the sub-problem version; 2: also the isolated one, `next_level`)."""
 
     max_level: int = MAX_LEVEL
     levels: dict[str, Level] = field(default_factory=dict)
     up_after: int = 1
     back_after: int = 1
+    sub_levels: int = 1
     streaks: dict[str, int] = field(default_factory=dict)
     """Sample id -> consecutive all-correct groups (> 0) or all-wrong groups (< 0) since its last move."""
 
@@ -983,6 +1021,11 @@ class LevelState:
                     f"--callbacks.synthesis.init_args.strategy_args.step_{name} must be an integer >= 1 (converged "
                     f"groups of a sample before it moves), got {value!r}"
                 )
+        if self.sub_levels not in (1, 2):
+            raise ValueError(
+                "--callbacks.synthesis.init_args.strategy_args.sub_levels must be 1 (the sub-problem version) or 2 "
+                f"(also the isolated image below it), got {self.sub_levels!r}"
+            )
 
     def get(self, sample_id: str) -> Level:
         return self.levels.get(sample_id, Level())
@@ -995,7 +1038,7 @@ class LevelState:
         streak = self.streaks.get(sample_id, 0)
         streak = 0 if outcome == 0 else streak + outcome if streak * outcome > 0 else outcome
         if streak >= self.up_after or -streak >= self.back_after:
-            state, streak = next_level(state, correct, self.max_level), 0
+            state, streak = next_level(state, correct, self.max_level, self.sub_levels), 0
         self.levels[sample_id] = state
         if streak:
             self.streaks[sample_id] = streak
@@ -1004,20 +1047,25 @@ class LevelState:
         return state
 
     def stats(self) -> dict[str, float]:
-        """For logging: mean level, fraction of samples in their sub-problem version, and the highest level."""
+        """For logging: mean level, fraction of samples in a sub-problem version, and the highest level (with
+        ``sub_levels=2`` also the fraction in the isolated version)."""
+        extra = ("level/isolated_frac",) if self.sub_levels > 1 else ()
         if not self.levels:
-            return {"level/mean": 0.0, "level/sub_frac": 0.0, "level/max": 0.0}
+            return {"level/mean": 0.0, "level/sub_frac": 0.0, "level/max": 0.0, **dict.fromkeys(extra, 0.0)}
         vals = list(self.levels.values())
-        return {
+        out = {
             "level/mean": float(np.mean([v.level for v in vals])),
-            "level/sub_frac": float(np.mean([v.sub for v in vals])),
+            "level/sub_frac": float(np.mean([v.sub > 0 for v in vals])),
             "level/max": float(max(v.level for v in vals)),
         }
+        if extra:
+            out["level/isolated_frac"] = float(np.mean([v.sub >= 2 for v in vals]))
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "max_level": self.max_level,
-            "levels": {k: [v.level, v.sub] for k, v in self.levels.items()},
+            "levels": {k: [v.level, int(v.sub)] for k, v in self.levels.items()},
             "streaks": dict(self.streaks),
         }
 
@@ -1027,7 +1075,7 @@ class LevelState:
                 f"checkpoint was saved with max_level={state['max_level']}, this run has {self.max_level}; "
                 "resume with the same --max_level"
             )
-        self.levels = {k: Level(int(v[0]), bool(v[1])) for k, v in state["levels"].items()}
+        self.levels = {k: Level(int(v[0]), int(v[1])) for k, v in state["levels"].items()}  # older: bool sub
         self.streaks = {k: int(v) for k, v in state.get("streaks", {}).items()}  # absent in older checkpoints: none
 
 
@@ -1061,7 +1109,9 @@ def evolve(
     Level 0 is the record itself. At level L >= 1 the text edit is ``TEXT_KINDS[L]`` and the visual edit one of
     ``VISUAL_KINDS`` at intensity L (``modality="any"``: tried in a random order, the other modality as fall-back).
     The sub-problem version of a multi-step query spells its steps out (``guided_query``); that of a one-step query
-    is the decluttered image (``declutter``).
+    is the decluttered image (``declutter``). The easier version (``level.sub == 2``) is the same on the isolated
+    image (``isolate``): the guided query with only the objects it needs, or the one-step query alone with its
+    target (when nothing can be removed, the sub-problem version stands in).
     """
     if not 0 <= level.level <= MAX_LEVEL:
         raise ValueError(f"level must be in [0, {MAX_LEVEL}], got {level.level}")
@@ -1094,6 +1144,17 @@ def evolve(
             new_image, new_meta = execute_job(meta, job)
             new_query = query
         steps = decompose(new_meta, new_query)
+        if level.sub >= 2:
+            iso_job = plan_visual_edit(new_meta, ISOLATE_KIND, 1, rng)
+            if iso_job is not None:
+                iso_image, iso_meta = execute_job(new_meta, iso_job)
+                iso_steps = decompose(iso_meta, new_query)
+                if len(iso_steps) >= 2:
+                    guided = guided_query(iso_steps)
+                    return Evolved(iso_image, guided, box, iso_meta, f"{kind}+steps+isolate", level, iso_steps,
+                                   iso_meta["edits"])  # fmt: skip
+                return Evolved(iso_image, new_query, box, iso_meta, f"{kind}+isolate", level, iso_steps,
+                               iso_meta["edits"])  # fmt: skip
         if level.sub:
             if len(steps) >= 2:
                 jobs = new_meta.get("edits", [])
@@ -1117,9 +1178,11 @@ __all__ = [
     "Evolved",
     "Level",
     "LevelState",
+    "ISOLATE_KIND",
     "MAX_LEVEL",
     "NP",
     "Step",
+    "SUB_VISUAL_KINDS",
     "TEXT_KINDS",
     "VISUAL_KINDS",
     "combine_rewards",

@@ -99,7 +99,7 @@ class CanvasParams(_Model):
     """Top edge of the image on the canvas; default centred."""
 
 
-TOY_EDIT_KINDS = ("lookalikes", "clutter", "occlude", "declutter")
+TOY_EDIT_KINDS = ("lookalikes", "clutter", "occlude", "declutter", "isolate")
 """Visual edits of a toy-world scene (``datamodules.evolve.execute_job``): re-rendered from the scene, exact labels."""
 EDIT_KINDS = TOY_EDIT_KINDS + ("inpaint",)
 
@@ -113,7 +113,7 @@ class EditStep(_Model):
       foreground is kept as in any job.
     """
 
-    kind: Literal["lookalikes", "clutter", "occlude", "declutter", "inpaint"]
+    kind: Literal["lookalikes", "clutter", "occlude", "declutter", "isolate", "inpaint"]
     params: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")

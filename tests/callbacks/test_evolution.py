@@ -122,6 +122,32 @@ def test_instruction_evolution_moves_levels_from_group_outcomes_and_edits_exactl
     assert patient.requests(2, batch, failed) == [] and patient.stats()["level/sub_frac"] == 1.0  # two: step back
 
 
+def test_two_sub_levels_step_a_failed_sub_problem_to_the_isolated_image():
+    """``sub_levels: 2``: a sample that fails its question, then its decluttered sub-problem, is trained on the isolated
+    image (the target and only the objects its query needs), a data-server job; solving it eases it back up."""
+    from datamodules.evolve import ISOLATE_KIND, is_exact
+    from datamodules.toy import ToySceneDataset
+
+    strategy = build_strategy("instruction_evolution", seed=0, modality="any", sub_levels=2)
+    batch = [ToySceneDataset("train", 12, seed=0)[i] for i in range(12)]
+    G = 3
+    failed = {"rewards": {"accuracy": [0.0] * (G * len(batch))}, "group_size": G}
+    first = strategy.requests(0, batch, failed)  # the decluttered image
+    assert first and all(r.edits[-1]["kind"] == "declutter" for r in first)
+    second = strategy.requests(1, batch, failed)  # failed again: isolated where something can go, else decluttered
+    kinds = [r.edits[-1]["kind"] for r in second]
+    assert kinds.count(ISOLATE_KIND) >= len(batch) // 2 and set(kinds) <= {ISOLATE_KIND, "declutter"}
+    assert all(r.level == 0 for r in second)
+    assert strategy.stats()["level/isolated_frac"] == 1.0
+    for r in second:
+        s = next(s for s in batch if s.sample_id == r.sample_id)
+        assert r.query == s.query and is_exact(s.meta, r.query)
+    solved = {"rewards": {"accuracy": [1.0] * (G * len(batch))}, "group_size": G}
+    back = strategy.requests(2, batch, solved)  # solved: one version back up, the decluttered image
+    assert back and all(r.edits[-1]["kind"] == "declutter" for r in back)
+    assert strategy.stats()["level/isolated_frac"] == 0.0 and strategy.stats()["level/sub_frac"] == 1.0
+
+
 @register_strategy("visual_evolution_test")
 class SolvedThenBogus(EvolutionStrategy):
     """Instruction evolution with visual edits, fed "every group solved" (the tiny random model solves nothing): a

@@ -318,6 +318,63 @@ def test_next_level(state, correct, expected):
     assert next_level(state, correct) == expected
 
 
+@pytest.mark.parametrize(
+    ("state", "correct", "expected"),
+    [
+        (Level(2), NONE, Level(2, sub=1)),  # fails: the sub-problem version
+        (Level(2, sub=1), NONE, Level(2, sub=2)),  # fails again: the isolated version, same level
+        (Level(2, sub=2), NONE, Level(1)),  # even that fails: a level down
+        (Level(2, sub=2), ALL, Level(2, sub=1)),  # solved: one version back up
+        (Level(2, sub=1), ALL, Level(2)),  # and then the full question
+        (Level(0, sub=2), NONE, Level(0)),  # never below 0
+        (Level(2, sub=2), SOME, Level(2, sub=2)),  # a gradient: stay
+    ],
+)
+def test_next_level_with_two_sub_levels(state, correct, expected):
+    assert next_level(state, correct, sub_levels=2) == expected
+
+
+def test_two_sub_levels_log_the_isolated_fraction_and_round_trip():
+    state = LevelState(max_level=3, sub_levels=2)
+    state.update("a", NONE)
+    state.update("a", NONE)
+    state.update("b", NONE)
+    assert state.get("a") == Level(0, 2) and state.get("b") == Level(0, 1)
+    assert state.stats() == {"level/mean": 0.0, "level/sub_frac": 1.0, "level/max": 0.0, "level/isolated_frac": 0.5}
+    restored = LevelState(max_level=3, sub_levels=2)
+    restored.load_state_dict(json.loads(json.dumps(state.state_dict())))
+    assert restored.levels == state.levels
+    old = LevelState(max_level=3)  # a checkpoint of the boolean era: sub true / false
+    old.load_state_dict({"max_level": 3, "levels": {"x": [1, True], "y": [0, False]}})
+    assert old.get("x") == Level(1, 1) and old.get("y") == Level(0)
+    with pytest.raises(ValueError, match="strategy_args.sub_levels must be 1"):
+        LevelState(sub_levels=3)
+
+
+def test_isolate_keeps_only_what_the_query_needs():
+    """The easier visual sub-problem: every object the query does not need is gone (removing any one more would break
+    its exactness), the target's pixels and box are the scene's, and the job replays from its JSON."""
+    isolated = 0
+    for i in range(30):
+        rec = toy.make_scene(("train", "ood")[i % 2], i, 0)
+        job = ev.plan_visual_edit(rec["meta"], ev.ISOLATE_KIND, 1, np.random.default_rng(i))
+        if job is None:  # nothing can go: the target alone, or every other object is needed
+            continue
+        image, meta = ev.execute_job(rec["meta"], json.loads(ev.job_json(job)))
+        query, t = rec["meta"]["query"], rec["meta"]["objects"][0]
+        assert meta["objects"][0] == t and ev.query_problem(meta, query) is None
+        assert meta["n_painted"] == 0 and ev.is_sub_problem(meta, query)
+        fore = [o for o in meta["objects"] if o["role"] != "distractor"]
+        assert len(fore) < len(ev._foreground(rec["meta"]))
+        for o in fore[1:]:  # each object kept is needed: without it the query is no longer exact
+            trial = {"kind": "isolate", "params": {**job["params"], "keep": [b for b in job["params"]["keep"]
+                                                                              if b != o["box"]]}}  # fmt: skip
+            assert ev.query_problem(ev.execute_job(rec["meta"], trial)[1], query) is not None
+        assert (_target_pixels(image, t["box"], t["shape"]) == _target_pixels(rec["image"], t["box"], t["shape"])).all()
+        isolated += 1
+    assert isolated >= 10, isolated
+
+
 def test_level_state_round_trips_and_checks():
     state = LevelState(max_level=3)
     for _ in range(5):
@@ -369,7 +426,7 @@ def _target_pixels(image, box, shape):
     return arr[grammar.shape_mask(shape, x2 - x1, y2 - y1)]
 
 
-@pytest.mark.parametrize("kind", ev.VISUAL_KINDS + (ev.SUB_VISUAL_KIND,))
+@pytest.mark.parametrize("kind", ev.VISUAL_KINDS + ev.SUB_VISUAL_KINDS)
 def test_visual_jobs_keep_the_target_and_are_deterministic(kind):
     done = 0
     for i in range(12):
@@ -454,8 +511,8 @@ def _audit(n: int, out_dir=None) -> dict[str, int]:
     """Evolve ``n`` samples over every (modality, kind, level, sub) combination, cycling through train and ood scenes,
     and check each label against its scene. Returns how many samples of each kind were checked. With ``out_dir``, the
     visual edits are also run by the data server's worker code, which must give the same pixels and scene."""
-    combos = [("text", Level(lv, sub)) for lv in range(ev.MAX_LEVEL + 1) for sub in (False, True)]
-    combos += [("visual", Level(lv, sub)) for lv in range(1, 4) for sub in (False, True)]
+    combos = [("text", Level(lv, sub)) for lv in range(ev.MAX_LEVEL + 1) for sub in (0, 1, 2)]
+    combos += [("visual", Level(lv, sub)) for lv in range(1, 4) for sub in (0, 1, 2)]
     kinds: dict[str, int] = {}
     checked, index = 0, 0
     while checked < n:
@@ -509,6 +566,7 @@ def _check_coverage(kinds: dict[str, int]) -> None:
     base = {k.split("+")[0] for k in kinds}
     assert set(ev.TEXT_KINDS) | set(ev.VISUAL_KINDS) <= base, kinds
     assert any(k.endswith("+steps") for k in kinds) and any(k.endswith("+declutter") for k in kinds), kinds
+    assert any(k.endswith("+steps+isolate") for k in kinds) and any(k.endswith("+isolate") for k in kinds), kinds
 
 
 def test_label_exactness_1000_evolved_samples(tmp_path):

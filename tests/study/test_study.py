@@ -127,7 +127,7 @@ def _print_config(argv: list[str]) -> dict:
     return yaml.safe_load(buf.getvalue())
 
 
-EVOLVED = [REPO / f"configs/study/evolved_toy{s}.yaml" for s in ("", "_revisit", "_binary", "_stepback")]
+EVOLVED = [REPO / f"configs/study/evolved_toy{s}.yaml" for s in ("", "_revisit", "_binary", "_stepback", "_isolate")]
 
 
 CROWDED = REPO / "configs/study/cycle_ablation_toy_crowded.yaml"
@@ -152,12 +152,14 @@ def test_the_cli_accepts_one_run_of_every_row(path, tmp_path, monkeypatch):
                 assert model["method"] == method and (synth["mode"] == "off") == (r.row.name == "grpo")
                 back = {"evolved_back2": 2, "evolved_back3": 3}.get(r.row.name, 1)  # the step-back rule's rows
                 assert synth["strategy_args"].get("step_back_after", 1) == back and synth["strategy_args"]["seed"] == 0
+                subs = 2 if r.row.name == "evolved_isolate" else 1  # the isolate study's row
+                assert synth["strategy_args"].get("sub_levels", 1) == subs
             if path == CROWDED:  # about half of the training scenes drawn from the crowded split, rendered on access
                 toy = cfg["data"]["init_args"]["toy"]
                 assert toy["render_train"] is True and toy["mix"] == {"crowded": 0.5}
             if path in EVOLVED and path.stem != "evolved_toy":  # a small pool, seen 12 times
                 assert cfg["data"]["init_args"]["toy"]["splits"]["train"] == 16 and cfg["trainer"]["max_epochs"] == 12
-                binary = path.stem in ("evolved_toy_binary", "evolved_toy_stepback")  # R_acc 1 / 0 at IoU 0.5
+                binary = path.stem in ("evolved_toy_binary", "evolved_toy_stepback", "evolved_toy_isolate")  # 1 / 0
                 assert cfg["model"]["init_args"]["accuracy_threshold"] == (0.5 if binary else None)
         ev = [a for a in r.evaluate.argv[2:] if not a.startswith(("--ckpt_path", "--model.init_args.model_name"))]
         cfg = _print_config(ev)
@@ -452,8 +454,9 @@ def test_smoke_study_end_to_end(tmp_path):
         (CROWDED, "cycle"),
         (REPO / "configs/study/evolved_toy_stepback.yaml", "evolved_back2"),
         (REPO / "configs/study/cycle_ablation_toy_st.yaml", "cycle"),
+        (REPO / "configs/study/evolved_toy_isolate.yaml", "evolved_isolate"),
     ],
-    ids=["crowded", "stepback", "st"],
+    ids=["crowded", "stepback", "st", "isolate"],
 )
 def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatch):
     """The study's own fit command line of one row (its overrides: the crowded mix, the step-back rule, the anchor
@@ -472,3 +475,6 @@ def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatc
     if row == "evolved_back2":  # the rule the row varies reached the strategy
         synth = next(c for c in cli.trainer.callbacks if type(c).__name__ == "SynthesisCallback")
         assert synth.strategy.levels.back_after == 2
+    if row == "evolved_isolate":
+        synth = next(c for c in cli.trainer.callbacks if type(c).__name__ == "SynthesisCallback")
+        assert synth.strategy.levels.sub_levels == 2
