@@ -171,7 +171,11 @@ def test_the_cli_accepts_one_run_of_every_row(path, tmp_path, monkeypatch):
 
 
 VIDEO_ABLATION = REPO / "configs/study/cycle_ablation_toy_temporal.yaml"
-VIDEO_ABLATIONS = {VIDEO_ABLATION: "interval", REPO / "configs/study/cycle_ablation_toy_st.yaml": "anchor"}
+VIDEO_ABLATIONS = {
+    VIDEO_ABLATION: "interval",
+    REPO / "configs/study/cycle_ablation_toy_st.yaml": "anchor",
+    REPO / "configs/study/cycle_ablation_toy_temporal_5seeds.yaml": "interval",
+}
 
 
 @pytest.mark.parametrize("path", list(VIDEO_ABLATIONS), ids=lambda p: p.stem)
@@ -183,9 +187,10 @@ def test_a_video_study_plans_cycle_runs_on_the_toy_video_world(path, tmp_path, m
 
     monkeypatch.chdir(REPO)
     study = load_study(path)
-    assert study.world == "video" and study.test_splits == {"test": 100}
+    clips, seeds = (200, 5) if path.stem.endswith("_5seeds") else (100, 3)
+    assert study.world == "video" and study.test_splits == {"test": clips}
     runs, data_root = plan(study, tmp_path / "out")
-    assert len(runs) == 1 + 3 * 3
+    assert len(runs) == 1 + 3 * seeds
     modes = {}
     for r in runs:
         if r.train is not None and r.row.name not in modes:
@@ -198,9 +203,9 @@ def test_a_video_study_plans_cycle_runs_on_the_toy_video_world(path, tmp_path, m
     data = _print_config(ev)["data"]
     assert data["class_path"].endswith("VideoGroundingDataModule")
     assert data["init_args"]["test_files"] == {"test": "test_video.jsonl"}
-    assert data["init_args"]["toy"]["splits"] == {"test": 100} and data["init_args"]["max_eval_samples"] is None
+    assert data["init_args"]["toy"]["splits"] == {"test": clips} and data["init_args"]["max_eval_samples"] is None
     small = [
-        a.replace('{"test": 100}', '{"test": 2}') if a.startswith("--data.init_args.toy.splits") else a
+        a.replace(f'{{"test": {clips}}}', '{"test": 2}') if a.startswith("--data.init_args.toy.splits") else a
         for a in runs[0].evaluate.argv
     ]
     runs[0].evaluate.argv[:] = small
