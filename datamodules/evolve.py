@@ -72,12 +72,12 @@ TEXT_KINDS = ("original", "attributes", "negation", "relation", "ordinal", "mult
 VISUAL_KINDS = ("lookalikes", "clutter", "occlude")
 """Visual edit kinds; each takes the level as its intensity."""
 SUB_VISUAL_KIND = "declutter"
-"""The visual sub-problem: the scene on a plain background, no painted distractors."""
+"""The visual sub-problem: the same foreground on a plain background without painted distractors."""
 ISOLATE_KIND = "isolate"
 """The easier visual sub-problem (``Level.sub == 2``): declutter, and remove every other object the query does not
 need to stay exact (look-alikes first), so the target stands with its anchors only."""
 SUB_VISUAL_KINDS = (SUB_VISUAL_KIND, ISOLATE_KIND)
-"""The visual sub-problem: the same foreground on a plain background without painted distractors."""
+"""The visual sub-problems, easiest last."""
 MAX_LEVEL = len(TEXT_KINDS) - 1
 
 
