@@ -33,7 +33,8 @@ def test_harness_smoke_runs_a_config_with_synthesis(tmp_path):
 
 @pytest.mark.slow
 def test_harness_smoke_builds_qwen3_vl_and_runs_the_cycle_config(tmp_path):
-    """``--arch qwen3vl-4b`` (CycleGRPO's ``cycle_4b.yaml``): the Qwen3-VL builder at the tiny size, the hf engines."""
+    """``--arch qwen3vl-4b`` (CycleGRPO's ``cycle_4b.yaml``): the Qwen3-VL builder at the tiny size, the config's fast
+    rollout and packed update engines (DeepStack)."""
     from bench.e2e_gpu import main
 
     r = main(["--smoke", "--arch", "qwen3vl-4b", "--work", str(tmp_path / "w"), "--runs", "cycle_4b:off"])
@@ -41,3 +42,18 @@ def test_harness_smoke_builds_qwen3_vl_and_runs_the_cycle_config(tmp_path):
     fit = r["fit"]["cycle_4b:off"]
     assert fit["rc"] == 0, fit.get("log_tail")
     assert fit["steps"] >= 2 and fit["median_step_s"] > 0
+
+
+def test_run_overlays_come_from_baselines_or_overlays():
+    """``--runs config+overlay``: an overlay is a baseline or one of configs/overlays/ (``cycle_4b+hf_engines`` is the
+    transformers-engine comparison of docs/cycle_grpo.md); composed as ``train.py --config A --config B``."""
+    from bench.e2e_gpu import _overlay_path, compose
+
+    assert _overlay_path("grpo") == REPO / "configs/baselines/grpo.yaml"
+    assert _overlay_path("hf_engines") == REPO / "configs/overlays/hf_engines.yaml"
+    with pytest.raises(SystemExit, match="no overlay 'nope' in configs/baselines/ or configs/overlays/"):
+        _overlay_path("nope")
+    base = compose([REPO / "configs/cycle_4b.yaml"])["model"]["init_args"]
+    both = compose([REPO / "configs/cycle_4b.yaml", _overlay_path("hf_engines")])["model"]["init_args"]
+    assert (base["rollout_engine"], base["update_engine"]) == ("fast", "packed")
+    assert (both["rollout_engine"], both["update_engine"]) == ("hf_shared", "hf")

@@ -36,6 +36,7 @@ RUNS = (
     + [(CONFIGS / "rec_3b_1gpu.yaml", o) for o in OVERLAYS]
     + [(CONFIGS / "evolved_tiny.yaml", CONFIGS / "overlays/evolved_syn.yaml")]
     + [(CONFIGS / "cycle_tiny.yaml", o) for o in sorted((CONFIGS / "overlays").glob("cycle_tiny_*.yaml"))]
+    + [(CONFIGS / "cycle_4b.yaml", CONFIGS / "overlays/hf_engines.yaml")]  # the transformers engines on Qwen3-VL
 )
 
 
