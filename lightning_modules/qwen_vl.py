@@ -100,7 +100,15 @@ def processor_inputs(processor, prompts: Sequence[str], visuals: Sequence[Image.
     if any(videos) and not all(videos):
         raise ValueError("one rollout batch holds images or video clips, not both: make one generate() call per kind")
     if visuals and all(videos):
-        return processor(text=list(prompts), return_tensors="pt", padding=True, **video_processor_kwargs(visuals))
+        enc = processor(text=list(prompts), return_tensors="pt", padding=True, **video_processor_kwargs(visuals))
+        if enc.get("second_per_grid_ts") is None:
+            raise ValueError(
+                f"video clips through {type(processor).__name__}: it gives no second_per_grid_ts (Qwen3-VL separates "
+                "a clip's frames by timestamp text instead), and the project's rollout and update paths place a "
+                "clip's tokens by it (temporal mRoPE, Qwen2-VL / Qwen2.5-VL): use a Qwen2.5-VL checkpoint for video "
+                "configs (configs/cycle_st_7b.yaml), or images with this model"
+            )
+        return enc
     return processor(text=list(prompts), images=list(visuals), return_tensors="pt", padding=True)
 
 

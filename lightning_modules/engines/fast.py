@@ -51,13 +51,6 @@ class FastRolloutEngine(RolloutEngine):
         device = next(model.parameters()).device
         enc = processor_inputs(processor, prompts, images).to(device)
         video = "video_grid_thw" in enc
-        if video and enc.get("second_per_grid_ts") is None:
-            raise ValueError(
-                f"the fast rollout engine takes video clips of Qwen2-VL / Qwen2.5-VL, whose processor gives "
-                f"second_per_grid_ts; {type(processor).__name__} (Qwen3-VL) separates a clip's frames by timestamp "
-                "text instead, which the fast engine's positions do not implement: use --model.rollout_engine "
-                "hf_shared (or hf) for video prompts on this model"
-            )
         pixels = enc["pixel_values_videos" if video else "pixel_values"]
         grid = enc["video_grid_thw" if video else "image_grid_thw"]
         cacheable = all(im is not None for im in images) and grid.shape[0] == len(images)

@@ -118,7 +118,11 @@ def test_batched_vision_attention_is_exact_on_qwen3_vl(qwen3_dir):
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
-def test_fast_engine_refuses_qwen3_vl_clips_and_names_the_engine(qwen3_dir):
+@pytest.mark.parametrize("engine", ["hf", "hf_shared", "fast"])
+def test_engines_refuse_qwen3_vl_clips_before_generating_and_say_why(qwen3_dir, engine):
+    """Qwen3-VL's processor sends no ``second_per_grid_ts`` for a clip (timestamps in the text instead), which the
+    rollout and update paths place a clip's tokens by: every engine refuses such a batch with the reason, not a
+    KeyError after generating."""
     from datamodules.toy_video import make_clip
     from lightning_modules.engines import RolloutRequest, Sampling, build_rollout_engine
     from lightning_modules.policy import build_prompt_text
@@ -132,8 +136,8 @@ def test_fast_engine_refuses_qwen3_vl_clips_and_names_the_engine(qwen3_dir):
         2,
         0,
     )
-    with pytest.raises(ValueError, match=r"timestamp text.*--model.rollout_engine hf_shared \(or hf\)"):
-        build_rollout_engine("fast").generate(model, processor, [req], Sampling(max_new_tokens=4))
+    with pytest.raises(ValueError, match=r"no second_per_grid_ts \(Qwen3-VL separates.*timestamp text"):
+        build_rollout_engine(engine).generate(model, processor, [req], Sampling(max_new_tokens=4))
 
 
 def test_own_engines_refuse_other_architectures_and_name_the_flag():
