@@ -362,7 +362,7 @@ def synth_figures(run_dir: Path, fit_start: float | None, fit_end: float | None)
 
 # ------------------------------------------------------------------------------------------------------------ runs
 def _overlay_path(name: str) -> Path:
-    """An overlay of ``--runs config+overlay``: a baseline (configs/baselines/) or another overlay (configs/overlays/)."""
+    """An overlay of ``--runs config+overlay``: a baseline (configs/baselines/) or an overlay (configs/overlays/)."""
     for folder in ("baselines", "overlays"):
         path = REPO / "configs" / folder / f"{name}.yaml"
         if path.exists():

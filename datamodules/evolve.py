@@ -1144,17 +1144,15 @@ def evolve(
             new_image, new_meta = execute_job(meta, job)
             new_query = query
         steps = decompose(new_meta, new_query)
-        if level.sub >= 2:
-            iso_job = plan_visual_edit(new_meta, ISOLATE_KIND, 1, rng)
-            if iso_job is not None:
-                iso_image, iso_meta = execute_job(new_meta, iso_job)
-                iso_steps = decompose(iso_meta, new_query)
-                if len(iso_steps) >= 2:
-                    guided = guided_query(iso_steps)
-                    return Evolved(iso_image, guided, box, iso_meta, f"{kind}+steps+isolate", level, iso_steps,
-                                   iso_meta["edits"])  # fmt: skip
-                return Evolved(iso_image, new_query, box, iso_meta, f"{kind}+isolate", level, iso_steps,
-                               iso_meta["edits"])  # fmt: skip
+        iso_job = plan_visual_edit(new_meta, ISOLATE_KIND, 1, rng) if level.sub >= 2 else None
+        if iso_job is not None:  # the easier version: the isolated image, its steps spelled out if it has several
+            iso_image, iso_meta = execute_job(new_meta, iso_job)
+            iso_steps = decompose(iso_meta, new_query)
+            multi = len(iso_steps) >= 2
+            iso_query, iso_kind = (
+                (guided_query(iso_steps), f"{kind}+steps+isolate") if multi else (new_query, f"{kind}+isolate")
+            )
+            return Evolved(iso_image, iso_query, box, iso_meta, iso_kind, level, iso_steps, iso_meta["edits"])
         if level.sub:
             if len(steps) >= 2:
                 jobs = new_meta.get("edits", [])

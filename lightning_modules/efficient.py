@@ -1,4 +1,5 @@
-"""Efficient GRPO policy updates for Qwen-VL (Qwen2-VL, Qwen2.5-VL, Qwen3-VL with DeepStack): score completions without the per-sample multimodal overhead.
+"""Efficient GRPO policy updates for Qwen-VL (Qwen2-VL, Qwen2.5-VL, Qwen3-VL with DeepStack): score completions
+without the per-sample multimodal overhead.
 
 What the stock path (``model(**inputs)`` on B*G rows, then log-softmax) spends its time on, and what this does instead:
 

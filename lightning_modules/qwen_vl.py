@@ -1,7 +1,7 @@
 """The Qwen-VL pieces every fast path shares: the model's parts, its 3-D mRoPE positions, rotary helpers and the
-vision tower's merged features (with Qwen3-VL's DeepStack features beside them). One copy, used by the rollout engine (``rollout.py``), the packed update engine
-(``efficient.py``) and the batched vision attention; and the processor call for a batch of images or video clips
-(``processor_inputs``), which every rollout engine uses.
+vision tower's merged features (with Qwen3-VL's DeepStack features beside them). One copy, used by the rollout engine
+(``rollout.py``), the packed update engine (``efficient.py``) and the batched vision attention; and the processor call
+for a batch of images or video clips (``processor_inputs``), which every rollout engine uses.
 
 Video: a clip is a list of frames at a known frame rate (`VideoClip`). The processor turns it into
 ``pixel_values_videos``, ``video_grid_thw`` (t = frames / 2 temporal patches) and ``second_per_grid_ts`` (seconds per
@@ -139,11 +139,6 @@ class ModelParts:
     lm_head: torch.nn.Module
     config: object  # the top-level Qwen2_5_VLConfig / Qwen3VLConfig
 
-    @property
-    def deepstack_layers(self) -> int:
-        """How many first decoder layers take DeepStack features (0 for Qwen2-VL / Qwen2.5-VL)."""
-        return len(getattr(self.visual, "deepstack_visual_indexes", None) or ())
-
 
 def model_parts(model: torch.nn.Module) -> ModelParts:
     """Find the vision tower, the text model and the LM head of a Qwen-VL model (or a wrapper holding one)."""
@@ -257,7 +252,7 @@ def image_embeddings(model, pixel_values: torch.Tensor, image_grid_thw: torch.Te
     """Vision features of all images (or clips), in order, one row per merged token (grad flows if enabled).
 
     Qwen2-VL / Qwen2.5-VL: the merged features ``[n, hidden]``. Qwen3-VL: the merged features and then each DeepStack
-    layer's, side by side, ``[n, hidden * (1 + deepstack_layers)]``, so that every gather, split and cache over tokens
+    layer's, side by side, ``[n, hidden * (1 + DeepStack layers)]``, so that every gather, split and cache over tokens
     (the G rows of a group, the vision cache, the packed engine's micro-batches) carries them together;
     `split_visual_features` takes them apart where they enter the decoder."""
     visual = model_parts(model).visual

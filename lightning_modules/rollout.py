@@ -1,4 +1,5 @@
-"""Fast GRPO rollouts for Qwen-VL (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): prefill once per prompt, static KV cache, CUDA-graph decode.
+"""Fast GRPO rollouts for Qwen-VL (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): prefill once per prompt, static KV cache,
+CUDA-graph decode.
 
 `fast_generate` is a compact generation loop of the project's own over the Hugging Face modules (the weights and the
 decoder layers' sub-modules are used as they are; the loop, the KV cache and the attention calls are ours). It does
