@@ -460,8 +460,10 @@ def test_smoke_study_end_to_end(tmp_path):
         (REPO / "configs/study/evolved_toy_stepback.yaml", "evolved_back2"),
         (REPO / "configs/study/cycle_ablation_toy_st.yaml", "cycle"),
         (REPO / "configs/study/evolved_toy_isolate.yaml", "evolved_isolate"),
+        (REPO / "configs/study/cycle_ablation_toy_temporal_5seeds.yaml", "localization_only"),
+        (REPO / "configs/study/cycle_ablation_toy_temporal_long.yaml", "cycle"),
     ],
-    ids=["crowded", "stepback", "st", "isolate"],
+    ids=["crowded", "stepback", "st", "isolate", "temporal_5seeds", "temporal_long"],
 )
 def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatch):
     """The study's own fit command line of one row (its overrides: the crowded mix, the step-back rule, the anchor
@@ -480,6 +482,8 @@ def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatc
     if row == "evolved_back2":  # the rule the row varies reached the strategy
         synth = next(c for c in cli.trainer.callbacks if type(c).__name__ == "SynthesisCallback")
         assert synth.strategy.levels.back_after == 2
+    if path.stem == "cycle_ablation_toy_temporal_long":  # twice the base config's training clips reached the data
+        assert len(cli.datamodule.train_set) > 24  # the clips of 48 with a target (the base config: 22 of 24)
     if row == "evolved_isolate":
         synth = next(c for c in cli.trainer.callbacks if type(c).__name__ == "SynthesisCallback")
         assert synth.strategy.levels.sub_levels == 2
