@@ -214,8 +214,9 @@ class VideoGroundingDataModule(RECDataModule):
 
     Args (those of ``RECDataModule`` except): ``toy``: a `ToyVideoSpec` (export the toy video world into
     ``data_root`` first); ``image_root``: where ``video`` paths are relative to (default: each file's folder);
-    ``train_no_target``: keep the training queries that have no target (off: CycleGRPO captions the ground-truth
-    region, and a query without one has nothing to caption; validation keeps them, for ``n_acc``).
+    ``train_no_target``: keep the training queries that have no target (CycleGRPO grounds them from their query,
+    rewarded for answering ``no target``; off: only the clips with a target region train, which unlearns the rejection;
+    validation always keeps them, for ``n_acc``).
     """
 
     def __init__(
@@ -233,7 +234,7 @@ class VideoGroundingDataModule(RECDataModule):
         shuffle: bool = True,
         seed: int = 0,
         toy: ToyVideoSpec | None = None,
-        train_no_target: bool = False,
+        train_no_target: bool = True,
     ):
         super().__init__(
             data_root=data_root,

@@ -36,17 +36,34 @@ SCENE_METRICS: dict[str, tuple[str, float | None]] = {
     "where": ("where", None),
     "locatability": ("located", None),
     "confusion": ("confused", None),
+    "n_acc": ("rejected", None),
+    "t_acc": ("answered", None),
 }
 """Metric -> (``scenes.csv`` column, threshold): the per-scene score whose mean over scenes is the metric, the column
 itself or the indicator ``column >= threshold``. REC: ``iou`` is the predicted box's IoU, 0 if none; clips: ``tiou``
-or ``st`` (Eq. 15), ``when`` / ``where``; CycleGRPO's cycle: ``located`` / ``confused``. A value is nan where the
+or ``st`` (Eq. 15), ``when`` / ``where``; CycleGRPO's cycle: ``located`` / ``confused``; GRES's ``n_acc`` /
+``t_acc``: ``rejected`` on the clips without a target, ``answered`` on those with one. A value is nan where the
 scene has none (a clip of the other region space; a scene without a target has no caption to locate): such scenes
 leave the matrix, the same scenes for every run since they depend on the ground truth only."""
 
 LABELS = {"acc50": "Acc@0.5", "miou": "mIoU", "format": "format"}
 
 
-SCENE_COLUMNS = ["set", "sample_id", "task", "iou", "format_ok", "tiou", "st", "when", "where", "located", "confused"]
+SCENE_COLUMNS = [
+    "set",
+    "sample_id",
+    "task",
+    "iou",
+    "format_ok",
+    "tiou",
+    "st",
+    "when",
+    "where",
+    "located",
+    "confused",
+    "rejected",
+    "answered",
+]
 """``scenes.csv``'s columns (``tiou`` .. ``confused``: nan where a record has no such value)."""
 
 
@@ -85,6 +102,8 @@ def read_evaluation(eval_dir: str | Path, evaluator: str = "predict") -> tuple[d
                     **{k: float(scores.get(k, math.nan)) for k in ("tiou", "st", "when", "where")},
                     "located": float(cycle["located"]) if cycle else math.nan,
                     "confused": float(cycle["confused"]) if cycle else math.nan,
+                    "rejected": float(r["rejected"]) if "rejected" in r and r.get("no_target") else math.nan,
+                    "answered": float(r["answered"]) if "answered" in r and not r.get("no_target") else math.nan,
                 }
             )
     return per_set, pd.DataFrame(rows, columns=SCENE_COLUMNS)

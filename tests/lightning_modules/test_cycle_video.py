@@ -4,6 +4,7 @@ metrics, with a tiny random Qwen2.5-VL (the conftest factory)."""
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -80,6 +81,47 @@ def test_spatio_temporal_rewards_by_hand():
     assert s.total.tolist() == [0.5, -0.75, 1.5, 0.0, 0.9375, -1.0]
 
 
+def test_no_target_samples_are_grounding_groups_rewarded_for_rejecting():
+    """A query without a target is not cycled: it is grounded K times from its own query, one more grounding group
+    after the cycle's, rewarded alpha for "no target" and 0 for any interval; the ablation modes treat it as a
+    grounding."""
+    texts = [
+        "<answer>the second time the circle moves</answer>",  # caption of the target sample (N = 2)
+        "<answer>the circle moves</answer>",
+        "<answer>[2.0, 4.0]</answer>",  # its groundings (K = 2 per caption): tIoU 1, 0, 1, 1
+        "<answer>no target</answer>",
+        "<answer>[2.0, 4.0]</answer>",
+        "<answer>[2.0, 4.0]</answer>",
+        "<answer>no target</answer>",  # the no-target sample's groundings: a rejection (1), a false alarm (0)
+        "<answer>[2.0, 4.0]</answer>",
+    ]
+    m = build_method("cycle_grpo", _hp(), {"n_captions": 2, "k_groundings": 2, "region_space": "interval"})
+    batch = [_sample(), _sample(intervals=[(2.0, 4.0)])]  # the no-target sample first: the layout is by kind
+    assert m.layout(batch) == ([1], [0])
+    ro = _rollout(texts, [1, 1, 2, 2, 3, 3, 4, 4])
+    assert m.sample_index(batch, ro) == [1, 1, 1, 1, 1, 1, 0, 0]
+    s = m.score(batch, ro)
+    assert s.total.tolist() == [0.5, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 0.0]
+    assert s.parts["consistency"].tolist()[-2:] == [1.0, 0.0]
+    logs = m.train_logs(s, ro)
+    assert logs["train/cycle/no_target_acc"] == 0.5 and logs["train/cycle/no_target_reward"] == 0.5
+    assert logs["train/cycle/consistency"] == 0.75  # the cycle's groundings only
+    adv = m.advantages(s, ro)
+    assert adv[-2] > 0 > adv[-1] and adv[-2] == -adv[-1]  # its own group: (r - mean) / std over its two rows
+    for mode, trained in (("caption", False), ("localization", True), ("cycle", True)):
+        mm = build_method(
+            "cycle_grpo", _hp(), {"n_captions": 2, "k_groundings": 2, "region_space": "interval", "mode": mode}
+        )
+        assert bool(mm.advantages(mm.score(batch, ro), ro)[-2:].abs().sum() > 0) == trained
+    only = m.score([batch[0]], _rollout(texts[-2:], [1, 1]))  # a step of no-target samples only
+    logs = m.train_logs(only, ro)
+    assert only.total.tolist() == [1.0, 0.0] and logs["train/cycle/no_target_acc"] == 0.5
+    assert math.isnan(logs["train/cycle/caption_reward"])  # nan, not the last step's value
+    assert math.isnan(
+        m.train_logs(m.score(batch[1:], _rollout(texts[:6], [1, 1, 2, 2, 3, 3])), ro)["train/cycle/no_target_acc"]
+    )
+
+
 def test_region_space_must_match_the_samples():
     m = build_method("cycle_grpo", _hp(), {"n_captions": 2, "k_groundings": 2, "region_space": "interval"})
     with pytest.raises(ValueError, match="needs video samples"):
@@ -150,6 +192,29 @@ def test_video_rollout_prompts_and_two_level_groups(module, space):
     assert all("<|video_pad|>" in r.prompt for r in grounds)
     scores = m.score(batch, ro)
     assert scores.total.shape == (len(ro.texts),)
+
+
+@pytest.mark.parametrize("space", ["interval", "anchor"])
+def test_no_target_clips_are_grounded_from_their_query(module, space):
+    """On the tiny model and toy clips: the caption call holds only the clips with a target; the grounding call holds
+    their captions' groundings and then the no-target clip's own query, K rows in its own group, no parent."""
+    torch.manual_seed(0)
+    m = build_method("cycle_grpo", module.hparams, {"n_captions": 2, "k_groundings": 2, "region_space": space})
+    clips = _toy_samples(12)
+    target = next(s for s in clips if s.intervals)
+    none = next(s for s in clips if not s.intervals)
+    module.calls.clear()
+    ro = m.rollout(module, [none, target])
+    caps, grounds = module.calls
+    assert [r.image for r in caps] == [target.clip]
+    assert [r.group_id for r in grounds] == [2, 3, 4] and [r.parent_id for r in grounds] == [0, 1, None]
+    assert none.query in grounds[-1].prompt and grounds[-1].image is none.clip and grounds[-1].n == 2
+    assert len(ro.texts) == 2 + 2 * 2 + 2 and ro.group_ids.tolist() == [1, 1, 2, 2, 3, 3, 4, 4]
+    scores = m.score([none, target], ro)
+    assert scores.total.shape == (8,) and "train/cycle/no_target_acc" in m.train_logs(scores, ro)
+    module.calls.clear()
+    ro = m.rollout(module, [none])  # no target in the step: one call, the grounding group alone
+    assert len(module.calls) == 1 and len(ro.texts) == 2 and ro.group_ids.tolist() == [1, 1]
 
 
 @pytest.mark.parametrize(
