@@ -131,9 +131,10 @@ EVOLVED = [REPO / f"configs/study/evolved_toy{s}.yaml" for s in ("", "_revisit",
 
 
 CROWDED = REPO / "configs/study/cycle_ablation_toy_crowded.yaml"
+IMAGE_PREDICT = REPO / "configs/study/cycle_ablation_toy_predict.yaml"
 
 
-@pytest.mark.parametrize("path", [TABLE1, *EVOLVED, CROWDED], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [TABLE1, *EVOLVED, CROWDED, IMAGE_PREDICT], ids=lambda p: p.stem)
 def test_the_cli_accepts_one_run_of_every_row(path, tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     study = load_study(path)
@@ -464,8 +465,9 @@ def test_smoke_study_end_to_end(tmp_path):
         (REPO / "configs/study/cycle_ablation_toy_temporal_5seeds.yaml", "localization_only"),
         (REPO / "configs/study/cycle_ablation_toy_temporal_long.yaml", "cycle"),
         (REPO / "configs/study/cycle_ablation_toy_temporal_no_target.yaml", "cycle"),
+        (IMAGE_PREDICT, "caption_only"),
     ],
-    ids=["crowded", "stepback", "st", "isolate", "temporal_5seeds", "temporal_long", "temporal_no_target"],
+    ids=["crowded", "stepback", "st", "isolate", "temporal_5seeds", "temporal_long", "temporal_no_target", "predict"],
 )
 def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatch):
     """The study's own fit command line of one row (its overrides: the crowded mix, the step-back rule, the anchor
