@@ -27,7 +27,9 @@ Settings (``--model.method_args``): ``n_captions`` (N), ``k_groundings`` (K), ``
 on images; ``interval`` or ``anchor`` on video samples, ``datamodules/video.py``), ``caption_template`` (a
 ``PROMPT_TEMPLATES`` key whose ``{query}`` is the serialized region), ``mode``; for video ``tau`` (Eq. 15's time gate,
 seconds), ``gate_gamma`` (temporal: ``alpha * s_ik`` is multiplied by ``gate_gamma ** n_invalid_intervals``) and
-``proximity_weight`` (spatio-temporal: ``+ proximity_weight * temporal_proximity`` on ``r_loc``). The grounding
+``proximity_weight`` (spatio-temporal: ``+ proximity_weight * temporal_proximity`` on ``r_loc``);
+``no_target_groundings``: the size of a no-target sample's grounding group (default K; N x K gives it as many
+grounding rows as a cycled sample, and more chances to sample the rejection once it has become rare). The grounding
 prompt is the module's ``--model.prompt_template``. Video samples feed their clip (``VideoClip``) as the prompts'
 visual input; validation on them logs ``tiou``, ``r1@{0.3,0.5,0.7}`` (interval) or ``when``, ``where``, ``st``
 (anchor), and ``n_acc`` / ``t_acc`` per eval set (``lightning_modules/cycle_metrics.py``). This first version
@@ -112,8 +114,14 @@ class CycleGRPO(Method):
         tau: float = 3.0,
         gate_gamma: float = 0.5,
         proximity_weight: float = 0.5,
+        no_target_groundings: int | None = None,
     ) -> None:
         super().__init__(hparams)
+        if no_target_groundings is not None and no_target_groundings < 2:
+            raise ValueError(
+                "--model.method_args.no_target_groundings must be >= 2 (a group) or null (K), got "
+                f"{no_target_groundings}"
+            )
         if n_captions < 2 or k_groundings < 2:
             raise ValueError(
                 f"--model.method_args: n_captions and k_groundings must be >= 2 (groups), got {n_captions}, {k_groundings}"
@@ -126,6 +134,8 @@ class CycleGRPO(Method):
                 "samples, datamodules/video.py) are wired; the mask space exists in lightning_modules/regions/"
             )
         self.N, self.K, self.alpha, self.mode = n_captions, k_groundings, alpha, mode
+        self.K0 = no_target_groundings or k_groundings
+        """Groundings per no-target sample (its group's size)."""
         self.video = region_space in VIDEO_SPACES
         self.space = AnchorSpace(tau=tau) if region_space == "anchor" else regions.region_space(region_space)
         self.caption_template = caption_template
@@ -160,7 +170,7 @@ class CycleGRPO(Method):
             RolloutRequest(
                 self.grounding_prompt(processor, batch[b].query, self.hp.prompt_template),
                 batch[b].image,
-                K,
+                self.K0,
                 group_id=B + len(texts) + u,
             )
             for u, b in enumerate(rejects)
@@ -181,7 +191,7 @@ class CycleGRPO(Method):
         N, K = self.N, self.K
         targets, rejects = self.layout(batch)
         captions = [b for b in targets for _ in range(N)]
-        return captions + [b for b in captions for _ in range(K)] + [b for b in rejects for _ in range(K)]
+        return captions + [b for b in captions for _ in range(K)] + [b for b in rejects for _ in range(self.K0)]
 
     # ------------------------------------------------------------------------------------------------ scoring
     def score(self, batch, ro: Rollout) -> Scores:
@@ -191,10 +201,10 @@ class CycleGRPO(Method):
         parsed = [rewards.parse_completion(t) for t in ro.texts]
         s, phi_cap, phi_loc, gate, shaping = [], [], [], [], []
 
-        def groundings(sample, gt, first: int) -> None:  # the K grounding rows from ``first``, against ``gt``
+        def groundings(sample, gt, first: int, k: int) -> None:  # the k grounding rows from ``first``, against gt
             space = self._space_for(sample)
             row_s, row_phi, row_gate, row_shaping = [], [], [], []
-            for j in range(first, first + K):
+            for j in range(first, first + k):
                 pred = self._predicted_region(sample, ro.texts[j], parsed[j], ro.input_wh[j])
                 row_s.append(space.consistency(gt, pred))
                 row_phi.append(localization_phi(ro.texts[j], space))
@@ -208,9 +218,9 @@ class CycleGRPO(Method):
         for i in range(n_cap):
             sample = batch[targets[i // N]]
             phi_cap.append(caption_phi(raw_caption(ro.texts[i])))  # the leak is judged before stripping
-            groundings(sample, self._gt_region(sample), n_cap + i * K)
+            groundings(sample, self._gt_region(sample), n_cap + i * K, K)
         for u, b in enumerate(rejects):  # no caption: phi_cap's slot is unused
-            groundings(batch[b], NO_TARGET, n_cap + n_cap * K + u * K)
+            groundings(batch[b], NO_TARGET, n_cap + n_cap * K + u * self.K0, self.K0)
             phi_cap.append(0.0)
         r_cap, r_loc = cycle_rewards(s, phi_cap, phi_loc, alpha=self.alpha, gate=gate, shaping=shaping)
         consistency = [sum(r) / K for r in s[:n_cap]] + [v for r in s for v in r]

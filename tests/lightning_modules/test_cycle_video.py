@@ -113,6 +113,14 @@ def test_no_target_samples_are_grounding_groups_rewarded_for_rejecting():
             "cycle_grpo", _hp(), {"n_captions": 2, "k_groundings": 2, "region_space": "interval", "mode": mode}
         )
         assert bool(mm.advantages(mm.score(batch, ro), ro)[-2:].abs().sum() > 0) == trained
+    wide = build_method(  # a no-target group of its own size (N x K: as many grounding rows as a cycled sample)
+        "cycle_grpo", _hp(), {"n_captions": 2, "k_groundings": 2, "region_space": "interval", "no_target_groundings": 4}
+    )
+    ro4 = _rollout(texts + texts[-2:], [1, 1, 2, 2, 3, 3, 4, 4, 4, 4])
+    assert wide.sample_index(batch, ro4) == [1] * 6 + [0] * 4
+    assert wide.score(batch, ro4).total.tolist()[-4:] == [1.0, 0.0, 1.0, 0.0]
+    with pytest.raises(ValueError, match="no_target_groundings must be >= 2"):
+        build_method("cycle_grpo", _hp(), {"region_space": "interval", "no_target_groundings": 1})
     only = m.score([batch[0]], _rollout(texts[-2:], [1, 1]))  # a step of no-target samples only
     logs = m.train_logs(only, ro)
     assert only.total.tolist() == [1.0, 0.0] and logs["train/cycle/no_target_acc"] == 0.5

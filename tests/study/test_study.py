@@ -177,6 +177,7 @@ VIDEO_ABLATIONS = {
     REPO / "configs/study/cycle_ablation_toy_st.yaml": "anchor",
     REPO / "configs/study/cycle_ablation_toy_temporal_5seeds.yaml": "interval",
     REPO / "configs/study/cycle_ablation_toy_temporal_no_target.yaml": "interval",
+    REPO / "configs/study/cycle_ablation_toy_temporal_no_target_nk.yaml": "interval",
 }
 
 
@@ -189,7 +190,7 @@ def test_a_video_study_plans_cycle_runs_on_the_toy_video_world(path, tmp_path, m
 
     monkeypatch.chdir(REPO)
     study = load_study(path)
-    clips, seeds = (200, 5) if path.stem.endswith(("_5seeds", "_no_target")) else (100, 3)
+    clips, seeds = (200, 5) if path.stem.endswith(("_5seeds", "_no_target", "_no_target_nk")) else (100, 3)
     assert study.world == "video" and study.test_splits == {"test": clips}
     runs, data_root = plan(study, tmp_path / "out")
     assert len(runs) == 1 + 3 * seeds
@@ -465,9 +466,20 @@ def test_smoke_study_end_to_end(tmp_path):
         (REPO / "configs/study/cycle_ablation_toy_temporal_5seeds.yaml", "localization_only"),
         (REPO / "configs/study/cycle_ablation_toy_temporal_long.yaml", "cycle"),
         (REPO / "configs/study/cycle_ablation_toy_temporal_no_target.yaml", "cycle"),
+        (REPO / "configs/study/cycle_ablation_toy_temporal_no_target_nk.yaml", "localization_only"),
         (IMAGE_PREDICT, "caption_only"),
     ],
-    ids=["crowded", "stepback", "st", "isolate", "temporal_5seeds", "temporal_long", "temporal_no_target", "predict"],
+    ids=[
+        "crowded",
+        "stepback",
+        "st",
+        "isolate",
+        "temporal_5seeds",
+        "temporal_long",
+        "temporal_no_target",
+        "temporal_no_target_nk",
+        "predict",
+    ],
 )
 def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatch):
     """The study's own fit command line of one row (its overrides: the crowded mix, the step-back rule, the anchor
@@ -489,8 +501,12 @@ def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatc
     if path.stem == "cycle_ablation_toy_temporal_long":  # twice the base config's training clips reached the data
         assert len(cli.datamodule.train_set) > 24  # the clips of 48 with a target (the base config: 22 of 24)
         assert all(r.raw["solution"] for r in cli.datamodule.train_set.records)  # as recorded: only clips with a target
-    if path.stem == "cycle_ablation_toy_temporal_no_target":  # all 48 clips, the no-target ones included
-        assert len(cli.datamodule.train_set) == 48 and not all(r.raw["solution"] for r in cli.datamodule.train_set.records)
+    if path.stem.startswith("cycle_ablation_toy_temporal_no_target"):  # all 48 clips, the no-target ones included
+        assert len(cli.datamodule.train_set) == 48 and not all(
+            r.raw["solution"] for r in cli.datamodule.train_set.records
+        )
+        nk = 16 if path.stem.endswith("_nk") else 4  # the no-target group's size reached the method
+        assert cli.model.method.K0 == nk
     if row == "evolved_isolate":
         synth = next(c for c in cli.trainer.callbacks if type(c).__name__ == "SynthesisCallback")
         assert synth.strategy.levels.sub_levels == 2
