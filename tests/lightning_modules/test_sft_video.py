@@ -66,7 +66,8 @@ def clips() -> list:
 def test_clip_samples_are_what_cycle_grpo_asks_and_scores_right(tiny_model_dir, clips, space):
     """Per clip, the captioning and the grounding sample of ``space`` (forced by ``caption_frac`` 1 / 0): prompts
     written out from the RL config by hand; targets scored by CycleGRPO itself (built as the RL config builds it) on a
-    rollout of those texts: every grounding's consistency is 1 (no-target queries included), every caption clean
+    rollout of those texts: every grounding's consistency is 1 (no-target queries included: their own grounding group),
+    every caption clean
     (Phi 0) and stripped to the query the grounding prompt is then asked with."""
     stage, rl = _stage(), _rl(space)
     _, processor = load_policy(str(tiny_model_dir), dtype="fp32")
@@ -85,8 +86,9 @@ def test_clip_samples_are_what_cycle_grpo_asks_and_scores_right(tiny_model_dir, 
         gt = clip.region(space)
         if gt is NO_TARGET:
             assert g_target == "<answer>no target</answer>" and captioner.clip_example(clip) == (g_prompt, g_target)
-            s = m.score([clip], _rollout(["<answer>x</answer>"] * 2 + [g_target] * 4, [0, 0, 1, 1, 2, 2], (112, 112)))
-            assert s.parts["consistency"][2:].tolist() == [1.0] * 4  # a correct rejection
+            # not cycled: its query grounded in a group of the config's no_target_groundings rows
+            s = m.score([clip], _rollout([g_target] * m.K0, [1] * m.K0, (112, 112)))
+            assert s.parts["consistency"].tolist() == [1.0] * m.K0 and m.K0 == rl["method_args"]["no_target_groundings"]
             continue
         c_prompt, c_target = captioner.clip_example(clip)
         # the clip's frames are 112 px at their native size: the model reads and writes boxes in the frame's pixels
