@@ -25,8 +25,13 @@ def test_toy_video_world_through_the_data_module(tmp_path):
     dm.setup("fit")
     train = [dm.train_set[i] for i in range(len(dm.train_set))]
     val = [dm.eval_sets["val"]["toy_video_val"][i] for i in range(12)]
-    assert all(s.intervals for s in train)  # no-target queries have nothing to caption
-    assert len(train) == sum(bool(make_clip("train", i, 0)["solution"]) for i in range(12))
+    assert len(train) == 12 and not all(s.intervals for s in train)  # no-target queries train (grounding groups)
+    only = VideoGroundingDataModule(
+        data_root=str(tmp_path), train_files=["train_video.jsonl"], toy=None, train_no_target=False
+    )
+    only.setup("fit")  # the clips with a target alone (how the earlier studies trained)
+    assert len(only.train_set) == sum(bool(make_clip("train", i, 0)["solution"]) for i in range(12))
+    assert all(r.raw["solution"] for r in only.train_set.records)
     nt = [s for s in val if not s.intervals]
     assert nt and all(s.region("interval") is NO_TARGET and s.region("anchor") is NO_TARGET for s in nt)
     s, clip = val[0], make_clip("val", 0, 0)
