@@ -181,7 +181,9 @@ class InstructionEvolution(EvolutionStrategy):
     1 / 1: at once). ``sub_levels``: 1, a failed full question steps back to its sub-problem version and a failed
     sub-problem a level down; 2, a failed sub-problem first steps to an easier version, the isolated image
     (``evolve.ISOLATE_KIND``: only the target and the objects its query needs), and is eased back up one version per
-    solved group (docs/evolved_grpo.md, "The isolate study").
+    solved group (docs/evolved_grpo.md, "The isolate study"). ``easier``: what that easier version is, ``isolate``
+    or ``zoom`` (``evolve.ZOOM_KIND``: the sub-problem version cropped around the target and drawn twice as large,
+    its box mapped by the data server; "The zoom study").
     """
 
     def __init__(
@@ -193,12 +195,23 @@ class InstructionEvolution(EvolutionStrategy):
         step_up_after: int = 1,
         step_back_after: int = 1,
         sub_levels: int = 1,
+        easier: str = "isolate",
     ):
-        from datamodules.evolve import LevelState
+        from datamodules.evolve import EASIER_KINDS, LevelState
 
         if modality not in ("text", "visual", "any"):
             raise ValueError(f"instruction_evolution modality must be 'text', 'visual' or 'any', got {modality!r}")
-        self.seed, self.correct_iou, self.modality = seed, correct_iou, modality
+        if easier not in EASIER_KINDS:
+            raise ValueError(
+                f"--callbacks.synthesis.init_args.strategy_args.easier must be one of {EASIER_KINDS} (the version below "
+                f"a failed sub-problem), got {easier!r}"
+            )
+        if easier != "isolate" and sub_levels < 2:
+            raise ValueError(
+                f"strategy_args.easier={easier!r} names the version below the sub-problem, which only sub_levels: 2 "
+                "uses; set sub_levels: 2 or leave easier out"
+            )
+        self.seed, self.correct_iou, self.modality, self.easier = seed, correct_iou, modality, easier
         self.paints = modality != "text"  # visual edits run on the data server
         self.levels = LevelState(
             max_level=max_level, up_after=step_up_after, back_after=step_back_after, sub_levels=sub_levels
@@ -227,7 +240,7 @@ class InstructionEvolution(EvolutionStrategy):
                 out.append(EvolutionRequest(s.sample_id, query=meta["query"], level=0, base="original"))
                 continue
             rng = np.random.default_rng([self.seed, epoch, zlib.crc32(s.sample_id.encode()), after.level])
-            evolved = evolve({"meta": meta, "image": s.image}, after, rng, modality=self.modality)
+            evolved = evolve({"meta": meta, "image": s.image}, after, rng, modality=self.modality, easier=self.easier)
             if evolved is None:
                 continue
             if evolved.jobs and self.paints:
@@ -246,7 +259,10 @@ class InstructionEvolution(EvolutionStrategy):
             self.levels.load_state_dict(state["levels"])
 
     def stats(self) -> dict[str, float]:
-        return self.levels.stats()
+        out = self.levels.stats()
+        if self.easier != "isolate" and "level/isolated_frac" in out:
+            out[f"level/{self.easier}ed_frac"] = out.pop("level/isolated_frac")
+        return out
 
 
 @register_strategy("instruction_and_image_evolution")
@@ -267,9 +283,10 @@ class InstructionAndImageEvolution(EvolutionStrategy):
         step_up_after: int = 1,
         step_back_after: int = 1,
         sub_levels: int = 1,
+        easier: str = "isolate",
     ):
         self.instructions = InstructionEvolution(
-            seed, max_level, correct_iou, modality, step_up_after, step_back_after, sub_levels
+            seed, max_level, correct_iou, modality, step_up_after, step_back_after, sub_levels, easier
         )
         self.images = MethodRequests()
 

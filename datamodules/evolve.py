@@ -76,8 +76,18 @@ SUB_VISUAL_KIND = "declutter"
 ISOLATE_KIND = "isolate"
 """The easier visual sub-problem (``Level.sub == 2``): declutter, and remove every other object the query does not
 need to stay exact (look-alikes first), so the target stands with its anchors only."""
-SUB_VISUAL_KINDS = (SUB_VISUAL_KIND, ISOLATE_KIND)
+ZOOM_KIND = "zoom"
+"""The other easier visual sub-problem (``Level.sub == 2`` with ``easier="zoom"``): the image cropped to a window of
+``1 / ZOOM_FACTOR`` of its sides around the target and re-rendered ``ZOOM_FACTOR`` times larger, so every object kept
+(those wholly inside the window) is drawn larger at its mapped box. For the toy model's failures of small-object box
+precision (docs/evolved_grpo.md, "The zoom study"); the target's box changes, which the data server's audit checks
+against the input mapped by the same zoom (``zoom_array``)."""
+ZOOM_FACTOR = 2
+"""How much larger a zoomed sub-problem draws the scene (an integer: boxes map to exact integer pixels)."""
+SUB_VISUAL_KINDS = (SUB_VISUAL_KIND, ISOLATE_KIND, ZOOM_KIND)
 """The visual sub-problems, easiest last."""
+EASIER_KINDS = (ISOLATE_KIND, ZOOM_KIND)
+"""What the easier version below a sub-problem (``Level.sub == 2``) can be (``evolve``'s ``easier``)."""
 MAX_LEVEL = len(TEXT_KINDS) - 1
 
 
@@ -652,6 +662,12 @@ def plan_visual_edit(
     - ``isolate`` (the easier one): declutter, and of the other foreground objects keep only those the query needs
       to stay exact (each removed in turn, most attributes shared with the target first, if the query stays exact
       without it); params ``{"description", "n_painted": 0, "keep": [their boxes]}``. None when nothing can go.
+    - ``zoom`` (the other easier one, ``ZOOM_KIND``): crop to a window of ``1 / ZOOM_FACTOR`` of the image's sides
+      that holds the target (centred on it where the image allows, else the nearest window that keeps the query
+      exact) and draw it ``ZOOM_FACTOR`` times larger; the objects wholly inside stay, mapped, the others go, and the
+      painted distractors scale with the window's area; params ``{"factor", "origin": [x, y], "n_painted"}``. The
+      target's box changes (``zoom_box``). None when the target does not fit a window or no window keeps the query
+      exact.
     """
     if kind not in VISUAL_KINDS + SUB_VISUAL_KINDS:
         raise ValueError(f"unknown visual edit kind {kind!r}; choose one of {VISUAL_KINDS + SUB_VISUAL_KINDS}")
@@ -678,6 +694,8 @@ def _plan_once(meta: dict[str, Any], kind: str, level: int, rng: np.random.Gener
         return {"kind": kind, "params": {"description": str(Description("plain", "white")), "n_painted": 0}}
     if kind == ISOLATE_KIND:
         return _plan_isolate(meta, t)
+    if kind == ZOOM_KIND:
+        return _plan_zoom(meta, t)
     if kind == "lookalikes":
         boxes = [o["box"] for o in fore]
         added = []
@@ -764,18 +782,89 @@ def _plan_isolate(meta: dict[str, Any], t: int) -> dict | None:
     return {"kind": ISOLATE_KIND, "params": {**plain, "keep": [list(k["box"]) for k in kept]}}
 
 
+def zoom_box(box: Sequence[float], factor: int, origin: Sequence[int]) -> list:
+    """Where a box ``[x1, y1, x2, y2]`` (pixel edges) lands in a zoom by ``factor`` of the window at ``origin``."""
+    ox, oy = origin
+    return [(box[0] - ox) * factor, (box[1] - oy) * factor, (box[2] - ox) * factor, (box[3] - oy) * factor]
+
+
+def zoom_array(arr: np.ndarray, factor: int, origin: Sequence[int]) -> np.ndarray:
+    """An image (H x W [x C]) zoomed as ``ZOOM_KIND`` maps it: the window at ``origin`` of ``1 / factor`` of its sides,
+    each pixel repeated ``factor`` x ``factor`` times (nearest neighbour: the data server's audit reference)."""
+    h, w = arr.shape[:2]
+    ox, oy = origin
+    crop = arr[oy : oy + h // factor, ox : ox + w // factor]
+    return np.repeat(np.repeat(crop, factor, axis=0), factor, axis=1)
+
+
+def _zoom_window(meta: dict[str, Any], factor: int) -> tuple[int, int]:
+    w, h = meta["width"], meta["height"]
+    if not isinstance(factor, int) or factor < 2:
+        raise ValueError(f"a zoom's factor is an integer >= 2, got {factor!r}")
+    if w % factor or h % factor:
+        raise ValueError(f"a zoom by {factor} needs image sides divisible by it; the scene is {w}x{h}")
+    return w // factor, h // factor
+
+
+def _inside(box: Sequence[float], ox: int, oy: int, cw: int, ch: int) -> bool:
+    return box[0] >= ox and box[1] >= oy and box[2] <= ox + cw and box[3] <= oy + ch
+
+
+def _plan_zoom(meta: dict[str, Any], t: int, factor: int = ZOOM_FACTOR) -> dict | None:
+    w, h = meta["width"], meta["height"]
+    if w % factor or h % factor:
+        return None
+    cw, ch = _zoom_window(meta, factor)
+    x1, y1, x2, y2 = meta["objects"][t]["box"]
+    lo_x, hi_x, lo_y, hi_y = max(0, x2 - cw), min(x1, w - cw), max(0, y2 - ch), min(y1, h - ch)
+    if hi_x < lo_x or hi_y < lo_y:  # the target is larger than the window
+        return None
+    cx = int(np.clip(round((x1 + x2 - cw) / 2), lo_x, hi_x))
+    cy = int(np.clip(round((y1 + y2 - ch) / 2), lo_y, hi_y))
+    xs = sorted({int(round(v)) for v in np.linspace(lo_x, hi_x, 5)} | {cx}, key=lambda v: abs(v - cx))
+    ys = sorted({int(round(v)) for v in np.linspace(lo_y, hi_y, 5)} | {cy}, key=lambda v: abs(v - cy))
+    painted = sum(o["role"] == "distractor" for o in _objects(meta))
+    n_painted = int(round(meta.get("n_painted", painted) / factor**2))
+    for ox, oy in sorted(((x, y) for x in xs for y in ys), key=lambda p: abs(p[0] - cx) + abs(p[1] - cy)):
+        job = {"kind": ZOOM_KIND, "params": {"factor": factor, "origin": [ox, oy], "n_painted": n_painted}}
+        if query_problem(execute_job(meta, job)[1], meta["query"]) is None:
+            return job
+    return None
+
+
 def execute_job(meta: dict[str, Any], job: dict[str, Any]) -> tuple[Image.Image, dict[str, Any]]:
     """Run a visual edit job on a toy scene: the new image and meta (objects, description, seeds, occluders and the
-    job appended to ``meta["edits"]``). The target object is copied unchanged; raises if a job would touch it."""
+    job appended to ``meta["edits"]``). The target object is copied unchanged (a ``zoom`` maps its box by
+    ``zoom_box`` and nothing else); raises if a job would touch it."""
     kind, params = job["kind"], job["params"]
     new = copy.deepcopy(meta)
     t = target_index(meta)
     target = meta["objects"][t]
-    if kind == "lookalikes":
+    if kind == ZOOM_KIND:
+        factor, (ox, oy) = params["factor"], [int(v) for v in params["origin"]]
+        cw, ch = _zoom_window(meta, factor)
+        if not (0 <= ox <= meta["width"] - cw and 0 <= oy <= meta["height"] - ch):
+            raise ValueError(
+                f"zoom window at {[ox, oy]} of {cw}x{ch} leaves the {meta['width']}x{meta['height']} image"
+            )
+        if not _inside(target["box"], ox, oy, cw, ch):
+            raise ValueError(f"zoom window at {[ox, oy]} of {cw}x{ch} cuts the target's box {target['box']}")
+        kept = [o for o in _foreground(meta) if _inside(o["box"], ox, oy, cw, ch)]
+        new["objects"] = [dict(o, box=zoom_box(o["box"], factor, (ox, oy))) for o in kept]
+        new["occluders"] = [  # those on a kept object; an occluder of a painted distractor has nothing left to cover
+            dict(occ, box=zoom_box(occ["box"], factor, (ox, oy)))
+            for occ in meta.get("occluders", [])
+            if any(
+                _inside(occ["box"], *o["box"][:2], o["box"][2] - o["box"][0], o["box"][3] - o["box"][1]) for o in kept
+            )
+        ]
+        new["n_painted"] = int(params["n_painted"])
+        target = dict(target, box=zoom_box(target["box"], factor, (ox, oy)))
+    elif kind == "lookalikes":
         new["objects"] = _foreground(meta) + [{"role": "object", **o} for o in params["objects"]]
         new["n_painted"] = sum(o["role"] == "distractor" for o in meta["objects"])
         new["render_seed"] = params["render_seed"]
-    elif kind in ("clutter",) + SUB_VISUAL_KINDS:
+    elif kind in ("clutter", SUB_VISUAL_KIND, ISOLATE_KIND):
         new["objects"] = _foreground(meta)
         if kind == ISOLATE_KIND:
             keep = [list(b) for b in params["keep"]]
@@ -1103,6 +1192,7 @@ def evolve(
     level: Level,
     rng: np.random.Generator,
     modality: Literal["any", "text", "visual"] = "any",
+    easier: Literal["isolate", "zoom"] = ISOLATE_KIND,
 ) -> Evolved | None:
     """The version of a toy REC scene record (``toy.make_scene``'s output) at ``level``; None when none exists.
 
@@ -1111,10 +1201,14 @@ def evolve(
     The sub-problem version of a multi-step query spells its steps out (``guided_query``); that of a one-step query
     is the decluttered image (``declutter``). The easier version (``level.sub == 2``) is the same on the isolated
     image (``isolate``): the guided query with only the objects it needs, or the one-step query alone with its
-    target (when nothing can be removed, the sub-problem version stands in).
+    target (when nothing can be removed, the sub-problem version stands in). With ``easier="zoom"`` the easier
+    version is the sub-problem version zoomed around the target (``ZOOM_KIND``; its steps spelled out on the zoomed
+    scene if it has several): the returned box is the target's mapped box.
     """
     if not 0 <= level.level <= MAX_LEVEL:
         raise ValueError(f"level must be in [0, {MAX_LEVEL}], got {level.level}")
+    if easier not in EASIER_KINDS:
+        raise ValueError(f"the easier version is one of {EASIER_KINDS}, got {easier!r}")
     meta, image = record["meta"], record["image"]
     query, box = meta["query"], list(meta["objects"][target_index(meta)]["box"])
     if level.level == 0 and not level.sub:
@@ -1144,7 +1238,13 @@ def evolve(
             new_image, new_meta = execute_job(meta, job)
             new_query = query
         steps = decompose(new_meta, new_query)
-        iso_job = plan_visual_edit(new_meta, ISOLATE_KIND, 1, rng) if level.sub >= 2 else None
+        if level.sub >= 2 and easier == ZOOM_KIND:
+            zoomed = _zoomed_version(new_meta, new_query, kind, level, steps, rng)
+            if zoomed is not None:
+                return zoomed
+        iso_job = (
+            plan_visual_edit(new_meta, ISOLATE_KIND, 1, rng) if level.sub >= 2 and easier == ISOLATE_KIND else None
+        )
         if iso_job is not None:  # the easier version: the isolated image, its steps spelled out if it has several
             iso_image, iso_meta = execute_job(new_meta, iso_job)
             iso_steps = decompose(iso_meta, new_query)
@@ -1166,6 +1266,27 @@ def evolve(
     return None
 
 
+def _zoomed_version(
+    meta: dict[str, Any], query: str, kind: str, level: Level, steps: list[Step], rng: np.random.Generator
+) -> Evolved | None:
+    """The sub-problem version of (``meta``, ``query``) zoomed around the target: one-step queries on the decluttered
+    image, multi-step ones with their steps spelled out on the zoomed scene; None when no window keeps it exact."""
+    base, name = meta, f"{kind}+steps"
+    if len(steps) < 2:
+        sub_job = plan_visual_edit(meta, SUB_VISUAL_KIND, 1, rng)
+        if sub_job is None:
+            return None
+        base, name = execute_job(meta, sub_job)[1], f"{kind}+declutter"
+    zoom_job = plan_visual_edit(base, ZOOM_KIND, 1, rng)
+    if zoom_job is None:
+        return None
+    image, zoomed = execute_job(base, zoom_job)
+    z_steps = decompose(zoomed, query)
+    z_query = guided_query(z_steps) if len(z_steps) >= 2 else query
+    box = list(zoomed["objects"][target_index(zoomed)]["box"])
+    return Evolved(image, z_query, box, zoomed, f"{name}+zoom", level, z_steps, zoomed["edits"])
+
+
 def job_json(job: dict[str, Any]) -> str:
     """A job as the JSON a data server would receive (sorted keys: the same job is the same bytes)."""
     return json.dumps(job, sort_keys=True)
@@ -1176,6 +1297,7 @@ __all__ = [
     "Evolved",
     "Level",
     "LevelState",
+    "EASIER_KINDS",
     "ISOLATE_KIND",
     "MAX_LEVEL",
     "NP",
@@ -1206,4 +1328,8 @@ __all__ = [
     "render_meta",
     "resolve",
     "visibility",
+    "ZOOM_FACTOR",
+    "ZOOM_KIND",
+    "zoom_array",
+    "zoom_box",
 ]

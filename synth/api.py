@@ -99,7 +99,7 @@ class CanvasParams(_Model):
     """Top edge of the image on the canvas; default centred."""
 
 
-TOY_EDIT_KINDS = ("lookalikes", "clutter", "occlude", "declutter", "isolate")
+TOY_EDIT_KINDS = ("lookalikes", "clutter", "occlude", "declutter", "isolate", "zoom")
 """Visual edits of a toy-world scene (``datamodules.evolve.execute_job``): re-rendered from the scene, exact labels."""
 EDIT_KINDS = TOY_EDIT_KINDS + ("inpaint",)
 
@@ -107,13 +107,14 @@ EDIT_KINDS = TOY_EDIT_KINDS + ("inpaint",)
 class EditStep(_Model):
     """One visual edit (EvolvedGRPO's visual instruction evolution, docs/evolved_grpo.md).
 
-    - a toy kind (``TOY_EDIT_KINDS``): ``params`` as ``datamodules.evolve.plan_visual_edit`` writes them;
+    - a toy kind (``TOY_EDIT_KINDS``): ``params`` as ``datamodules.evolve.plan_visual_edit`` writes them (``zoom``
+      maps the boxes: the result's ``boxes`` are where the request's boxes land);
     - ``inpaint`` (real images): ``params = {"description": str, "regions": [[x1, y1, x2, y2], ...]}``: the server's
       painter repaints the regions (input pixels) after the description of the distractors to add there; the boxes'
       foreground is kept as in any job.
     """
 
-    kind: Literal["lookalikes", "clutter", "occlude", "declutter", "isolate", "inpaint"]
+    kind: Literal["lookalikes", "clutter", "occlude", "declutter", "isolate", "zoom", "inpaint"]
     params: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")

@@ -199,8 +199,11 @@ def _failure(item: dict[str, Any], error: str, detail: str | None = None) -> dic
 def _toy_edit(item: dict[str, Any], image: Image.Image | Exception, masker) -> dict[str, Any]:
     """A toy-world visual edit: ``datamodules.evolve.execute_job`` for each step, from the request's scene. No paste
     back: the render itself must leave the target's foreground (its shape's pixels) as in the input, which the audit
-    checks, so a scene that does not describe the image, or an edit that would touch the target, fails the job."""
-    from datamodules.evolve import execute_job, foreground_mask
+    checks, so a scene that does not describe the image, or an edit that would touch the target, fails the job.
+    A ``zoom`` step maps the boxes, and the audit's reference and foreground with them (``evolve.zoom_array``: the
+    input's pixels repeated): the target's pixels must be the input's wherever the input's shape maps onto the
+    re-drawn shape (the larger drawing adds edge pixels of its own, which are checked against the shape's colour)."""
+    from datamodules.evolve import ZOOM_KIND, execute_job, foreground_mask, zoom_array, zoom_box
 
     try:
         if isinstance(image, Exception):
@@ -208,15 +211,28 @@ def _toy_edit(item: dict[str, Any], image: Image.Image | Exception, masker) -> d
         reference = np.asarray(image.convert("RGB"), dtype=np.uint8)
         scene = item["edit"]["scene"]
         keep = foreground_mask(scene, item["boxes"])
+        boxes = [list(b) for b in item["boxes"]]
         edited = None
         for step in item["edit"]["steps"]:
             edited, scene = execute_job(scene, {"kind": step["kind"], "params": step["params"]})
+            if step["kind"] == ZOOM_KIND:
+                factor, origin = step["params"]["factor"], step["params"]["origin"]
+                reference, keep = zoom_array(reference, factor, origin), zoom_array(keep, factor, origin)
+                boxes = [zoom_box(b, factor, origin) for b in boxes]
         final = np.asarray(edited.convert("RGB"), dtype=np.uint8)
+        if any(s["kind"] == ZOOM_KIND for s in item["edit"]["steps"]):
+            drawn = foreground_mask(scene, boxes)
+            for b in boxes:  # each kept shape is drawn in one colour: the input's (checked on keep & drawn below)
+                shape = drawn & foreground_mask(scene, [b])
+                inner = final[shape & keep]
+                if not len(inner) or (final[shape] != inner[0]).any():
+                    raise ValueError(f"the zoomed object at {b} is not drawn in the one colour of its input pixels")
+            keep = keep & drawn
     except Exception as e:
         return _failure(item, f"could not run the edit: {type(e).__name__}: {e}")
     h, w = reference.shape[:2]
     try:
-        return _write_audited(item, final, reference, keep, item["boxes"], w, h, "toy-edit", masker, 1, scene)
+        return _write_audited(item, final, reference, keep, boxes, w, h, "toy-edit", masker, 1, scene)
     except Exception as e:
         return _failure(item, f"could not write the result: {type(e).__name__}: {e}")
 

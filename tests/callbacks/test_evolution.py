@@ -148,6 +148,83 @@ def test_two_sub_levels_step_a_failed_sub_problem_to_the_isolated_image():
     assert strategy.stats()["level/isolated_frac"] == 0.0 and strategy.stats()["level/sub_frac"] == 1.0
 
 
+def test_easier_zoom_steps_a_failed_sub_problem_to_the_zoomed_image():
+    """``sub_levels: 2, easier: zoom``: the version below the decluttered sub-problem is the same image zoomed twice
+    around the target (a data-server job whose result maps the box); solving it eases it back up; bad args say so."""
+    from datamodules.evolve import ZOOM_KIND, is_exact
+    from datamodules.toy import ToySceneDataset
+
+    strategy = build_strategy("instruction_evolution", seed=0, modality="any", sub_levels=2, easier="zoom")
+    batch = [ToySceneDataset("train", 12, seed=0)[i] for i in range(12)]
+    G = 3
+    failed = {"rewards": {"accuracy": [0.0] * (G * len(batch))}, "group_size": G}
+    assert all(r.edits[-1]["kind"] == "declutter" for r in strategy.requests(0, batch, failed))
+    second = strategy.requests(1, batch, failed)
+    kinds = [r.edits[-1]["kind"] for r in second]
+    assert kinds.count(ZOOM_KIND) >= len(batch) // 2 and set(kinds) <= {ZOOM_KIND, "declutter"}
+    assert strategy.stats()["level/zoomed_frac"] == 1.0 and "level/isolated_frac" not in strategy.stats()
+    for r in second:
+        s = next(s for s in batch if s.sample_id == r.sample_id)
+        assert r.query == s.query and is_exact(s.meta, r.query)
+    solved = {"rewards": {"accuracy": [1.0] * (G * len(batch))}, "group_size": G}
+    assert all(r.edits[-1]["kind"] == "declutter" for r in strategy.requests(2, batch, solved))
+    with pytest.raises(ValueError, match="strategy_args.easier must be one of"):
+        build_strategy("instruction_evolution", sub_levels=2, easier="crop")
+    with pytest.raises(ValueError, match="set sub_levels: 2"):
+        build_strategy("instruction_evolution", easier="zoom")
+
+
+@register_strategy("zoom_evolution_test")
+class AlwaysFailed(EvolutionStrategy):
+    """Instruction evolution with ``easier: zoom``, fed "every group failed" (a tiny random model's rewards are
+    noise): the decluttered version after epoch 0, the zoomed one after epoch 1."""
+
+    paints = True
+
+    def __init__(self):
+        self.inner = build_strategy("instruction_evolution", seed=0, modality="any", sub_levels=2, easier="zoom")
+
+    def requests(self, epoch, batch, outputs):
+        n = len(outputs["rewards"]["accuracy"])
+        return self.inner.requests(epoch, batch, {**outputs, "rewards": {"accuracy": [0.0] * n}})
+
+    def stats(self):
+        return self.inner.stats()
+
+
+def test_zoomed_versions_swap_in_with_their_mapped_boxes(tiny_model_dir, tmp_path):
+    """Real fit, real local server: the zoomed version comes back audited with the target's box mapped, and the pool
+    serves that box (the reward's reference) with the zoomed scene."""
+    from PIL import Image
+
+    from datamodules import evolve as ev
+    from datamodules import toy
+
+    data = tmp_path / "toy"
+    toy.export_jsonl(data, "train", 8, seed=0)
+    cli = _fit(
+        tiny_model_dir,
+        data,
+        tmp_path / "run",
+        epochs=2,  # the decluttered version swaps in after epoch 0, the zoomed one after epoch 1
+        mode="sync_epoch",
+        synth_args={"offline_descriptions": None, "strategy": "zoom_evolution_test", "gallery_samples": 0},
+    )
+    pool = cli.datamodule.pool
+    zoomed = [sid for sid in pool.order if pool.current(sid).scene and pool.current(sid).scene["edits"][-1]["kind"]
+              == ev.ZOOM_KIND]  # fmt: skip
+    assert len(zoomed) >= 4, [len(pool.lineage(s)) for s in pool.order]
+    for sid in zoomed:
+        v = pool.lineage(sid)
+        job = v[-1].scene["edits"][-1]["params"]
+        assert v[-1].boxes == [ev.zoom_box(v[0].boxes[0], job["factor"], job["origin"])] != v[0].boxes
+        assert v[-1].scene["objects"][0]["box"] == v[-1].boxes[0]
+        image, _ = ev.render_meta(v[-1].scene)
+        assert np.asarray(Image.open(v[-1].image_path).convert("RGB")).tobytes() == np.asarray(image).tobytes()
+        rec = pool.record(pool.order.index(sid))
+        assert rec.boxes == v[-1].boxes and rec.meta["objects"][0]["box"] == v[-1].boxes[0]
+
+
 @register_strategy("visual_evolution_test")
 class SolvedThenBogus(EvolutionStrategy):
     """Instruction evolution with visual edits, fed "every group solved" (the tiny random model solves nothing): a

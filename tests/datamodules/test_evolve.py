@@ -439,8 +439,13 @@ def test_visual_jobs_keep_the_target_and_are_deterministic(kind):
         image2, meta2 = ev.execute_job(rec["meta"], json.loads(ev.job_json(job)))
         assert image.tobytes() == image2.tobytes() and meta == meta2
         t = rec["meta"]["objects"][0]
+        if kind == ev.ZOOM_KIND:  # the target is the same object at its mapped box, drawn in its colour
+            t = dict(t, box=ev.zoom_box(t["box"], job["params"]["factor"], job["params"]["origin"]))
+            assert (_target_pixels(image, t["box"], t["shape"]) == grammar.COLOURS[t["colour"]]).all()
+        else:
+            source = _target_pixels(rec["image"], t["box"], t["shape"])
+            assert (_target_pixels(image, t["box"], t["shape"]) == source).all()
         assert meta["objects"][0] == t and meta["edits"] == [job]
-        assert (_target_pixels(image, t["box"], t["shape"]) == _target_pixels(rec["image"], t["box"], t["shape"])).all()
         assert ev.query_problem(meta, rec["meta"]["query"]) is None
         if kind == "lookalikes":
             added = meta["objects"][len(ev._foreground(rec["meta"])) :][:2]
@@ -449,6 +454,55 @@ def test_visual_jobs_keep_the_target_and_are_deterministic(kind):
             assert meta["n_painted"] == 0 and meta["description"] == "a plain white background with no distractors"
         done += 1
     assert done >= 6, f"only {done} of 12 scenes got a {kind} job"
+
+
+def test_zoom_maps_boxes_by_hand_and_refuses_a_window_that_cuts_the_target():
+    rec = toy.make_scene("train", 3, 0)
+    meta = rec["meta"]
+    x1, y1, x2, y2 = meta["objects"][0]["box"]
+    assert (meta["width"], meta["height"]) == (224, 224) and ev.ZOOM_FACTOR == 2
+    # a 112 x 112 window at (ox, oy): x -> 2 (x - ox), pixel edges to pixel edges
+    assert ev.zoom_box([10, 20, 30, 50], 2, (5, 10)) == [10, 20, 50, 80]
+    arr = np.arange(16).reshape(4, 4)
+    assert ev.zoom_array(arr, 2, (2, 0)).tolist() == [[2, 2, 3, 3], [2, 2, 3, 3], [6, 6, 7, 7], [6, 6, 7, 7]]
+    job = ev.plan_visual_edit(meta, ev.ZOOM_KIND, 1, np.random.default_rng(0))
+    ox, oy = job["params"]["origin"]
+    assert ox <= x1 and x2 <= ox + 112 and oy <= y1 and y2 <= oy + 112
+    image, new = ev.execute_job(meta, job)
+    assert new["objects"][0]["box"] == [2 * (x1 - ox), 2 * (y1 - oy), 2 * (x2 - ox), 2 * (y2 - oy)]
+    kept = [o for o in meta["objects"] if o["role"] != "distractor" and ev._inside(o["box"], ox, oy, 112, 112)]
+    assert len([o for o in new["objects"] if o["role"] != "distractor"]) == len(kept)
+    assert ev.render_meta(new)[0].tobytes() == image.tobytes()
+    cut = {"kind": "zoom", "params": {"factor": 2, "origin": [min(x2 - 1, 112), oy], "n_painted": 0}}
+    with pytest.raises(ValueError, match="cuts the target"):
+        ev.execute_job(meta, cut)
+    with pytest.raises(ValueError, match="leaves the 224x224 image"):
+        ev.execute_job(meta, {"kind": "zoom", "params": {"factor": 2, "origin": [113, 0], "n_painted": 0}})
+    with pytest.raises(ValueError, match="divisible"):
+        ev.execute_job(meta, {"kind": "zoom", "params": {"factor": 3, "origin": [0, 0], "n_painted": 0}})
+
+
+def test_zoomed_version_through_the_data_server_worker_and_its_audit(tmp_path):
+    """The worker maps the boxes and audits the zoomed target against the input repeated; a scene that lies about
+    the target's colour fails the job instead of writing a wrong label."""
+    from synth.worker import run_batch
+
+    rec = toy.make_scene("train", 5, 0)
+    out = ev.evolve(rec, Level(0, 2), np.random.default_rng(1), easier="zoom")
+    assert out.kind == "original+declutter+zoom" and [j["kind"] for j in out.jobs] == ["declutter", "zoom"]
+    served, scene = _through_the_data_server_worker(rec, out.jobs, tmp_path)
+    assert served.tobytes() == np.asarray(out.image.convert("RGB")).tobytes()
+    assert scene["objects"][0]["box"] == out.box != rec["meta"]["objects"][0]["box"]
+    lie = json.loads(json.dumps(rec["meta"]))
+    lie["objects"][0]["colour"] = next(c for c in grammar.OBJECT_COLOURS if c != lie["objects"][0]["colour"])
+    item = dict(
+        uid="u", job_id="j", image_path=str(tmp_path / f"{rec['id']}.png"), image_bytes=None,
+        boxes=[[float(v) for v in rec["meta"]["objects"][0]["box"]]], description="", seed=0, canvas={},
+        output_path=str(tmp_path / "lie.png"), tmp_path=str(tmp_path / ".lie.tmp"),
+        edit={"steps": [json.loads(ev.job_json(j)) for j in out.jobs], "scene": lie},
+    )  # fmt: skip
+    (res,) = run_batch(None, None, [item])
+    assert not res["ok"] and "audit failed" in res["error"] and not (tmp_path / "lie.png").exists()
 
 
 def test_occluders_never_touch_the_target():
@@ -511,22 +565,29 @@ def _audit(n: int, out_dir=None) -> dict[str, int]:
     """Evolve ``n`` samples over every (modality, kind, level, sub) combination, cycling through train and ood scenes,
     and check each label against its scene. Returns how many samples of each kind were checked. With ``out_dir``, the
     visual edits are also run by the data server's worker code, which must give the same pixels and scene."""
-    combos = [("text", Level(lv, sub)) for lv in range(ev.MAX_LEVEL + 1) for sub in (0, 1, 2)]
-    combos += [("visual", Level(lv, sub)) for lv in range(1, 4) for sub in (0, 1, 2)]
+    combos = [("text", Level(lv, sub), "isolate") for lv in range(ev.MAX_LEVEL + 1) for sub in (0, 1, 2)]
+    combos += [("visual", Level(lv, sub), "isolate") for lv in range(1, 4) for sub in (0, 1, 2)]
+    combos += [(m, Level(lv, 2), "zoom") for m, lv in [("text", 0), ("text", 3), ("text", 5), ("visual", 2)]]
     kinds: dict[str, int] = {}
     checked, index = 0, 0
     while checked < n:
         split = ("train", "ood")[index % 2]
         rec = toy.make_scene(split, index // 2, seed=0)
-        modality, level = combos[index % len(combos)]
+        modality, level, easier = combos[index % len(combos)]
         index += 1
-        out = ev.evolve(rec, level, np.random.default_rng(index), modality=modality)
+        out = ev.evolve(rec, level, np.random.default_rng(index), modality=modality, easier=easier)
         if out is None:
             continue
         meta, w, h = out.meta, out.meta["width"], out.meta["height"]
         objects = meta["objects"]
         t = rec["meta"]["objects"][0]
-        # the referent: the same target object, box unchanged, and the only object the query names
+        source = np.asarray(rec["image"])
+        for job in out.jobs:  # a zoom maps the target's box and the pixels it is compared with
+            if job["kind"] == ev.ZOOM_KIND:
+                factor, origin = job["params"]["factor"], job["params"]["origin"]
+                source = ev.zoom_array(source, factor, origin)
+                t = dict(t, box=ev.zoom_box(t["box"], factor, origin))
+        # the referent: the same target object (its box mapped by a zoom), the only object the query names
         assert out.box == t["box"] and objects[0] == t
         query = out.steps[-1].query
         assert ref(query, objects, w, h) == [0], (out.kind, query)
@@ -543,7 +604,14 @@ def _audit(n: int, out_dir=None) -> dict[str, int]:
         # the image: the target's pixels are those of the original scene, and nothing covers them
         img = np.asarray(out.image)
         assert (_target_pixels(img, t["box"], t["shape"]) == grammar.COLOURS[t["colour"]]).all()
-        assert (_target_pixels(img, t["box"], t["shape"]) == _target_pixels(rec["image"], t["box"], t["shape"])).all()
+        if "zoom" in out.kind:  # the larger drawing's pixels over the input's shape, repeated, are the input's
+            shape = ev.foreground_mask(meta, [t["box"]]) & ev.zoom_array(
+                ev.foreground_mask(rec["meta"], [rec["meta"]["objects"][0]["box"]]), factor, origin
+            )
+            assert shape.sum() > 0.6 * ev.foreground_mask(meta, [t["box"]]).sum()
+            assert (img[shape] == source[shape]).all()
+        else:
+            assert (_target_pixels(img, t["box"], t["shape"]) == _target_pixels(source, t["box"], t["shape"])).all()
         for occ in meta.get("occluders", []):
             b = occ["box"]
             assert b[2] < t["box"][0] or b[0] > t["box"][2] or b[3] < t["box"][1] or b[1] > t["box"][3]
@@ -567,6 +635,7 @@ def _check_coverage(kinds: dict[str, int]) -> None:
     assert set(ev.TEXT_KINDS) | set(ev.VISUAL_KINDS) <= base, kinds
     assert any(k.endswith("+steps") for k in kinds) and any(k.endswith("+declutter") for k in kinds), kinds
     assert any(k.endswith("+steps+isolate") for k in kinds) and any(k.endswith("+isolate") for k in kinds), kinds
+    assert any(k.endswith("+steps+zoom") for k in kinds) and any(k.endswith("+declutter+zoom") for k in kinds), kinds
 
 
 def test_label_exactness_1000_evolved_samples(tmp_path):

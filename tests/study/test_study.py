@@ -127,7 +127,9 @@ def _print_config(argv: list[str]) -> dict:
     return yaml.safe_load(buf.getvalue())
 
 
-EVOLVED = [REPO / f"configs/study/evolved_toy{s}.yaml" for s in ("", "_revisit", "_binary", "_stepback", "_isolate")]
+EVOLVED = [
+    REPO / f"configs/study/evolved_toy{s}.yaml" for s in ("", "_revisit", "_binary", "_stepback", "_isolate", "_zoom")
+]
 
 
 CROWDED = REPO / "configs/study/cycle_ablation_toy_crowded.yaml"
@@ -153,14 +155,16 @@ def test_the_cli_accepts_one_run_of_every_row(path, tmp_path, monkeypatch):
                 assert model["method"] == method and (synth["mode"] == "off") == (r.row.name == "grpo")
                 back = {"evolved_back2": 2, "evolved_back3": 3}.get(r.row.name, 1)  # the step-back rule's rows
                 assert synth["strategy_args"].get("step_back_after", 1) == back and synth["strategy_args"]["seed"] == 0
-                subs = 2 if r.row.name == "evolved_isolate" else 1  # the isolate study's row
+                subs = 2 if r.row.name in ("evolved_isolate", "evolved_zoom") else 1  # the isolate and zoom rows
                 assert synth["strategy_args"].get("sub_levels", 1) == subs
+                easier = "zoom" if r.row.name == "evolved_zoom" else "isolate"
+                assert synth["strategy_args"].get("easier", "isolate") == easier
             if path == CROWDED:  # about half of the training scenes drawn from the crowded split, rendered on access
                 toy = cfg["data"]["init_args"]["toy"]
                 assert toy["render_train"] is True and toy["mix"] == {"crowded": 0.5}
             if path in EVOLVED and path.stem != "evolved_toy":  # a small pool, seen 12 times
                 assert cfg["data"]["init_args"]["toy"]["splits"]["train"] == 16 and cfg["trainer"]["max_epochs"] == 12
-                binary = path.stem in ("evolved_toy_binary", "evolved_toy_stepback", "evolved_toy_isolate")  # 1 / 0
+                binary = path.stem not in ("evolved_toy", "evolved_toy_revisit")  # R_acc 1 / 0
                 assert cfg["model"]["init_args"]["accuracy_threshold"] == (0.5 if binary else None)
         ev = [a for a in r.evaluate.argv[2:] if not a.startswith(("--ckpt_path", "--model.init_args.model_name"))]
         cfg = _print_config(ev)
@@ -463,6 +467,7 @@ def test_smoke_study_end_to_end(tmp_path):
         (REPO / "configs/study/evolved_toy_stepback.yaml", "evolved_back2"),
         (REPO / "configs/study/cycle_ablation_toy_st.yaml", "cycle"),
         (REPO / "configs/study/evolved_toy_isolate.yaml", "evolved_isolate"),
+        (REPO / "configs/study/evolved_toy_zoom.yaml", "evolved_zoom"),
         (REPO / "configs/study/cycle_ablation_toy_temporal_5seeds.yaml", "localization_only"),
         (REPO / "configs/study/cycle_ablation_toy_temporal_long.yaml", "cycle"),
         (REPO / "configs/study/cycle_ablation_toy_temporal_no_target.yaml", "cycle"),
@@ -474,6 +479,7 @@ def test_smoke_study_end_to_end(tmp_path):
         "stepback",
         "st",
         "isolate",
+        "zoom",
         "temporal_5seeds",
         "temporal_long",
         "temporal_no_target",
@@ -507,6 +513,7 @@ def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatc
         )
         nk = 16 if path.stem.endswith("_nk") else 4  # the no-target group's size reached the method
         assert cli.model.method.K0 == nk
-    if row == "evolved_isolate":
+    if row in ("evolved_isolate", "evolved_zoom"):
         synth = next(c for c in cli.trainer.callbacks if type(c).__name__ == "SynthesisCallback")
         assert synth.strategy.levels.sub_levels == 2
+        assert synth.strategy.easier == row.removeprefix("evolved_")
