@@ -949,6 +949,15 @@ def is_sub_problem(meta: dict[str, Any], query: str) -> bool:
     return GUIDE_MARK in query or bool(edits and edits[-1].get("kind") in SUB_VISUAL_KINDS)
 
 
+def version_depth(meta: dict[str, Any], query: str) -> int:
+    """How far a sample's version is eased below its question (``Level.sub``, read from the sample itself): 0 the
+    question, 1 the sub-problem version, 2 the easier one (its last edit ``isolate`` or ``zoom``)."""
+    if not is_sub_problem(meta, query):
+        return 0
+    edits = meta.get("edits") or []
+    return 2 if edits and edits[-1].get("kind") in EASIER_KINDS else 1
+
+
 def format_steps(
     steps: Sequence[Step], input_wh: tuple[int, int], orig_wh: tuple[int, int], queries: bool = True
 ) -> str:
@@ -1327,6 +1336,7 @@ __all__ = [
     "query_problem",
     "render_meta",
     "resolve",
+    "version_depth",
     "visibility",
     "ZOOM_FACTOR",
     "ZOOM_KIND",

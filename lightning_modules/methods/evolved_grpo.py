@@ -67,6 +67,7 @@ class ProcessReward:
     def score(self, batch, ro: Rollout) -> Scores:
         scores = super().score(batch, ro)
         scores.extras["level_logs"] = level_stats(list(batch))
+        scores.extras["version_depth"] = [evolve.version_depth(s.meta or {}, s.query) for s in batch]
         return scores
 
     def train_logs(self, scores: Scores, ro: Rollout) -> dict[str, float]:
@@ -84,6 +85,7 @@ class ProcessReward:
             }
         )
         logs.update(scores.extras["level_logs"])
+        logs.update(ties_by_version(scores.parts["accuracy"], scores.extras["version_depth"]))
         return logs
 
 
@@ -96,6 +98,26 @@ class EvolvedGRPO(ProcessReward, GRPO):
 class EvolvedSynGRPO(ProcessReward, SynGRPO):
     """Syn-GRPO (diversity reward, descriptions for the data server) plus the prefix process reward: the method of
     ``configs/overlays/evolved_syn.yaml``, where instruction evolution and Syn-GRPO's image evolution share one pool."""
+
+
+VERSIONS = ("question", "sub", "easier")
+"""The names of ``evolve.version_depth`` 0 / 1 / 2 in the logs."""
+
+
+def ties_by_version(accuracy: torch.Tensor, depth: list[int], threshold: float = 0.5) -> dict[str, float]:
+    """Which versions the batch's groups and its all-wrong groups are on: ``train/level/groups/{version}`` (share of
+    the batch's groups) and ``train/level/all_wrong/{version}`` (share of the batch's groups that are all wrong *and*
+    on that version, so the three sum to ``train/all_wrong_frac``). Over a run, sum(all_wrong) / sum(groups) of a
+    version is how often its groups fail together. ``accuracy``: the rows' IoU, grouped contiguously per sample."""
+    if not depth:
+        return {}
+    wrong = (torch.as_tensor(accuracy).detach().float().view(len(depth), -1).amax(1) < threshold).tolist()
+    n = len(depth)
+    out = {}
+    for d, name in enumerate(VERSIONS):
+        out[f"train/level/groups/{name}"] = sum(v == d for v in depth) / n
+        out[f"train/level/all_wrong/{name}"] = sum(v == d and w for v, w in zip(depth, wrong)) / n
+    return out
 
 
 def level_stats(samples: list[Any]) -> dict[str, float]:

@@ -86,6 +86,23 @@ def test_guided_sub_problem_questions_use_their_chain_and_count_as_sub():
     assert m.train_logs(s, _rollout(texts, 2))["train/level/sub_frac"] == 1.0
 
 
+def test_all_wrong_groups_are_logged_by_the_version_they_are_on():
+    """Three samples: the question (group all wrong), its decluttered sub-problem (mixed), the zoomed easier version
+    (all wrong): the shares of groups and of all-wrong groups per version, by hand; they sum to all_wrong_frac."""
+    one = {**META, "query": "the red square"}
+    question = Sample("q", "the red square", [[10, 10, 30, 30]], one)
+    sub = Sample("s", "the red square", [[10, 10, 30, 30]], {**one, "edits": [{"kind": "declutter"}]})
+    zoomed = {**one, "edits": [{"kind": "declutter"}, {"kind": "zoom"}]}
+    easier = Sample("e", "the red square", [[10, 10, 30, 30]], zoomed)
+    texts = [_text([], MISS)] * 2 + [_text([], ANCHOR), _text([], MISS)] + [_text([], MISS)] * 2
+    m = build_method("evolved_grpo", _hp(format="think_answer"))
+    logs = m.train_logs(m.score([question, sub, easier], _rollout(texts, 2)), _rollout(texts, 2))
+    for name, groups, wrong in [("question", 1, 1), ("sub", 1, 0), ("easier", 1, 1)]:
+        assert logs[f"train/level/groups/{name}"] == pytest.approx(groups / 3)
+        assert logs[f"train/level/all_wrong/{name}"] == pytest.approx(wrong / 3)
+    assert logs["train/level/sub_frac"] == pytest.approx(2 / 3)
+
+
 def test_bad_method_args_are_clear():
     with pytest.raises(ValueError, match="process_weight must be >= 0"):
         build_method("evolved_grpo", _hp(), {"process_weight": -1})
