@@ -208,14 +208,15 @@ class InstructionEvolution(EvolutionStrategy):
             )
         if easier != "isolate" and sub_levels < 2:
             raise ValueError(
-                f"strategy_args.easier={easier!r} names the version below the sub-problem, which only sub_levels: 2 "
-                "uses; set sub_levels: 2 or leave easier out"
+                f"--callbacks.synthesis.init_args.strategy_args.easier={easier!r} names the version below the "
+                "sub-problem, which only sub_levels: 2 uses; set sub_levels: 2 or leave easier out"
             )
         self.seed, self.correct_iou, self.modality, self.easier = seed, correct_iou, modality, easier
         self.paints = modality != "text"  # visual edits run on the data server
         self.levels = LevelState(
-            max_level=max_level, up_after=step_up_after, back_after=step_back_after, sub_levels=sub_levels
-        )
+            max_level=max_level, up_after=step_up_after, back_after=step_back_after, sub_levels=sub_levels,
+            easier=easier,
+        )  # fmt: skip
 
     def requests(self, epoch, batch, outputs):
         import numpy as np
@@ -259,10 +260,7 @@ class InstructionEvolution(EvolutionStrategy):
             self.levels.load_state_dict(state["levels"])
 
     def stats(self) -> dict[str, float]:
-        out = self.levels.stats()
-        if self.easier != "isolate" and "level/isolated_frac" in out:
-            out[f"level/{self.easier}ed_frac"] = out.pop("level/isolated_frac")
-        return out
+        return self.levels.stats()
 
 
 @register_strategy("instruction_and_image_evolution")

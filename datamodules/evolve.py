@@ -88,6 +88,8 @@ SUB_VISUAL_KINDS = (SUB_VISUAL_KIND, ISOLATE_KIND, ZOOM_KIND)
 """The visual sub-problems, easiest last."""
 EASIER_KINDS = (ISOLATE_KIND, ZOOM_KIND)
 """What the easier version below a sub-problem (``Level.sub == 2``) can be (``evolve``'s ``easier``)."""
+EASIER_LABELS = {ISOLATE_KIND: "isolated", ZOOM_KIND: "zoomed"}
+"""How the logs name a sample in each easier version (``LevelState.stats``: ``level/<label>_frac``)."""
 MAX_LEVEL = len(TEXT_KINDS) - 1
 
 
@@ -806,8 +808,8 @@ def _zoom_window(meta: dict[str, Any], factor: int) -> tuple[int, int]:
     return w // factor, h // factor
 
 
-def _inside(box: Sequence[float], ox: int, oy: int, cw: int, ch: int) -> bool:
-    return box[0] >= ox and box[1] >= oy and box[2] <= ox + cw and box[3] <= oy + ch
+def _inside(box: Sequence[float], outer: Sequence[float]) -> bool:
+    return box[0] >= outer[0] and box[1] >= outer[1] and box[2] <= outer[2] and box[3] <= outer[3]
 
 
 def _plan_zoom(meta: dict[str, Any], t: int, factor: int = ZOOM_FACTOR) -> dict | None:
@@ -847,16 +849,15 @@ def execute_job(meta: dict[str, Any], job: dict[str, Any]) -> tuple[Image.Image,
             raise ValueError(
                 f"zoom window at {[ox, oy]} of {cw}x{ch} leaves the {meta['width']}x{meta['height']} image"
             )
-        if not _inside(target["box"], ox, oy, cw, ch):
+        window = (ox, oy, ox + cw, oy + ch)
+        if not _inside(target["box"], window):
             raise ValueError(f"zoom window at {[ox, oy]} of {cw}x{ch} cuts the target's box {target['box']}")
-        kept = [o for o in _foreground(meta) if _inside(o["box"], ox, oy, cw, ch)]
+        kept = [o for o in _foreground(meta) if _inside(o["box"], window)]
         new["objects"] = [dict(o, box=zoom_box(o["box"], factor, (ox, oy))) for o in kept]
         new["occluders"] = [  # those on a kept object; an occluder of a painted distractor has nothing left to cover
             dict(occ, box=zoom_box(occ["box"], factor, (ox, oy)))
             for occ in meta.get("occluders", [])
-            if any(
-                _inside(occ["box"], *o["box"][:2], o["box"][2] - o["box"][0], o["box"][3] - o["box"][1]) for o in kept
-            )
+            if any(_inside(occ["box"], o["box"]) for o in kept)
         ]
         new["n_painted"] = int(params["n_painted"])
         target = dict(target, box=zoom_box(target["box"], factor, (ox, oy)))
@@ -1106,6 +1107,9 @@ class LevelState:
     up_after: int = 1
     back_after: int = 1
     sub_levels: int = 1
+    easier: str = ISOLATE_KIND
+    """What the version at ``sub`` 2 is (``EASIER_KINDS``): it names the logged fraction (``level/isolated_frac``,
+    ``level/zoomed_frac``)."""
     streaks: dict[str, int] = field(default_factory=dict)
     """Sample id -> consecutive all-correct groups (> 0) or all-wrong groups (< 0) since its last move."""
 
@@ -1123,6 +1127,10 @@ class LevelState:
             raise ValueError(
                 "--callbacks.synthesis.init_args.strategy_args.sub_levels must be 1 (the sub-problem version) or 2 "
                 f"(also the isolated image below it), got {self.sub_levels!r}"
+            )
+        if self.easier not in EASIER_KINDS:
+            raise ValueError(
+                f"--callbacks.synthesis.init_args.strategy_args.easier must be one of {EASIER_KINDS}, got {self.easier!r}"
             )
 
     def get(self, sample_id: str) -> Level:
@@ -1147,7 +1155,7 @@ class LevelState:
     def stats(self) -> dict[str, float]:
         """For logging: mean level, fraction of samples in a sub-problem version, and the highest level (with
         ``sub_levels=2`` also the fraction in the isolated version)."""
-        extra = ("level/isolated_frac",) if self.sub_levels > 1 else ()
+        extra = (f"level/{EASIER_LABELS[self.easier]}_frac",) if self.sub_levels > 1 else ()
         if not self.levels:
             return {"level/mean": 0.0, "level/sub_frac": 0.0, "level/max": 0.0, **dict.fromkeys(extra, 0.0)}
         vals = list(self.levels.values())
@@ -1157,7 +1165,7 @@ class LevelState:
             "level/max": float(max(v.level for v in vals)),
         }
         if extra:
-            out["level/isolated_frac"] = float(np.mean([v.sub >= 2 for v in vals]))
+            out[extra[0]] = float(np.mean([v.sub >= 2 for v in vals]))
         return out
 
     def state_dict(self) -> dict[str, Any]:

@@ -212,15 +212,16 @@ def _toy_edit(item: dict[str, Any], image: Image.Image | Exception, masker) -> d
         scene = item["edit"]["scene"]
         keep = foreground_mask(scene, item["boxes"])
         boxes = [list(b) for b in item["boxes"]]
-        edited = None
+        edited, zoomed = None, False
         for step in item["edit"]["steps"]:
             edited, scene = execute_job(scene, {"kind": step["kind"], "params": step["params"]})
             if step["kind"] == ZOOM_KIND:
                 factor, origin = step["params"]["factor"], step["params"]["origin"]
                 reference, keep = zoom_array(reference, factor, origin), zoom_array(keep, factor, origin)
                 boxes = [zoom_box(b, factor, origin) for b in boxes]
+                zoomed = True
         final = np.asarray(edited.convert("RGB"), dtype=np.uint8)
-        if any(s["kind"] == ZOOM_KIND for s in item["edit"]["steps"]):
+        if zoomed:
             drawn = foreground_mask(scene, boxes)
             for b in boxes:  # each kept shape is drawn in one colour: the input's (checked on keep & drawn below)
                 shape = drawn & foreground_mask(scene, [b])

@@ -470,7 +470,9 @@ def test_zoom_maps_boxes_by_hand_and_refuses_a_window_that_cuts_the_target():
     assert ox <= x1 and x2 <= ox + 112 and oy <= y1 and y2 <= oy + 112
     image, new = ev.execute_job(meta, job)
     assert new["objects"][0]["box"] == [2 * (x1 - ox), 2 * (y1 - oy), 2 * (x2 - ox), 2 * (y2 - oy)]
-    kept = [o for o in meta["objects"] if o["role"] != "distractor" and ev._inside(o["box"], ox, oy, 112, 112)]
+    kept = [
+        o for o in meta["objects"] if o["role"] != "distractor" and ev._inside(o["box"], (ox, oy, ox + 112, oy + 112))
+    ]
     assert len([o for o in new["objects"] if o["role"] != "distractor"]) == len(kept)
     assert ev.render_meta(new)[0].tobytes() == image.tobytes()
     cut = {"kind": "zoom", "params": {"factor": 2, "origin": [min(x2 - 1, 112), oy], "n_painted": 0}}
