@@ -452,9 +452,10 @@ def completion_logps(
     chunks (``objective.selective_log_softmax``), so no full-vocabulary fp32 tensor for the batch ever exists.
     """
     from lightning_modules.objective import selective_log_softmax, token_entropy
+    from lightning_modules.qwen_vl import model_inputs
 
     T = completion_ids.shape[1]
-    out = model(**inputs, logits_to_keep=T + 1, use_cache=False)
+    out = model(**model_inputs(model, inputs), logits_to_keep=T + 1, use_cache=False)
     logits = out.logits[:, :-1, :]  # [N, T, V]: position t predicts completion token t
     if temperature != 1.0:
         logits = logits / temperature

@@ -5,8 +5,17 @@ for a batch of images or video clips (``processor_inputs``), which every rollout
 
 Video: a clip is a list of frames at a known frame rate (`VideoClip`). The processor turns it into
 ``pixel_values_videos``, ``video_grid_thw`` (t = frames / 2 temporal patches) and ``second_per_grid_ts`` (seconds per
-temporal patch); temporal mRoPE spaces the t axis of the video's tokens by ``tokens_per_second * second_per_grid_t``
-(`mrope_positions`). The fast paths keep one kind of visual input per batch (all images or all clips).
+temporal patch). Two layouts (`mrope_positions`):
+
+- Qwen2-VL / Qwen2.5-VL: one run of ``<|video_pad|>`` tokens per clip; temporal mRoPE spaces the t axis of its tokens by
+  ``tokens_per_second * second_per_grid_t``.
+- Qwen3-VL (`timestamped_frames`): the processor writes each temporal patch as its own block after its timestamp in
+  text (``<0.2 seconds><|vision_start|><|video_pad|>...<|vision_end|>``) and gives no ``second_per_grid_ts``; each
+  block is placed like an image (t position at the block's start). `processor_inputs` adds the key itself (the clip's
+  true seconds per temporal patch), so one key marks a clip on every path; `model_inputs` drops it before the model's
+  own code, which does not take it.
+
+The fast paths keep one kind of visual input per batch (all images or all clips).
 """
 
 from __future__ import annotations
@@ -21,12 +30,14 @@ __all__ = [
     "ModelParts",
     "VideoClip",
     "model_parts",
+    "model_inputs",
     "mrope_positions",
     "processor_inputs",
     "rotate_half",
     "image_embeddings",
     "split_visual_features",
     "add_deepstack",
+    "timestamped_frames",
     "video_input_wh",
     "video_processor_kwargs",
     "visual_token_id",
@@ -56,16 +67,38 @@ class VideoClip:
         return self.frames[0].size
 
 
-def video_processor_kwargs(clips: Sequence[VideoClip]) -> dict:
-    """Keyword arguments of a Qwen2-VL-family processor call that feed ``clips`` as videos at their true frame rate:
+CLIP_BUDGET_VIDEO_PROCESSORS = ("Qwen3VLVideoProcessor",)
+"""Video processors whose ``size`` budgets a whole clip (frames x height x width), not one frame."""
+
+
+def video_processor_kwargs(clips: Sequence[VideoClip], processor=None) -> dict:
+    """Keyword arguments of a Qwen-VL processor call that feed ``clips`` as videos at their true frame rate:
 
     - ``video_metadata`` carries each clip's fps (without it transformers assumes 24 fps, and ``second_per_grid_ts``
-      becomes 2 / 24 s instead of 2 / fps);
+      (Qwen2.5-VL) or the timestamps written before each temporal patch (Qwen3-VL) are those of 24 fps);
     - ``do_sample_frames=False``: the clips are already sampled, every frame is kept;
-    - ``size``: the processor's pixel budget pinned to the largest clip's frame area, so frames keep their native size
-      (the default budget, >= 100,352 pixels, would upscale a 112 x 112 toy frame to ~316 x 316, 8x the tokens).
+    - ``size``: the processor's pixel budget pinned so that frames keep their native size (rounded to the patch grid)
+      instead of being scaled to the default budget (>= 100,352 pixels would upscale a 112 x 112 toy frame to
+      ~316 x 316, 8x the tokens). Qwen2-VL / Qwen2.5-VL budget one frame: the largest clip's frame area. Qwen3-VL's
+      video processor (given ``processor``) budgets a whole clip, frames x area: pinned to the range of the batch's
+      clips, each of which then keeps its rounded size (and ``cap_pixels_per_frame=False``, which would shrink them).
     """
     area = max(c.size[0] * c.size[1] for c in clips)
+    size = {"shortest_edge": area, "longest_edge": area}
+    extra = {}
+    vp = getattr(processor, "video_processor", None)
+    if any(c.__name__ in CLIP_BUDGET_VIDEO_PROCESSORS for c in type(vp).__mro__):  # frames x height x width
+        factor = vp.patch_size * vp.merge_size
+        t = vp.temporal_patch_size
+
+        def clip_pixels(c: VideoClip) -> int:
+            w, h = c.size
+            rounded = max(factor, round(h / factor) * factor) * max(factor, round(w / factor) * factor)
+            return round(len(c.frames) / t) * t * rounded
+
+        pixels = [clip_pixels(c) for c in clips]
+        size = {"shortest_edge": min(pixels), "longest_edge": max(pixels)}
+        extra["cap_pixels_per_frame"] = False
     return {
         "videos": [list(c.frames) for c in clips],
         "video_metadata": [
@@ -73,7 +106,8 @@ def video_processor_kwargs(clips: Sequence[VideoClip]) -> dict:
             for c in clips
         ],
         "do_sample_frames": False,
-        "size": {"shortest_edge": area, "longest_edge": area},
+        "size": size,
+        **extra,
     }
 
 
@@ -95,19 +129,19 @@ def video_input_wh(processor, clip: VideoClip) -> tuple[int, int]:
 
 def processor_inputs(processor, prompts: Sequence[str], visuals: Sequence[Image.Image | VideoClip]):
     """``processor(text=prompts, images=... | videos=..., return_tensors="pt", padding=True)`` for one visual per
-    prompt: all images or all `VideoClip`s (one kind per batch, as the fast paths assume)."""
+    prompt: all images or all `VideoClip`s (one kind per batch, as the fast paths assume). A batch of clips always
+    carries ``second_per_grid_ts``: Qwen3-VL's processor gives none (its timestamps are text), so it is added, each
+    clip's temporal patch over its fps; `model_inputs` drops it again before the model's own code."""
     videos = [isinstance(v, VideoClip) for v in visuals]
     if any(videos) and not all(videos):
         raise ValueError("one rollout batch holds images or video clips, not both: make one generate() call per kind")
     if visuals and all(videos):
-        enc = processor(text=list(prompts), return_tensors="pt", padding=True, **video_processor_kwargs(visuals))
-        if enc.get("second_per_grid_ts") is None:
-            raise ValueError(
-                f"video clips through {type(processor).__name__}: it gives no second_per_grid_ts (Qwen3-VL separates "
-                "a clip's frames by timestamp text instead), and the project's rollout and update paths place a "
-                "clip's tokens by it (temporal mRoPE, Qwen2-VL / Qwen2.5-VL): use a Qwen2.5-VL checkpoint for video "
-                "configs (configs/cycle_st_7b.yaml), or images with this model"
-            )
+        enc = processor(
+            text=list(prompts), return_tensors="pt", padding=True, **video_processor_kwargs(visuals, processor)
+        )
+        if enc.get("second_per_grid_ts") is None:  # Qwen3-VL: timestamps in the text; the project's key marks a clip
+            t = getattr(processor.video_processor, "temporal_patch_size", 2)
+            enc["second_per_grid_ts"] = torch.tensor([t / float(c.fps) for c in visuals], dtype=torch.float32)
         return enc
     return processor(text=list(prompts), images=list(visuals), return_tensors="pt", padding=True)
 
@@ -115,6 +149,27 @@ def processor_inputs(processor, prompts: Sequence[str], visuals: Sequence[Image.
 def visual_token_id(config, video: bool) -> int:
     """The placeholder token the vision features replace: ``<|video_pad|>`` for clips, ``<|image_pad|>`` for images."""
     return config.video_token_id if video else config.image_token_id
+
+
+TIMESTAMPED_FRAME_TYPES = ("qwen3_vl",)
+"""``config.model_type`` of the models whose processor writes a clip as one block of ``<|video_pad|>`` tokens per
+temporal patch, each after its timestamp in text, and whose positions place each block like an image
+(`timestamped_frames`)."""
+
+
+def timestamped_frames(config) -> bool:
+    """Whether ``config``'s model (Qwen3-VL) reads a clip as timestamped blocks, one per temporal patch, instead of one
+    run of tokens on a t axis spaced by ``second_per_grid_ts`` (Qwen2-VL / Qwen2.5-VL)."""
+    return getattr(config, "model_type", None) in TIMESTAMPED_FRAME_TYPES
+
+
+def model_inputs(model, inputs: dict) -> dict:
+    """``inputs`` for the model's own forward / ``generate``: without the ``second_per_grid_ts`` that
+    `processor_inputs` adds for a model that does not take it (Qwen3-VL's ``generate`` refuses unknown keys)."""
+    config = getattr(model, "config", None)
+    if "second_per_grid_ts" in inputs and timestamped_frames(config):
+        return {k: v for k, v in inputs.items() if k != "second_per_grid_ts"}
+    return inputs
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -187,10 +242,11 @@ def mrope_positions(
     completion (a 16-frame clip at 4 tokens per second: 67 instead of 49). Visual inputs are consumed in order from
     the grid; each is one run of its placeholder tokens of length ``t*h*w / merge**2``. A video's t axis advances by
     ``tokens_per_second * second_per_grid_ts[i]`` per temporal patch (truncated, as transformers' ``get_rope_index``),
-    an image's by 1.
+    an image's by 1. A Qwen3-VL clip (`timestamped_frames`) is ``t`` runs of ``h*w / merge**2`` tokens, one per
+    temporal patch with its timestamp text between them, each placed as an image of grid ``1 x h x w`` (as its
+    ``get_rope_index`` splits ``video_grid_thw``); ``second_per_grid_ts`` then only marks the inputs as clips.
     """
     video = second_per_grid_ts is not None
-    seconds = second_per_grid_ts.cpu() if video else None  # one copy, not a device sync per video
     image_token_id = visual_token_id(config, video)
     tokens_per_second = getattr(config.vision_config, "tokens_per_second", 1)
     merge = config.vision_config.spatial_merge_size
@@ -201,6 +257,14 @@ def mrope_positions(
     positions = torch.zeros(3, B, P, dtype=torch.long, device=device)
     next_pos = torch.zeros(B, dtype=torch.long, device=device)
     grids = image_grid_thw.tolist() if image_grid_thw is not None else []
+    # each visual block in order: its grid and its t step (images 1; a clip's seconds per patch x tokens per second)
+    if video and timestamped_frames(config):  # Qwen3-VL: one image-like block per temporal patch
+        blocks = [((1, h, w), 1) for t, h, w in grids for _ in range(int(t))]
+    elif video:
+        seconds = second_per_grid_ts.cpu().tolist()  # one copy, not a device sync per video
+        blocks = [(g, tokens_per_second * seconds[i]) for i, g in enumerate(grids)]
+    else:
+        blocks = [(g, 1) for g in grids]
     ids_cpu = input_ids.cpu()
     mask_cpu = attention_mask.cpu().bool()
     img = 0
@@ -220,18 +284,19 @@ def mrope_positions(
                 cur += j - i
                 i = j
             else:
-                if img >= len(grids):
+                if img >= len(blocks):
                     raise ValueError("more image-token runs in input_ids than rows in image_grid_thw")
-                t, h, w = (int(x) for x in grids[img])
+                grid, interval = blocks[img]
+                t, h, w = (int(x) for x in grid)
                 img += 1
                 gh, gw = h // merge, w // merge
                 count = t * gh * gw
-                interval = tokens_per_second * seconds[img - 1] if video else 1
                 tt = (torch.arange(t) * interval).long().view(t, 1, 1).expand(t, gh, gw).reshape(-1)
                 hh = torch.arange(gh).view(1, gh, 1).expand(t, gh, gw).reshape(-1)
                 ww = torch.arange(gw).view(1, 1, gw).expand(t, gh, gw).reshape(-1)
                 if i + count > n or not all(is_img[i : i + count]):
-                    raise ValueError(f"image {img - 1}: expected {count} image tokens in a run (grid {t}x{h}x{w})")
+                    kind, token = ("video", "<|video_pad|>") if video else ("image", "<|image_pad|>")
+                    raise ValueError(f"{kind} {img - 1}: expected {count} {token} tokens in a run (grid {t}x{h}x{w})")
                 pos[0, i : i + count] = tt + cur
                 pos[1, i : i + count] = hh + cur
                 pos[2, i : i + count] = ww + cur

@@ -38,6 +38,7 @@ from lightning_modules.policy import (
     model_input_size,
     rollout,
 )
+from lightning_modules.qwen_vl import model_inputs
 
 OptimizerCallable = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
 
@@ -434,7 +435,7 @@ class SFTModule(L.LightningModule):
         enc = batch["enc"] if isinstance(batch, dict) else self.encode(batch)
         enc = {k: v.to(self.device) for k, v in enc.items()}
         labels = enc.pop("labels")
-        logits = self.policy(**enc, use_cache=False).logits[:, :-1].float()
+        logits = self.policy(**model_inputs(self.policy, enc), use_cache=False).logits[:, :-1].float()
         tgt = labels[:, 1:]
         loss = torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), ignore_index=-100

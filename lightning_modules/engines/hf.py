@@ -22,7 +22,7 @@ from lightning_modules.engines.fast import repeat_encoding
 from lightning_modules.engines.vision_cache import VisionCache
 from lightning_modules.fsdp import needs_lockstep
 from lightning_modules.policy import Rollout, completion_logps
-from lightning_modules.qwen_vl import processor_inputs
+from lightning_modules.qwen_vl import model_inputs, processor_inputs
 
 
 @register_rollout_engine("hf")
@@ -34,7 +34,9 @@ class HFRolloutEngine(RolloutEngine):
         enc = processor_inputs(
             processor, [t for t in prompts for _ in range(group_size)], [im for im in images for _ in range(group_size)]
         ).to(device)
-        out = model.generate(**enc, **self._generate_kwargs(model, processor, sampling, suppress_ids, eos_ids))
+        out = model.generate(
+            **model_inputs(model, enc), **self._generate_kwargs(model, processor, sampling, suppress_ids, eos_ids)
+        )
         return out[:, enc["input_ids"].shape[1] :], enc
 
     @staticmethod
@@ -105,7 +107,7 @@ class SharedPrefillRolloutEngine(HFRolloutEngine):
         # under FSDP2's per-layer gather every rank must run the same modules: no rank may skip the vision tower
         cached = all(im is not None for im in images) and not needs_lockstep(model)
         with self.vision.serving(model, list(images)) if cached else contextlib.nullcontext():
-            out = model(**prefix, use_cache=True, logits_to_keep=1)
+            out = model(**model_inputs(model, prefix), use_cache=True, logits_to_keep=1)
         self.prefilled += len(prompts)
         cache = out.get("cache", out.get("past_key_values"))
         if cache is None or not hasattr(cache, "batch_repeat_interleave"):

@@ -37,6 +37,7 @@ RUNS = (
     + [(CONFIGS / "evolved_tiny.yaml", CONFIGS / "overlays/evolved_syn.yaml")]
     + [(CONFIGS / "cycle_tiny.yaml", o) for o in sorted((CONFIGS / "overlays").glob("cycle_tiny_*.yaml"))]
     + [(CONFIGS / "cycle_4b.yaml", CONFIGS / "overlays/hf_engines.yaml")]  # the transformers engines on Qwen3-VL
+    + [(CONFIGS / "cycle_4b_temporal.yaml", CONFIGS / "overlays/hf_engines.yaml")]  # ... and on its clips
 )
 
 

@@ -1,6 +1,7 @@
-"""Qwen3-VL (configs/cycle_4b.yaml's architecture): its boxes live on a 0-1000 grid, and the project's own engines
-(fast rollouts, packed updates) compute what its transformers code computes, DeepStack included; other architectures
-are refused with the flags to use instead."""
+"""Qwen3-VL (configs/cycle_4b.yaml's and cycle_4b_temporal.yaml's architecture): its boxes live on a 0-1000 grid,
+and the project's own engines (fast rollouts, packed updates) compute what its transformers code computes, DeepStack
+and clips (timestamped blocks, one per temporal patch) included; other architectures are refused with the flags to use
+instead."""
 
 from __future__ import annotations
 
@@ -118,26 +119,113 @@ def test_batched_vision_attention_is_exact_on_qwen3_vl(qwen3_dir):
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("engine", ["hf", "hf_shared", "fast"])
-def test_engines_refuse_qwen3_vl_clips_before_generating_and_say_why(qwen3_dir, engine):
-    """Qwen3-VL's processor sends no ``second_per_grid_ts`` for a clip (timestamps in the text instead), which the
-    rollout and update paths place a clip's tokens by: every engine refuses such a batch with the reason, not a
-    KeyError after generating."""
+def _clip_requests(processor, n: int = 2) -> list:
+    """Two toy clips of different lengths (12 and 16 frames) and frame rates (2 and 4 fps), prompts of two lengths."""
     from datamodules.toy_video import make_clip
-    from lightning_modules.engines import RolloutRequest, Sampling, build_rollout_engine
+    from lightning_modules.engines import RolloutRequest
     from lightning_modules.policy import build_prompt_text
     from lightning_modules.qwen_vl import VideoClip
 
+    out = []
+    for i in range(2):
+        clip = make_clip("val", i, 0, num_frames=12 + 4 * i)
+        prompt = build_prompt_text(processor, clip["meta"]["query"] + " x" * i, template="toy", video=True)
+        out.append(RolloutRequest(prompt, VideoClip(clip["frames"], fps=clip["fps"] * (1 + i)), n, i))
+    return out
+
+
+def test_qwen3_vl_clips_keep_their_size_their_timestamps_and_transformers_positions(qwen3_dir, monkeypatch):
+    """Qwen3-VL's processor writes a clip as one block per temporal patch after its timestamp, budgets a whole clip's
+    pixels (not a frame's), and gives no ``second_per_grid_ts``: `processor_inputs` keeps each frame at its size on
+    the 32-pixel grid (112 -> 128: 8 x 8 patches of 16 px, 16 tokens per temporal patch after the merge), adds the
+    seconds per patch, and `mrope_positions` gives the positions of the model's own ``get_rope_index`` (each block
+    placed as an image) and the continuation of a full forward."""
+    from lightning_modules import qwen_vl
+    from lightning_modules.qwen_vl import model_inputs, mrope_positions, processor_inputs, timestamped_frames
+
     model, processor = load_policy(str(qwen3_dir), dtype="fp32")
-    clip = make_clip("val", 0, 0, num_frames=12)
-    req = RolloutRequest(
-        build_prompt_text(processor, "the red circle", template="toy", video=True),
-        VideoClip(clip["frames"], fps=clip["fps"]),
-        2,
-        0,
+    reqs = _clip_requests(processor)
+    enc = processor_inputs(processor, [r.prompt for r in reqs], [r.image for r in reqs])
+    assert enc["video_grid_thw"].tolist() == [[6, 8, 8], [8, 8, 8]] and timestamped_frames(model.config)
+    assert enc["second_per_grid_ts"].tolist() == [1.0, 0.5]  # 2 frames at 2 fps; at 4 fps
+    text = processor.tokenizer.decode(enc["input_ids"][1])
+    assert text.count("<|video_pad|>") == 8 * 16 and "<0.1 seconds><|vision_start|>" in text  # frames 0-1 at 4 fps
+    assert "<3.6 seconds><|vision_start|>" in text and text.count(" seconds>") == 8  # frames 14-15: 3.625 s
+    assert "second_per_grid_ts" not in model_inputs(model, enc) and set(model_inputs(model, enc)) < set(enc)
+    ours, next_pos = mrope_positions(
+        model.config, enc["input_ids"], enc["attention_mask"], enc["video_grid_thw"], enc["second_per_grid_ts"]
     )
-    with pytest.raises(ValueError, match=r"no second_per_grid_ts \(Qwen3-VL separates.*timestamp text"):
-        build_rollout_engine(engine).generate(model, processor, [req], Sampling(max_new_tokens=4))
+    theirs, _ = model.model.get_rope_index(
+        enc["input_ids"],
+        mm_token_type_ids=enc["mm_token_type_ids"],
+        video_grid_thw=enc["video_grid_thw"],
+        attention_mask=enc["attention_mask"],
+    )
+    mask = enc["attention_mask"].bool()
+    assert torch.equal(ours[:, mask], theirs[:, mask])
+    # a completion after the prompt sits at next_pos in a full forward (what the packed engine and SFT train on)
+    completion = torch.tensor([[11, 12, 13]] * 2)
+    ids = torch.cat([enc["input_ids"], completion], 1)
+    full, _ = model.model.get_rope_index(
+        ids,
+        mm_token_type_ids=torch.cat([enc["mm_token_type_ids"], torch.zeros_like(completion)], 1),
+        video_grid_thw=enc["video_grid_thw"],
+        attention_mask=torch.cat([enc["attention_mask"], torch.ones_like(completion)], 1),
+    )
+    P = enc["input_ids"].shape[1]
+    assert all(full[:, b, P:].tolist() == [[int(next_pos[b]) + j for j in range(3)]] * 3 for b in range(2))
+    # the case is exercised: read as one run of tokens on a t axis (the Qwen2.5-VL layout), the clip does not parse
+    monkeypatch.setattr(qwen_vl, "TIMESTAMPED_FRAME_TYPES", ())
+    with pytest.raises(ValueError, match=r"video 0: expected 96 <\|video_pad\|> tokens in a run \(grid 6x8x8\)"):
+        mrope_positions(
+            model.config, enc["input_ids"], enc["attention_mask"], enc["video_grid_thw"], enc["second_per_grid_ts"]
+        )
+
+
+@pytest.mark.parametrize("engine", ["hf_shared", "fast"])
+def test_greedy_clip_rollouts_on_qwen3_vl_equal_generate(qwen3_dir, engine):
+    """Clips on Qwen3-VL through every rollout engine: the shared-prefill and fast engines' greedy completions equal
+    ``model.generate``'s (the ``hf`` engine), each clip through the vision tower once."""
+    from lightning_modules.engines import Sampling, build_rollout_engine
+
+    model, processor = load_policy(str(qwen3_dir), dtype="fp32")
+    reqs = _clip_requests(processor)
+    greedy = Sampling(max_new_tokens=8, greedy=True)
+    a = build_rollout_engine("hf").generate(model.eval(), processor, reqs, greedy)
+    eng = build_rollout_engine(engine)
+    b = eng.generate(model, processor, reqs, greedy)
+    assert a.is_video and b.is_video and torch.equal(a.completion_ids, b.completion_ids)
+    assert torch.equal(a.second_per_grid_ts, b.second_per_grid_ts) and a.input_wh == [(1000, 1000)] * 4
+    assert eng.vision.encoded == 2
+
+
+@pytest.mark.parametrize("engine", ["hf", "packed"])
+def test_clip_logprobs_on_qwen3_vl_equal_the_models_forward(qwen3_dir, engine):
+    """The update engines' log-probs of sampled clip completions equal one forward of the model's transformers code on
+    the processor's own keys (DeepStack, timestamped blocks); the packed engine with the batched vision attention."""
+    from lightning_modules.efficient import enable_fast_vision_attention
+    from lightning_modules.engines import Sampling, build_rollout_engine, build_update_engine
+
+    model, processor = load_policy(str(qwen3_dir), dtype="fp32")
+    model.eval()
+    torch.manual_seed(1)
+    ro = build_rollout_engine("fast").generate(model, processor, _clip_requests(processor), Sampling(max_new_tokens=8))
+    with torch.no_grad():
+        out = model(
+            input_ids=ro.input_ids,
+            attention_mask=ro.attention_mask,
+            pixel_values_videos=ro.pixel_values,
+            video_grid_thw=ro.image_grid_thw,
+            mm_token_type_ids=torch.cat([ro.prompt_mm_types, torch.zeros_like(ro.completion_ids)], 1),
+        )
+        T = ro.completion_ids.shape[1]
+        logits = out.logits[:, -T - 1 : -1].float()
+        expected = logits.log_softmax(-1).gather(-1, ro.completion_ids[..., None])[..., 0] * ro.completion_mask
+        if engine == "packed":
+            assert enable_fast_vision_attention(model) == len(model.model.visual.blocks)
+        upd = build_update_engine(engine, micro_batch_size=3)
+        got = upd.logprobs(model, upd.prepare(model, processor, ro, torch.device("cpu"))) * ro.completion_mask
+    assert (got - expected).abs().max() < 1e-4
 
 
 def test_own_engines_refuse_other_architectures_and_name_the_flag():
