@@ -98,7 +98,8 @@ def video_processor_kwargs(clips: Sequence[VideoClip], processor=None) -> dict:
 
         pixels = [clip_pixels(c) for c in clips]
         size = {"shortest_edge": min(pixels), "longest_edge": max(pixels)}
-        extra["cap_pixels_per_frame"] = False
+        if hasattr(vp, "cap_pixels_per_frame"):  # transformers >= 5.2x: a per-frame cap that would shrink them
+            extra["cap_pixels_per_frame"] = False
     return {
         "videos": [list(c.frames) for c in clips],
         "video_metadata": [

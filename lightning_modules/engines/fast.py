@@ -32,8 +32,8 @@ def repeat_encoding(enc, group_size: int) -> dict[str, torch.Tensor]:
 
 @register_rollout_engine("fast")
 class FastRolloutEngine(RolloutEngine):
-    """The B prompts are encoded once; their KV caches are copied into the G rows of each group (Qwen2-VL / Qwen2.5-VL
-    images or video clips; Qwen3-VL images). Each image object runs through the vision tower once while the vision
+    """The B prompts are encoded once; their KV caches are copied into the G rows of each group (Qwen2-VL, Qwen2.5-VL
+    and Qwen3-VL; images or video clips). Each image object runs through the vision tower once while the vision
     weights stay the same (`VisionCache`), across requests and calls."""
 
     own_kernels = True
