@@ -29,6 +29,7 @@ from PIL import Image
 __all__ = [
     "ModelParts",
     "VideoClip",
+    "clip_pixel_budget",
     "model_parts",
     "model_inputs",
     "mrope_positions",
@@ -71,6 +72,20 @@ CLIP_BUDGET_VIDEO_PROCESSORS = ("Qwen3VLVideoProcessor",)
 """Video processors whose ``size`` budgets a whole clip (frames x height x width), not one frame."""
 
 
+def clip_pixel_budget(clips: Sequence[VideoClip], factor: int, temporal: int) -> dict[str, int]:
+    """The ``size`` of a whole-clip pixel budget (Qwen3-VL's video processor: frames x height x width) under which
+    every clip of ``clips`` keeps its size rounded to the ``factor``-pixel grid (patch x merge) and its frame count
+    rounded to the ``temporal`` patch: the range of those products over the clips."""
+
+    def pixels(c: VideoClip) -> int:
+        w, h = c.size
+        rounded = max(factor, round(h / factor) * factor) * max(factor, round(w / factor) * factor)
+        return round(len(c.frames) / temporal) * temporal * rounded
+
+    counts = [pixels(c) for c in clips]
+    return {"shortest_edge": min(counts), "longest_edge": max(counts)}
+
+
 def video_processor_kwargs(clips: Sequence[VideoClip], processor=None) -> dict:
     """Keyword arguments of a Qwen-VL processor call that feed ``clips`` as videos at their true frame rate:
 
@@ -88,16 +103,7 @@ def video_processor_kwargs(clips: Sequence[VideoClip], processor=None) -> dict:
     extra = {}
     vp = getattr(processor, "video_processor", None)
     if any(c.__name__ in CLIP_BUDGET_VIDEO_PROCESSORS for c in type(vp).__mro__):  # frames x height x width
-        factor = vp.patch_size * vp.merge_size
-        t = vp.temporal_patch_size
-
-        def clip_pixels(c: VideoClip) -> int:
-            w, h = c.size
-            rounded = max(factor, round(h / factor) * factor) * max(factor, round(w / factor) * factor)
-            return round(len(c.frames) / t) * t * rounded
-
-        pixels = [clip_pixels(c) for c in clips]
-        size = {"shortest_edge": min(pixels), "longest_edge": max(pixels)}
+        size = clip_pixel_budget(clips, vp.patch_size * vp.merge_size, vp.temporal_patch_size)
         if hasattr(vp, "cap_pixels_per_frame"):  # transformers >= 5.2x: a per-frame cap that would shrink them
             extra["cap_pixels_per_frame"] = False
     return {

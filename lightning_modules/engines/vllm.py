@@ -53,7 +53,7 @@ from pydantic import BaseModel
 from lightning_modules.engines.base import RolloutEngine, Sampling, register_rollout_engine
 from lightning_modules.engines.fast import repeat_encoding
 from lightning_modules.policy import completion_logps
-from lightning_modules.qwen_vl import VideoClip, processor_inputs, video_processor_kwargs
+from lightning_modules.qwen_vl import VideoClip, clip_pixel_budget, processor_inputs, video_processor_kwargs
 
 __all__ = [
     "VLLMRolloutEngine",
@@ -88,15 +88,17 @@ def import_vllm():
 
 class UnsupportedClipError(ValueError):
     """Video clips sent to a vLLM that would sample them at other positions than the update scores (any model but
-    Qwen2.5-VL, whose positions `vllm_qwen` replaces); the message says why and which engine to use instead."""
+    Qwen2.5-VL, whose positions `vllm_qwen` replaces, and Qwen3-VL, whose positions vLLM computes as transformers);
+    the message says why and which engine to use instead."""
 
     def __init__(self, arch: str):
         super().__init__(
-            f"the vllm rollout engine takes video clips for Qwen2.5-VL checkpoints only, and this vLLM runs {arch}: "
-            "vLLM continues the text after a clip from max(positions) + 1 where transformers' forward (SFT, the "
-            "update engines) continues it from start + max(h, w) / merge, so its rollouts would come from other "
-            "positions than the ones the update scores (lightning_modules/engines/vllm_qwen.py replaces them for "
-            "Qwen2.5-VL only). Use --model.rollout_engine fast (or hf) for video prompts (docs/vllm.md)."
+            f"the vllm rollout engine takes video clips for Qwen2.5-VL and Qwen3-VL checkpoints only, and this vLLM "
+            f"runs {arch}: vLLM continues the text after a clip from max(positions) + 1 where transformers' forward "
+            "(SFT, the update engines) may continue it from start + max(h, w) / merge (Qwen2-VL / Qwen2.5-VL: "
+            "lightning_modules/engines/vllm_qwen.py replaces vLLM's positions for Qwen2.5-VL), so its rollouts would "
+            "come from other positions than the ones the update scores. Use --model.rollout_engine fast (or hf) for "
+            "video prompts (docs/vllm.md)."
         )
 
 
@@ -177,9 +179,13 @@ def video_item(clip: VideoClip) -> tuple:
     return frames, meta
 
 
-def vllm_inputs(prompts: Sequence[str], visuals: Sequence[Image.Image | VideoClip]) -> list[dict]:
+def vllm_inputs(
+    prompts: Sequence[str], visuals: Sequence[Image.Image | VideoClip], clip_grid: tuple[int, int] | None = None
+) -> list[dict]:
     """vLLM's prompts for one visual per prompt, processed as `qwen_vl.processor_inputs` processes them: images as
-    they are; clips with every frame kept and the pixel budget pinned to the batch's largest frame area."""
+    they are; clips with every frame kept and the pixel budget pinned to the batch's largest frame area, or, with
+    ``clip_grid`` = (patch x merge pixels, temporal patch) of a model whose video processor budgets whole clips
+    (Qwen3-VL), to the range of the clips' rounded sizes (`qwen_vl.clip_pixel_budget`)."""
     if len(visuals) != len(prompts):
         raise ValueError(f"one image or clip per prompt: got {len(visuals)} for {len(prompts)} prompts")
     clips = [isinstance(v, VideoClip) for v in visuals]
@@ -187,8 +193,13 @@ def vllm_inputs(prompts: Sequence[str], visuals: Sequence[Image.Image | VideoCli
         return [{"prompt": p, "multi_modal_data": {"image": im}} for p, im in zip(prompts, visuals)]
     if not all(clips):
         raise ValueError("one rollout batch holds images or video clips, not both: make one generate() call per kind")
-    size = video_processor_kwargs(visuals)["size"]
+    size = clip_pixel_budget(visuals, *clip_grid) if clip_grid else video_processor_kwargs(visuals)["size"]
     kwargs = {"size": size, "do_sample_frames": False}
+    if clip_grid:  # Qwen3-VL: no per-frame cap on top of the budget, where transformers has one
+        from transformers import Qwen3VLVideoProcessor
+
+        if hasattr(Qwen3VLVideoProcessor, "cap_pixels_per_frame"):
+            kwargs["cap_pixels_per_frame"] = False
     return [
         {"prompt": p, "multi_modal_data": {"video": video_item(c)}, "mm_processor_kwargs": dict(kwargs)}
         for p, c in zip(prompts, visuals)
@@ -202,6 +213,17 @@ def checkpoint_architecture(model_dir: str) -> str:
 
     archs = json.loads((Path(model_dir) / "config.json").read_text()).get("architectures") or [""]
     return archs[0]
+
+
+QWEN3_VL_ARCH = "Qwen3VLForConditionalGeneration"
+
+
+def checkpoint_clip_grid(model_dir: str) -> tuple[int, int]:
+    """(patch x spatial merge in pixels, temporal patch) of a ``save_pretrained`` Qwen-VL directory's vision config."""
+    import json
+
+    v = json.loads((Path(model_dir) / "config.json").read_text()).get("vision_config") or {}
+    return int(v.get("patch_size", 16)) * int(v.get("spatial_merge_size", 2)), int(v.get("temporal_patch_size", 2))
 
 
 def checkpoint_dtype(model_dir: str) -> str:
@@ -244,8 +266,12 @@ class VLLMGenerator:
         self.architecture = checkpoint_architecture(model)
         from lightning_modules.engines import vllm_qwen
 
-        self.takes_clips = self.architecture == vllm_qwen.BASE_ARCH
-        """Video clips are sampled with the project's positions (Qwen2.5-VL: `vllm_qwen`); other models refuse them."""
+        self.takes_clips = self.architecture in (vllm_qwen.BASE_ARCH, QWEN3_VL_ARCH)
+        """Video clips are sampled at the positions the update scores: Qwen2.5-VL with the project's (`vllm_qwen`),
+        Qwen3-VL with vLLM's own (each timestamped block of a clip placed like an image, the text after it from
+        max + 1 = start + max(h, w) / merge, as transformers); other models refuse them."""
+        self.clip_grid = checkpoint_clip_grid(model) if self.architecture == QWEN3_VL_ARCH else None
+        """(patch x merge pixels, temporal patch) of a model whose video processor budgets whole clips."""
         kwargs: dict[str, Any] = dict(
             model=model,
             dtype=dtype,
@@ -255,7 +281,7 @@ class VLLMGenerator:
             distributed_executor_backend="uni",
             limit_mm_per_prompt={"image": 1, "video": 1 if self.takes_clips else 0},
         )
-        if self.takes_clips:
+        if self.architecture == vllm_qwen.BASE_ARCH:
             vllm_qwen.register()
             kwargs["hf_overrides"] = {"architectures": [vllm_qwen.ARCH]}
         if kv_cache_memory_bytes is not None:
@@ -293,7 +319,7 @@ class VLLMGenerator:
         images = list(images)
         if any(isinstance(v, VideoClip) for v in images) and not self.takes_clips:
             raise UnsupportedClipError(self.architecture or "an unknown architecture")
-        inputs = vllm_inputs(req.prompts, images)
+        inputs = vllm_inputs(req.prompts, images, self.clip_grid)
         outs = self.llm.generate(inputs, self.sampling_params(req), use_tqdm=False)
         ids, lps = [], []
         for o in outs:
@@ -560,7 +586,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self.timeout_s = timeout_s
         self._defaults_only = options == _default_options(type(self))
         """Built without options (as the evaluation helpers build one from the engine's name): shares the process's
-        running vLLM whatever its options."""
+        running vLLM whatever its options (the one started from the policy's directory, when several run)."""
         self._backend: _Backend | None = None
         self._probe: tuple[str, Image.Image | VideoClip] | None = None
         self._processor = None
@@ -576,8 +602,10 @@ class VLLMRolloutEngine(RolloutEngine):
         """The vLLM this engine samples from, started (colocate) or connected (server) on first use."""
         if self._backend is not None:
             return self._backend
-        if self._defaults_only and _BACKENDS:
-            self._backend = next(reversed(_BACKENDS.values()))
+        if self._defaults_only and _BACKENDS:  # the vLLM started from the policy's directory, else the latest
+            own = str(Path(getattr(model, "name_or_path", "") or ".").resolve())
+            started_here = [b for k, b in _BACKENDS.items() if k[0] == "colocate" and k[1] == own]
+            self._backend = (started_here or list(_BACKENDS.values()))[-1]
             return self._backend
         param_dtype = next(model.parameters()).dtype
         dtype = _DTYPES[self.dtype] if self.dtype != "auto" else param_dtype

@@ -455,8 +455,9 @@ def test_clip_rollout_logprobs_match_the_policy_forward(engine, video_policy):
 
 
 def test_clips_are_refused_where_vllm_would_place_them_elsewhere(policy):
-    """A vLLM whose model is not Qwen2.5-VL (no project positions after a clip) refuses clips, saying why (no vLLM
-    needed: the engine's backend is a stand-in that would fail if sampled)."""
+    """A vLLM whose model is neither Qwen2.5-VL (the project's positions after a clip) nor Qwen3-VL (vLLM's own, as
+    transformers') refuses clips, saying why (no vLLM needed: the engine's backend is a stand-in that would fail if
+    sampled)."""
     from types import SimpleNamespace
 
     from lightning_modules.engines.vllm import UnsupportedClipError, _Backend, weights_fingerprint
@@ -464,9 +465,11 @@ def test_clips_are_refused_where_vllm_would_place_them_elsewhere(policy):
 
     model, processor = policy
     eng = build_rollout_engine("vllm")
-    impl = SimpleNamespace(takes_clips=False, architecture="Qwen3VLForConditionalGeneration")
+    impl = SimpleNamespace(takes_clips=False, architecture="Qwen2VLForConditionalGeneration")
     eng._backend = _Backend(("stand-in",), impl, torch.float32, fingerprint=weights_fingerprint(model))
-    with pytest.raises(UnsupportedClipError, match="Qwen2.5-VL checkpoints only.*max\\(positions\\) \\+ 1"):
+    with pytest.raises(
+        UnsupportedClipError, match="Qwen2.5-VL and Qwen3-VL checkpoints only.*max\\(positions\\) \\+ 1"
+    ):
         eng.sample(
             model,
             processor,
@@ -477,6 +480,47 @@ def test_clips_are_refused_where_vllm_would_place_them_elsewhere(policy):
             suppress_ids=[],
             eos_ids=[processor.tokenizer.eos_token_id],
         )
+
+
+@pytest.fixture(scope="module")
+def qwen3_policy(tmp_path_factory):
+    """A random tiny Qwen3-VL (configs/cycle_4b_temporal.yaml's architecture) with the toy tokenizer; heads of 32
+    (vLLM's CPU attention has no kernel for 16)."""
+    from lightning_modules.policy import build_tiny_qwen3_vl, load_policy
+
+    path = build_tiny_qwen3_vl(tmp_path_factory.mktemp("tiny-qwen3-vl"), TOY, image_size=112, head_dim=32)
+    model, processor = load_policy(str(path), dtype="fp32")
+    return model.eval(), processor
+
+
+@vllm_test
+def test_qwen3_vl_clips_sample_from_the_prompt_and_positions_the_update_scores(qwen3_policy):
+    """Qwen3-VL clips through vLLM (colocated, vLLM's own Qwen3-VL): the prompt vLLM tokenised is the processor's
+    (timestamped blocks, each clip at its size on the 32-px grid under the whole-clip budget), greedy completions
+    equal the hf engine's, and the log-probs of sampled completions equal the policy's teacher-forced forward (so
+    vLLM placed the blocks and the text after them where transformers does)."""
+    model, processor = qwen3_policy
+    # its own vLLM beside the module's toy one (an engine with options does not share a running vLLM; one without
+    # shares the one started from its policy's directory); stopped with the others at the end of the module
+    eng = build_rollout_engine("vllm", model_path=model.name_or_path)
+    reqs = _clip_requests(processor, clips=2)
+    greedy = Sampling(max_new_tokens=12, greedy=True)
+    ours = eng.generate(model, processor, reqs, greedy)
+    ref = build_rollout_engine("hf").generate(model, processor, reqs, greedy)
+    assert ours.is_video and ours.image_grid_thw.tolist() == [[8, 8, 8]] * 2
+    assert torch.equal(ours.prompt_ids, ref.prompt_ids) and torch.equal(ours.pixel_values, ref.pixel_values)
+    assert torch.equal(ours.completion_ids, ref.completion_ids), (ours.completion_ids, ref.completion_ids)
+    ro = eng.generate(
+        model,
+        processor,
+        _clip_requests(processor, n=3, clips=2),
+        Sampling(temperature=1.0, max_new_tokens=12, min_new_tokens=12),
+    )
+    upd = HFUpdateEngine(micro_batch_size=6, temperature=1.0)
+    logp = upd.logprobs(model, upd.prepare(model, processor, ro, torch.device("cpu")))
+    diff = (logp - eng.last_logprobs).abs()[ro.completion_mask.bool()].max().item()
+    print(f"Qwen3-VL clip rollout log-prob |vLLM - policy| max {diff:.3g}")
+    assert diff < SYNC_ATOL
 
 
 # ---------------------------------------------------------------------------------------------- fits
