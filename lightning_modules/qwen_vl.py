@@ -146,7 +146,15 @@ def processor_inputs(processor, prompts: Sequence[str], visuals: Sequence[Image.
         enc = processor(
             text=list(prompts), return_tensors="pt", padding=True, **video_processor_kwargs(visuals, processor)
         )
-        if enc.get("second_per_grid_ts") is None:  # Qwen3-VL: timestamps in the text; the project's key marks a clip
+        if enc.get("second_per_grid_ts") is None:
+            if not any(c.__name__ in TIMESTAMPED_PROCESSORS for c in type(processor).__mro__):
+                raise ValueError(
+                    f"video clips through {type(processor).__name__}: it gives no second_per_grid_ts and does not "
+                    "write timestamps (Qwen2-VL: a t axis of one position per temporal patch), a layout the "
+                    "project's rollout and update paths do not implement: use a Qwen2.5-VL or Qwen3-VL checkpoint "
+                    "for video configs, or images with this model"
+                )
+            # Qwen3-VL: the time is in the text; the project's key marks the batch as clips (`model_inputs` drops it)
             t = getattr(processor.video_processor, "temporal_patch_size", 2)
             enc["second_per_grid_ts"] = torch.tensor([t / float(c.fps) for c in visuals], dtype=torch.float32)
         return enc
@@ -157,6 +165,9 @@ def visual_token_id(config, video: bool) -> int:
     """The placeholder token the vision features replace: ``<|video_pad|>`` for clips, ``<|image_pad|>`` for images."""
     return config.video_token_id if video else config.image_token_id
 
+
+TIMESTAMPED_PROCESSORS = ("Qwen3VLProcessor",)
+"""Processors that write a clip's time as text before each temporal patch's block (and give no ``second_per_grid_ts``)."""
 
 TIMESTAMPED_FRAME_TYPES = ("qwen3_vl",)
 """``config.model_type`` of the models whose processor writes a clip as one block of ``<|video_pad|>`` tokens per

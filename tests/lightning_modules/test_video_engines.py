@@ -133,3 +133,21 @@ def test_completion_positions_after_a_long_clip_are_those_of_a_full_forward(poli
     P = enc["input_ids"].shape[1]
     assert full[:, 0, P:].tolist() == [[int(next_pos[0]) + j for j in range(3)]] * 3
     assert int(pos.max()) + 1 > int(next_pos[0])  # the case is exercised: max + 1 is not the continuation
+
+
+def test_clips_through_a_processor_of_another_layout_are_refused_and_say_why(policy):
+    """Qwen2-VL's processor gives no ``second_per_grid_ts`` and writes no timestamps (its clip has a t axis of one
+    position per temporal patch, a third layout): `processor_inputs` refuses it before anything is generated, instead
+    of marking the batch as clips of a layout it does not have."""
+    from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
+
+    _, processor = policy
+    qwen2 = Qwen2VLProcessor(
+        image_processor=Qwen2VLImageProcessor(),
+        tokenizer=processor.tokenizer,
+        video_processor=Qwen2VLVideoProcessor(),
+        chat_template=processor.chat_template,
+    )
+    req = _requests(processor, n_clips=1)[0]
+    with pytest.raises(ValueError, match=r"Qwen2VLProcessor: it gives no second_per_grid_ts and does not write"):
+        processor_inputs(qwen2, [req.prompt], [req.image])
