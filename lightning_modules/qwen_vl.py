@@ -7,13 +7,15 @@ Video: a clip is a list of frames at a known frame rate (`VideoClip`). The proce
 ``pixel_values_videos``, ``video_grid_thw`` (t = frames / 2 temporal patches) and ``second_per_grid_ts`` (seconds per
 temporal patch). Two layouts (`mrope_positions`):
 
-- Qwen2-VL / Qwen2.5-VL: one run of ``<|video_pad|>`` tokens per clip; temporal mRoPE spaces the t axis of its tokens by
+- Qwen2.5-VL: one run of ``<|video_pad|>`` tokens per clip; temporal mRoPE spaces the t axis of its tokens by
   ``tokens_per_second * second_per_grid_t``.
 - Qwen3-VL (`timestamped_frames`): the processor writes each temporal patch as its own block after its timestamp in
   text (``<0.2 seconds><|vision_start|><|video_pad|>...<|vision_end|>``) and gives no ``second_per_grid_ts``; each
   block is placed like an image (t position at the block's start). `processor_inputs` adds the key itself (the clip's
   true seconds per temporal patch), so one key marks a clip on every path; `model_inputs` drops it before the model's
   own code, which does not take it.
+
+Qwen2-VL's processor gives neither seconds nor timestamps (a t axis of one position per patch): refused.
 
 The fast paths keep one kind of visual input per batch (all images or all clips).
 """
@@ -177,7 +179,7 @@ temporal patch, each after its timestamp in text, and whose positions place each
 
 def timestamped_frames(config) -> bool:
     """Whether ``config``'s model (Qwen3-VL) reads a clip as timestamped blocks, one per temporal patch, instead of one
-    run of tokens on a t axis spaced by ``second_per_grid_ts`` (Qwen2-VL / Qwen2.5-VL)."""
+    run of tokens on a t axis spaced by ``second_per_grid_ts`` (Qwen2.5-VL)."""
     return getattr(config, "model_type", None) in TIMESTAMPED_FRAME_TYPES
 
 
