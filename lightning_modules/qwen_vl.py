@@ -70,8 +70,14 @@ class VideoClip:
         return self.frames[0].size
 
 
-CLIP_BUDGET_VIDEO_PROCESSORS = ("Qwen3VLVideoProcessor",)
-"""Video processors whose ``size`` budgets a whole clip (frames x height x width), not one frame."""
+TIMESTAMPED_PROCESSORS = ("Qwen3VLProcessor",)
+"""Processors that write a clip's time as text before each temporal patch's block (giving no ``second_per_grid_ts``)
+and whose video processor budgets a whole clip's pixels (frames x height x width), not one frame's."""
+
+
+def timestamped_processor(processor) -> bool:
+    """Whether ``processor`` (or a subclass) is one of `TIMESTAMPED_PROCESSORS` (Qwen3-VL's)."""
+    return any(c.__name__ in TIMESTAMPED_PROCESSORS for c in type(processor).__mro__)
 
 
 def clip_pixel_budget(clips: Sequence[VideoClip], factor: int, temporal: int) -> dict[str, int]:
@@ -103,8 +109,8 @@ def video_processor_kwargs(clips: Sequence[VideoClip], processor=None) -> dict:
     area = max(c.size[0] * c.size[1] for c in clips)
     size = {"shortest_edge": area, "longest_edge": area}
     extra = {}
-    vp = getattr(processor, "video_processor", None)
-    if any(c.__name__ in CLIP_BUDGET_VIDEO_PROCESSORS for c in type(vp).__mro__):  # frames x height x width
+    if timestamped_processor(processor):  # the budget covers frames x height x width
+        vp = processor.video_processor
         size = clip_pixel_budget(clips, vp.patch_size * vp.merge_size, vp.temporal_patch_size)
         if hasattr(vp, "cap_pixels_per_frame"):  # transformers >= 5.2x: a per-frame cap that would shrink them
             extra["cap_pixels_per_frame"] = False
@@ -149,7 +155,7 @@ def processor_inputs(processor, prompts: Sequence[str], visuals: Sequence[Image.
             text=list(prompts), return_tensors="pt", padding=True, **video_processor_kwargs(visuals, processor)
         )
         if enc.get("second_per_grid_ts") is None:
-            if not any(c.__name__ in TIMESTAMPED_PROCESSORS for c in type(processor).__mro__):
+            if not timestamped_processor(processor):
                 raise ValueError(
                     f"video clips through {type(processor).__name__}: it gives no second_per_grid_ts and does not "
                     "write timestamps (Qwen2-VL: a t axis of one position per temporal patch), a layout the "
@@ -167,9 +173,6 @@ def visual_token_id(config, video: bool) -> int:
     """The placeholder token the vision features replace: ``<|video_pad|>`` for clips, ``<|image_pad|>`` for images."""
     return config.video_token_id if video else config.image_token_id
 
-
-TIMESTAMPED_PROCESSORS = ("Qwen3VLProcessor",)
-"""Processors that write a clip's time as text before each temporal patch's block (and give no ``second_per_grid_ts``)."""
 
 TIMESTAMPED_FRAME_TYPES = ("qwen3_vl",)
 """``config.model_type`` of the models whose processor writes a clip as one block of ``<|video_pad|>`` tokens per

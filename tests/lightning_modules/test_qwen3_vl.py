@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from PIL import Image, ImageDraw
+from test_video_engines import plain_hf_logps, rope_index  # tests/lightning_modules is on sys.path
 
 from lightning_modules import rewards
 from lightning_modules.policy import box_frame, box_frame_wh, load_policy, model_input_wh, rollout
@@ -155,23 +156,10 @@ def test_qwen3_vl_clips_keep_their_size_their_timestamps_and_transformers_positi
     ours, next_pos = mrope_positions(
         model.config, enc["input_ids"], enc["attention_mask"], enc["video_grid_thw"], enc["second_per_grid_ts"]
     )
-    theirs, _ = model.model.get_rope_index(
-        enc["input_ids"],
-        mm_token_type_ids=enc["mm_token_type_ids"],
-        video_grid_thw=enc["video_grid_thw"],
-        attention_mask=enc["attention_mask"],
-    )
     mask = enc["attention_mask"].bool()
-    assert torch.equal(ours[:, mask], theirs[:, mask])
+    assert torch.equal(ours[:, mask], rope_index(model, enc)[:, mask])
     # a completion after the prompt sits at next_pos in a full forward (what the packed engine and SFT train on)
-    completion = torch.tensor([[11, 12, 13]] * 2)
-    ids = torch.cat([enc["input_ids"], completion], 1)
-    full, _ = model.model.get_rope_index(
-        ids,
-        mm_token_type_ids=torch.cat([enc["mm_token_type_ids"], torch.zeros_like(completion)], 1),
-        video_grid_thw=enc["video_grid_thw"],
-        attention_mask=torch.cat([enc["attention_mask"], torch.ones_like(completion)], 1),
-    )
+    full = rope_index(model, enc, completion=torch.tensor([[11, 12, 13]] * 2))
     P = enc["input_ids"].shape[1]
     assert all(full[:, b, P:].tolist() == [[int(next_pos[b]) + j for j in range(3)]] * 3 for b in range(2))
     # the case is exercised: read as one run of tokens on a t axis (the Qwen2.5-VL layout), the clip does not parse
@@ -211,16 +199,7 @@ def test_clip_logprobs_on_qwen3_vl_equal_the_models_forward(qwen3_dir, engine):
     torch.manual_seed(1)
     ro = build_rollout_engine("fast").generate(model, processor, _clip_requests(processor), Sampling(max_new_tokens=8))
     with torch.no_grad():
-        out = model(
-            input_ids=ro.input_ids,
-            attention_mask=ro.attention_mask,
-            pixel_values_videos=ro.pixel_values,
-            video_grid_thw=ro.image_grid_thw,
-            mm_token_type_ids=torch.cat([ro.prompt_mm_types, torch.zeros_like(ro.completion_ids)], 1),
-        )
-        T = ro.completion_ids.shape[1]
-        logits = out.logits[:, -T - 1 : -1].float()
-        expected = logits.log_softmax(-1).gather(-1, ro.completion_ids[..., None])[..., 0] * ro.completion_mask
+        expected = plain_hf_logps(model, ro)
         if engine == "packed":
             assert enable_fast_vision_attention(model) == len(model.model.visual.blocks)
         upd = build_update_engine(engine, micro_batch_size=3)

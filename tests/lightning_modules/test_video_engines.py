@@ -11,7 +11,7 @@ import torch
 from datamodules.toy_video import make_clip
 from lightning_modules.engines import RolloutRequest, Sampling, build_rollout_engine, build_update_engine
 from lightning_modules.policy import build_prompt_text, load_policy
-from lightning_modules.qwen_vl import VideoClip, mrope_positions, processor_inputs
+from lightning_modules.qwen_vl import VideoClip, mrope_positions, processor_inputs, timestamped_frames
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +32,22 @@ def _requests(processor, n_clips: int = 2, n: int = 2) -> list[RolloutRequest]:
     return out
 
 
+def rope_index(model, enc, completion: torch.Tensor | None = None) -> torch.Tensor:
+    """Positions ``[3, B, L]`` from the model's own ``get_rope_index`` on the processor's keys (Qwen2.5-VL's with the
+    seconds per temporal patch; Qwen3-VL's without, its time is in the text); with ``completion`` ``[B, T]``, of
+    prompt + completion, as a full forward places them."""
+    ids, types, mask = enc["input_ids"], enc["mm_token_type_ids"], enc["attention_mask"]
+    if completion is not None:
+        ids = torch.cat([ids, completion], 1)
+        types = torch.cat([types, torch.zeros_like(completion)], 1)
+        mask = torch.cat([mask, torch.ones_like(completion)], 1)
+    seconds = {} if timestamped_frames(model.config) else {"second_per_grid_ts": enc["second_per_grid_ts"]}
+    positions, _ = model.model.get_rope_index(
+        ids, mm_token_type_ids=types, video_grid_thw=enc["video_grid_thw"], attention_mask=mask, **seconds
+    )
+    return positions
+
+
 def test_video_prompt_and_positions_match_transformers(policy):
     model, processor = policy
     reqs = _requests(processor)
@@ -41,13 +57,7 @@ def test_video_prompt_and_positions_match_transformers(policy):
     ours, _ = mrope_positions(
         model.config, enc["input_ids"], enc["attention_mask"], enc["video_grid_thw"], enc["second_per_grid_ts"]
     )
-    theirs, _ = model.model.get_rope_index(
-        enc["input_ids"],
-        mm_token_type_ids=enc["mm_token_type_ids"],
-        video_grid_thw=enc["video_grid_thw"],
-        second_per_grid_ts=enc["second_per_grid_ts"],
-        attention_mask=enc["attention_mask"],
-    )
+    theirs = rope_index(model, enc)
     mask = enc["attention_mask"].bool()
     assert torch.equal(ours[:, mask], theirs[:, mask])
     vid = enc["input_ids"] == model.config.video_token_id
@@ -68,15 +78,17 @@ def test_fast_greedy_video_rollout_equals_hf_generate(policy):
     assert hf.input_wh == [(112, 112)] * 4
 
 
-def _plain_hf_logps(model, ro) -> torch.Tensor:
-    """Log-probs of the completions from one full forward of the model on the processor's keys (no engine code)."""
+def plain_hf_logps(model, ro) -> torch.Tensor:
+    """Log-probs of the completions from one full forward of the model on the processor's keys (no engine code;
+    Qwen3-VL's processor gives no seconds per temporal patch, its time is in the text)."""
+    seconds = {} if timestamped_frames(model.config) else {"second_per_grid_ts": ro.second_per_grid_ts}
     out = model(
         input_ids=ro.input_ids,
         attention_mask=ro.attention_mask,
         pixel_values_videos=ro.pixel_values,
         video_grid_thw=ro.image_grid_thw,
-        second_per_grid_ts=ro.second_per_grid_ts,
         mm_token_type_ids=torch.cat([ro.prompt_mm_types, torch.zeros_like(ro.completion_ids)], 1),
+        **seconds,
     )
     T = ro.completion_ids.shape[1]
     logits = out.logits[:, -T - 1 : -1].float()
@@ -89,7 +101,7 @@ def test_update_engine_video_logprobs_equal_plain_forward(policy, engine):
     torch.manual_seed(1)
     ro = build_rollout_engine("fast").generate(model, processor, _requests(processor), Sampling(max_new_tokens=8))
     with torch.no_grad():
-        expected = _plain_hf_logps(model, ro)
+        expected = plain_hf_logps(model, ro)
         upd = build_update_engine(engine, micro_batch_size=3)
         got = upd.logprobs(model, upd.prepare(model, processor, ro, torch.device("cpu"))) * ro.completion_mask
         assert (got - expected).abs().max() < 1e-4
@@ -121,15 +133,7 @@ def test_completion_positions_after_a_long_clip_are_those_of_a_full_forward(poli
     pos, next_pos = mrope_positions(
         model.config, enc["input_ids"], enc["attention_mask"], enc["video_grid_thw"], enc["second_per_grid_ts"]
     )
-    completion = torch.tensor([[11, 12, 13]])
-    ids = torch.cat([enc["input_ids"], completion], 1)
-    full, deltas = model.model.get_rope_index(
-        ids,
-        mm_token_type_ids=torch.cat([enc["mm_token_type_ids"], torch.zeros_like(completion)], 1),
-        video_grid_thw=enc["video_grid_thw"],
-        second_per_grid_ts=enc["second_per_grid_ts"],
-        attention_mask=torch.ones_like(ids),
-    )
+    full = rope_index(model, enc, completion=torch.tensor([[11, 12, 13]]))
     P = enc["input_ids"].shape[1]
     assert full[:, 0, P:].tolist() == [[int(next_pos[0]) + j for j in range(3)]] * 3
     assert int(pos.max()) + 1 > int(next_pos[0])  # the case is exercised: max + 1 is not the continuation
