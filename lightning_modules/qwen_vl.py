@@ -159,8 +159,8 @@ def processor_inputs(processor, prompts: Sequence[str], visuals: Sequence[Image.
                 raise ValueError(
                     f"video clips through {type(processor).__name__}: it gives no second_per_grid_ts and does not "
                     "write timestamps (Qwen2-VL: a t axis of one position per temporal patch), a layout the "
-                    "project's rollout and update paths do not implement: use a Qwen2.5-VL or Qwen3-VL checkpoint "
-                    "for video configs, or images with this model"
+                    "project's rollout and update paths do not implement: set --model.init_args.model_name_or_path "
+                    "to a Qwen2.5-VL or Qwen3-VL checkpoint for video configs, or use images with this model"
                 )
             # Qwen3-VL: the time is in the text; the project's key marks the batch as clips (`model_inputs` drops it)
             t = getattr(processor.video_processor, "temporal_patch_size", 2)
