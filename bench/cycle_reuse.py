@@ -4,6 +4,8 @@
         [--samples 4 --n 6 --k 6 --tokens 32 --repeats 3] [--out bench/results/cycle_reuse_<device>.json]
     python bench/cycle_reuse.py --model /tmp/qwen3vl-4b --build qwen3vl-4b --engine hf_shared --device cuda \
         --dtype bf16 ...   # Qwen3-VL-4B from its published dimensions, random weights (built there, not downloaded)
+    python bench/cycle_reuse.py ... --clips [--clip-size 224 --clip-frames 16] --n 4 --k 4 \
+        --caption-template video_caption --grounding-template temporal_grounding   # toy clips, interval space
 
 A component profiler of the rollout engines (not a train.py figure): the two generate calls of one CycleGRPO step,
 on B toy scenes, as `CycleGRPO.rollout` makes them, against the same N + N x K completions as independent requests.
@@ -39,6 +41,28 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
+def _clips(n: int, size: int, frames: int):
+    """``n`` toy clips with a target moment (the cycle's samples; interval space), from the val split, seed 3."""
+    from datamodules.video import ToyClipDataset
+
+    data, out, i = ToyClipDataset("val", 64 * n, seed=3, size=size, num_frames=frames), [], 0
+    while len(out) < n:
+        s = data[i]
+        i += 1
+        if s.intervals:
+            out.append(s)
+    return out
+
+
+def _copy(visual):
+    """An equal copy of an image or clip that shares nothing by identity (no engine cache can match it)."""
+    from lightning_modules.qwen_vl import VideoClip
+
+    if isinstance(visual, VideoClip):
+        return VideoClip([f.copy() for f in visual.frames], visual.fps)
+    return visual.copy()
+
+
 def _samples(n: int):
     from datamodules.rec import Sample
     from datamodules.toy import generate_split
@@ -68,9 +92,9 @@ def run(args) -> dict:
     engine = build_rollout_engine(args.engine)
     method = CycleGRPO(
         SimpleNamespace(prompt_template=args.grounding_template), n_captions=args.n, k_groundings=args.k,
-        caption_template=args.caption_template,
+        caption_template=args.caption_template, region_space="interval" if args.clips else "box",
     )  # fmt: skip
-    samples = _samples(args.samples)
+    samples = _clips(args.samples, args.clip_size, args.clip_frames) if args.clips else _samples(args.samples)
     sampling = Sampling(max_new_tokens=args.tokens, min_new_tokens=args.tokens, temperature=1.0)
     cap_prompts = [
         method._prompt(processor, method.space.serialize(method._prompt_region(processor, s)), method.caption_template)
@@ -90,8 +114,8 @@ def run(args) -> dict:
             engine.vision.clear()
 
     # independent: every completion its own request with its own copy of the image (nothing shared by identity)
-    cap_indep = [(p, s.image.copy()) for p, s in zip(cap_prompts, samples) for _ in range(args.n)]
-    ground_indep = [(p, im.copy()) for p, im in zip(ground_prompts, ground_images) for _ in range(args.k)]
+    cap_indep = [(p, _copy(s.image)) for p, s in zip(cap_prompts, samples) for _ in range(args.n)]
+    ground_indep = [(p, _copy(im)) for p, im in zip(ground_prompts, ground_images) for _ in range(args.k)]
 
     def nested():
         clear()
@@ -161,6 +185,9 @@ def run(args) -> dict:
         else f"cpu ({torch.get_num_threads()} threads)",
         "dtype": args.dtype,
         "samples": B,
+        "visual": f"toy clips, {args.clip_frames} frames of {args.clip_size} px at 2 fps"
+        if args.clips
+        else "toy scenes",
         "n_captions": N,
         "k_groundings": K,
         "tokens_per_completion": args.tokens,
@@ -196,6 +223,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--caption-template", default="toy_caption")
     ap.add_argument("--grounding-template", default="toy")
+    ap.add_argument("--clips", action="store_true", help="toy video clips (interval space) instead of toy scenes")
+    ap.add_argument("--clip-size", type=int, default=224)
+    ap.add_argument("--clip-frames", type=int, default=16)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     result = run(args)
