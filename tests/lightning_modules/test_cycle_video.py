@@ -223,6 +223,21 @@ def test_no_target_clips_are_grounded_from_their_query(module, space):
     module.calls.clear()
     ro = m.rollout(module, [none])  # no target in the step: one call, the grounding group alone
     assert len(module.calls) == 1 and len(ro.texts) == 2 and ro.group_ids.tolist() == [1, 1]
+    wide = build_method(  # N x K rows per no-target clip: a grounding call of its own, after the cycle's, same rows
+        "cycle_grpo",
+        module.hparams,
+        {"n_captions": 2, "k_groundings": 2, "region_space": space, "no_target_groundings": 4},
+    )
+    module.calls.clear()
+    ro = wide.rollout(module, [none, target, none])
+    caps, grounds, own = module.calls
+    assert [r.n for r in caps] == [2] and [r.n for r in grounds] == [2, 2] and [r.n for r in own] == [4, 4]
+    assert [r.group_id for r in own] == [5, 6] and all(r.image is none.clip for r in own)
+    assert (
+        len(ro.texts) == 2 + 2 * 2 + 2 * 4 and ro.group_ids.tolist() == [1] * 2 + [3] * 2 + [4] * 2 + [5] * 4 + [6] * 4
+    )
+    assert wide.sample_index([none, target, none], ro) == [1] * 6 + [0] * 4 + [2] * 4
+    assert wide.score([none, target, none], ro).total.shape == (14,)
 
 
 @pytest.mark.parametrize(
