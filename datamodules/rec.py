@@ -31,7 +31,8 @@ class DataError(ValueError):
 
 @dataclass
 class Sample:
-    """One grounding example. ``boxes`` are ``[x1, y1, x2, y2]`` in original pixels (REC: exactly one)."""
+    """One grounding example. ``boxes`` are ``[x1, y1, x2, y2]`` in original pixels (REC: exactly one, or none for a
+    no-target query, whose answer is ``no target``)."""
 
     sample_id: str
     image: Image.Image
@@ -87,6 +88,8 @@ def _boxes_from(solution: Any, task: str, where: str) -> list[list[float]]:
     if solution is None:
         raise DataError(f"{where}: missing 'solution' (the ground-truth box in original pixels)")
     if task == "rec":
+        if isinstance(solution, list) and not solution:  # a no-target query (GRES-style): nothing to find
+            return []
         if isinstance(solution, list) and len(solution) == 1 and isinstance(solution[0], list | dict):
             solution = solution[0]
         return [as_box(solution)]

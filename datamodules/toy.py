@@ -65,6 +65,10 @@ class SplitSpec:
     """REC only: the query is rewritten by EvolvedGRPO's textual edit (``evolve.edit_query``) at one of these levels,
     ``text_levels[index % len]``, so every level holds the same share of the split; a scene that admits no exact query
     at its level is drawn again (a new seed for the same index). Empty: the plain attribute query."""
+    no_target: float = 0.0
+    """REC only: this share of the split's queries (drawn per index) has no target (GRES-style): the scene is drawn as
+    usual, then the query names a (size, colour, shape) that no object in it has, the target's with one attribute
+    changed (a near miss, ``_no_target_query``); ``solution`` is ``[]``."""
 
 
 SPLITS: dict[str, SplitSpec] = {
@@ -80,6 +84,9 @@ SPLITS: dict[str, SplitSpec] = {
     "test_ood_crowded": SplitSpec(7, grammar.PLAIN_BACKGROUNDS, (4, 8), share=True, near=True),
     "test_ood": SplitSpec(8, grammar.TEXTURED_BACKGROUNDS, (4, 8), share=True, near=True),
     "test_multihop": SplitSpec(9, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, text_levels=(3, 5)),
+    # no-target queries (CycleGRPO's GRES-style samples): drawn as train / val, a quarter of the queries name nothing
+    "train_nt": SplitSpec(11, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, no_target=0.25),
+    "val_nt": SplitSpec(12, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, no_target=0.25),
 }
 """Three splits for ``ToySceneDataset(mix=...)`` only (never validated on). ``solo``: the target alone (where things are
 before which thing is meant). ``varied``: any background of the grammar and up to "many" distractors, the kind of image
@@ -95,7 +102,12 @@ at once, as ``ood``. ``test_multihop`` (EvolvedGRPO's held-out hard split): scen
 they admit the question (which favours scenes with more objects), asked with multi-step questions, half "the D left of /
 above ... the anchor" (level 3, two steps), half two hops "the D right of the D' below the anchor" (level 5, three
 steps), each exact on its scene (``evolve.query_problem``). Adding them changed no existing split: a split's scenes
-depend only on its own code."""
+depend only on its own code.
+
+Two splits with no-target queries (``no_target``): ``train_nt`` and ``val_nt`` are drawn as ``train`` / ``val`` (on codes
+of their own), and a quarter of their queries name a near miss of the target that the scene does not hold: "the large
+red circle" beside a small one. Their answer is ``no target`` (``lightning_modules.regions``), their solution ``[]``.
+CycleGRPO trains them as grounding groups; the GRPO rewards refuse them (they need a box)."""
 
 TEST_SPLITS = ("test_id", "test_ood_texture", "test_ood_crowded", "test_ood", "test_multihop")
 """The held-out splits, in the order the study's table shows them."""
@@ -210,7 +222,12 @@ def make_scene(split: str, index: int, seed: int, size: int = 224, task: str = "
     _check_args(split, task, size)
     levels = SPLITS[split].text_levels
     if not levels:
-        return _draw_scene(split, index, seed, size, task, _rng(seed, split, task, index))
+        rec = _draw_scene(split, index, seed, size, task, _rng(seed, split, task, index))
+        if SPLITS[split].no_target and task == "rec":
+            rng = np.random.default_rng(np.random.SeedSequence([seed, SPLITS[split].code, index, _NO_TARGET_TAG]))
+            if rng.random() < SPLITS[split].no_target:
+                _no_target_query(rec, rng)
+        return rec
     if task != "rec":
         raise ValueError(f"split {split!r} asks REC questions (a referred object); --task rec, got {task!r}")
     from datamodules.evolve import edit_query
@@ -229,6 +246,32 @@ def make_scene(split: str, index: int, seed: int, size: int = 224, task: str = "
         f"split's SplitSpec (datamodules/toy.py SPLITS) draws too few objects for that level: widen its `others` "
         "range or raise HARD_QUERY_ATTEMPTS"
     )
+
+
+_NO_TARGET_TAG = 7919
+"""Enters the seed of a ``no_target`` split's per-index draw (whether the query names nothing, and what)."""
+
+
+def _no_target_query(rec: dict[str, Any], rng: np.random.Generator) -> None:
+    """Turn REC record ``rec`` into a no-target one, in place: its query names the target's triple with one attribute
+    changed, a triple that no object of the scene (foreground or painted) has; the former target becomes an
+    ``object``, ``solution`` is ``[]``, ``meta["no_target"]`` is true. The image is untouched."""
+    meta = rec["meta"]
+    target = next(o for o in meta["objects"] if o["role"] == "target")
+    present = {Triple(o["size"], o["colour"], o["shape"]) for o in meta["objects"]}
+    t = Triple(target["size"], target["colour"], target["shape"])
+    misses = [
+        m
+        for i, choices in enumerate(_CHOICES)
+        for v in choices
+        if v != t[i] and (m := Triple(*(v if j == i else t[j] for j in range(3)))) not in present
+    ]  # never empty: the scene holds at most 12 objects, the target has 3 + 6 + 4 near misses
+    miss = misses[int(rng.integers(len(misses)))]
+    query = f"the {miss.size} {miss.colour} {miss.shape}"
+    target["role"] = "object"
+    meta.update(query=query, no_target=True)
+    rec["solution"] = []
+    rec["conversations"] = [{"from": "human", "value": f"<image>{query}"}, {"from": "gpt", "value": "[]"}]
 
 
 def _draw_scene(split: str, index: int, seed: int, size: int, task: str, rng: np.random.Generator) -> dict[str, Any]:
@@ -389,10 +432,10 @@ class ToySceneDataset:
         if not 0 <= index < self.n:
             raise IndexError(f"scene {index} out of range for {self.n} {self.split} scenes")
         rec = make_scene(self.split_of(index), index, self.seed, self.size, self.task)
-        boxes = [rec["solution"]] if self.task == "rec" else rec["solution"]
+        boxes = ([rec["solution"]] if rec["solution"] else []) if self.task == "rec" else rec["solution"]
         image, query, meta = rec["image"], rec["meta"]["query"], rec["meta"]
         rng = np.random.default_rng([self.seed, index, 18])
-        if self.evolve and rng.random() < self.evolve:  # an evolved version of the scene, when one exists
+        if self.evolve and boxes and rng.random() < self.evolve:  # an evolved version of the scene, when one exists
             from datamodules.evolve import Level, evolve
 
             # relations and two hops (levels 3 and 5: the multi-step questions) twice as often as the other levels;
@@ -490,7 +533,13 @@ def sft_target(record: dict[str, Any], input_wh: tuple[int, int], grounded_think
     query = _query(record)
     objects = meta.get("objects", [])
     task = record.get("task", "rec")
-    if task == "rec" and objects:
+    absent = task == "rec" and not record.get("solution")  # a no-target query (``SplitSpec.no_target``)
+    if absent:
+        size, colour, shape = query.split()[-3:] if len(query.split()) >= 3 else ("", "", query)
+        same = [o for o in objects if o["colour"] == colour and o["shape"] == shape]
+        found = f"find {len(same)}, and none is {size}" if same else "find none"
+        think = f"The query asks for {query}. I look for {colour} {grammar.plural(shape)} and {found}."
+    elif task == "rec" and objects:
         t = next(o for o in objects if o["role"] == "target")
         kind = f"{t['colour']} {grammar.plural(t['shape'])}"
         same = sum(o["colour"] == t["colour"] and o["shape"] == t["shape"] for o in objects)
@@ -513,13 +562,15 @@ def sft_target(record: dict[str, Any], input_wh: tuple[int, int], grounded_think
         raise ValueError(f"record {record.get('id')!r} needs 'width' and 'height' to scale its box to the model input")
     sx, sy = input_wh[0] / w0, input_wh[1] / h0
     solution = record["solution"]
-    if task == "ovd":
+    if absent:
+        answer = "no target"  # lightning_modules.regions.NO_TARGET_TEXT
+    elif task == "ovd":
         answer = json.dumps([_scale_box(b, sx, sy, input_wh) for b in solution])
     else:
         box = solution[0] if solution and isinstance(solution[0], list) else solution
         answer = json.dumps(_scale_box(box, sx, sy, input_wh))
     if grounded_think:  # state where it is first, as grounded reasoning traces do; the answer then repeats it
-        think = f"It is at {answer}. {think}"
+        think = f"It is not in the image. {think}" if absent else f"It is at {answer}. {think}"
     return (
         f"<think>{think}</think><diversity>{value:.2f}</diversity>"
         f"<description>{description}</description><answer>{answer}</answer>"

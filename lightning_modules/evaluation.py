@@ -2,7 +2,8 @@
 
 `greedy_answers` generates one greedy completion per sample through a registered rollout engine and reads it back
 (parsed completion, boxes in the image's original pixels). `Evaluator` keeps the torchmetrics of every named eval set
-(``val/<set>/acc50``, ``miou``, ``format``; OVD: ``map``, ``map_50``, ``gp``, ``gr``) and is what `GRPOModule` and
+(``val/<set>/acc50``, ``miou``, ``format``; OVD: ``map``, ``map_50``, ``gp``, ``gr``; a set with no-target queries
+adds GRES's ``giou``, ``ciou``, ``n_acc``, ``t_acc``, its no-target queries scored by these alone) and is what `GRPOModule` and
 `SFTModule` log, so both report the same numbers for the same answers; the galleries draw the same answers.
 The format rate checks the answer format of the method being evaluated (``format``), so each method is scored in
 its own format; set one ``eval_prompt_template`` / ``eval_format`` for every method to compare them under one.
@@ -21,7 +22,15 @@ from lightning_modules import rewards
 from lightning_modules.engines import RolloutEngine, RolloutRequest, Sampling, build_rollout_engine
 from lightning_modules.policy import Rollout, build_prompt_text
 
-__all__ = ["Answer", "Evaluator", "greedy_answers", "eval_set_name", "format_for_template"]
+__all__ = [
+    "Answer",
+    "Evaluator",
+    "answered_region",
+    "eval_set_name",
+    "format_for_template",
+    "greedy_answers",
+    "has_no_target",
+]
 
 
 def format_for_template(template: str) -> str:
@@ -78,6 +87,25 @@ def eval_set_names(trainer, kind: str) -> list[str]:
     return names or ["default"]
 
 
+def has_no_target(dataset) -> bool:
+    """Whether an eval set (its ``records``) holds REC queries without a target (solution ``[]``)."""
+    return any(r.task == "rec" and not r.boxes for r in getattr(dataset, "records", []))
+
+
+def answered_region(answer: Answer, size: tuple[int, int]):
+    """A greedy REC answer as a box-space region in the original pixels of an image of ``size``, read as CycleGRPO's
+    grounding reward reads it: the answer part's first box, else what the box space parses from the whole text (a
+    box, ``NO_TARGET`` for "no target" and close phrasings), else None (unreadable)."""
+    from lightning_modules.regions import NO_TARGET, region_space
+
+    if answer.boxes:
+        return tuple(answer.boxes[0])
+    pred = region_space("box").parse(answer.text)
+    if pred is not None and pred is not NO_TARGET:
+        return tuple(rewards.rescale_box(list(pred), answer.input_wh, size))
+    return pred
+
+
 class Evaluator(nn.Module):
     """The metrics of every named eval set, as submodules (Lightning finds logged metrics by attribute, so they are
     built in ``setup`` before the first ``log``)."""
@@ -87,8 +115,10 @@ class Evaluator(nn.Module):
         self.sets = nn.ModuleDict()
 
     def build(self, trainer, stage: str) -> None:
+        from lightning_modules.cycle_metrics import RegionGroundingMetrics
         from lightning_modules.metrics import DetectionMetrics, FormatRate, GroundingAccuracy, MeanIoU
 
+        dm = getattr(trainer, "datamodule", None)
         for kind in {"fit": ["val"], "validate": ["val"], "test": ["test"]}.get(stage, []):
             for name in eval_set_names(trainer, kind):
                 key = f"{kind}__{name}"
@@ -101,13 +131,23 @@ class Evaluator(nn.Module):
                             "det": DetectionMetrics(),
                         }
                     )
+                    ds = getattr(dm, "eval_sets", {}).get(kind, {}).get(name) if dm is not None else None
+                    if ds is not None and has_no_target(ds):  # GRES's metrics: gIoU, cIoU, N-acc, T-acc
+                        self.sets[key]["region"] = RegionGroundingMetrics("box")
 
     def update(self, kind: str, name: str, samples: Sequence[Any], answers: Sequence[Answer], *, format: str):
         """Update set ``kind/name`` with the answers; returns the metric objects to log (``self.log_dict``)."""
+        from lightning_modules.regions import NO_TARGET
+
         mets = self.sets[f"{kind}__{name}"]
         fmt = rewards.format_reward([a.text for a in answers], format=format, parsed=[a.parsed for a in answers])
         mets["format"].update(torch.tensor([f >= 1.0 for f in fmt]))
         for s, a in zip(samples, answers):
+            if "region" in mets and s.task == "rec":  # every REC sample, no-target ones included (a rejection is 1)
+                gt = tuple(s.boxes[0]) if s.boxes else NO_TARGET
+                mets["region"].update([gt], [answered_region(a, s.size)])
+            if s.task == "rec" and not s.boxes:  # a no-target query: only the GRES metrics score it
+                continue
             if s.task == "rec":
                 pred = torch.tensor([a.boxes[0]], dtype=torch.float32)[0] if a.boxes else None
                 gt = torch.tensor([s.boxes[0]], dtype=torch.float32)
@@ -121,13 +161,19 @@ class Evaluator(nn.Module):
         return logs
 
     def detection(self, trainer, kind: str) -> dict[str, float]:
-        """mAP / GP / GR of every OVD set, then reset. ``compute()`` is a collective: every rank walks the same sets
+        """mAP / GP / GR of every OVD set and gIoU / cIoU / N-acc / T-acc of every set with no-target queries, then
+        reset. ``compute()`` is a collective: every rank walks the same sets
         (taken from the datamodule, identical on all ranks) in the same order."""
         dm = getattr(trainer, "datamodule", None)
         sets = getattr(dm, "eval_sets", {}).get(kind, {}) if dm is not None else {}
         out = {}
         for name, ds in sets.items():
             key = f"{kind}__{name}"
+            if key in self.sets and "region" in self.sets[key]:  # a set with no-target queries
+                for k, v in self.sets[key]["region"].compute().items():
+                    if not torch.isnan(v):
+                        out[f"{kind}/{name}/{k}"] = float(v)
+                self.sets[key]["region"].reset()
             if not ds.records or ds.records[0].task != "ovd" or key not in self.sets:
                 continue
             res = self.sets[key]["det"].compute()

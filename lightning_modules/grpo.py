@@ -630,9 +630,16 @@ class GRPOModule(L.LightningModule):
             format=self.hparams.eval_format or self.hparams.format,
             parsed=[a.parsed for a in answers],
         )
+        from lightning_modules.evaluation import answered_region
+        from lightning_modules.regions import NO_TARGET
+
         out = []
         for s, a, f in zip(batch, answers, fmt):
-            if s.task == "rec":
+            extra = {}
+            if s.task == "rec" and not s.boxes:  # a no-target query: 1 for answering "no target" (GRES's N-acc)
+                rejected = answered_region(a, s.size) is NO_TARGET
+                acc, extra = float(rejected), {"no_target": True, "rejected": rejected}
+            elif s.task == "rec":
                 acc = rewards.iou(a.boxes[0], s.boxes[0]) if a.boxes else 0.0
             else:
                 acc = rewards.ovd_reward([a.text], [s.boxes], input_wh=[a.input_wh], orig_wh=[s.size])[0]
@@ -646,6 +653,7 @@ class GRPOModule(L.LightningModule):
                     "gt_boxes": s.boxes,
                     "format_ok": f >= 1.0,
                     "rewards": {"accuracy": float(acc), "format": float(f)},
+                    **extra,
                 }
             )
         return out

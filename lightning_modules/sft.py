@@ -79,7 +79,7 @@ def answer_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str:
     w, h = sample.size
     sx, sy = input_wh[0] / w, input_wh[1] / h
     boxes = [[round(b[0] * sx), round(b[1] * sy), round(b[2] * sx), round(b[3] * sy)] for b in sample.boxes]
-    body = boxes[0] if sample.task == "rec" else boxes
+    body = (boxes[0] if boxes else "no target") if sample.task == "rec" else boxes  # no box: a no-target query
     return f"<answer>{body}</answer>"
 
 
@@ -87,7 +87,7 @@ def _toy_record(sample) -> dict:
     """A toy-world sample as the JSONL record ``datamodules.toy.sft_target`` reads."""
     return {
         "id": sample.sample_id,
-        "solution": sample.boxes[0] if sample.task == "rec" else sample.boxes,
+        "solution": (sample.boxes[0] if sample.boxes else []) if sample.task == "rec" else sample.boxes,
         "task": sample.task,
         "meta": sample.meta,
         "width": sample.size[0],
@@ -312,8 +312,12 @@ class SFTModule(L.LightningModule):
 
     def is_caption(self, sample) -> bool:
         """Whether training sample ``sample`` is a captioning sample (``caption_frac``, fixed by its id)."""
-        frac = self.hparams.caption_frac
-        return frac > 0 and zlib.crc32(f"{sample.sample_id}/caption".encode()) % 10_000 < frac * 10_000
+        frac = self.hparams.caption_frac  # a no-target query has no region to caption: it stays a grounding sample
+        return (
+            frac > 0
+            and bool(sample.boxes)
+            and zlib.crc32(f"{sample.sample_id}/caption".encode()) % 10_000 < frac * 10_000
+        )
 
     def caption_query(self, sample) -> str:
         """The captioning prompt's query: the target's box in the model's input pixels, as the box space writes it
@@ -492,9 +496,15 @@ class SFTModule(L.LightningModule):
             temperature=1.0,
         )
         fmt = rewards.format_reward(sampled.texts, format=format_for_template(first))
-        if self.hparams.caption_frac:
-            logs[f"{kind}/{name}/cycle_acc50"] = self._cycle_acc50(batch, first)
         self.log_dict(logs, batch_size=len(batch), on_step=False, on_epoch=True, add_dataloader_idx=False)
+        targets = [s for s in batch if s.boxes]  # the cycle runs on the samples with a target
+        if self.hparams.caption_frac and targets:
+            self.log(
+                f"{kind}/{name}/cycle_acc50",
+                self._cycle_acc50(targets, first),
+                batch_size=len(targets),
+                add_dataloader_idx=False,
+            )
         self.log(
             f"{kind}/{name}/format_sampled", sum(fmt) / len(batch), batch_size=len(batch), add_dataloader_idx=False
         )

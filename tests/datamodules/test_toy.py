@@ -325,3 +325,37 @@ def test_the_crowded_training_split_is_test_ood_crowded_drawing_on_its_own_scene
         assert all(1 <= sum(o[a] == target[a] for a in ("size", "colour", "shape")) <= 2 for o in others)
     assert toy.make_scene("crowded", 3, 0)["image"].tobytes() == recs[3]["image"].tobytes()
     assert "crowded" not in toy.TEST_SPLITS
+
+
+def test_no_target_splits_name_a_near_miss_that_no_object_has(tmp_path):
+    """train_nt / val_nt: a quarter of the queries name nothing in the scene (solution []), a near miss of the former
+    target (one attribute changed); the rest are train / val queries with one target; the exported lines read back
+    with the REC reader (boxes []) and the SFT target answers "no target", never a box."""
+    from datamodules.rec import read_jsonl
+
+    recs = toy.generate_split("train_nt", 200, seed=0)
+    absent = [r for r in recs if not r["solution"]]
+    assert 30 <= len(absent) <= 70  # 25% of 200, drawn per index
+    for r in absent:
+        meta = r["meta"]
+        asked = tuple(meta["query"].split()[1:])
+        assert meta["no_target"] and r["conversations"][1]["value"] == "[]"
+        assert asked not in {_triple(o) for o in meta["objects"]}
+        assert not any(o["role"] == "target" for o in meta["objects"])
+        assert min(sum(a != b for a, b in zip(asked, _triple(o))) for o in meta["objects"]) == 1  # a near miss
+        target = toy.sft_target(r, (224, 224), grounded_think=True)
+        assert target.endswith("<answer>no target</answer>") and "It is not in the image." in target
+        assert not re.search(r"\[\d", target)
+    for r in recs:
+        if r["solution"]:
+            objs = [_triple(o) for o in r["meta"]["objects"]]
+            assert objs.count(tuple(r["meta"]["query"].split()[1:])) == 1
+    assert toy.make_scene("train_nt", 7, 0)["meta"]["query"] == recs[7]["meta"]["query"]  # per index, reproducible
+    path = toy.export_jsonl(tmp_path, "val_nt", 24, seed=0)
+    read = read_jsonl(path)
+    assert {len(r.boxes) for r in read} == {0, 1} and all(
+        (not r.boxes) == bool(r.meta.get("no_target")) for r in read
+    )
+    data = toy.ToySceneDataset("train", 400, seed=0, mix={"train_nt": 0.4})
+    samples = [data[i] for i in range(60)]
+    assert any(not s.boxes for s in samples) and all(bool(s.meta.get("no_target")) == (not s.boxes) for s in samples)

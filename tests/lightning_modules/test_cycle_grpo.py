@@ -124,3 +124,52 @@ def test_image_lookalikes_are_the_scenes_objects_sharing_shape_or_colour():
     sample = SimpleNamespace(meta={"objects": objects})
     assert image_lookalikes(sample) == [(20.0, 0.0, 30.0, 10.0), (40.0, 0.0, 50.0, 10.0)]
     assert image_lookalikes(SimpleNamespace(meta={})) == []  # real data without a scene: own region only
+
+
+def test_no_target_images_score_gres_metrics_and_are_refused_by_the_grpo_reward():
+    """A REC eval set holding no-target queries adds gIoU / cIoU / N-acc / T-acc (worked by hand); its no-target
+    queries leave Acc@0.5 alone; CycleGRPO grounds a no-target image from its query in a group of its own, rewarded
+    for the rejection; the GRPO accuracy reward refuses it and says where it trains."""
+    import pytest
+
+    from datamodules.rec import GroundingDataset, Record
+    from lightning_modules import rewards
+    from lightning_modules.evaluation import Answer, Evaluator
+    from lightning_modules.methods.base import RewardContext
+    from lightning_modules.methods.grpo import accuracy_reward
+
+    samples = [
+        Sample("a", "the small red circle", [[0, 0, 50, 50]]),
+        Sample("b", "the large blue star", []),
+        Sample("c", "the large red square", []),
+    ]
+    records = [Record(s.sample_id, None, s.query, s.boxes, "rec", "", {}) for s in samples]
+    dm = SimpleNamespace(eval_sets={"val": {"nt": GroundingDataset(records)}}, eval_names=lambda kind: ["nt"])
+    trainer = SimpleNamespace(datamodule=dm)
+    ev = Evaluator()
+    ev.build(trainer, "fit")
+    texts = ["<answer>[0, 0, 50, 25]</answer>", "<answer>no target</answer>", "<answer>[0, 0, 10, 10]</answer>"]
+    answers = []
+    for t in texts:
+        p = rewards.parse_completion(t)
+        answers.append(Answer(t, p, [list(b) for b in p.boxes], (100, 100)))
+    logs = ev.update("val", "nt", samples, answers, format="think_answer")
+    assert float(logs["val/nt/acc50"].compute()) == 1.0  # the one target sample (IoU 0.5)
+    out = ev.detection(trainer, "val")
+    # IoU: 0.5, 1 (rejected), 0 (false alarm) -> giou 0.5; cIoU = (1250 + 0 + 0) / (2500 + 0 + 100)
+    assert out["val/nt/giou"] == pytest.approx(0.5)
+    assert out["val/nt/ciou"] == pytest.approx(1250 / 2600)
+    assert out["val/nt/n_acc"] == 0.5 and out["val/nt/t_acc"] == 1.0
+    assert "val/nt/giou" not in ev.detection(trainer, "val")  # reset
+
+    m = build_method("cycle_grpo", _hp(), {"n_captions": 2, "k_groundings": 2})
+    batch = [samples[1], samples[0]]
+    assert m.layout(batch) == ([1], [0])
+    ro = _rollout(["c0", "c1"] + [texts[0]] * 4 + [texts[1], texts[2]], [0, 0, 2, 2, 3, 3, 4, 4])
+    assert m.sample_index(batch, ro) == [1] * 6 + [0, 0]
+    s = m.score(batch, ro)
+    assert s.parts["consistency"].tolist()[-2:] == [1.0, 0.0]
+
+    ctx = RewardContext([samples[1]], ["x"], [rewards.parse_completion("x")], [(100, 100)], 1)
+    with pytest.raises(ValueError, match="no-target query.*cycle_grpo"):
+        accuracy_reward(ctx)
