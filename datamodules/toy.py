@@ -67,8 +67,8 @@ class SplitSpec:
     at its level is drawn again (a new seed for the same index). Empty: the plain attribute query."""
     no_target: float = 0.0
     """REC only: this share of the split's queries (drawn per index) has no target (GRES-style): the scene is drawn as
-    usual, then the query names a (size, colour, shape) that no object in it has, the target's with one attribute
-    changed (a near miss, ``_no_target_query``); ``solution`` is ``[]``."""
+    usual, then the query names the target with its colour or shape changed to a pair no object in it wears (a near
+    miss, ``_no_target_query``); ``solution`` is ``[]``."""
 
 
 SPLITS: dict[str, SplitSpec] = {
@@ -105,8 +105,8 @@ steps), each exact on its scene (``evolve.query_problem``). Adding them changed 
 depend only on its own code.
 
 Two splits with no-target queries (``no_target``): ``train_nt`` and ``val_nt`` are drawn as ``train`` / ``val`` (on codes
-of their own), and a quarter of their queries name a near miss of the target that the scene does not hold: "the large
-red circle" beside a small one. Their answer is ``no target`` (``lightning_modules.regions``), their solution ``[]``.
+of their own), and a quarter of their queries name a near miss of the target that the scene does not hold: "the small
+blue circle" beside a small red one, with no blue circle anywhere. Their answer is ``no target`` (``lightning_modules.regions``), their solution ``[]``.
 CycleGRPO trains them as grounding groups; the GRPO rewards refuse them (they need a box)."""
 
 TEST_SPLITS = ("test_id", "test_ood_texture", "test_ood_crowded", "test_ood", "test_multihop")
@@ -253,19 +253,18 @@ _NO_TARGET_TAG = 7919
 
 
 def _no_target_query(rec: dict[str, Any], rng: np.random.Generator) -> None:
-    """Turn REC record ``rec`` into a no-target one, in place: its query names the target's triple with one attribute
-    changed, a triple that no object of the scene (foreground or painted) has; the former target becomes an
-    ``object``, ``solution`` is ``[]``, ``meta["no_target"]`` is true. The image is untouched."""
+    """Turn REC record ``rec`` into a no-target one, in place: its query names the target's triple with its colour or
+    its shape changed, to a (colour, shape) pair that no object of the scene (foreground or painted) wears in any
+    size; the former target becomes an ``object``, ``solution`` is ``[]``, ``meta["no_target"]`` is true. The image is
+    untouched. Size-only misses ("the large red circle" beside a small one) are not drawn: the toy model, which
+    reads sizes only relative to look-alikes, never learnt to reject them (docs/cycle_grpo.md)."""
     meta = rec["meta"]
     target = next(o for o in meta["objects"] if o["role"] == "target")
-    present = {Triple(o["size"], o["colour"], o["shape"]) for o in meta["objects"]}
-    t = Triple(target["size"], target["colour"], target["shape"])
-    misses = [
-        m
-        for i, choices in enumerate(_CHOICES)
-        for v in choices
-        if v != t[i] and (m := Triple(*(v if j == i else t[j] for j in range(3)))) not in present
-    ]  # never empty: the scene holds at most 12 objects, the target has 3 + 6 + 4 near misses
+    worn = {(o["colour"], o["shape"]) for o in meta["objects"]}
+    size, colour, shape = target["size"], target["colour"], target["shape"]
+    misses = [Triple(size, c, shape) for c in OBJECT_COLOURS if (c, shape) not in worn] + [
+        Triple(size, colour, sh) for sh in SHAPES if (colour, sh) not in worn
+    ]  # never empty: at most 12 objects, and the target's colour and shape have 7 + 5 alternatives
     miss = misses[int(rng.integers(len(misses)))]
     query = f"the {miss.size} {miss.colour} {miss.shape}"
     target["role"] = "object"

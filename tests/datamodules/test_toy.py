@@ -342,7 +342,8 @@ def test_no_target_splits_name_a_near_miss_that_no_object_has(tmp_path):
         assert meta["no_target"] and r["conversations"][1]["value"] == "[]"
         assert asked not in {_triple(o) for o in meta["objects"]}
         assert not any(o["role"] == "target" for o in meta["objects"])
-        assert min(sum(a != b for a, b in zip(asked, _triple(o))) for o in meta["objects"]) == 1  # a near miss
+        assert asked[1:] not in {_triple(o)[1:] for o in meta["objects"]}  # no object of that colour and shape
+        assert sum(a != b for a, b in zip(asked, _triple(r["meta"]["objects"][0]))) == 1  # the former target, one off
         target = toy.sft_target(r, (224, 224), grounded_think=True)
         assert target.endswith("<answer>no target</answer>") and "It is not in the image." in target
         assert not re.search(r"\[\d", target)
