@@ -439,6 +439,16 @@ _GROUP_COLOURS = [
 ]
 
 
+def _rec_score(boxes, gt_boxes) -> str:
+    """A gallery caption's score of a REC answer: the IoU of its first box, or what it says about a no-target query
+    (``gt_boxes`` empty: any box is a false alarm)."""
+    from lightning_modules import rewards
+
+    if not gt_boxes:
+        return "no target: false alarm" if boxes else "no target: no box"
+    return f"IoU {rewards.iou(boxes[0], gt_boxes[0]):.2f}" if boxes else "no box"
+
+
 def gallery_panel(
     image: Image.Image,
     gt_boxes: Sequence[Sequence[float]],
@@ -558,7 +568,6 @@ class RolloutGallery(Callback):
 
     @torch.no_grad()
     def _draw_eval(self, trainer: L.Trainer, pl_module: L.LightningModule, kind: str) -> None:
-        from lightning_modules import rewards
         from lightning_modules.evaluation import greedy_answers
 
         samples = self._fixed_samples(trainer, kind)
@@ -580,7 +589,7 @@ class RolloutGallery(Callback):
         for k, (s, a) in enumerate(zip(samples, answers)):
             boxes = a.boxes
             if s.task == "rec":
-                score = f"IoU {rewards.iou(boxes[0], s.boxes[0]):.2f}" if boxes else "no box"
+                score = _rec_score(boxes, s.boxes)
             else:
                 score = f"{len(boxes)} boxes / {len(s.boxes)} GT"
             caption = f"{s.sample_id} | {s.query} | {score}"
@@ -619,7 +628,7 @@ class RolloutGallery(Callback):
         for i, (text, boxes) in enumerate((texts[r], outputs["boxes"][r]) for r in first):  # boxes: original pixels
             p = rewards.parse_completion(text)
             sets.append(boxes)
-            score = f"IoU {rewards.iou(boxes[0], s.boxes[0]):.2f}" if s.task == "rec" and boxes else "no box"
+            score = _rec_score(boxes, s.boxes) if s.task == "rec" else "no box"
             lines.append(f"#{i} v={p.diversity} {score}: {p.description or ''}")
         panel = gallery_panel(s.image, s.boxes, sets, lines)
         path = self._out_dir(trainer) / f"train_s{trainer.global_step:06d}.png"

@@ -73,7 +73,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Metrics of one set's predictions: REC ``acc50`` (IoU >= 0.5) and ``miou``, OVD mean ``s_ovd * mAP``
     (``ovd_reward``), and ``format`` (the rate of well-formed answers), all in [0, 1]. CycleGRPO's records
     (`CycleGRPO.predict`) add its ``test`` metrics: clips ``tiou`` / ``r1@{0.3,0.5,0.7}`` (intervals) or ``when`` /
-    ``where`` / ``st`` (anchors), ``n_acc`` / ``t_acc``, ``cycle_acc50``; both worlds ``locatability`` / ``confusion``
+    ``where`` / ``st`` (anchors), ``n_acc`` / ``t_acc``, ``cycle_acc50``; REC sets with no-target queries ``n_acc``
+    / ``t_acc`` (their ``acc50`` / ``miou`` over the queries with a target); both worlds ``locatability`` / ``confusion``
     over the samples with a target (``cycle``). Not rebuilt: the clips' ``ciou`` (a ratio of sums over the set)."""
     out = _summarize_boxes([r for r in rows if r["task"] != "video"])
     video = [r for r in rows if r["task"] == "video"]
@@ -104,12 +105,28 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
 def _summarize_boxes(rows: list[dict[str, Any]]) -> dict[str, float]:
     if not rows:
         return {}
-    frame = pd.DataFrame([{"task": r["task"], "acc": r["rewards"]["accuracy"], "fmt": r["format_ok"]} for r in rows])
+    frame = pd.DataFrame(
+        [
+            {
+                "task": r["task"],
+                "acc": r["rewards"]["accuracy"],
+                "fmt": r["format_ok"],
+                "nt": bool(r.get("no_target")),
+                "boxed": bool(r.get("boxes")),
+            }
+            for r in rows
+        ]
+    )
     out: dict[str, float] = {}
-    rec = frame[frame["task"] == "rec"]
+    rec = frame[(frame["task"] == "rec") & ~frame["nt"]]  # no-target queries: n_acc alone, as the evaluator does
     if len(rec):
         out["acc50"] = float((rec["acc"] >= 0.5).mean())
         out["miou"] = float(rec["acc"].mean())
+    nt = frame[(frame["task"] == "rec") & frame["nt"]]
+    if len(nt):  # their accuracy is the rejection (GRPOModule.rec_predictions)
+        out["n_acc"] = float(nt["acc"].mean())
+        if len(rec):
+            out["t_acc"] = float(rec["boxed"].mean())
     ovd = frame[frame["task"] == "ovd"]
     if len(ovd):
         out["ovd_reward"] = float(ovd["acc"].mean())

@@ -417,3 +417,12 @@ def test_metrics_jsonl_records_what_callbacks_log_at_epoch_end(tmp_path):
     ]
     (run,) = read_metrics_jsonl(tmp_path / "metrics.jsonl")
     assert run.epochs["synth/level/mean"].tolist() == [0.5, 1.5, 2.5] and run.epochs["epoch"].tolist() == [0, 1, 2]
+
+
+def test_gallery_scores_a_no_target_query_without_a_box_to_compare():
+    from callbacks.logging import _rec_score
+
+    assert _rec_score([[0, 0, 10, 10]], [[0, 0, 10, 20]]) == "IoU 0.50"
+    assert _rec_score([], [[0, 0, 10, 20]]) == "no box"
+    assert _rec_score([[0, 0, 10, 10]], []) == "no target: false alarm"
+    assert _rec_score([], []) == "no target: no box"

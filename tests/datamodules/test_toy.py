@@ -354,9 +354,7 @@ def test_no_target_splits_name_a_near_miss_that_no_object_has(tmp_path):
     assert toy.make_scene("train_nt", 7, 0)["meta"]["query"] == recs[7]["meta"]["query"]  # per index, reproducible
     path = toy.export_jsonl(tmp_path, "val_nt", 24, seed=0)
     read = read_jsonl(path)
-    assert {len(r.boxes) for r in read} == {0, 1} and all(
-        (not r.boxes) == bool(r.meta.get("no_target")) for r in read
-    )
+    assert {len(r.boxes) for r in read} == {0, 1} and all((not r.boxes) == bool(r.meta.get("no_target")) for r in read)
     data = toy.ToySceneDataset("train", 400, seed=0, mix={"train_nt": 0.4})
     samples = [data[i] for i in range(60)]
     assert any(not s.boxes for s in samples) and all(bool(s.meta.get("no_target")) == (not s.boxes) for s in samples)

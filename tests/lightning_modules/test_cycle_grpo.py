@@ -173,3 +173,15 @@ def test_no_target_images_score_gres_metrics_and_are_refused_by_the_grpo_reward(
     ctx = RewardContext([samples[1]], ["x"], [rewards.parse_completion("x")], [(100, 100)], 1)
     with pytest.raises(ValueError, match="no-target query.*cycle_grpo"):
         accuracy_reward(ctx)
+
+
+def test_prediction_summaries_score_no_target_queries_by_their_rejection():
+    from callbacks.predictions import summarize
+
+    rows = [
+        {"task": "rec", "rewards": {"accuracy": 0.5}, "format_ok": True, "boxes": [[0, 0, 1, 1]]},
+        {"task": "rec", "rewards": {"accuracy": 1.0}, "format_ok": True, "boxes": [], "no_target": True},
+        {"task": "rec", "rewards": {"accuracy": 0.0}, "format_ok": False, "boxes": [[0, 0, 1, 1]], "no_target": True},
+    ]
+    assert summarize(rows) == {"acc50": 1.0, "miou": 0.5, "n_acc": 0.5, "t_acc": 1.0, "format": 2 / 3}
+    assert summarize(rows[:1]) == {"acc50": 1.0, "miou": 0.5, "format": 1.0}  # no no-target query: as before
