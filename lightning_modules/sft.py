@@ -312,12 +312,10 @@ class SFTModule(L.LightningModule):
 
     def is_caption(self, sample) -> bool:
         """Whether training sample ``sample`` is a captioning sample (``caption_frac``, fixed by its id)."""
-        frac = self.hparams.caption_frac  # a no-target query has no region to caption: it stays a grounding sample
-        return (
-            frac > 0
-            and bool(sample.boxes)
-            and zlib.crc32(f"{sample.sample_id}/caption".encode()) % 10_000 < frac * 10_000
-        )
+        frac = self.hparams.caption_frac
+        if not hasattr(sample, "clip") and not sample.boxes:  # a no-target image query: no region to caption
+            return False  # (a clip's direction is drawn by id whatever its target: `clip_example` checks that)
+        return frac > 0 and zlib.crc32(f"{sample.sample_id}/caption".encode()) % 10_000 < frac * 10_000
 
     def caption_query(self, sample) -> str:
         """The captioning prompt's query: the target's box in the model's input pixels, as the box space writes it
