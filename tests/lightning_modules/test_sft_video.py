@@ -111,6 +111,11 @@ def test_clips_pick_a_space_and_a_direction_by_id(tiny_model_dir, clips):
     prompts = [m.clip_example(c)[0] for c in clips]
     assert any("Describe: " in p for p in prompts) and any("When: " in p for p in prompts)
     assert any("Track: " in p for p in prompts)
+    every = SFTModule(model_name_or_path=str(tiny_model_dir), caption_frac=1.0)
+    images = ToySceneDataset("train_nt", 40, seed=0, size=112)
+    none = next(images[i] for i in range(40) if not images[i].boxes)  # a no-target image query: never captioned
+    assert every.is_caption(images[0] if images[0].boxes else images[1]) and not every.is_caption(none)
+    assert all(every.is_caption(c) for c in clips)  # clips: by id, whatever their target (clip_example checks it)
     with pytest.raises(ValueError, match="video_spaces"):
         SFTModule(video_spaces=["box"])
     with pytest.raises(ValueError, match="video_templates needs a prompt template for 'anchor'"):
