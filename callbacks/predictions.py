@@ -74,8 +74,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
     (``ovd_reward``), and ``format`` (the rate of well-formed answers), all in [0, 1]. CycleGRPO's records
     (`CycleGRPO.predict`) add its ``test`` metrics: clips ``tiou`` / ``r1@{0.3,0.5,0.7}`` (intervals) or ``when`` /
     ``where`` / ``st`` (anchors), ``n_acc`` / ``t_acc``, ``cycle_acc50``; REC sets with no-target queries ``n_acc``
-    / ``t_acc`` (their ``acc50`` / ``miou`` over the queries with a target); both worlds ``locatability`` / ``confusion``
-    over the samples with a target (``cycle``). Not rebuilt: the clips' ``ciou`` (a ratio of sums over the set)."""
+    / ``t_acc`` (their ``acc50`` / ``miou`` over the queries with a target); both worlds ``locatability`` /
+    ``confusion`` over the samples with a target (``cycle``). Not rebuilt: the clips' ``ciou`` (a ratio of sums over
+    the set)."""
     out = _summarize_boxes([r for r in rows if r["task"] != "video"])
     video = [r for r in rows if r["task"] == "video"]
     if video:
@@ -112,7 +113,7 @@ def _summarize_boxes(rows: list[dict[str, Any]]) -> dict[str, float]:
                 "acc": r["rewards"]["accuracy"],
                 "fmt": r["format_ok"],
                 "nt": bool(r.get("no_target")),
-                "boxed": bool(r.get("boxes")),
+                "answered": bool(r.get("answered", r.get("boxes"))),
             }
             for r in rows
         ]
@@ -126,7 +127,7 @@ def _summarize_boxes(rows: list[dict[str, Any]]) -> dict[str, float]:
     if len(nt):  # their accuracy is the rejection (GRPOModule.rec_predictions)
         out["n_acc"] = float(nt["acc"].mean())
         if len(rec):
-            out["t_acc"] = float(rec["boxed"].mean())
+            out["t_acc"] = float(rec["answered"].mean())
     ovd = frame[frame["task"] == "ovd"]
     if len(ovd):
         out["ovd_reward"] = float(ovd["acc"].mean())

@@ -104,10 +104,11 @@ above ... the anchor" (level 3, two steps), half two hops "the D right of the D'
 steps), each exact on its scene (``evolve.query_problem``). Adding them changed no existing split: a split's scenes
 depend only on its own code.
 
-Two splits with no-target queries (``no_target``): ``train_nt`` and ``val_nt`` are drawn as ``train`` / ``val`` (on codes
-of their own), and a quarter of their queries name a near miss of the target that the scene does not hold: "the small
-blue circle" beside a small red one, with no blue circle anywhere. Their answer is ``no target`` (``lightning_modules.regions``), their solution ``[]``.
-CycleGRPO trains them as grounding groups; the GRPO rewards refuse them (they need a box)."""
+Two splits with no-target queries (``no_target``): ``train_nt`` and ``val_nt`` are drawn as ``train`` / ``val`` (on
+codes of their own), and a quarter of their queries name a near miss of the target that the scene does not hold: "the
+small blue circle" beside a small red one, with no blue circle anywhere. Their answer is ``no target``
+(``lightning_modules.regions``), their solution ``[]``. CycleGRPO trains them as grounding groups; the GRPO rewards
+refuse them (they need a box)."""
 
 TEST_SPLITS = ("test_id", "test_ood_texture", "test_ood_crowded", "test_ood", "test_multihop")
 """The held-out splits, in the order the study's table shows them."""

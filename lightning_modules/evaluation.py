@@ -3,8 +3,9 @@
 `greedy_answers` generates one greedy completion per sample through a registered rollout engine and reads it back
 (parsed completion, boxes in the image's original pixels). `Evaluator` keeps the torchmetrics of every named eval set
 (``val/<set>/acc50``, ``miou``, ``format``; OVD: ``map``, ``map_50``, ``gp``, ``gr``; a set with no-target queries
-adds GRES's ``giou``, ``ciou``, ``n_acc``, ``t_acc``, its no-target queries scored by these alone) and is what `GRPOModule` and
-`SFTModule` log, so both report the same numbers for the same answers; the galleries draw the same answers.
+adds GRES's ``giou``, ``ciou``, ``n_acc``, ``t_acc``, its no-target queries scored by these alone) and is what
+`GRPOModule` and `SFTModule` log, so both report the same numbers for the same answers; the galleries draw the same
+answers.
 The format rate checks the answer format of the method being evaluated (``format``), so each method is scored in
 its own format; set one ``eval_prompt_template`` / ``eval_format`` for every method to compare them under one.
 """
@@ -92,17 +93,18 @@ def has_no_target(dataset) -> bool:
     return any(r.task == "rec" and not r.boxes for r in getattr(dataset, "records", []))
 
 
-def answered_region(answer: Answer, size: tuple[int, int]):
-    """A greedy REC answer as a box-space region in the original pixels of an image of ``size``, read as CycleGRPO's
-    grounding reward reads it: the answer part's first box, else what the box space parses from the whole text (a
-    box, ``NO_TARGET`` for "no target" and close phrasings), else None (unreadable)."""
+def answered_region(text: str, parsed: rewards.ParsedCompletion, input_wh, size, space=None):
+    """A grounding answer on an image as a box-space region in the original pixels of an image of ``size``: the
+    answer part's first box (``parsed``), else what the box space (``space``, default ``box``) parses from the whole
+    text (a box; ``NO_TARGET`` for "no target" and close phrasings), else None (unreadable). CycleGRPO's grounding
+    reward reads image answers with it, and the evaluator's GRES metrics score them with it."""
     from lightning_modules.regions import NO_TARGET, region_space
 
-    if answer.boxes:
-        return tuple(answer.boxes[0])
-    pred = region_space("box").parse(answer.text)
+    if parsed.boxes:
+        return tuple(rewards.rescale_box(parsed.boxes[0], input_wh, size))
+    pred = (space or region_space("box")).parse(text)
     if pred is not None and pred is not NO_TARGET:
-        return tuple(rewards.rescale_box(list(pred), answer.input_wh, size))
+        return tuple(rewards.rescale_box(list(pred), input_wh, size))
     return pred
 
 
@@ -145,7 +147,7 @@ class Evaluator(nn.Module):
         for s, a in zip(samples, answers):
             if "region" in mets and s.task == "rec":  # every REC sample, no-target ones included (a rejection is 1)
                 gt = tuple(s.boxes[0]) if s.boxes else NO_TARGET
-                mets["region"].update([gt], [answered_region(a, s.size)])
+                mets["region"].update([gt], [answered_region(a.text, a.parsed, a.input_wh, s.size)])
             if s.task == "rec" and not s.boxes:  # a no-target query: only the GRES metrics score it
                 continue
             if s.task == "rec":

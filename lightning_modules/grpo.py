@@ -637,9 +637,11 @@ class GRPOModule(L.LightningModule):
         for s, a, f in zip(batch, answers, fmt):
             extra = {}
             if s.task == "rec" and not s.boxes:  # a no-target query: 1 for answering "no target" (GRES's N-acc)
-                rejected = answered_region(a, s.size) is NO_TARGET
+                rejected = answered_region(a.text, a.parsed, a.input_wh, s.size) is NO_TARGET
                 acc, extra = float(rejected), {"no_target": True, "rejected": rejected}
             elif s.task == "rec":
+                region = answered_region(a.text, a.parsed, a.input_wh, s.size)
+                extra = {"answered": region is not None and region is not NO_TARGET}  # T-acc, as the evaluator's
                 acc = rewards.iou(a.boxes[0], s.boxes[0]) if a.boxes else 0.0
             else:
                 acc = rewards.ovd_reward([a.text], [s.boxes], input_wh=[a.input_wh], orig_wh=[s.size])[0]

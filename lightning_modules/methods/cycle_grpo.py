@@ -40,6 +40,7 @@ across them); the image (or clip) is encoded once per level, not once for both.
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Any
 
@@ -47,6 +48,7 @@ import torch
 
 from lightning_modules import regions, rewards
 from lightning_modules.engines.base import RolloutRequest
+from lightning_modules.evaluation import answered_region
 from lightning_modules.methods.base import Method, Scores, register_method
 from lightning_modules.policy import Rollout, box_frame_wh, build_prompt_text, concat_rollouts
 from lightning_modules.qwen_vl import video_input_wh
@@ -178,10 +180,9 @@ class CycleGRPO(Method):
             )
             for u, b in enumerate(rejects)
         ]
-        # one call samples one n per request (engines.base): the no-target groups join the cycle's call when their
-        # size is K, else they take a call of their own (no_target_groundings = N x K), in the same row order
-        calls = [cycled + own] if self.K0 == K else [cycled, own]
-        parts += [module.generate(requests) for requests in calls if requests]
+        # one engine call samples one n for all its requests (engines.base): a call per run of equal n, in row order
+        # (the no-target groups join the cycle's call when no_target_groundings is K)
+        parts += [module.generate(list(run)) for _, run in itertools.groupby(cycled + own, key=lambda r: r.n)]
         return concat_rollouts(parts, processor.tokenizer.pad_token_id)
 
     def layout(self, batch) -> tuple[list[int], list[int]]:
@@ -308,12 +309,7 @@ class CycleGRPO(Method):
             if self.space.name == "anchor" and pred is not None and pred is not NO_TARGET:
                 pred = tuple((t, tuple(rewards.rescale_box(list(b), input_wh, sample.size))) for t, b in pred)
             return pred
-        pred = self.space.parse(text)
-        if parsed.boxes:  # the answer part's box, in original pixels
-            return tuple(rewards.rescale_box(parsed.boxes[0], input_wh, sample.size))
-        if pred is not None and pred is not NO_TARGET:
-            return tuple(rewards.rescale_box(pred, input_wh, sample.size))
-        return pred
+        return answered_region(text, parsed or rewards.parse_completion(text), input_wh, sample.size, self.space)
 
     def _gate(self, space, pred) -> float:
         """Temporal: ``gate_gamma ** (invalid intervals written)``; 1 elsewhere."""

@@ -25,10 +25,11 @@ def accuracy_reward(ctx: RewardContext, threshold: float | None = None) -> list[
     if all(s.task == "rec" for s in ctx.samples):
         for s in ctx.samples:
             if not s.boxes:
+                where = getattr(s, "source", "") or s.sample_id
                 raise ValueError(
-                    f"{getattr(s, 'source', '') or s.sample_id}: a no-target query ({s.query!r}, solution []) reached the GRPO accuracy "
-                    "reward, which needs a box; no-target queries train with --model.method cycle_grpo (as grounding "
-                    "groups): drop them from --data.train_files (the toy world's train_nt / val_nt splits hold them)"
+                    f"{where}: a no-target query ({s.query!r}, solution []) reached the GRPO accuracy reward, which "
+                    "needs a box; no-target queries train with --model.method cycle_grpo (as grounding groups): drop "
+                    "them from --data.train_files (the toy world's train_nt / val_nt splits hold them)"
                 )
         gts = [s.boxes[0] for s in ctx.samples]
         iou = rewards.rec_accuracy_reward(ctx.texts, gts, input_wh=ctx.input_wh, orig_wh=orig)

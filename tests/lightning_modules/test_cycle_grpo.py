@@ -179,7 +179,7 @@ def test_prediction_summaries_score_no_target_queries_by_their_rejection():
     from callbacks.predictions import summarize
 
     rows = [
-        {"task": "rec", "rewards": {"accuracy": 0.5}, "format_ok": True, "boxes": [[0, 0, 1, 1]]},
+        {"task": "rec", "rewards": {"accuracy": 0.5}, "format_ok": True, "boxes": [], "answered": True},
         {"task": "rec", "rewards": {"accuracy": 1.0}, "format_ok": True, "boxes": [], "no_target": True},
         {"task": "rec", "rewards": {"accuracy": 0.0}, "format_ok": False, "boxes": [[0, 0, 1, 1]], "no_target": True},
     ]
