@@ -79,6 +79,7 @@ class CompletionsTable(Callback):
         G = int(outputs.get("group_size") or max(1, n // max(1, len(batch))))
         index = outputs.get("sample_index") or [i // G for i in range(n)]  # the sample of each row
         rewards = outputs.get("rewards") or {}
+        batch = outputs.get("samples") or batch  # the versions the rows answer (a method may re-roll on others)
         out = []
         for b, s in enumerate(batch[: self.max_prompts]):
             for k, i in enumerate(i for i in range(n) if index[i] == b):

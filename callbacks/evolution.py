@@ -225,7 +225,9 @@ class InstructionEvolution(EvolutionStrategy):
 
         if not isinstance(outputs, dict) or "accuracy" not in (outputs.get("rewards") or {}):
             return []
-        acc = outputs["rewards"]["accuracy"]
+        # the first try of the pool's own versions when the method re-rolled converged groups on others (EvolvedGRPO's
+        # in-step evolution): the pool moves by what its version scored
+        acc = outputs.get("pool_accuracy") or outputs["rewards"]["accuracy"]
         index = outputs.get("sample_index") or [i // outputs["group_size"] for i in range(len(acc))]
         out = []
         for b, s in enumerate(batch):

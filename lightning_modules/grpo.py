@@ -447,6 +447,8 @@ class GRPOModule(L.LightningModule):
         self._move_reference()
         timer = PhaseTimer(self.device)
         ro = self.method.rollout(self, batch)
+        if ro.samples is not None:  # the method re-rolled some groups on other versions of their samples
+            batch = ro.samples
         timer.lap("rollout")
         scores = self.method.score(batch, ro)
         adv = self.method.advantages(scores, ro).to(self.device)
@@ -533,8 +535,9 @@ class GRPOModule(L.LightningModule):
 
     def _step_output(self, batch, ro: Rollout, scores: Scores, evolution: list[Selection]) -> dict:
         """What ``on_train_batch_end`` callbacks receive: per completion row its text, its parsed boxes in original
-        pixels, its reward parts, the index of its sample in the batch and its advantage group; the method's evolution
-        requests."""
+        pixels, its reward parts, the index of its sample in the batch and its advantage group; the samples the rows
+        answer (``samples``: the batch's, or the versions a method re-rolled on); the method's evolution requests and
+        its own entries (`Method.step_outputs`)."""
         index = self.method.sample_index(batch, ro)
         boxes = [
             [rewards.rescale_box(b, in_wh, batch[i].size) for b in p.boxes]
@@ -548,6 +551,8 @@ class GRPOModule(L.LightningModule):
             "sample_index": index,
             "group_ids": ro.group_ids.tolist(),
             "evolution": evolution,
+            "samples": list(batch),
+            **self.method.step_outputs(batch, ro, scores),
         }
 
     def _optimizer_step(self, opt, stats_acc: dict[str, float]) -> None:

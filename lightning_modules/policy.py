@@ -11,8 +11,9 @@ The tiny model factory (a small ``Qwen2_5_VLForConditionalGeneration`` with a lo
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from PIL import Image
@@ -319,6 +320,12 @@ class Rollout:
     """Per row, the row of an earlier rollout it continues (nested rollouts), else ``None``."""
     second_per_grid_ts: torch.Tensor | None = None
     """[B*G] seconds per temporal patch of each row's video; ``None`` for image rollouts."""
+    samples: list[Any] | None = None
+    """The samples the rows answer, one per group, when the method's rollout replaced some of the batch's (EvolvedGRPO's
+    in-step evolution: a converged group re-rolled on an edited version); the module then scores, updates and reports
+    against these. ``None``: the batch's own samples."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """What the method's rollout measured on the way (e.g. the first try's accuracies before a re-roll), for its logs."""
 
     @property
     def is_video(self) -> bool:
@@ -355,6 +362,30 @@ class Rollout:
             types = torch.cat([self.prompt_mm_types, torch.zeros_like(self.completion_ids)], dim=1)
             out["mm_token_type_ids"] = types[idx]
         return out
+
+
+def take_rows(ro: Rollout, index: Sequence[int], group_size: int | None = None) -> Rollout:
+    """The rows ``index`` of a rollout, in that order (their pixels, group ids and parent ids with them), as a rollout
+    of ``group_size`` completions per prompt (default: the input's)."""
+    idx = list(index)
+    offsets = ro.patch_offsets()
+    return replace(
+        ro,
+        prompt_ids=ro.prompt_ids[idx],
+        prompt_mask=ro.prompt_mask[idx],
+        completion_ids=ro.completion_ids[idx],
+        completion_mask=ro.completion_mask[idx],
+        pixel_values=torch.cat([ro.pixel_values[offsets[i] : offsets[i + 1]] for i in idx]),
+        image_grid_thw=ro.image_grid_thw[idx],
+        texts=[ro.texts[i] for i in idx],
+        input_wh=[ro.input_wh[i] for i in idx],
+        prompt_mm_types=None if ro.prompt_mm_types is None else ro.prompt_mm_types[idx],
+        group_size=ro.group_size if group_size is None else group_size,
+        group_ids=None if ro.group_ids is None else ro.group_ids[idx],
+        parent_ids=None if ro.parent_ids is None else [ro.parent_ids[i] for i in idx],
+        second_per_grid_ts=None if ro.second_per_grid_ts is None else ro.second_per_grid_ts[idx],
+        info=dict(ro.info),
+    )
 
 
 def concat_rollouts(parts: Sequence[Rollout], pad_token_id: int) -> Rollout:

@@ -193,6 +193,10 @@ class Method:
         """The method's own ``train/*`` values (reward parts are logged by the module)."""
         return {}
 
+    def step_outputs(self, batch: Sequence[Any], ro: Rollout, scores: Scores) -> dict[str, Any]:
+        """The method's own entries of the step's outputs, for callbacks (default: none)."""
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         """Checkpointed state (merged into the Lightning checkpoint's top level)."""
         return {}

@@ -13,34 +13,155 @@ The data side (the per-sample level, harder edits for solved groups, sub-problem
 ``instruction_evolution`` strategy of the synthesis callback; this method reads the level each sample's version
 carries (``meta["level"]``) to log ``train/level/*``, and logs the outcome's zero-variance fraction
 (``train/level/outcome_zero_var_frac``: groups whose accuracy rewards are all equal, the paper's reward convergence).
+
+**In-step evolution** (``method_args.reroll: evolve``; docs/evolved_grpo.md, "In-step evolution"). The strategy moves a
+sample at the epoch boundary, so the group that converged is trained as it is and the edited version arrives an epoch
+later. With ``reroll: evolve`` the adversary also acts inside the step: a group whose outcome converged (all G answers
+correct, or all wrong, at ``correct_iou``) is generated again, once, on the version `evolve.next_level` gives (a harder
+one, or its sub-problem / easier version), edited from the original toy scene in the training process
+(`evolve.evolve`: the same pure functions the data server runs for visual edits, so the labels are as exact); those G
+rows replace the group's in the step (same batch size, one extra engine call). ``reroll: resample`` re-generates the
+same version instead (the control: as much extra sampling, no edit). The strategy still moves the pool from the first
+try (``outputs["pool_accuracy"]``), so the pool follows what the sample's own version scored. Only toy scenes are
+edited (a real image's edits need the data server's painter: its groups are left as they are). The method's settings
+``sub_levels``, ``easier``, ``max_level``, ``modality`` name the version the strategy would move to: give them the
+strategy's values.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import zlib
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from PIL import Image
 
 from datamodules import evolve
-from lightning_modules import objective
+from lightning_modules import fsdp, objective, rewards
+from lightning_modules.engines.base import RolloutRequest
 from lightning_modules.methods.base import RewardContext, RewardTerm, Scores, register_method
 from lightning_modules.methods.grpo import GRPO
 from lightning_modules.methods.syn_grpo import SynGRPO
-from lightning_modules.policy import Rollout
+from lightning_modules.policy import Rollout, concat_rollouts, take_rows
+
+REROLL_MODES = ("off", "evolve", "resample")
 
 
 class ProcessReward:
-    """EvolvedGRPO's part of a method, mixed in before a GRPO-family base: the process reward term, the level logs.
-    Args (``--model.method_args``): ``process_weight`` (>= 0; weight of R_process in the total), ``step_iou`` (IoU a
-    step's box needs to count as correct)."""
+    """EvolvedGRPO's part of a method, mixed in before a GRPO-family base: the process reward term, the level logs,
+    the in-step evolution. Args (``--model.method_args``): ``process_weight`` (>= 0; weight of R_process in the total),
+    ``step_iou`` (IoU a step's box needs to count as correct); ``reroll`` (``off``, ``evolve`` or ``resample``: the
+    module docstring), ``correct_iou`` (IoU an answer needs to count as correct for it), and the version rule's
+    ``sub_levels``, ``easier``, ``max_level``, ``modality``, ``seed`` (as the ``instruction_evolution`` strategy's)."""
 
-    def __init__(self, hparams: Any, process_weight: float = 0.5, step_iou: float = 0.5) -> None:
+    def __init__(
+        self,
+        hparams: Any,
+        process_weight: float = 0.5,
+        step_iou: float = 0.5,
+        reroll: str = "off",
+        correct_iou: float = 0.5,
+        sub_levels: int = 1,
+        easier: str = evolve.ISOLATE_KIND,
+        max_level: int = evolve.MAX_LEVEL,
+        modality: str = "any",
+        seed: int = 0,
+    ) -> None:
         super().__init__(hparams)
         if process_weight < 0:
             raise ValueError(f"--model.method_args.process_weight must be >= 0, got {process_weight}")
         if not 0.0 < step_iou <= 1.0:
             raise ValueError(f"--model.method_args.step_iou must be in (0, 1], got {step_iou}")
+        if reroll not in REROLL_MODES:
+            raise ValueError(f"--model.method_args.reroll must be one of {REROLL_MODES}, got {reroll!r}")
+        if not 0.0 < correct_iou <= 1.0:
+            raise ValueError(f"--model.method_args.correct_iou must be in (0, 1], got {correct_iou}")
+        if modality not in ("text", "visual", "any"):
+            raise ValueError(f"--model.method_args.modality must be 'text', 'visual' or 'any', got {modality!r}")
         self.process_weight, self.step_iou = process_weight, step_iou
+        self.reroll, self.correct_iou, self.modality, self.seed = reroll, correct_iou, modality, seed
+        # the version rule, checked as the strategy checks it (`evolve.LevelState`)
+        self.rule = evolve.LevelState(max_level=max_level, sub_levels=sub_levels, easier=easier)
+
+    # ------------------------------------------------------------------------------------------------ in-step evolution
+    def rollout(self, module, batch) -> Rollout:
+        ro = super().rollout(module, batch)
+        if self.reroll == "off" or not len(batch):
+            return ro
+        if fsdp.needs_lockstep(module.policy):
+            raise ValueError(
+                "--model.method_args.reroll re-generates the groups that converged, a number that differs between "
+                "ranks, and a policy sharded with FSDP must generate in lockstep: set reroll: off, or train with DDP"
+            )
+        G = ro.group_size
+        first = first_try_accuracy(batch, ro)
+        swap: dict[int, Any] = {}
+        for b, s in enumerate(batch):
+            acc = first[b * G : (b + 1) * G]
+            if any(a is None for a in acc):  # not a REC sample with a box
+                continue
+            correct = [a >= self.correct_iou for a in acc]
+            if any(correct) and not all(correct):  # mixed: GRPO learns from it as it is
+                continue
+            new = s if self.reroll == "resample" else self.next_version(s, correct, int(module.global_step))
+            if new is not None:
+                swap[b] = new
+        info = {"first_accuracy": [float(a) if a is not None else None for a in first], "rerolled": sorted(swap)}
+        if not swap:
+            ro.info.update(info)
+            return ro
+        chosen = sorted(swap)
+        template = self.hp.prompt_template
+        requests = [
+            RolloutRequest(self.prompt(module.processor, swap[b], template), swap[b].image, G, b) for b in chosen
+        ]
+        again = module.generate(requests)
+        both = concat_rollouts([ro, again], module.processor.tokenizer.pad_token_id)
+        n = len(batch) * G
+        where = {b: n + j * G for j, b in enumerate(chosen)}
+        order = [where.get(b, b * G) + k for b in range(len(batch)) for k in range(G)]
+        out = take_rows(both, order, group_size=G)
+        out.samples = [swap.get(b, s) for b, s in enumerate(batch)]
+        out.info.update(info)
+        return out
+
+    def next_version(self, sample, correct: list[bool], step: int):
+        """The sample at the version `evolve.next_level` moves it to from its own (the level its meta carries, the
+        depth its question and edits show), edited from its original toy scene; None when it has no toy scene, stays
+        where it is, or has no exact version there."""
+        meta = sample.meta or {}
+        orig = meta.get("original_meta") or meta
+        if sample.task != "rec" or not orig.get("objects") or not orig.get("query"):
+            return None
+        here = evolve.Level(int(meta.get("level", 0) or 0), evolve.version_depth(meta, sample.query))
+        there = evolve.next_level(here, correct, self.rule.max_level, self.rule.sub_levels)
+        if there == here:
+            return None
+        rng = np.random.default_rng([self.seed, step, zlib.crc32(sample.sample_id.encode()), there.level, there.sub])
+        record = {"meta": orig, "image": original_image(sample)}
+        version = evolve.evolve(record, there, rng, modality=self.modality, easier=self.rule.easier)
+        if version is None:
+            return None
+        new_meta = {
+            **version.meta,
+            "level": there.level,
+            "original_meta": orig,
+            "in_step": [here.level, here.sub, there.level, there.sub],
+        }
+        for key in ("original_image", "version"):
+            if key in meta:
+                new_meta[key] = meta[key]
+        return dataclasses.replace(
+            sample,
+            image=version.image,
+            query=version.query,
+            boxes=[[float(v) for v in version.box]],
+            meta=new_meta,
+            image_path=sample.image_path if version.image is sample.image else None,  # None: drawn in the step
+        )
 
     def process_reward(self, ctx: RewardContext) -> list[float]:
         """R_process per row: prefix credit of its steps against its question's gold chain (0 without a chain)."""
@@ -70,8 +191,16 @@ class ProcessReward:
         scores.extras["version_depth"] = [evolve.version_depth(s.meta or {}, s.query) for s in batch]
         return scores
 
+    def step_outputs(self, batch, ro: Rollout, scores: Scores) -> dict[str, Any]:
+        out = super().step_outputs(batch, ro, scores)
+        if "first_accuracy" in ro.info:  # the pool's own versions' first try, which moves the pool (module docstring)
+            out["pool_accuracy"] = [a if a is not None else 0.0 for a in ro.info["first_accuracy"]]
+        return out
+
     def train_logs(self, scores: Scores, ro: Rollout) -> dict[str, float]:
         logs = super().train_logs(scores, ro)
+        if "first_accuracy" in ro.info:
+            logs.update(reroll_stats(ro.info, scores.parts["accuracy"], ro.group_size, self.correct_iou))
         multi = scores.extras["multi_step"][:: ro.group_size].float()
         _, zero_var = objective.group_reward_stats(scores.parts["accuracy"], ro.group_ids)
         logs.update(
@@ -131,4 +260,56 @@ def level_stats(samples: list[Any]) -> dict[str, float]:
         "train/level/mean": sum(levels) / len(levels),
         "train/level/max": max(levels),
         "train/level/sub_frac": sum(sub) / len(sub),
+    }
+
+
+def first_try_accuracy(batch, ro: Rollout) -> list[float | None]:
+    """Per row, the IoU of its first box with its REC sample's box (original pixels); None for a row whose sample has
+    no box (OVD, a no-target query)."""
+    G = ro.group_size
+    out: list[float | None] = [None] * len(ro.texts)
+    rows = [i for i in range(len(ro.texts)) if batch[i // G].task == "rec" and batch[i // G].boxes]
+    if rows:
+        iou = rewards.rec_accuracy_reward(
+            [ro.texts[i] for i in rows],
+            [batch[i // G].boxes[0] for i in rows],
+            input_wh=[ro.input_wh[i] for i in rows],
+            orig_wh=[batch[i // G].size for i in rows],
+        )
+        for i, v in zip(rows, iou):
+            out[i] = float(v)
+    return out
+
+
+def original_image(sample) -> Image.Image:
+    """The image of a sample's original scene: its own when no visual edit made it (no ``original_meta``), else the
+    pool's original file (``meta["original_image"]``), else the scene re-rendered (`evolve.render_meta` reproduces
+    an unedited toy scene bit for bit)."""
+    meta = sample.meta or {}
+    if "original_meta" not in meta:
+        return sample.image
+    path = meta.get("original_image")
+    if path and Path(path).is_file():
+        with Image.open(path) as im:
+            return im.convert("RGB")
+    return evolve.render_meta(meta["original_meta"])[0]
+
+
+def reroll_stats(info: dict[str, Any], accuracy: torch.Tensor, group_size: int, threshold: float) -> dict[str, float]:
+    """``train/level/reroll/*``: how the first try's groups converged (``first_all_wrong``, ``first_all_correct``:
+    share of the batch's groups), the share re-generated (``frac``), and of those, the share whose second try is mixed
+    (``mixed``: a gradient where the first try had none). ``accuracy``: the trained rows' IoU."""
+    first = [a if a is not None else float("nan") for a in info["first_accuracy"]]
+    groups = torch.tensor(first, dtype=torch.float32).view(-1, group_size)
+    valid = ~groups.isnan().any(1)
+    right = (groups >= threshold) & valid[:, None]
+    n = groups.shape[0]
+    chosen = info["rerolled"]
+    after = torch.as_tensor(accuracy).detach().float().view(n, group_size) >= threshold
+    mixed = [bool(after[b].any() and not after[b].all()) for b in chosen]
+    return {
+        "train/level/reroll/first_all_wrong": float((valid & ~right.any(1)).float().mean()),
+        "train/level/reroll/first_all_correct": float((valid & right.all(1)).float().mean()),
+        "train/level/reroll/frac": len(chosen) / n,
+        "train/level/reroll/mixed": sum(mixed) / len(chosen) if chosen else 0.0,
     }

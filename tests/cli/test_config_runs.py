@@ -34,7 +34,7 @@ RUNS = (
     [(b,) for b in BASES]
     + [(CONFIGS / "toy_sft.yaml", s) for s in STAGES]
     + [(CONFIGS / "rec_3b_1gpu.yaml", o) for o in OVERLAYS]
-    + [(CONFIGS / "evolved_tiny.yaml", CONFIGS / "overlays/evolved_syn.yaml")]
+    + [(CONFIGS / "evolved_tiny.yaml", o) for o in sorted((CONFIGS / "overlays").glob("evolved_*.yaml"))]
     + [(CONFIGS / "cycle_tiny.yaml", o) for o in sorted((CONFIGS / "overlays").glob("cycle_tiny_*.yaml"))]
     + [(CONFIGS / "cycle_4b.yaml", CONFIGS / "overlays/hf_engines.yaml")]  # the transformers engines on Qwen3-VL
     + [(CONFIGS / "cycle_4b_temporal.yaml", CONFIGS / "overlays/hf_engines.yaml")]  # ... and on its clips

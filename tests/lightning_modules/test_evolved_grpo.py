@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import pytest
+import torch
 from test_methods import _hp, _rollout  # tests/lightning_modules is on sys.path under pytest
 
 from lightning_modules import objective
@@ -132,3 +134,95 @@ def test_the_sft_stage_target_earns_the_full_process_reward():
             multi += 1
             assert scores.parts["process"][0].item() == 1.0, text
     assert multi >= 5
+
+
+def test_bad_in_step_args_are_clear():
+    with pytest.raises(ValueError, match="reroll must be one of"):
+        build_method("evolved_grpo", _hp(), {"reroll": "always"})
+    with pytest.raises(ValueError, match="sub_levels"):
+        build_method("evolved_grpo", _hp(), {"reroll": "evolve", "sub_levels": 3})
+    with pytest.raises(ValueError, match="correct_iou"):
+        build_method("evolved_grpo", _hp(), {"correct_iou": 0})
+
+
+def test_next_version_follows_the_level_rule_on_the_original_scene():
+    """In-step evolution's version, by the strategy's rule, edited from the original toy scene: all wrong at the
+    question -> its sub-problem version (the steps spelled out, or the decluttered image), exact; all right -> one
+    level harder, a new exact question for the same box; a solved sub-problem -> back to the question and its image."""
+    from datamodules import evolve
+    from datamodules.toy import ToySceneDataset
+
+    m = build_method("evolved_grpo", _hp(), {"reroll": "evolve"})
+    ds = ToySceneDataset("train", 16, seed=0)
+    for i in range(16):
+        s = ds[i]
+        back = m.next_version(s, [False, False], step=0)
+        assert back is not None and evolve.version_depth(back.meta, back.query) == 1, s.sample_id
+        assert back.boxes == s.boxes and back.meta["level"] == 0 and back.meta["in_step"] == [0, 0, 0, 1]
+        assert evolve.query_steps(back.meta, back.query)[-1].box == [int(v) for v in s.boxes[0]]
+        up = m.next_version(s, [True, True], step=0)
+        if up is None:  # no exact level-1 edit of this scene
+            continue
+        assert up.meta["level"] == 1 and up.boxes == s.boxes
+        if up.query != s.query:  # a text edit: the same image, a question exact on the scene
+            assert up.image is s.image and evolve.is_exact(up.meta, up.query)
+        # solved again from the sub-problem: back to the question at level 0, its original image
+        again = m.next_version(back, [True, True], step=1)
+        assert (
+            again.query == s.query and again.meta["level"] == 0 and evolve.version_depth(again.meta, again.query) == 0
+        )
+        assert np.asarray(again.image).tobytes() == np.asarray(s.image).tobytes()
+    plain = Sample("p", "the dog", [[0, 0, 5, 5]])
+    assert m.next_version(plain, [False, False], step=0) is None  # no toy scene: nothing to edit in the step
+
+
+def test_in_step_evolution_regenerates_converged_groups_on_their_next_version(tiny_model_dir):
+    """A real module and engine (the random tiny model answers no box right, so every group is all wrong): with
+    ``reroll: evolve`` each group is generated again on its sub-problem version, whose prompt the rows carry, in the
+    batch's order; ``resample`` generates the same versions again; the first try moves the pool."""
+    from datamodules import evolve
+    from datamodules.toy import ToySceneDataset
+    from lightning_modules.grpo import GRPOModule
+
+    batch = [ToySceneDataset("train", 4, seed=0, size=112)[i] for i in range(4)]
+    for mode in ("evolve", "resample"):
+        module = GRPOModule(
+            model_name_or_path=str(tiny_model_dir), method="evolved_grpo", method_args={"reroll": mode},
+            prompt_template="toy", group_size=2, max_new_tokens=6, dtype="fp32",
+        )  # fmt: skip
+        module.configure_model()
+        ro = module.method.rollout(module, batch)
+        assert len(ro.texts) == 8 and ro.group_size == 2 and ro.group_ids.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+        assert ro.info["rerolled"] == [0, 1, 2, 3] and all(a == 0.0 for a in ro.info["first_accuracy"])
+        prompts = module.processor.tokenizer.batch_decode(ro.prompt_ids, skip_special_tokens=True)
+        for b, (old, new) in enumerate(zip(batch, ro.samples)):
+            if mode == "resample":
+                assert new is old
+            else:
+                assert evolve.version_depth(new.meta, new.query) == 1 and new.boxes == old.boxes
+            pixels = module.processor.image_processor(images=[new.image], return_tensors="pt")["pixel_values"]
+            offsets = ro.patch_offsets()
+            for row in (2 * b, 2 * b + 1):  # the rows carry the new version's question and image
+                assert new.query.split()[-1] in prompts[row]
+                assert torch.allclose(ro.pixel_values[offsets[row] : offsets[row + 1]], pixels)
+            if mode == "evolve" and new.query == old.query:  # a decluttered image: not the one the first try saw
+                first = module.processor.image_processor(images=[old.image], return_tensors="pt")["pixel_values"]
+                assert not torch.allclose(first, pixels)
+        # the module's step sees the new versions; the strategy the first try
+        scores = module.method.score(ro.samples, ro)
+        out = module.method.step_outputs(ro.samples, ro, scores)
+        assert out["pool_accuracy"] == [0.0] * 8
+        logs = module.method.train_logs(scores, ro)
+        assert logs["train/level/reroll/frac"] == 1.0 and logs["train/level/reroll/first_all_wrong"] == 1.0
+
+
+def test_the_strategy_moves_the_pool_by_the_first_try():
+    from callbacks.evolution import build_strategy
+    from datamodules.toy import ToySceneDataset
+
+    batch = [ToySceneDataset("train", 2, seed=0)[i] for i in range(2)]
+    strategy = build_strategy("instruction_evolution", seed=0)
+    # the re-rolled rows are mixed, the pool's own version failed: the pool steps back
+    outputs = {"rewards": {"accuracy": [1.0, 0.0] * 2}, "pool_accuracy": [0.0] * 4, "group_size": 2}
+    strategy.requests(0, batch, outputs)
+    assert strategy.stats()["level/sub_frac"] == 1.0
