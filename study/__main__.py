@@ -1,5 +1,6 @@
-"""``python -m study STUDY.yaml [-j N] [--shard i/n] [--out DIR] [--work DIR] [--results DIR] [--dry-run] [--prune]``
-and ``python -m study merge STUDY.yaml [OUT ...] [--results DIR]`` (docs/study.md)."""
+"""``python -m study STUDY.yaml [-j N] [--shard i/n] [--out DIR] [--work DIR] [--results DIR] [--dry-run] [--prune]``,
+``python -m study merge STUDY.yaml [OUT ...] [--results DIR]`` and ``python -m study training STUDY.yaml [OUT ...]
+[--key KEY ...] [--results DIR]`` (docs/study.md)."""
 
 from __future__ import annotations
 
@@ -47,10 +48,43 @@ def _merge_main(argv: list[str]) -> int:
     return 0
 
 
+def _training_main(argv: list[str]) -> int:
+    from study.training import KEYS, write
+
+    ap = argparse.ArgumentParser(
+        prog="python -m study training",
+        description="The training curves of a study's runs (the zero-variance fraction, tied groups, levels): per row "
+        "the mean over steps with a 95%% t interval over seeds, per third, and the seed-paired differences of its "
+        "comparisons -> training.md / training.csv.",
+        allow_abbrev=False,
+    )
+    ap.add_argument("study", help="the study file, e.g. configs/study/evolved_toy_in_step.yaml")
+    ap.add_argument("folders", nargs="*", help="--out folders of the shards, or a records.tgz unpacked")
+    ap.add_argument("--key", action="append", default=None, help=f"a train/* curve, repeatable (default: {KEYS})")
+    ap.add_argument("--results", default=None, help="table folder (default bench/results/study_<name>)")
+    args = ap.parse_args(argv)
+    try:
+        study = load_study(args.study)
+    except StudyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out, results = _defaults(study.name, None, args.results)
+    try:
+        md = write(study, [Path(f) for f in args.folders] or [out], results, args.key or KEYS)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(md.read_text())
+    print(f"written to {results}/ (training.md, training.csv)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["merge"]:
         return _merge_main(argv[1:])
+    if argv[:1] == ["training"]:
+        return _training_main(argv[1:])
     ap = argparse.ArgumentParser(
         prog="python -m study",
         description="Train and evaluate a study's rows x seeds: one train.py fit per run, then its held-out "

@@ -325,6 +325,36 @@ def test_merge_of_two_shards_builds_the_table_by_hand(tmp_path, capsys):
     assert "| GRPO | 2 | 60.0 [-67.1, 187.1] |" in md
 
 
+def test_training_curves_by_hand(tmp_path, capsys):
+    """``python -m study training``: per run the mean of a curve over its steps, the t interval over seeds, thirds,
+    and seed-paired differences; lines that are no training step are skipped, a cut line too."""
+    out = tmp_path / "out"
+
+    def curve(row, seed, values):
+        path = out / "runs" / row / f"seed{seed}" / "metrics.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lines = [json.dumps({"step": i, "train/reward/total": 1.0, "train/zero_variance_frac": v})
+                 for i, v in enumerate(values)]  # fmt: skip
+        path.write_text("\n".join([json.dumps({"epoch": 0, "synth/level/mean": 1.0}), *lines, '{"step": 9, "tr']))
+
+    curve("grpo", 0, [0.3, 0.3, 0.0])  # mean 0.2; thirds 0.3 / 0.3 / 0.0
+    curve("grpo", 1, [0.6, 0.3, 0.3])  # mean 0.4
+    curve("syn_grpo", 0, [0.1, 0.1, 0.1])
+    curve("syn_grpo", 1, [0.1, 0.1, 0.1])
+    results = tmp_path / "results"
+    args = ["training", str(SMOKE), str(out), "--results", str(results), "--key", "train/zero_variance_frac"]
+    assert study_main(args) == 0
+    table = pd.read_csv(results / "training.csv").set_index("row")
+    g = table.loc["GRPO"]  # 0.3 +- 12.706205 * 0.141421 / sqrt(2)
+    assert g["seeds"] == 2 and g["mean"] == pytest.approx(0.3) and g["hi"] == pytest.approx(0.3 + 1.270620, abs=1e-5)
+    assert (g["third1"], g["third2"], g["third3"]) == pytest.approx((0.45, 0.3, 0.15))
+    d = table.loc["Syn-GRPO - GRPO"]  # per seed -0.1 and -0.3
+    assert bool(d["difference"]) and d["mean"] == pytest.approx(-0.2)
+    assert "| GRPO | 2 | 30.0 [-97.1, 157.1] | 45.0 / 30.0 / 15.0 |" in (results / "training.md").read_text()
+    assert study_main(["training", str(SMOKE), str(tmp_path / "empty")]) == 2
+    assert "no training curves" in capsys.readouterr().err
+
+
 def test_merge_without_records_says_what_to_pass(tmp_path, capsys):
     assert study_main(["merge", str(SMOKE), str(tmp_path)]) == 2
     err = capsys.readouterr().err
@@ -468,6 +498,8 @@ def test_smoke_study_end_to_end(tmp_path):
         (REPO / "configs/study/cycle_ablation_toy_st.yaml", "cycle"),
         (REPO / "configs/study/evolved_toy_isolate.yaml", "evolved_isolate"),
         (REPO / "configs/study/evolved_toy_zoom.yaml", "evolved_zoom"),
+        (REPO / "configs/study/evolved_toy_in_step.yaml", "evolved_in_step"),
+        (REPO / "configs/study/evolved_toy_in_step.yaml", "grpo_resample"),
         (REPO / "configs/study/cycle_ablation_toy_temporal_5seeds.yaml", "localization_only"),
         (REPO / "configs/study/cycle_ablation_toy_temporal_long.yaml", "cycle"),
         (REPO / "configs/study/cycle_ablation_toy_temporal_no_target.yaml", "cycle"),
@@ -480,6 +512,8 @@ def test_smoke_study_end_to_end(tmp_path):
         "st",
         "isolate",
         "zoom",
+        "in_step",
+        "resample",
         "temporal_5seeds",
         "temporal_long",
         "temporal_no_target",
@@ -513,6 +547,9 @@ def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatc
         )
         nk = 16 if path.stem.endswith("_nk") else 4  # the no-target group's size reached the method
         assert cli.model.method.K0 == nk
+    if row in ("evolved_in_step", "grpo_resample"):  # the in-step rule reached the method
+        assert cli.model.method.reroll == ("evolve" if row == "evolved_in_step" else "resample")
+        assert "train/level/reroll/frac" in cli.trainer.logged_metrics
     if row in ("evolved_isolate", "evolved_zoom"):
         synth = next(c for c in cli.trainer.callbacks if type(c).__name__ == "SynthesisCallback")
         assert synth.strategy.levels.sub_levels == 2
