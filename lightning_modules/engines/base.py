@@ -86,6 +86,10 @@ class RolloutEngine(ABC):
     own_kernels: ClassVar[bool] = False
     """The engine runs its own loop over the model's sub-modules in the weights' dtype (so autocast does not drive
     it), and wants the vision tower's window attention batched (``efficient.enable_fast_vision_attention``)."""
+    fixed_rows: ClassVar[bool] = False
+    """On CUDA the engine keeps state per row count (a static KV cache, a CUDA graph, a compiled step): a call with a
+    new number of rows allocates and captures anew, and keeps it. A method whose calls vary in size pads them to a row
+    count it has used (EvolvedGRPO's in-step re-generation pads to the batch's)."""
 
     def __init__(self, compile_step: bool = False) -> None:
         self.compile_step = compile_step

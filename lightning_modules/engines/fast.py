@@ -37,6 +37,7 @@ class FastRolloutEngine(RolloutEngine):
     weights stay the same (`VisionCache`), across requests and calls."""
 
     own_kernels = True
+    fixed_rows = True  # `rollout._engine_for`: one decode engine per row count
 
     def __init__(self, compile_step: bool = False) -> None:
         super().__init__(compile_step)

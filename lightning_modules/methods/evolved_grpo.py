@@ -118,7 +118,7 @@ class ProcessReward:
         requests = [
             RolloutRequest(self.prompt(module.processor, swap[b], template), swap[b].image, G, b) for b in chosen
         ]
-        again = module.generate(requests)
+        again = module.generate(padded(requests, reroll_requests(module, len(batch))))
         both = concat_rollouts([ro, again], module.processor.tokenizer.pad_token_id)
         n = len(batch) * G
         where = {b: n + j * G for j, b in enumerate(chosen)}
@@ -261,6 +261,22 @@ def level_stats(samples: list[Any]) -> dict[str, float]:
         "train/level/max": max(levels),
         "train/level/sub_frac": sum(sub) / len(sub),
     }
+
+
+def reroll_requests(module, batch_size: int) -> int:
+    """How many requests the re-generation call makes at least: the batch's when the module's engine keeps a KV cache
+    and a CUDA graph per row count (``RolloutEngine.fixed_rows``, on CUDA), so the call reuses the first call's (a GPU
+    decodes B groups about as fast as a few, and the run keeps one engine instead of one per number of converged
+    groups); else 0 (only the converged groups)."""
+    fixed = getattr(module.rollout_engine, "fixed_rows", False)
+    return batch_size if fixed and module.device.type == "cuda" else 0
+
+
+def padded(requests: list[RolloutRequest], n: int) -> list[RolloutRequest]:
+    """``requests`` followed by copies of the last one up to ``n`` requests (group ids -1: rows to drop); as they are
+    when there are already ``n`` or more."""
+    extra = [dataclasses.replace(requests[-1], group_id=-1) for _ in range(n - len(requests))]
+    return list(requests) + extra
 
 
 def first_try_accuracy(batch, ro: Rollout) -> list[float | None]:

@@ -136,6 +136,15 @@ def test_the_sft_stage_target_earns_the_full_process_reward():
     assert multi >= 5
 
 
+def test_padding_repeats_the_last_request_with_a_group_to_drop():
+    from lightning_modules.engines.base import RolloutRequest
+    from lightning_modules.methods.evolved_grpo import padded
+
+    reqs = [RolloutRequest("a", None, 2, 0), RolloutRequest("b", None, 2, 3)]
+    assert padded(reqs, 0) == reqs and padded(reqs, 2) == reqs
+    assert [(r.prompt, r.group_id) for r in padded(reqs, 4)] == [("a", 0), ("b", 3), ("b", -1), ("b", -1)]
+
+
 def test_bad_in_step_args_are_clear():
     with pytest.raises(ValueError, match="reroll must be one of"):
         build_method("evolved_grpo", _hp(), {"reroll": "always"})
@@ -176,14 +185,20 @@ def test_next_version_follows_the_level_rule_on_the_original_scene():
     assert m.next_version(plain, [False, False], step=0) is None  # no toy scene: nothing to edit in the step
 
 
-def test_in_step_evolution_regenerates_converged_groups_on_their_next_version(tiny_model_dir):
+@pytest.mark.parametrize("pad", [False, True], ids=["exact", "padded"])
+def test_in_step_evolution_regenerates_converged_groups_on_their_next_version(tiny_model_dir, pad, monkeypatch):
     """A real module and engine (the random tiny model answers no box right, so every group is all wrong): with
     ``reroll: evolve`` each group is generated again on its sub-problem version, whose prompt the rows carry, in the
-    batch's order; ``resample`` generates the same versions again; the first try moves the pool."""
+    batch's order; ``resample`` generates the same versions again; the first try moves the pool. ``padded``: the
+    re-generation call padded to more requests (what a CUDA engine with fixed row counts gets), the extra rows
+    dropped."""
     from datamodules import evolve
     from datamodules.toy import ToySceneDataset
     from lightning_modules.grpo import GRPOModule
+    from lightning_modules.methods import evolved_grpo
 
+    if pad:
+        monkeypatch.setattr(evolved_grpo, "reroll_requests", lambda module, b: b + 3)
     batch = [ToySceneDataset("train", 4, seed=0, size=112)[i] for i in range(4)]
     for mode in ("evolve", "resample"):
         module = GRPOModule(
