@@ -44,6 +44,8 @@ EVOLUTION_KEYS: dict[str, str] = {
     "train/diversity/zero_frac": "zero-variance fraction (accuracy rewards)",
     "train/level/sub_frac": "fraction in a sub-problem version",
     "train/level/prefix_credit": "prefix credit on multi-step questions",
+    "train/zero_variance_frac": "zero-variance fraction (total reward, the trained groups)",
+    "train/level/reroll/frac": "groups re-generated in the step (in-step evolution)",
 }
 """Metric -> panel title of the instruction-evolution figure, per training step (EvolvedGRPO vs GRPO)."""
 

@@ -167,5 +167,7 @@ def test_evolution_curves_pool_seeds_per_method_and_read_epoch_levels():
     assert [line.get_label() for line in level_ax.get_lines()] == ["evolved_grpo (n=2)"]
     assert list(level_ax.get_lines()[0].get_ydata()) == [0.0, 1.5, 2.5]  # mean over the two seeds
     assert sorted(line.get_label() for line in zero_ax.get_lines()) == ["evolved_grpo (n=2)", "grpo (n=2)"]
+    reroll_ax = per_step.axes[list(A.EVOLUTION_KEYS).index("train/level/reroll/frac")]
+    assert reroll_ax.get_lines() == []  # no run re-generated groups: an empty panel, not an error
     (line,) = per_epoch.axes[0].get_lines()
     assert list(line.get_xdata()) == [0, 1] and list(line.get_ydata()) == [1.5, 2.5]
