@@ -344,11 +344,15 @@ class Rollout:
         counts = self.image_grid_thw.prod(dim=-1)
         return torch.cat([counts.new_zeros(1), counts.cumsum(0)])
 
+    def row_pixels(self, idx: Sequence[int]) -> torch.Tensor:
+        """The patches of rows ``idx``, in that order ([sum of their patches, D])."""
+        offsets = self.patch_offsets()
+        return torch.cat([self.pixel_values[offsets[i] : offsets[i + 1]] for i in idx])
+
     def rows(self, index: Sequence[int] | slice) -> dict[str, torch.Tensor]:
         """Model inputs (ids, mask, pixels, grid) for a subset of rows: a micro-batch."""
         idx = list(range(self.prompt_ids.shape[0]))[index] if isinstance(index, slice) else list(index)
-        offsets = self.patch_offsets()
-        pixels = torch.cat([self.pixel_values[offsets[i] : offsets[i + 1]] for i in idx])
+        pixels = self.row_pixels(idx)
         out = {"input_ids": self.input_ids[idx], "attention_mask": self.attention_mask[idx]}
         if self.is_video:
             out.update(
@@ -368,14 +372,13 @@ def take_rows(ro: Rollout, index: Sequence[int], group_size: int | None = None) 
     """The rows ``index`` of a rollout, in that order (their pixels, group ids and parent ids with them), as a rollout
     of ``group_size`` completions per prompt (default: the input's)."""
     idx = list(index)
-    offsets = ro.patch_offsets()
     return replace(
         ro,
         prompt_ids=ro.prompt_ids[idx],
         prompt_mask=ro.prompt_mask[idx],
         completion_ids=ro.completion_ids[idx],
         completion_mask=ro.completion_mask[idx],
-        pixel_values=torch.cat([ro.pixel_values[offsets[i] : offsets[i + 1]] for i in idx]),
+        pixel_values=ro.row_pixels(idx),
         image_grid_thw=ro.image_grid_thw[idx],
         texts=[ro.texts[i] for i in idx],
         input_wh=[ro.input_wh[i] for i in idx],

@@ -19,25 +19,39 @@ def _defaults(study_name: str, out: str | None, results: str | None) -> tuple[Pa
     return Path(out or f"outputs/study/{study_name}"), Path(results or f"bench/results/study_{study_name}")
 
 
-def _merge_main(argv: list[str]) -> int:
-    from study.report import merge
-
-    ap = argparse.ArgumentParser(
-        prog="python -m study merge",
-        description="Collect the run records of a study's shards (their --out folders) into one table.",
-        allow_abbrev=False,
-    )
+def _records_parser(command: str, description: str, folders_help: str) -> argparse.ArgumentParser:
+    """The parser of a command that reads a study's run records: ``STUDY [OUT ...] [--results DIR]``."""
+    ap = argparse.ArgumentParser(prog=f"python -m study {command}", description=description, allow_abbrev=False)
     ap.add_argument("study", help="the study file, e.g. configs/study/table1_toy.yaml")
-    ap.add_argument("folders", nargs="*", help="--out folders of the shards (default: outputs/study/<name>)")
+    ap.add_argument("folders", nargs="*", help=f"{folders_help} (default: outputs/study/<name>)")
     ap.add_argument("--results", default=None, help="table folder (default bench/results/study_<name>)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _records_study(args: argparse.Namespace):
+    """(study, its record folders, its results folder) of a records command, or None after printing the study file's
+    error."""
     try:
         study = load_study(args.study)
     except StudyError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return None
     out, results = _defaults(study.name, None, args.results)
-    folders = [Path(f) for f in args.folders] or [out]
+    return study, [Path(f) for f in args.folders] or [out], results
+
+
+def _merge_main(argv: list[str]) -> int:
+    from study.report import merge
+
+    ap = _records_parser(
+        "merge",
+        "Collect the run records of a study's shards (their --out folders) into one table.",
+        "--out folders of the shards",
+    )
+    loaded = _records_study(ap.parse_args(argv))
+    if loaded is None:
+        return 2
+    study, folders, results = loaded
     for f in folders:
         if not (f / "runs").is_dir():
             print(f"error: {f} holds no runs/ folder; pass the --out folders of the study's shards", file=sys.stderr)
@@ -51,26 +65,21 @@ def _merge_main(argv: list[str]) -> int:
 def _training_main(argv: list[str]) -> int:
     from study.training import KEYS, write
 
-    ap = argparse.ArgumentParser(
-        prog="python -m study training",
-        description="The training curves of a study's runs (the zero-variance fraction, tied groups, levels): per row "
-        "the mean over steps with a 95%% t interval over seeds, per third, and the seed-paired differences of its "
+    ap = _records_parser(
+        "training",
+        "The training curves of a study's runs (the zero-variance fraction, tied groups, levels): per row the mean "
+        "over steps with a 95%% t interval over seeds, per third, and the seed-paired differences of its "
         "comparisons -> training.md / training.csv.",
-        allow_abbrev=False,
+        "--out folders of the shards, or a records.tgz unpacked",
     )
-    ap.add_argument("study", help="the study file, e.g. configs/study/evolved_toy_in_step.yaml")
-    ap.add_argument("folders", nargs="*", help="--out folders of the shards, or a records.tgz unpacked")
     ap.add_argument("--key", action="append", default=None, help=f"a train/* curve, repeatable (default: {KEYS})")
-    ap.add_argument("--results", default=None, help="table folder (default bench/results/study_<name>)")
     args = ap.parse_args(argv)
-    try:
-        study = load_study(args.study)
-    except StudyError as e:
-        print(f"error: {e}", file=sys.stderr)
+    loaded = _records_study(args)
+    if loaded is None:
         return 2
-    out, results = _defaults(study.name, None, args.results)
+    study, folders, results = loaded
     try:
-        md = write(study, [Path(f) for f in args.folders] or [out], results, args.key or KEYS)
+        md = write(study, folders, results, args.key or KEYS)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
