@@ -74,7 +74,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
     (``ovd_reward``), and ``format`` (the rate of well-formed answers), all in [0, 1]. CycleGRPO's records
     (`CycleGRPO.predict`) add its ``test`` metrics: clips ``tiou`` / ``r1@{0.3,0.5,0.7}`` (intervals) or ``when`` /
     ``where`` / ``st`` (anchors), ``n_acc`` / ``t_acc``, ``cycle_acc50``; REC sets with no-target queries ``n_acc``
-    / ``t_acc`` (their ``acc50`` / ``miou`` over the queries with a target); both worlds ``locatability`` /
+    / ``t_acc`` (their ``acc50`` / ``miou`` over the queries with a target); REC sets of multi-step questions
+    ``prefix_credit`` / ``step1_acc50`` (the ``<step>`` boxes against the question's chain); both worlds ``locatability`` /
     ``confusion`` over the samples with a target (``cycle``). Not rebuilt: the clips' ``ciou`` (a ratio of sums over
     the set)."""
     out = _summarize_boxes([r for r in rows if r["task"] != "video"])
@@ -131,5 +132,9 @@ def _summarize_boxes(rows: list[dict[str, Any]]) -> dict[str, float]:
     ovd = frame[frame["task"] == "ovd"]
     if len(ovd):
         out["ovd_reward"] = float(ovd["acc"].mean())
+    steps = [r["steps"] for r in rows if r.get("steps")]
+    if steps:  # multi-step questions (`evaluation.step_scores`): are the written steps grounded?
+        out["prefix_credit"] = sum(st["prefix_credit"] for st in steps) / len(steps)
+        out["step1_acc50"] = sum(bool(st["step1"]) for st in steps) / len(steps)
     out["format"] = float(frame["fmt"].mean())
     return out

@@ -87,6 +87,8 @@ SPLITS: dict[str, SplitSpec] = {
     # no-target queries (CycleGRPO's GRES-style samples): drawn as train / val, a quarter of the queries name nothing
     "train_nt": SplitSpec(11, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, no_target=0.25),
     "val_nt": SplitSpec(12, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, no_target=0.25),
+    # EvolvedGRPO's too-hard pool: drawn as test_multihop (multi-step questions) on a code of its own, for training
+    "train_multihop": SplitSpec(13, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, text_levels=(3, 5)),
 }
 """Three splits for ``ToySceneDataset(mix=...)`` only (never validated on). ``solo``: the target alone (where things are
 before which thing is meant). ``varied``: any background of the grammar and up to "many" distractors, the kind of image
@@ -108,7 +110,11 @@ Two splits with no-target queries (``no_target``): ``train_nt`` and ``val_nt`` a
 codes of their own), and a quarter of their queries name a near miss of the target that the scene does not hold: "the
 small blue circle" beside a small red one, with no blue circle anywhere. Their answer is ``no target``
 (``lightning_modules.regions``), their solution ``[]``. CycleGRPO trains them as grounding groups; the GRPO rewards
-refuse them (they need a box)."""
+refuse them (they need a box).
+
+``train_multihop``: drawn as ``test_multihop`` on a code of its own, a training pool of questions too hard for the
+toy checkpoint (EvolvedGRPO's "problems that are too hard": its runs step them back to their spelled-out steps,
+``configs/study/evolved_toy_multihop.yaml``)."""
 
 TEST_SPLITS = ("test_id", "test_ood_texture", "test_ood_crowded", "test_ood", "test_multihop")
 """The held-out splits, in the order the study's table shows them."""

@@ -108,6 +108,29 @@ def answered_region(text: str, parsed: rewards.ParsedCompletion, input_wh, size,
     return pred
 
 
+def step_scores(sample, text: str, input_wh, iou_threshold: float = 0.5) -> dict[str, Any] | None:
+    """How the ``<step>`` boxes of a greedy answer to a multi-step toy question (``evolve.query_steps``: anchor first,
+    target last; a guided sub-problem question counts as its question) score against the question's chain, or None
+    when the sample has no chain of two or more steps: ``n`` gold steps, ``written`` steps, ``prefix_credit`` (the
+    process reward's fraction of steps in the longest correct prefix) and ``step1`` (the anchor's box at IoU >= 0.5).
+    ``train.py predict`` records it, so a held-out multi-step split shows whether the steps are grounded or only
+    written (docs/evolved_grpo.md)."""
+    from datamodules import evolve
+
+    if sample.task != "rec" or not sample.meta:
+        return None
+    chain = [st.box for st in evolve.query_steps(sample.meta, sample.query)]
+    if len(chain) < 2:
+        return None
+    pred = [None if p is None else rewards.rescale_box(p, input_wh, sample.size) for p in evolve.parse_steps(text)]
+    return {
+        "n": len(chain),
+        "written": len(pred),
+        "prefix_credit": evolve.prefix_credit(pred, chain, iou_threshold),
+        "step1": bool(pred and pred[0] is not None and rewards.iou(pred[0], chain[0]) >= iou_threshold),
+    }
+
+
 class Evaluator(nn.Module):
     """The metrics of every named eval set, as submodules (Lightning finds logged metrics by attribute, so they are
     built in ``setup`` before the first ``log``)."""

@@ -52,7 +52,7 @@ from lightning_modules.engines import (
     build_rollout_engine,
     build_update_engine,
 )
-from lightning_modules.evaluation import Evaluator, eval_set_name, greedy_answers
+from lightning_modules.evaluation import Evaluator, eval_set_name, greedy_answers, step_scores
 from lightning_modules.methods import METHODS, Scores, Selection, build_method
 from lightning_modules.policy import PROMPT_TEMPLATES, Rollout, dtype_from_name, load_policy
 from lightning_modules.precision import build_optimizer, fp32_default_dtype, optimizer_tensors
@@ -648,6 +648,9 @@ class GRPOModule(L.LightningModule):
                 region = answered_region(a.text, a.parsed, a.input_wh, s.size)
                 extra = {"answered": region is not None and region is not NO_TARGET}  # T-acc, as the evaluator's
                 acc = rewards.iou(a.boxes[0], s.boxes[0]) if a.boxes else 0.0
+                steps = step_scores(s, a.text, a.input_wh)
+                if steps is not None:
+                    extra["steps"] = steps
             else:
                 acc = rewards.ovd_reward([a.text], [s.boxes], input_wh=[a.input_wh], orig_wh=[s.size])[0]
             out.append(

@@ -38,11 +38,14 @@ SCENE_METRICS: dict[str, tuple[str, float | None]] = {
     "confusion": ("confused", None),
     "n_acc": ("rejected", None),
     "t_acc": ("answered", None),
+    "prefix_credit": ("prefix", None),
+    "step1_acc50": ("step1", None),
 }
 """Metric -> (``scenes.csv`` column, threshold): the per-scene score whose mean over scenes is the metric, the column
 itself or the indicator ``column >= threshold``. REC: ``iou`` is the predicted box's IoU, 0 if none; clips: ``tiou``
 or ``st`` (Eq. 15), ``when`` / ``where``; CycleGRPO's cycle: ``located`` / ``confused``; GRES's ``n_acc`` /
-``t_acc``: ``rejected`` on the clips without a target, ``answered`` on those with one. A value is nan where the
+``t_acc``: ``rejected`` on the clips without a target, ``answered`` on those with one; multi-step REC questions
+``prefix_credit`` / ``step1_acc50``: ``prefix`` and ``step1`` (``evaluation.step_scores``). A value is nan where the
 scene has none (a clip of the other region space; a scene without a target has no caption to locate): such scenes
 leave the matrix, the same scenes for every run since they depend on the ground truth only."""
 
@@ -63,6 +66,8 @@ SCENE_COLUMNS = [
     "confused",
     "rejected",
     "answered",
+    "prefix",
+    "step1",
 ]
 """``scenes.csv``'s columns (``tiou`` .. ``confused``: nan where a record has no such value)."""
 
@@ -104,6 +109,8 @@ def read_evaluation(eval_dir: str | Path, evaluator: str = "predict") -> tuple[d
                     "confused": float(cycle["confused"]) if cycle else math.nan,
                     "rejected": float(r["rejected"]) if "rejected" in r and r.get("no_target") else math.nan,
                     "answered": float(r["answered"]) if "answered" in r and not r.get("no_target") else math.nan,
+                    "prefix": float(r["steps"]["prefix_credit"]) if r.get("steps") else math.nan,
+                    "step1": float(r["steps"]["step1"]) if r.get("steps") else math.nan,
                 }
             )
     return per_set, pd.DataFrame(rows, columns=SCENE_COLUMNS)

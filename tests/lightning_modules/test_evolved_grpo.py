@@ -241,3 +241,32 @@ def test_the_strategy_moves_the_pool_by_the_first_try():
     outputs = {"rewards": {"accuracy": [1.0, 0.0] * 2}, "pool_accuracy": [0.0] * 4, "group_size": 2}
     strategy.requests(0, batch, outputs)
     assert strategy.stats()["level/sub_frac"] == 1.0
+
+
+def test_predict_records_score_the_written_steps_of_multi_step_questions():
+    """`train.py predict`'s step scores, by hand: the anchor right and the target wrong is half the chain; a guided
+    sub-problem question scores its question's chain; a one-step question has none; the set summary averages them."""
+    from callbacks.predictions import summarize
+    from lightning_modules.evaluation import step_scores
+
+    two_step = Sample("a", META["query"], [[10, 60, 30, 80]], META)
+    got = step_scores(two_step, _text([ANCHOR, MISS], MISS), (100, 100))
+    assert got == {"n": 2, "written": 2, "prefix_credit": 0.5, "step1": True}
+    # the model's input at twice the size: its boxes are rescaled to original pixels before they are scored
+    doubled = _text(["[20, 20, 60, 60]", "[20, 120, 60, 160]"], "[20, 120, 60, 160]")
+    assert step_scores(two_step, doubled, (200, 200))["prefix_credit"] == 1.0
+    assert step_scores(two_step, _text([MISS, TARGET], TARGET), (100, 100))["step1"] is False
+    assert step_scores(two_step, "<answer>[10, 60, 30, 80]</answer>", (100, 100))["written"] == 0
+    guided = Sample("b", META["query"] + " (step 1: the red square; then the answer)", [[10, 60, 30, 80]], META)
+    assert step_scores(guided, _text([ANCHOR, TARGET], TARGET), (100, 100))["prefix_credit"] == 1.0
+    one_step = Sample("c", "the red square", [[10, 10, 30, 30]], dict(META, query="the red square"))
+    assert step_scores(one_step, _text([ANCHOR], ANCHOR), (100, 100)) is None
+    assert step_scores(Sample("d", "the cat", [[0, 0, 5, 5]]), _text([ANCHOR], ANCHOR), (100, 100)) is None
+
+    def row(steps):
+        return {"task": "rec", "rewards": {"accuracy": 0.0}, "format_ok": True, **({"steps": steps} if steps else {})}
+
+    rows = [row(got), row({"n": 3, "written": 3, "prefix_credit": 0.0, "step1": False}), row(None)]
+    summary = summarize(rows)
+    assert summary["prefix_credit"] == pytest.approx(0.25) and summary["step1_acc50"] == pytest.approx(0.5)
+    assert "prefix_credit" not in summarize([row(None)])
