@@ -22,8 +22,12 @@ setup: $(SETUP)
 train: setup
 	$(PY_RUN) train.py fit --config configs/tiny.yaml
 
+# TEST_JOBS pytest-xdist workers (one per core here; the dev extras install it, an interpreter without it runs the
+# tests in one process), one BLAS thread each
+TEST_JOBS ?= 2
+XDIST = $(shell $(PY_RUN) -c "import xdist" >/dev/null 2>&1 && echo "-n $(TEST_JOBS)")
 test: setup
-	$(PY_RUN) -m pytest -q
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=$${MKL_NUM_THREADS:-1} $(PY_RUN) -m pytest -q $(XDIST)
 
 # Slow CPU tests (an offline sweep of 5 points, ...): deselected by `make test`
 test-slow: setup

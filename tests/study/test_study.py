@@ -4,6 +4,7 @@ and resuming without training, and (slow) the smoke study end to end through rea
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import subprocess
@@ -505,6 +506,7 @@ def test_smoke_study_end_to_end(tmp_path):
         (REPO / "configs/study/cycle_ablation_toy_temporal_no_target.yaml", "cycle"),
         (REPO / "configs/study/cycle_ablation_toy_temporal_no_target_nk.yaml", "localization_only"),
         (IMAGE_PREDICT, "caption_only"),
+        (REPO / "configs/study/evolved_toy_multihop.yaml", "evolved_in_step"),
     ],
     ids=[
         "crowded",
@@ -519,6 +521,7 @@ def test_smoke_study_end_to_end(tmp_path):
         "temporal_no_target",
         "temporal_no_target_nk",
         "predict",
+        "multihop",
     ],
 )
 def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatch):
@@ -531,7 +534,7 @@ def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatc
     study = load_study(path)
     runs, _ = plan(study, tmp_path / "out")
     run = next(r for r in runs if r.row.name == row and r.train is not None)
-    prepare_data([run])
+    prepare_data([dataclasses.replace(run, evaluate=None)])  # the training splits only: the fit reads no test split
     cli = cli_main([*run.train.argv[2:], "--trainer.max_steps=2", "--trainer.limit_val_batches=0"])
     assert cli.trainer.global_step == 2
     assert any(k.startswith("train/") for k in cli.trainer.logged_metrics)
@@ -550,6 +553,11 @@ def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatc
     if row in ("evolved_in_step", "grpo_resample"):  # the in-step rule reached the method
         assert cli.model.method.reroll == ("evolve" if row == "evolved_in_step" else "resample")
         assert "train/level/reroll/frac" in cli.trainer.logged_metrics
+    if path.stem == "evolved_toy_multihop":  # a pool of multi-step questions, its ladder their own sub-problems
+        assert {r.meta["level"] for r in cli.datamodule.train_set.records} == {3, 5}
+        synth = next(c for c in cli.trainer.callbacks if type(c).__name__ == "SynthesisCallback")
+        assert synth.strategy.levels.max_level == 0 and cli.model.method.rule.max_level == 0
+        assert "evolved-long" in cli.model.hparams.model_name_or_path
     if row in ("evolved_isolate", "evolved_zoom"):
         synth = next(c for c in cli.trainer.callbacks if type(c).__name__ == "SynthesisCallback")
         assert synth.strategy.levels.sub_levels == 2
