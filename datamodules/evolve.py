@@ -1025,8 +1025,6 @@ def prefix_process_reward(
     """Prefix-style process reward in [0, 1] per completion: ``prefix_credit`` of its ``<step>`` boxes (rescaled from
     the model input ``input_wh`` to original pixels ``orig_wh`` like ``rec_accuracy_reward``) against the gold
     steps. ``step_boxes``: one list of gold boxes per completion (one list for all is broadcast)."""
-    from lightning_modules.rewards import rescale_box
-
     n = len(completions)
     if len(step_boxes) and all(isinstance(v, (int, float)) for v in step_boxes[0]):
         step_boxes = [step_boxes] * n  # one gold chain for every completion
@@ -1038,13 +1036,21 @@ def prefix_process_reward(
             return [value] * n
         return list(value)
 
-    out = []
-    for text, gold, iw, ow in zip(completions, step_boxes, per(input_wh), per(orig_wh)):
-        pred = parse_steps(text)
-        if iw is not None and ow is not None:
-            pred = [None if p is None else rescale_box(p, iw, ow) for p in pred]
-        out.append(prefix_credit(pred, gold, iou_threshold))
-    return out
+    return [
+        prefix_credit(written_steps(text, iw, ow), gold, iou_threshold)
+        for text, gold, iw, ow in zip(completions, step_boxes, per(input_wh), per(orig_wh))
+    ]
+
+
+def written_steps(text: str, input_wh: Any = None, orig_wh: Any = None) -> list[list[float] | None]:
+    """``parse_steps`` of a completion, its boxes rescaled from the model input ``input_wh`` to original pixels
+    ``orig_wh`` (as ``rec_accuracy_reward`` does; unscaled when either is None)."""
+    from lightning_modules.rewards import rescale_box
+
+    pred = parse_steps(text)
+    if input_wh is None or orig_wh is None:
+        return pred
+    return [None if p is None else rescale_box(p, input_wh, orig_wh) for p in pred]
 
 
 def combine_rewards(outcome: Sequence[float], process: Sequence[float], process_weight: float) -> list[float]:

@@ -122,12 +122,12 @@ def step_scores(sample, text: str, input_wh, iou_threshold: float = 0.5) -> dict
     chain = [st.box for st in evolve.query_steps(sample.meta, sample.query)]
     if len(chain) < 2:
         return None
-    pred = [None if p is None else rewards.rescale_box(p, input_wh, sample.size) for p in evolve.parse_steps(text)]
+    pred = evolve.written_steps(text, input_wh, sample.size)
     return {
         "n": len(chain),
         "written": len(pred),
         "prefix_credit": evolve.prefix_credit(pred, chain, iou_threshold),
-        "step1": bool(pred and pred[0] is not None and rewards.iou(pred[0], chain[0]) >= iou_threshold),
+        "step1": evolve.prefix_credit(pred[:1], chain[:1], iou_threshold) == 1.0,
     }
 
 

@@ -419,15 +419,17 @@ def resolved_config(argv: Sequence[str]) -> dict[str, Any]:
     return yaml.safe_load(buf.getvalue())
 
 
-def prepare_data(runs: Sequence[Run]) -> None:
-    """Render the toy data of the runs once, before their processes start: the first training run's splits and the
-    first evaluation's test splits, through the data module's own ``prepare_data`` (same files, same manifests), so
-    ``-j N`` processes find them instead of all rendering them at once. Strips ``--ckpt_path`` (not read here)."""
+def prepare_data(runs: Sequence[Run], evaluation: bool = True) -> None:
+    """Render the toy data of the runs once, before their processes start: the first training run's splits and (with
+    ``evaluation``) the first evaluation's test splits, through the data module's own ``prepare_data`` (same files,
+    same manifests), so ``-j N`` processes find them instead of all rendering them at once. Strips ``--ckpt_path``
+    (not read here)."""
     from datamodules.rec import RECDataModule, ToySpec
     from datamodules.video import ToyVideoSpec, VideoGroundingDataModule
 
     seen: set[str] = set()
-    for point in [next((r.train for r in runs if r.train is not None), None), runs[0].evaluate if runs else None]:
+    first_eval = runs[0].evaluate if runs and evaluation else None
+    for point in [next((r.train for r in runs if r.train is not None), None), first_eval]:
         if point is None:
             continue
         argv = [a for a in point.argv[2:] if not a.startswith(("--ckpt_path", "--model.init_args.model_name"))]

@@ -4,7 +4,6 @@ and resuming without training, and (slow) the smoke study end to end through rea
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import io
 import json
 import subprocess
@@ -534,7 +533,7 @@ def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatc
     study = load_study(path)
     runs, _ = plan(study, tmp_path / "out")
     run = next(r for r in runs if r.row.name == row and r.train is not None)
-    prepare_data([dataclasses.replace(run, evaluate=None)])  # the training splits only: the fit reads no test split
+    prepare_data([run], evaluation=False)  # the training splits only: the fit reads no test split
     cli = cli_main([*run.train.argv[2:], "--trainer.max_steps=2", "--trainer.limit_val_batches=0"])
     assert cli.trainer.global_step == 2
     assert any(k.startswith("train/") for k in cli.trainer.logged_metrics)
