@@ -67,6 +67,15 @@ toy-model-evolved: setup
 toy-model-evolved-long: setup
 	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage_evolved_long.yaml --trainer.precision $(TOY_PRECISION)
 
+# The third EvolvedGRPO stages (docs/toy_model.md), each continuing the one above: one-step questions asked as a
+# multi-step question's anchors are ("the yellow shape"), with the short step format or with steps that name what they
+# look for
+toy-model-evolved-anchors: setup
+	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage_evolved_anchors.yaml --trainer.precision $(TOY_PRECISION)
+
+toy-model-evolved-named: setup
+	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage_evolved_named.yaml --trainer.precision $(TOY_PRECISION)
+
 # Table 1 on the toy world with intervals (docs/study.md): rows x 3 seeds + the beta ablation, evaluated on the held-out
 # test splits. J processes at a time; SHARD=i/n runs a fixed part (a device call), then `python -m study merge`.
 J ?= 2
@@ -96,7 +105,7 @@ test-vllm: vllm-venv
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=$${MKL_NUM_THREADS:-1} \
 		$(VLLM_VENV)/bin/python -m pytest -q -m vllm -s tests/lightning_modules/test_vllm_engine.py
 
-.PHONY: setup train test test-slow lint toy-model toy-model-cycle toy-model-cycle-video toy-model-evolved toy-model-evolved-long study study-smoke vllm-venv test-vllm
+.PHONY: setup train test test-slow lint toy-model toy-model-cycle toy-model-cycle-video toy-model-evolved toy-model-evolved-long toy-model-evolved-anchors toy-model-evolved-named study study-smoke vllm-venv test-vllm
 
 # The end-to-end GPU harness (one H200; docs/performance.md): the paper's one-GPU configs through train.py on
 # random-weight Qwen2.5-VL-3B + SDXL, TRL on the same work, engine parity. On the GPU machine: make gpu-e2e PY=python3

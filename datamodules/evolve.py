@@ -960,20 +960,28 @@ def version_depth(meta: dict[str, Any], query: str) -> int:
 
 
 def format_steps(
-    steps: Sequence[Step], input_wh: tuple[int, int], orig_wh: tuple[int, int], queries: bool = True
+    steps: Sequence[Step],
+    input_wh: tuple[int, int],
+    orig_wh: tuple[int, int],
+    queries: bool = True,
+    relative: bool = False,
 ) -> str:
     """The reasoning of a sub-problem completion, to go inside ``<think>``: one sentence per step with its box in a
     ``<step>`` tag, in integer pixels of the model input (as ``toy.sft_target`` writes answers), e.g.
-    ``Step 1: the red square <step>[60, 20, 110, 70]</step>. Step 2: the circle below it <step>[...]</step>.``;
-    ``queries=False`` leaves the steps' queries out (``Step 1: <step>[60, 20, 110, 70]</step>.``: the toy model's
-    short form, docs/decisions.md)."""
+    ``Step 1: the red square <step>[60, 20, 110, 70]</step>. Step 2: the circle below the red square <step>[...]</step>.``;
+    ``relative=True`` names a step's predecessor "it" (``Step 2: the circle below it <step>[...]</step>.``: each step
+    says what to look for next and stays short, the toy model's named form); ``queries=False`` leaves the steps'
+    queries out (``Step 1: <step>[60, 20, 110, 70]</step>.``: the short form, docs/decisions.md)."""
     sx, sy = input_wh[0] / orig_wh[0], input_wh[1] / orig_wh[1]
     parts = []
     for k, s in enumerate(steps, 1):
         x1, y1, x2, y2 = s.box
         box = [int(np.floor(v * f + 0.5)) for v, f in ((x1, sx), (y1, sy), (x2, sx), (y2, sy))]
+        query = s.query
+        if relative and k > 1 and query.endswith(" " + steps[k - 2].query):
+            query = query[: -len(steps[k - 2].query)] + "it"
         parts.append(
-            f"Step {k}: {s.query} <step>{json.dumps(box)}</step>."
+            f"Step {k}: {query} <step>{json.dumps(box)}</step>."
             if queries
             else f"Step {k}: <step>{json.dumps(box)}</step>."
         )

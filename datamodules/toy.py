@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import os
 import zlib
@@ -69,6 +70,9 @@ class SplitSpec:
     """REC only: this share of the split's queries (drawn per index) has no target (GRES-style): the scene is drawn as
     usual, then the query names the target with its colour or shape changed to a pair no object in it wears (a near
     miss, ``_no_target_query``); ``solution`` is ``[]``."""
+    short_query: bool = False
+    """REC only: the query is the target's shortest exact descriptor ("the yellow shape", "the large shape", "the
+    star"; ``_short_query``), the form a multi-step question's anchors take, instead of the full attribute triple."""
 
 
 SPLITS: dict[str, SplitSpec] = {
@@ -89,6 +93,9 @@ SPLITS: dict[str, SplitSpec] = {
     "val_nt": SplitSpec(12, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, no_target=0.25),
     # EvolvedGRPO's too-hard pool: drawn as test_multihop (multi-step questions) on a code of its own, for training
     "train_multihop": SplitSpec(13, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, text_levels=(3, 5)),
+    # the anchors' query form as one-step questions: drawn as train / test_id, asked by the shortest exact descriptor
+    "train_short": SplitSpec(14, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, short_query=True),
+    "test_short": SplitSpec(15, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, short_query=True),
 }
 """Three splits for ``ToySceneDataset(mix=...)`` only (never validated on). ``solo``: the target alone (where things are
 before which thing is meant). ``varied``: any background of the grammar and up to "many" distractors, the kind of image
@@ -114,7 +121,12 @@ refuse them (they need a box).
 
 ``train_multihop``: drawn as ``test_multihop`` on a code of its own, a training pool of questions too hard for the
 toy checkpoint (EvolvedGRPO's "problems that are too hard": its runs step them back to their spelled-out steps,
-``configs/study/evolved_toy_multihop.yaml``)."""
+``configs/study/evolved_toy_multihop.yaml``).
+
+``train_short`` / ``test_short``: drawn as ``train`` / ``test_id`` (codes of their own), the target asked by its
+shortest exact descriptor ("the yellow shape") instead of its triple. Every other split asks one-step questions by
+the full triple, so a checkpoint trained on them grounds "the yellow shape" (a multi-step question's anchor) 5% of the
+time against 41% for "the small yellow star" (docs/toy_model.md, "The anchors' query form")."""
 
 TEST_SPLITS = ("test_id", "test_ood_texture", "test_ood_crowded", "test_ood", "test_multihop")
 """The held-out splits, in the order the study's table shows them."""
@@ -230,6 +242,10 @@ def make_scene(split: str, index: int, seed: int, size: int = 224, task: str = "
     levels = SPLITS[split].text_levels
     if not levels:
         rec = _draw_scene(split, index, seed, size, task, _rng(seed, split, task, index))
+        if SPLITS[split].short_query and task == "rec":
+            _short_query(
+                rec, np.random.default_rng(np.random.SeedSequence([seed, SPLITS[split].code, index, _SHORT_TAG]))
+            )
         if SPLITS[split].no_target and task == "rec":
             rng = np.random.default_rng(np.random.SeedSequence([seed, SPLITS[split].code, index, _NO_TARGET_TAG]))
             if rng.random() < SPLITS[split].no_target:
@@ -253,6 +269,33 @@ def make_scene(split: str, index: int, seed: int, size: int = 224, task: str = "
         f"split's SplitSpec (datamodules/toy.py SPLITS) draws too few objects for that level: widen its `others` "
         "range or raise HARD_QUERY_ATTEMPTS"
     )
+
+
+_SHORT_TAG = 7927
+"""Enters the seed of a ``short_query`` split's per-index draw (which of the shortest descriptors is asked)."""
+
+
+def _short_query(rec: dict[str, Any], rng: np.random.Generator) -> None:
+    """Ask REC record ``rec``'s target by its shortest exact descriptor, in place: the fewest of (size, colour,
+    shape) that single it out among every object of the scene, "shape" standing for an unnamed shape ("the yellow
+    shape"); one of the shortest at random. A target that needs all three keeps its query."""
+    from datamodules.evolve import parse_query, resolve, target_index
+
+    meta = rec["meta"]
+    t = target_index(meta)
+    o = meta["objects"][t]
+    for k in (1, 2):
+        found = []
+        for attrs in itertools.combinations(("size", "colour", "shape"), k):
+            words = [o[a] for a in ("size", "colour") if a in attrs] + [o["shape"] if "shape" in attrs else "shape"]
+            query = "the " + " ".join(words)
+            if resolve(parse_query(query), meta) == [t]:
+                found.append(query)
+        if found:
+            query = found[int(rng.integers(len(found)))]
+            meta["query"] = query
+            rec["conversations"][0]["value"] = f"<image>{query}"
+            return
 
 
 _NO_TARGET_TAG = 7919

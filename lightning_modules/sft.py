@@ -126,11 +126,29 @@ def toy_steps_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str:
     return f"<think>{format_steps(steps, input_wh, sample.size, queries=False)} {located}.</think>{rest}"
 
 
+def toy_steps_named_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str:
+    """``toy_steps_target`` whose steps name what they look for, each after the first relative to its predecessor
+    (``Step 1: the cyan shape <step>[..]</step>. Step 2: the large triangle right of it <step>[..]</step>. ...``): the
+    anchor's phrase is copied out of the question before its box is written, so the first step is the one-step
+    grounding the model already does (the short form asks it to find the anchor and ground it at once); about 5
+    tokens a step longer (docs/toy_model.md, "The named-steps stage")."""
+    from datamodules.evolve import format_steps, query_steps
+
+    text = toy_grounded_target(sample, input_wh, seed)
+    steps = query_steps(sample.meta or {}, sample.query) if sample.task == "rec" else []
+    if len(steps) < 2:
+        return text
+    head, rest = text.split("</think>", 1)
+    located = head.removeprefix("<think>").split(". ", 1)[0]
+    return f"<think>{format_steps(steps, input_wh, sample.size, relative=True)} {located}.</think>{rest}"
+
+
 TARGETS = {
     "answer": answer_target,
     "toy": toy_target,
     "toy_grounded": toy_grounded_target,
     "toy_steps": toy_steps_target,
+    "toy_steps_named": toy_steps_named_target,
 }
 
 VIDEO_TEMPLATES = {"interval": "toy_temporal", "anchor": "toy_st"}

@@ -248,6 +248,12 @@ def test_decompose_a_two_hop_query():
     assert think.startswith("Step 1: the large square <step>[120, 40, 220, 140]</step>. Step 2: ")
     completion = f"<think>{think}</think><answer>[360, 360, 408, 408]</answer>"
     assert ev.prefix_process_reward([completion], [s.box for s in steps], (448, 448), (224, 224)) == [1.0]
+    # the named form: each step after the first calls its predecessor "it"
+    assert ev.format_steps(steps, input_wh=(224, 224), orig_wh=(224, 224), relative=True) == (
+        "Step 1: the large square <step>[60, 20, 110, 70]</step>. "
+        "Step 2: the circle right of it <step>[120, 100, 144, 124]</step>. "
+        "Step 3: the red shape below it <step>[180, 180, 204, 204]</step>."
+    )
 
 
 GOLD = [[60, 20, 110, 70], [120, 100, 144, 124], [180, 180, 204, 204]]

@@ -358,3 +358,24 @@ def test_no_target_splits_name_a_near_miss_that_no_object_has(tmp_path):
     data = toy.ToySceneDataset("train", 400, seed=0, mix={"train_nt": 0.4})
     samples = [data[i] for i in range(60)]
     assert any(not s.boxes for s in samples) and all(bool(s.meta.get("no_target")) == (not s.boxes) for s in samples)
+
+
+def test_short_splits_ask_the_target_by_its_shortest_exact_descriptor():
+    """train_short / test_short: scenes drawn as train / test_id on codes of their own, the target asked by the fewest
+    of (size, colour, shape) that single it out ("the yellow shape": a multi-step question's anchor form), exact."""
+    from datamodules.evolve import parse_query, resolve, target_index
+
+    recs = toy.generate_split("train_short", 120, seed=0)
+    lengths = Counter(len(r["meta"]["query"].split()) for r in recs)
+    assert lengths[2] + lengths[3] >= 110  # one or two attributes: "the cross", "the yellow shape", "the small star"
+    for r in recs:
+        meta, query = r["meta"], r["meta"]["query"]
+        assert resolve(parse_query(query), meta) == [target_index(meta)], query
+        assert r["conversations"][0]["value"] == f"<image>{query}"
+        t = meta["objects"][target_index(meta)]
+        if len(query.split()) == 2:  # one attribute suffices: no shorter one exists, and it is the target's
+            assert query.split()[1] in (t["size"], t["colour"], t["shape"])
+    assert any(r["meta"]["query"].endswith(" shape") for r in recs)
+    assert toy.make_scene("train_short", 5, 0)["meta"]["query"] == recs[5]["meta"]["query"]
+    shorts = {r["id"]: r["meta"]["query"] for r in toy.generate_split("test_short", 40, seed=0)}
+    assert len(shorts) == 40 and not set(shorts) & {r["id"] for r in recs}

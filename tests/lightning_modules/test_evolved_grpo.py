@@ -112,11 +112,14 @@ def test_bad_method_args_are_clear():
         build_method("evolved_grpo", _hp(), {"step_iou": 0})
 
 
-def test_the_sft_stage_target_earns_the_full_process_reward():
-    """Round trip: the ``toy_steps`` SFT target of an evolved multi-step scene, scored by the method, gets prefix
-    credit 1 and accuracy 1; a one-step scene's target has no ``<step>``."""
+@pytest.mark.parametrize("target", ["toy_steps", "toy_steps_named"])
+def test_the_sft_stage_target_earns_the_full_process_reward(target):
+    """Round trip: the ``toy_steps`` (and named-steps) SFT target of an evolved multi-step scene, scored by the method,
+    gets prefix credit 1 and accuracy 1; a one-step scene's target has no ``<step>``."""
     from datamodules.toy import ToySceneDataset
-    from lightning_modules.sft import toy_steps_target
+    from lightning_modules.sft import TARGETS
+
+    toy_steps_target = TARGETS[target]
 
     ds = ToySceneDataset("train", 200, seed=0, evolve=0.75)
     m = build_method("evolved_grpo", _hp(format="syn_grpo"))
@@ -133,6 +136,7 @@ def test_the_sft_stage_target_earns_the_full_process_reward():
         if has_steps:
             multi += 1
             assert scores.parts["process"][0].item() == 1.0, text
+            assert (" of it <step>" in text or " it <step>" in text) == (target == "toy_steps_named"), text
     assert multi >= 5
 
 
