@@ -506,6 +506,7 @@ def test_smoke_study_end_to_end(tmp_path):
         (REPO / "configs/study/cycle_ablation_toy_temporal_no_target_nk.yaml", "localization_only"),
         (IMAGE_PREDICT, "caption_only"),
         (REPO / "configs/study/evolved_toy_multihop.yaml", "evolved_in_step"),
+        (REPO / "configs/study/evolved_toy_multihop_anchors.yaml", "grpo_resample"),
     ],
     ids=[
         "crowded",
@@ -521,6 +522,7 @@ def test_smoke_study_end_to_end(tmp_path):
         "temporal_no_target_nk",
         "predict",
         "multihop",
+        "multihop_anchors",
     ],
 )
 def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatch):
@@ -552,11 +554,13 @@ def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatc
     if row in ("evolved_in_step", "grpo_resample"):  # the in-step rule reached the method
         assert cli.model.method.reroll == ("evolve" if row == "evolved_in_step" else "resample")
         assert "train/level/reroll/frac" in cli.trainer.logged_metrics
-    if path.stem == "evolved_toy_multihop":  # a pool of multi-step questions, its ladder their own sub-problems
+    if path.stem.startswith("evolved_toy_multihop"):  # a pool of multi-step questions
         assert {r.meta["level"] for r in cli.datamodule.train_set.records} == {3, 5}
+        stage = "evolved-anchors" if path.stem.endswith("_anchors") else "evolved-long"
+        assert cli.model.hparams.model_name_or_path.endswith(stage)
+    if path.stem == "evolved_toy_multihop":  # its ladder: the questions' own sub-problems
         synth = next(c for c in cli.trainer.callbacks if type(c).__name__ == "SynthesisCallback")
         assert synth.strategy.levels.max_level == 0 and cli.model.method.rule.max_level == 0
-        assert "evolved-long" in cli.model.hparams.model_name_or_path
     if row in ("evolved_isolate", "evolved_zoom"):
         synth = next(c for c in cli.trainer.callbacks if type(c).__name__ == "SynthesisCallback")
         assert synth.strategy.levels.sub_levels == 2
