@@ -129,9 +129,8 @@ def toy_steps_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str:
 def toy_steps_named_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str:
     """``toy_steps_target`` whose steps name what they look for, each after the first relative to its predecessor
     (``Step 1: the cyan shape <step>[..]</step>. Step 2: the large triangle right of it <step>[..]</step>. ...``): the
-    anchor's phrase is copied out of the question before its box is written, so the first step is the one-step
-    grounding the model already does (the short form asks it to find the anchor and ground it at once); about 5
-    tokens a step longer (docs/toy_model.md, "The named-steps stage")."""
+    anchor's phrase is copied out of the question before its box; about 5 tokens a step longer. Measured worse than
+    the short form on the toy model (docs/toy_model.md, "The anchors' query form")."""
     from datamodules.evolve import format_steps, query_steps
 
     text = toy_grounded_target(sample, input_wh, seed)
