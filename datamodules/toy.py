@@ -70,6 +70,10 @@ class SplitSpec:
     """REC only: this share of the split's queries (drawn per index) has no target (GRES-style): the scene is drawn as
     usual, then the query names the target with its colour or shape changed to a pair no object in it wears (a near
     miss, ``_no_target_query``); ``solution`` is ``[]``."""
+    ask_anchor: bool = False
+    """With ``text_levels``: ask the multi-step question's first step, its anchor ("the yellow shape" of "the shape left
+    of the yellow shape"), as a one-step question on the same scene: the anchor becomes the target, the question is
+    kept in ``meta["question"]`` (``_ask_anchor``)."""
     short_query: bool = False
     """REC only: the query is the target's shortest exact descriptor ("the yellow shape", "the large shape", "the
     star"; ``_short_query``), the form a multi-step question's anchors take, instead of the full attribute triple."""
@@ -96,6 +100,10 @@ SPLITS: dict[str, SplitSpec] = {
     # the anchors' query form as one-step questions: drawn as train / test_id, asked by the shortest exact descriptor
     "train_short": SplitSpec(14, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, short_query=True),
     "test_short": SplitSpec(15, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, short_query=True),
+    # test_multihop's scenes (its code), each asked its question's first step alone: how well the anchor is grounded
+    "test_multihop_anchor": SplitSpec(
+        9, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, text_levels=(3, 5), ask_anchor=True
+    ),
 }
 """Three splits for ``ToySceneDataset(mix=...)`` only (never validated on). ``solo``: the target alone (where things are
 before which thing is meant). ``varied``: any background of the grammar and up to "many" distractors, the kind of image
@@ -123,10 +131,15 @@ refuse them (they need a box).
 toy checkpoint (EvolvedGRPO's "problems that are too hard": its runs step them back to their spelled-out steps,
 ``configs/study/evolved_toy_multihop.yaml``).
 
+``test_multihop_anchor``: ``test_multihop``'s scenes (the same code, so the same images), each asked the first step of
+its question alone, "the yellow shape": scored against ``test_multihop``'s ``step1_acc50`` it tells whether a model
+fails the anchor or only the anchor inside a chain.
+
 ``train_short`` / ``test_short``: drawn as ``train`` / ``test_id`` (codes of their own), the target asked by its
 shortest exact descriptor ("the yellow shape") instead of its triple. Every other split asks one-step questions by
-the full triple, so a checkpoint trained on them grounds "the yellow shape" (a multi-step question's anchor) 5% of the
-time against 41% for "the small yellow star" (docs/toy_model.md, "The anchors' query form")."""
+the full triple, so a checkpoint trained on them grounds the short form 10% of the time (a multi-step question's
+anchor, ``test_multihop_anchor``: 8%) against 41% for "the small yellow star" (docs/toy_model.md, "The anchors' query
+form")."""
 
 TEST_SPLITS = ("test_id", "test_ood_texture", "test_ood_crowded", "test_ood", "test_multihop")
 """The held-out splits, in the order the study's table shows them."""
@@ -263,12 +276,33 @@ def make_scene(split: str, index: int, seed: int, size: int = 224, task: str = "
         if query is not None:
             rec["meta"].update(query=query, level=level)
             rec["conversations"][0]["value"] = f"<image>{query}"
+            if SPLITS[split].ask_anchor:
+                _ask_anchor(rec)
             return rec
     raise RuntimeError(
         f"{split} scene {index} (seed {seed}): no exact level-{level} question in {HARD_QUERY_ATTEMPTS} draws; the "
         f"split's SplitSpec (datamodules/toy.py SPLITS) draws too few objects for that level: widen its `others` "
         "range or raise HARD_QUERY_ATTEMPTS"
     )
+
+
+def _ask_anchor(rec: dict[str, Any]) -> None:
+    """Ask REC record ``rec``'s multi-step question's first step alone, in place: the anchor becomes the ``target``
+    (the question's target an ``object``), the query and solution its own; ``meta["question"]`` keeps the question."""
+    from datamodules.evolve import decompose, parse_query, resolve, target_index
+
+    meta = rec["meta"]
+    question = meta["query"]
+    anchor = decompose(meta, question)[0]
+    (k,) = resolve(parse_query(anchor.query), meta)
+    meta["objects"][target_index(meta)]["role"] = "object"
+    meta["objects"][k]["role"] = "target"
+    meta.update(query=anchor.query, question=question)
+    rec["solution"] = list(anchor.box)
+    rec["conversations"] = [
+        {"from": "human", "value": f"<image>{anchor.query}"},
+        {"from": "gpt", "value": json.dumps(list(anchor.box))},
+    ]
 
 
 _SHORT_TAG = 7927

@@ -260,8 +260,11 @@ def test_existing_splits_are_byte_identical(task, split):
 
 
 def test_test_splits_are_held_out_and_of_their_kind():
-    codes = [spec.code for spec in toy.SPLITS.values()]
+    codes = [spec.code for spec in toy.SPLITS.values() if not spec.ask_anchor]
     assert len(set(codes)) == len(codes), "every split needs its own code (it seeds its scenes)"
+    # but an anchor split asks another split's questions' first steps on that split's scenes: it shares its code
+    mirrored = {spec.code: spec.text_levels for spec in toy.SPLITS.values() if spec.text_levels and not spec.ask_anchor}
+    assert all(mirrored[s.code] == s.text_levels for s in toy.SPLITS.values() if s.ask_anchor)
     assert set(toy.TEST_SPLITS) <= set(toy.SPLITS)
     seen = {toy.make_scene(s, i, 0)["image"].tobytes() for s in ("train", "val", "ood") for i in range(40)}
     n = 40
@@ -379,3 +382,19 @@ def test_short_splits_ask_the_target_by_its_shortest_exact_descriptor():
     assert toy.make_scene("train_short", 5, 0)["meta"]["query"] == recs[5]["meta"]["query"]
     shorts = {r["id"]: r["meta"]["query"] for r in toy.generate_split("test_short", 40, seed=0)}
     assert len(shorts) == 40 and not set(shorts) & {r["id"] for r in recs}
+
+
+def test_the_anchor_split_asks_test_multihops_first_step_on_the_same_scenes():
+    """test_multihop_anchor: test_multihop's images, each asked its question's first step alone (the anchor becomes
+    the one target; the question is kept in meta), so the two splits score the anchor alone and inside the chain."""
+    from datamodules.evolve import decompose, parse_query, resolve, target_index
+
+    hard = toy.generate_split("test_multihop", 12, seed=0)
+    alone = toy.generate_split("test_multihop_anchor", 12, seed=0)
+    for h, a in zip(hard, alone):
+        assert np.array_equal(np.asarray(h["image"]), np.asarray(a["image"]))
+        first = decompose(h["meta"], h["meta"]["query"])[0]
+        assert a["meta"]["query"] == first.query and a["solution"] == first.box
+        assert a["meta"]["question"] == h["meta"]["query"] and a["id"] != h["id"]
+        assert resolve(parse_query(first.query), a["meta"]) == [target_index(a["meta"])]
+        assert a["conversations"][0]["value"] == f"<image>{first.query}"
