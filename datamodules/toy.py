@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import json
 import os
 import zlib
@@ -310,26 +309,22 @@ _SHORT_TAG = 7927
 
 
 def _short_query(rec: dict[str, Any], rng: np.random.Generator) -> None:
-    """Ask REC record ``rec``'s target by its shortest exact descriptor, in place: the fewest of (size, colour,
-    shape) that single it out among every object of the scene, "shape" standing for an unnamed shape ("the yellow
-    shape"); one of the shortest at random. A target that needs all three keeps its query."""
-    from datamodules.evolve import parse_query, resolve, target_index
+    """Ask REC record ``rec``'s target by its shortest exact descriptor, in place: the fewest (one or two) of (size,
+    colour, shape) that single it out among every object of the scene, "shape" standing for an unnamed shape ("the
+    yellow shape"); one of the shortest at random. A target that needs all three keeps its query."""
+    from datamodules.evolve import NP, _descs, format_query, resolve, target_index
 
     meta = rec["meta"]
     t = target_index(meta)
-    o = meta["objects"][t]
-    for k in (1, 2):
-        found = []
-        for attrs in itertools.combinations(("size", "colour", "shape"), k):
-            words = [o[a] for a in ("size", "colour") if a in attrs] + [o["shape"] if "shape" in attrs else "shape"]
-            query = "the " + " ".join(words)
-            if resolve(parse_query(query), meta) == [t]:
-                found.append(query)
-        if found:
-            query = found[int(rng.integers(len(found)))]
-            meta["query"] = query
-            rec["conversations"][0]["value"] = f"<image>{query}"
-            return
+    descs = [d for d in _descs(meta["objects"][t], min_attrs=1) if resolve(NP(d), meta) == [t]]
+    n_attrs = [sum(v is not None for v in (d.size, d.colour, d.shape)) for d in descs]
+    fewest = min(n_attrs, default=3)
+    if fewest == 3:  # only the full triple is exact: the query already is it
+        return
+    shortest = [d for d, n in zip(descs, n_attrs) if n == fewest]
+    query = format_query(NP(shortest[int(rng.integers(len(shortest)))]))
+    meta["query"] = query
+    rec["conversations"][0]["value"] = f"<image>{query}"
 
 
 _NO_TARGET_TAG = 7919

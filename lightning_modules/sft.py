@@ -110,11 +110,9 @@ def toy_grounded_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str
     return sft_target(_toy_record(sample), input_wh, grounded_think=True)
 
 
-def toy_steps_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str:
-    """``toy_grounded_target``, except that for a multi-step question (EvolvedGRPO's relations and sub-problems) the
-    reasoning walks its steps, one ``<step>[box]</step>`` each, anchor first, then states the box
-    (``<think>Step 1: <step>[..]</step>. Step 2: <step>[..]</step>. It is at [..].</think>``): the format the prefix
-    process reward of ``evolved_grpo`` reads, in the short form (no step queries: docs/decisions.md)."""
+def _toy_target_with_steps(sample, input_wh: tuple[int, int], seed: int, **step_format) -> str:
+    """``toy_grounded_target``, except that a multi-step question's reasoning walks its steps (``format_steps`` with
+    ``step_format``), then states the box."""
     from datamodules.evolve import format_steps, query_steps
 
     text = toy_grounded_target(sample, input_wh, seed)
@@ -123,7 +121,15 @@ def toy_steps_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str:
         return text
     head, rest = text.split("</think>", 1)
     located = head.removeprefix("<think>").split(". ", 1)[0]  # "It is at [x1, y1, x2, y2]"
-    return f"<think>{format_steps(steps, input_wh, sample.size, queries=False)} {located}.</think>{rest}"
+    return f"<think>{format_steps(steps, input_wh, sample.size, **step_format)} {located}.</think>{rest}"
+
+
+def toy_steps_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str:
+    """``toy_grounded_target``, except that for a multi-step question (EvolvedGRPO's relations and sub-problems) the
+    reasoning walks its steps, one ``<step>[box]</step>`` each, anchor first, then states the box
+    (``<think>Step 1: <step>[..]</step>. Step 2: <step>[..]</step>. It is at [..].</think>``): the format the prefix
+    process reward of ``evolved_grpo`` reads, in the short form (no step queries: docs/decisions.md)."""
+    return _toy_target_with_steps(sample, input_wh, seed, queries=False)
 
 
 def toy_steps_named_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str:
@@ -131,15 +137,7 @@ def toy_steps_named_target(sample, input_wh: tuple[int, int], seed: int = 0) -> 
     (``Step 1: the cyan shape <step>[..]</step>. Step 2: the large triangle right of it <step>[..]</step>. ...``): the
     anchor's phrase is copied out of the question before its box; about 5 tokens a step longer. Measured worse than
     the short form on the toy model (docs/toy_model.md, "The anchors' query form")."""
-    from datamodules.evolve import format_steps, query_steps
-
-    text = toy_grounded_target(sample, input_wh, seed)
-    steps = query_steps(sample.meta or {}, sample.query) if sample.task == "rec" else []
-    if len(steps) < 2:
-        return text
-    head, rest = text.split("</think>", 1)
-    located = head.removeprefix("<think>").split(". ", 1)[0]
-    return f"<think>{format_steps(steps, input_wh, sample.size, relative=True)} {located}.</think>{rest}"
+    return _toy_target_with_steps(sample, input_wh, seed, relative=True)
 
 
 TARGETS = {
