@@ -76,6 +76,14 @@ toy-model-evolved-anchors: setup
 toy-model-evolved-named: setup
 	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage_evolved_named.yaml --trainer.precision $(TOY_PRECISION)
 
+# a fourth stage on train_multihop's chains (docs/toy_model.md, "The chains' first step"): with the chains' anchors asked
+# alone (the committed checkpoints/toy-qwen2.5-vl-evolved-chains-anchor), or chains only
+toy-model-evolved-chains-anchor: setup
+	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage_evolved_chains_anchor.yaml --trainer.precision $(TOY_PRECISION)
+
+toy-model-evolved-chains: setup
+	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage_evolved_chains.yaml --trainer.precision $(TOY_PRECISION)
+
 # Table 1 on the toy world with intervals (docs/study.md): rows x 3 seeds + the beta ablation, evaluated on the held-out
 # test splits. J processes at a time; SHARD=i/n runs a fixed part (a device call), then `python -m study merge`.
 J ?= 2
@@ -105,7 +113,7 @@ test-vllm: vllm-venv
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=$${MKL_NUM_THREADS:-1} \
 		$(VLLM_VENV)/bin/python -m pytest -q -m vllm -s tests/lightning_modules/test_vllm_engine.py
 
-.PHONY: setup train test test-slow lint toy-model toy-model-cycle toy-model-cycle-video toy-model-evolved toy-model-evolved-long toy-model-evolved-anchors toy-model-evolved-named study study-smoke vllm-venv test-vllm
+.PHONY: setup train test test-slow lint toy-model toy-model-cycle toy-model-cycle-video toy-model-evolved toy-model-evolved-long toy-model-evolved-anchors toy-model-evolved-named toy-model-evolved-chains-anchor toy-model-evolved-chains study study-smoke vllm-venv test-vllm
 
 # The end-to-end GPU harness (one H200; docs/performance.md): the paper's one-GPU configs through train.py on
 # random-weight Qwen2.5-VL-3B + SDXL, TRL on the same work, engine parity. On the GPU machine: make gpu-e2e PY=python3

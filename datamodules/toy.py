@@ -103,6 +103,10 @@ SPLITS: dict[str, SplitSpec] = {
     "test_multihop_anchor": SplitSpec(
         9, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, text_levels=(3, 5), ask_anchor=True
     ),
+    # train_multihop's scenes asked their first step alone: the chains' anchors as one-step questions, for SFT mixes
+    "train_multihop_anchor": SplitSpec(
+        13, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, text_levels=(3, 5), ask_anchor=True
+    ),
 }
 """Three splits for ``ToySceneDataset(mix=...)`` only (never validated on). ``solo``: the target alone (where things are
 before which thing is meant). ``varied``: any background of the grammar and up to "many" distractors, the kind of image
@@ -132,7 +136,8 @@ toy checkpoint (EvolvedGRPO's "problems that are too hard": its runs step them b
 
 ``test_multihop_anchor``: ``test_multihop``'s scenes (the same code, so the same images), each asked the first step of
 its question alone, "the yellow shape": scored against ``test_multihop``'s ``step1_acc50`` it tells whether a model
-fails the anchor or only the anchor inside a chain.
+fails the anchor or only the anchor inside a chain. ``train_multihop_anchor``: the same for ``train_multihop``'s
+scenes, for SFT mixes that train a chain's anchors as one-step questions of the scenes the chains are drawn from.
 
 ``train_short`` / ``test_short``: drawn as ``train`` / ``test_id`` (codes of their own), the target asked by its
 shortest exact descriptor ("the yellow shape") instead of its triple. Every other split asks one-step questions by

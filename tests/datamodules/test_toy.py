@@ -384,13 +384,15 @@ def test_short_splits_ask_the_target_by_its_shortest_exact_descriptor():
     assert len(shorts) == 40 and not set(shorts) & {r["id"] for r in recs}
 
 
-def test_the_anchor_split_asks_test_multihops_first_step_on_the_same_scenes():
-    """test_multihop_anchor: test_multihop's images, each asked its question's first step alone (the anchor becomes
-    the one target; the question is kept in meta), so the two splits score the anchor alone and inside the chain."""
+@pytest.mark.parametrize("split", ["test_multihop", "train_multihop"])
+def test_the_anchor_split_asks_the_multihop_splits_first_step_on_the_same_scenes(split):
+    """test_multihop_anchor (train_multihop_anchor): test_multihop's (train_multihop's) images, each asked its
+    question's first step alone (the anchor becomes the one target; the question is kept in meta), so the two splits
+    score (train) the anchor alone and inside the chain."""
     from datamodules.evolve import decompose, parse_query, resolve, target_index
 
-    hard = toy.generate_split("test_multihop", 12, seed=0)
-    alone = toy.generate_split("test_multihop_anchor", 12, seed=0)
+    hard = toy.generate_split(split, 12, seed=0)
+    alone = toy.generate_split(f"{split}_anchor", 12, seed=0)
     for h, a in zip(hard, alone):
         assert np.array_equal(np.asarray(h["image"]), np.asarray(a["image"]))
         first = decompose(h["meta"], h["meta"]["query"])[0]

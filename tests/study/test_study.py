@@ -507,6 +507,7 @@ def test_smoke_study_end_to_end(tmp_path):
         (IMAGE_PREDICT, "caption_only"),
         (REPO / "configs/study/evolved_toy_multihop.yaml", "evolved_in_step"),
         (REPO / "configs/study/evolved_toy_multihop_anchors.yaml", "grpo_resample"),
+        (REPO / "configs/study/evolved_toy_multihop_chains.yaml", "evolved_in_step"),
     ],
     ids=[
         "crowded",
@@ -523,6 +524,7 @@ def test_smoke_study_end_to_end(tmp_path):
         "predict",
         "multihop",
         "multihop_anchors",
+        "multihop_chains",
     ],
 )
 def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatch):
@@ -556,7 +558,9 @@ def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatc
         assert "train/level/reroll/frac" in cli.trainer.logged_metrics
     if path.stem.startswith("evolved_toy_multihop"):  # a pool of multi-step questions
         assert {r.meta["level"] for r in cli.datamodule.train_set.records} == {3, 5}
-        stage = "evolved-anchors" if path.stem.endswith("_anchors") else "evolved-long"
+        stage = {"_anchors": "evolved-anchors", "_chains": "evolved-chains-anchor"}.get(
+            path.stem.removeprefix("evolved_toy_multihop"), "evolved-long"
+        )
         assert cli.model.hparams.model_name_or_path.endswith(stage)
     if path.stem == "evolved_toy_multihop":  # its ladder: the questions' own sub-problems
         synth = next(c for c in cli.trainer.callbacks if type(c).__name__ == "SynthesisCallback")
