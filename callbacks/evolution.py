@@ -171,19 +171,20 @@ class RandomDescriptions(EvolutionStrategy):
 class InstructionEvolution(EvolutionStrategy):
     """EvolvedGRPO's textual and visual edits on toy-world samples (``datamodules.evolve``), levels tracked per sample.
 
-    After each batch, every sample's group of answers (the step's ``accuracy`` reward per row, correct at
-    ``>= correct_iou``) moves its level by ``evolve.next_level``; a sample whose level changed gets the version of its
-    new level, always an edit of the *original* scene (``evolve.evolve``): a new question for the same target
-    (``modality: text``), a visual edit the data server runs (``visual``), or either at random with the other as
-    fall-back (``any``); at level 0 its original question and image come back. A level with no valid edit for the scene
-    keeps the current version. Samples without a toy scene (``meta["objects"]``) are left alone. ``step_up_after`` /
-    ``step_back_after``: consecutive converged groups (all correct / all wrong) before a sample moves (``LevelState``;
-    1 / 1: at once). ``sub_levels``: 1, a failed full question steps back to its sub-problem version and a failed
-    sub-problem a level down; 2, a failed sub-problem first steps to an easier version, the isolated image
-    (``evolve.ISOLATE_KIND``: only the target and the objects its query needs), and is eased back up one version per
-    solved group (docs/evolved_grpo.md, "The isolate study"). ``easier``: what that easier version is, ``isolate``
-    or ``zoom`` (``evolve.ZOOM_KIND``: the sub-problem version cropped around the target and drawn twice as large,
-    its box mapped by the data server; "The zoom study").
+        After each batch, every sample's group of answers (the step's ``accuracy`` reward per row, correct at
+        ``>= correct_iou``) moves its level by ``evolve.next_level``; a sample whose level changed gets the version of its
+        new level, always an edit of the *original* scene (``evolve.evolve``): a new question for the same target
+        (``modality: text``), a visual edit the data server runs (``visual``), or either at random with the other as
+        fall-back (``any``); at level 0 its original question and image come back. A level with no valid edit for the scene
+        keeps the current version. Samples without a toy scene (``meta["objects"]``: real images) get visual edits only,
+    painted clutter around the kept target (``_real_image``), and only when the strategy paints (``visual`` / ``any``). ``step_up_after`` /
+        ``step_back_after``: consecutive converged groups (all correct / all wrong) before a sample moves (``LevelState``;
+        1 / 1: at once). ``sub_levels``: 1, a failed full question steps back to its sub-problem version and a failed
+        sub-problem a level down; 2, a failed sub-problem first steps to an easier version, the isolated image
+        (``evolve.ISOLATE_KIND``: only the target and the objects its query needs), and is eased back up one version per
+        solved group (docs/evolved_grpo.md, "The isolate study"). ``easier``: what that easier version is, ``isolate``
+        or ``zoom`` (``evolve.ZOOM_KIND``: the sub-problem version cropped around the target and drawn twice as large,
+        its box mapped by the data server; "The zoom study").
     """
 
     def __init__(
@@ -233,10 +234,13 @@ class InstructionEvolution(EvolutionStrategy):
         for b, s in enumerate(batch):
             meta = getattr(s, "meta", None) or {}
             meta = meta.get("original_meta") or meta  # every level is an edit of the original scene
+            correct = [a >= self.correct_iou for a, i in zip(acc, index) if i == b]
             if not meta.get("objects"):
+                if self.paints and getattr(s, "boxes", None) and getattr(s, "task", "rec") == "rec":
+                    out += self._real_image(epoch, s, correct)
                 continue
             before = self.levels.get(s.sample_id)
-            after = self.levels.update(s.sample_id, [a >= self.correct_iou for a, i in zip(acc, index) if i == b])
+            after = self.levels.update(s.sample_id, correct)
             if after == before:
                 continue
             if after == Level():
@@ -253,6 +257,28 @@ class InstructionEvolution(EvolutionStrategy):
             elif not evolved.jobs and evolved.query != s.query:
                 out.append(EvolutionRequest(s.sample_id, query=evolved.query, level=after.level, base="original"))
         return out
+
+    def _real_image(self, epoch: int, s, correct: list[bool]) -> list[EvolutionRequest]:
+        """A real image (no toy scene): its question cannot be edited exactly, and it has no sub-problem version, so
+        its level counts painted clutter (``evolve.plan_inpaint``: ``level`` regions of objects the query does not
+        name, around the kept target, painted by the data server). A solved group moves it a level up, a failed one a
+        level down (its original image at level 0); each version is an edit of the original image."""
+        import numpy as np
+
+        from datamodules.evolve import Level, plan_inpaint
+
+        before = self.levels.get(s.sample_id)
+        after = self.levels.update(s.sample_id, correct)
+        if after.sub:  # no eased version below the original: a failed version steps a level down instead
+            after = Level(max(before.level - 1, 0), 0)
+            self.levels.levels[s.sample_id] = after
+        if after == before or (after.level == 0 and before.level == 0):
+            return []
+        if after.level == 0:
+            return [EvolutionRequest(s.sample_id, query=s.query, level=0, base="original")]
+        rng = np.random.default_rng([self.seed, epoch, zlib.crc32(s.sample_id.encode()), after.level])
+        job = plan_inpaint(s.query, s.boxes, tuple(s.size), after.level, rng)
+        return [] if job is None else [EvolutionRequest(s.sample_id, query=s.query, level=after.level, edits=(job,))]
 
     def state_dict(self) -> dict[str, Any]:
         return {"levels": self.levels.state_dict()}

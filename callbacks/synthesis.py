@@ -394,6 +394,8 @@ class SynthesisCallback(Callback):
 
         src = self._pool.original(req.sample_id)
         scene = self._pool.entries[req.sample_id].record.meta
+        if not (scene or {}).get("objects"):  # a real image (inpaint): no toy scene describes it
+            scene = None
         job_id = _job_id(req.sample_id, epoch, json.dumps([list(req.edits), req.query, req.level], sort_keys=True))
         return Outstanding(
             job_id=job_id,

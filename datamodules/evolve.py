@@ -644,6 +644,75 @@ def _background_colours(rng: np.random.Generator, used: set[str], textured: bool
     return colour, rest[int(rng.integers(len(rest)))]
 
 
+INPAINT_KIND = "inpaint"
+"""The data server's edit of a real image (``synth.api.EditStep``): regions repainted after a description."""
+
+CLUTTER_OBJECTS = (
+    "a potted plant", "a chair", "a backpack", "an umbrella", "a bottle", "a cup", "a stack of books", "a vase",
+    "a wall clock", "a suitcase", "a bench", "a floor lamp", "a bicycle", "a traffic cone", "a cardboard box",
+)  # fmt: skip
+"""What ``plan_inpaint`` paints into a real image: common objects, one kind per edit, never one the query names."""
+
+MAX_INPAINT_REGIONS = 4
+
+
+def _words(text: str) -> set[str]:
+    """Lower-case words of ``text`` and their singular (a trailing "s" dropped), for the query / object name check."""
+    words = {w for w in re.split(r"[^a-z]+", text.lower()) if w}
+    return words | {w[:-1] for w in words if len(w) > 3 and w.endswith("s")}
+
+
+def plan_inpaint(
+    query: str,
+    boxes: Sequence[Sequence[float]],
+    size: tuple[int, int],
+    level: int,
+    rng: np.random.Generator,
+    margin: float = 0.05,
+    tries: int = 64,
+) -> dict[str, Any] | None:
+    """The harder version of a *real* image (no toy scene to re-render, so no exact question edit): an ``inpaint``
+    job that paints clutter around the target, ``{"kind": "inpaint", "params": {"description", "regions"}}``.
+
+    ``min(level, MAX_INPAINT_REGIONS)`` regions (input pixels of the ``size = (w, h)`` image), each the target's
+    size scaled by 0.6-1.2 (at least a tenth, at most a third of each side), inside the image, clear of every box in
+    ``boxes`` by ``margin`` of the image's sides and of each other; fewer when no more fit in ``tries`` draws, None
+    when none does or the level is below 1. The description is one of ``CLUTTER_OBJECTS`` that shares no word with
+    the query ("a chair" is never painted for "the chair on the left"), so a painted object is not a second answer
+    to the question: the label stays the boxes, whose foreground the server keeps and audits (docs/decisions.md,
+    "Visual edits of real images"). What the painter draws in a region is not checked: the clutter is a difficulty,
+    not a label.
+    """
+    if level < 1:
+        return None
+    w, h = int(size[0]), int(size[1])
+    named = _words(query)
+    names = [d for d in CLUTTER_OBJECTS if not _words(d).difference({"a", "an", "of"}) & named]
+    if not names or not boxes:
+        return None
+    tx1, ty1, tx2, ty2 = (float(v) for v in boxes[0])
+    mx, my = margin * w, margin * h
+    taken = [(b[0] - mx, b[1] - my, b[2] + mx, b[3] + my) for b in boxes]
+    regions: list[list[int]] = []
+    for _ in range(tries):
+        if len(regions) == min(level, MAX_INPAINT_REGIONS):
+            break
+        f = float(rng.uniform(0.6, 1.2))
+        rw = int(round(min(max((tx2 - tx1) * f, w / 10), w / 3)))
+        rh = int(round(min(max((ty2 - ty1) * f, h / 10), h / 3)))
+        if rw >= w or rh >= h:
+            continue
+        x1, y1 = int(rng.integers(0, w - rw + 1)), int(rng.integers(0, h - rh + 1))
+        box = (x1, y1, x1 + rw, y1 + rh)
+        if any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in taken):
+            continue
+        regions.append(list(box))
+        taken.append(box)
+    if not regions:
+        return None
+    return {"kind": INPAINT_KIND, "params": {"description": names[int(rng.integers(len(names)))], "regions": regions}}
+
+
 def plan_visual_edit(
     meta: dict[str, Any], kind: str, level: int, rng: np.random.Generator, tries: int = 8
 ) -> dict[str, Any] | None:

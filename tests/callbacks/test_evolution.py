@@ -310,3 +310,105 @@ def test_instruction_and_image_evolution_share_one_pool_without_overlap():
     restored = build_strategy("instruction_and_image_evolution", seed=0, modality="text")
     restored.load_state_dict(json.loads(json.dumps(strategy.state_dict())))
     assert restored.stats() == strategy.stats()
+
+
+def _real_samples(n: int = 4):
+    """Real-image REC samples: an image, a query and a box, no toy scene in meta."""
+    from PIL import Image
+
+    from datamodules.rec import Sample
+
+    return [
+        Sample(sample_id=f"r{i}", image=Image.new("RGB", (320, 240), (90, 120, 150)), query="the man in the red shirt",
+               boxes=[[100.0 + 10 * i, 60.0, 160.0 + 10 * i, 200.0]], meta={})
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def test_real_images_climb_by_painted_clutter_and_step_back_to_the_original():
+    """No toy scene: a solved group gets a level of painted clutter (an inpaint job on the original image, the
+    question kept), a failed one a level down to the original image; no sub-problem level exists for it, and a
+    strategy that edits text only leaves it alone."""
+    batch = _real_samples()
+    strategy = build_strategy("instruction_evolution", seed=0, modality="visual")
+    solved, failed = (
+        {"rewards": {"accuracy": [1.0] * 8}, "group_size": 2},
+        {"rewards": {"accuracy": [0.0] * 8}, "group_size": 2},
+    )
+    for level in (1, 2):
+        got = strategy.requests(level - 1, batch, solved)
+        assert [r.sample_id for r in got] == [s.sample_id for s in batch]
+        for r, s in zip(got, batch):
+            assert r.level == level and r.query == s.query and len(r.edits) == 1
+            job = r.edits[0]
+            assert job["kind"] == "inpaint" and len(job["params"]["regions"]) == level
+            assert "man" not in job["params"]["description"] and "shirt" not in job["params"]["description"]
+    assert strategy.stats()["level/mean"] == 2.0
+    got = strategy.requests(2, batch, failed)
+    assert {r.level for r in got} == {1} and all(r.edits for r in got)
+    got = strategy.requests(3, batch, failed)
+    assert [(r.level, r.base, r.edits) for r in got] == [(0, "original", ())] * 4
+    assert strategy.requests(4, batch, failed) == [] and strategy.stats()["level/sub_frac"] == 0.0
+    restored = build_strategy("instruction_evolution", seed=0, modality="visual")
+    restored.load_state_dict(json.loads(json.dumps(strategy.state_dict())))
+    assert restored.stats() == strategy.stats()
+    text_only = build_strategy("instruction_evolution", seed=0, modality="text")
+    assert text_only.requests(0, batch, solved) == []
+
+
+@register_strategy("real_visual_evolution_test")
+class RealSolvedThenFailed(EvolutionStrategy):
+    """Instruction evolution on real images (no toy scene), fed "every group solved" after epoch 0 and "every group
+    failed" after epoch 1 (the tiny random model solves nothing)."""
+
+    def __init__(self):
+        self.inner = build_strategy("instruction_evolution", seed=0, modality="visual")
+
+    def requests(self, epoch, batch, outputs):
+        n = len(outputs["rewards"]["accuracy"])
+        return self.inner.requests(epoch, batch, {**outputs, "rewards": {"accuracy": [float(epoch == 0)] * n}})
+
+    def stats(self):
+        return self.inner.stats()
+
+
+def test_real_images_get_painted_clutter_through_the_data_server_and_step_back(tiny_model_dir, tmp_path):
+    """Real fit, real local server (procedural painter), a pool of real-style images (a JSONL with no toy scene):
+    after epoch 0 every sample swaps in a level-1 version, its original image with one region repainted and
+    everything else (the target's box included) kept, same question and box; after epoch 1 it is back on its
+    original image at level 0."""
+    from PIL import Image
+
+    from datamodules import toy
+
+    data = tmp_path / "real"
+    toy.export_jsonl(data, "train", 8, seed=0)
+    lines = [json.loads(x) for x in (data / "train.jsonl").read_text().splitlines()]
+    (data / "train.jsonl").write_text(
+        "".join(json.dumps({k: v for k, v in r.items() if k != "meta"}) + "\n" for r in lines)
+    )
+    cli = _fit(
+        tiny_model_dir,
+        data,
+        tmp_path / "run",
+        epochs=3,
+        mode="sync_epoch",
+        synth_args={"offline_descriptions": None, "strategy": "real_visual_evolution_test", "gallery_samples": 2},
+    )
+    pool = cli.datamodule.pool
+    synth = next(c for c in cli.trainer.callbacks if type(c).__name__ == "SynthesisCallback")
+    assert synth.history[0]["swaps"] == len(pool.order) == 8, synth.history
+    for sid in pool.order:
+        v = pool.lineage(sid)
+        assert [(x.level, x.epoch) for x in v] == [(0, 0), (1, 1), (0, 2)], v
+        query = pool.entries[sid].record.query  # the original question (version 0 records None: unchanged)
+        assert v[1].boxes == v[0].boxes and v[1].query == query and v[1].parent == 0
+        src = np.asarray(Image.open(v[0].image_path).convert("RGB"))
+        out = np.asarray(Image.open(v[1].image_path).convert("RGB"))
+        assert out.shape == src.shape
+        changed = (out != src).any(axis=2)
+        assert changed.any()
+        x1, y1, x2, y2 = (int(round(c)) for c in v[0].boxes[0])
+        assert not changed[y1:y2, x1:x2].any()  # the target's box is never painted
+        assert v[2].image_path == v[0].image_path and v[2].query in (None, query)
+    assert list((tmp_path / "run").rglob("lineage/*.png"))  # the lineage gallery draws real images' versions too

@@ -669,3 +669,48 @@ def test_edits_are_pure():
         if job is not None:
             ev.execute_job(rec["meta"], job)
     assert rec["meta"] == before
+
+
+def _overlaps(a, b) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+@pytest.mark.parametrize("level", [1, 2, 3, 4, 6])
+def test_plan_inpaint_paints_clutter_clear_of_the_target_that_the_query_does_not_name(level):
+    """A real image's harder version: min(level, 4) regions inside the image, clear of the target by the margin and of
+    each other, painted with an object the query does not name; the same rng gives the same job."""
+    size, box = (640, 480), [250.0, 180.0, 330.0, 300.0]
+    for seed in range(20):
+        job = ev.plan_inpaint("the chair on the left next to a cup", [box], size, level, np.random.default_rng(seed))
+        assert job["kind"] == ev.INPAINT_KIND == "inpaint"
+        regions, desc = job["params"]["regions"], job["params"]["description"]
+        assert len(regions) == min(level, ev.MAX_INPAINT_REGIONS)
+        assert desc in ev.CLUTTER_OBJECTS and desc not in ("a chair", "a cup")
+        grown = [box[0] - 32, box[1] - 24, box[2] + 32, box[3] + 24]  # the 5% margin of 640 x 480
+        for i, r in enumerate(regions):
+            assert 0 <= r[0] < r[2] <= size[0] and 0 <= r[1] < r[3] <= size[1]
+            assert not _overlaps(r, grown) and not any(_overlaps(r, q) for q in regions[i + 1 :])
+            assert size[0] / 10 - 1 <= r[2] - r[0] <= size[0] / 3 + 1
+        assert job == ev.plan_inpaint(
+            "the chair on the left next to a cup", [box], size, level, np.random.default_rng(seed)
+        )
+    # the EditStep the data server validates
+    from synth.api import EditStep
+
+    EditStep(**job)
+
+
+def test_plan_inpaint_gives_none_when_nothing_fits_or_nothing_may_be_painted():
+    rng = np.random.default_rng(0)
+    assert ev.plan_inpaint("the dog", [[0, 0, 100, 100]], (100, 100), 2, rng) is None  # the target fills the image
+    assert ev.plan_inpaint("the dog", [[10, 10, 20, 20]], (100, 100), 0, rng) is None  # level 0: the original
+    everything = " ".join(ev.CLUTTER_OBJECTS)
+    assert ev.plan_inpaint(everything, [[10, 10, 20, 20]], (300, 300), 1, rng) is None
+    # plurals name the object too: "the chairs" never gets a chair
+    descs = {
+        ev.plan_inpaint("two chairs", [[10, 10, 20, 20]], (300, 300), 1, np.random.default_rng(s))["params"][
+            "description"
+        ]
+        for s in range(60)
+    }
+    assert "a chair" not in descs and len(descs) > 5
