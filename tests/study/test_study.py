@@ -508,6 +508,7 @@ def test_smoke_study_end_to_end(tmp_path):
         (REPO / "configs/study/evolved_toy_multihop.yaml", "evolved_in_step"),
         (REPO / "configs/study/evolved_toy_multihop_anchors.yaml", "grpo_resample"),
         (REPO / "configs/study/evolved_toy_multihop_chains.yaml", "evolved_in_step"),
+        (REPO / "configs/study/evolved_toy_multihop_chains_gentle.yaml", "evolved_lr5e6"),
     ],
     ids=[
         "crowded",
@@ -525,6 +526,7 @@ def test_smoke_study_end_to_end(tmp_path):
         "multihop",
         "multihop_anchors",
         "multihop_chains",
+        "multihop_chains_gentle",
     ],
 )
 def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatch):
@@ -553,14 +555,15 @@ def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatc
         )
         nk = 16 if path.stem.endswith("_nk") else 4  # the no-target group's size reached the method
         assert cli.model.method.K0 == nk
+    if row == "evolved_lr5e6":  # the gentler learning rate reached the optimizer, the in-step rule the method
+        assert cli.trainer.optimizers[0].defaults["lr"] == 5.0e-6 and cli.model.method.reroll == "evolve"
     if row in ("evolved_in_step", "grpo_resample"):  # the in-step rule reached the method
         assert cli.model.method.reroll == ("evolve" if row == "evolved_in_step" else "resample")
         assert "train/level/reroll/frac" in cli.trainer.logged_metrics
     if path.stem.startswith("evolved_toy_multihop"):  # a pool of multi-step questions
         assert {r.meta["level"] for r in cli.datamodule.train_set.records} == {3, 5}
-        stage = {"_anchors": "evolved-anchors", "_chains": "evolved-chains-anchor"}.get(
-            path.stem.removeprefix("evolved_toy_multihop"), "evolved-long"
-        )
+        rest = path.stem.removeprefix("evolved_toy_multihop")
+        stage = "evolved-chains-anchor" if rest.startswith("_chains") else "evolved-anchors" if rest else "evolved-long"
         assert cli.model.hparams.model_name_or_path.endswith(stage)
     if path.stem == "evolved_toy_multihop":  # its ladder: the questions' own sub-problems
         synth = next(c for c in cli.trainer.callbacks if type(c).__name__ == "SynthesisCallback")
