@@ -509,6 +509,7 @@ def test_smoke_study_end_to_end(tmp_path):
         (REPO / "configs/study/evolved_toy_multihop_anchors.yaml", "grpo_resample"),
         (REPO / "configs/study/evolved_toy_multihop_chains.yaml", "evolved_in_step"),
         (REPO / "configs/study/evolved_toy_multihop_chains_gentle.yaml", "evolved_lr5e6"),
+        (REPO / "configs/study/evolved_toy_multihop_chains_pool192.yaml", "evolved_in_step"),
     ],
     ids=[
         "crowded",
@@ -527,6 +528,7 @@ def test_smoke_study_end_to_end(tmp_path):
         "multihop_anchors",
         "multihop_chains",
         "multihop_chains_gentle",
+        "multihop_chains_pool192",
     ],
 )
 def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatch):
@@ -562,6 +564,7 @@ def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatc
         assert "train/level/reroll/frac" in cli.trainer.logged_metrics
     if path.stem.startswith("evolved_toy_multihop"):  # a pool of multi-step questions
         assert {r.meta["level"] for r in cli.datamodule.train_set.records} == {3, 5}
+        assert len(cli.datamodule.train_set) == (192 if path.stem.endswith("_pool192") else 96)
         rest = path.stem.removeprefix("evolved_toy_multihop")
         stage = "evolved-chains-anchor" if rest.startswith("_chains") else "evolved-anchors" if rest else "evolved-long"
         assert cli.model.hparams.model_name_or_path.endswith(stage)
