@@ -171,20 +171,20 @@ class RandomDescriptions(EvolutionStrategy):
 class InstructionEvolution(EvolutionStrategy):
     """EvolvedGRPO's textual and visual edits on toy-world samples (``datamodules.evolve``), levels tracked per sample.
 
-        After each batch, every sample's group of answers (the step's ``accuracy`` reward per row, correct at
-        ``>= correct_iou``) moves its level by ``evolve.next_level``; a sample whose level changed gets the version of its
-        new level, always an edit of the *original* scene (``evolve.evolve``): a new question for the same target
-        (``modality: text``), a visual edit the data server runs (``visual``), or either at random with the other as
-        fall-back (``any``); at level 0 its original question and image come back. A level with no valid edit for the scene
-        keeps the current version. Samples without a toy scene (``meta["objects"]``: real images) get visual edits only,
-    painted clutter around the kept target (``_real_image``), and only when the strategy paints (``visual`` / ``any``). ``step_up_after`` /
-        ``step_back_after``: consecutive converged groups (all correct / all wrong) before a sample moves (``LevelState``;
-        1 / 1: at once). ``sub_levels``: 1, a failed full question steps back to its sub-problem version and a failed
-        sub-problem a level down; 2, a failed sub-problem first steps to an easier version, the isolated image
-        (``evolve.ISOLATE_KIND``: only the target and the objects its query needs), and is eased back up one version per
-        solved group (docs/evolved_grpo.md, "The isolate study"). ``easier``: what that easier version is, ``isolate``
-        or ``zoom`` (``evolve.ZOOM_KIND``: the sub-problem version cropped around the target and drawn twice as large,
-        its box mapped by the data server; "The zoom study").
+    After each batch, every sample's group of answers (the step's ``accuracy`` reward per row, correct at
+    ``>= correct_iou``) moves its level by ``evolve.next_level``; a sample whose level changed gets the version of its
+    new level, always an edit of the *original* scene (``evolve.evolve``): a new question for the same target
+    (``modality: text``), a visual edit the data server runs (``visual``), or either at random with the other as
+    fall-back (``any``); at level 0 its original question and image come back. A level with no valid edit for the scene
+    keeps the current version. Samples without a toy scene (``meta["objects"]``: real images) get visual edits only,
+    painted clutter around the kept target (``_real_image``), and only when the strategy paints (``visual`` / ``any``).
+    ``step_up_after`` / ``step_back_after``: consecutive converged groups (all correct / all wrong) before a sample
+    moves (``LevelState``; 1 / 1: at once). ``sub_levels``: 1, a failed full question steps back to its sub-problem
+    version and a failed sub-problem a level down; 2, a failed sub-problem first steps to an easier version, the
+    isolated image (``evolve.ISOLATE_KIND``: only the target and the objects its query needs), and is eased back up
+    one version per solved group (docs/evolved_grpo.md, "The isolate study"). ``easier``: what that easier version is,
+    ``isolate`` or ``zoom`` (``evolve.ZOOM_KIND``: the sub-problem version cropped around the target and drawn twice as
+    large, its box mapped by the data server; "The zoom study").
     """
 
     def __init__(
@@ -265,14 +265,11 @@ class InstructionEvolution(EvolutionStrategy):
         level down (its original image at level 0); each version is an edit of the original image."""
         import numpy as np
 
-        from datamodules.evolve import Level, plan_inpaint
+        from datamodules.evolve import plan_inpaint
 
         before = self.levels.get(s.sample_id)
-        after = self.levels.update(s.sample_id, correct)
-        if after.sub:  # no eased version below the original: a failed version steps a level down instead
-            after = Level(max(before.level - 1, 0), 0)
-            self.levels.levels[s.sample_id] = after
-        if after == before or (after.level == 0 and before.level == 0):
+        after = self.levels.update(s.sample_id, correct, sub_levels=0)  # no eased version: a failure steps down
+        if after == before:
             return []
         if after.level == 0:
             return [EvolutionRequest(s.sample_id, query=s.query, level=0, base="original")]

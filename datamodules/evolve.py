@@ -683,6 +683,8 @@ def plan_inpaint(
     "Visual edits of real images"). What the painter draws in a region is not checked: the clutter is a difficulty,
     not a label.
     """
+    from lightning_modules.regions.boxes import box_intersection
+
     if level < 1:
         return None
     w, h = int(size[0]), int(size[1])
@@ -704,7 +706,7 @@ def plan_inpaint(
             continue
         x1, y1 = int(rng.integers(0, w - rw + 1)), int(rng.integers(0, h - rh + 1))
         box = (x1, y1, x1 + rw, y1 + rh)
-        if any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in taken):
+        if any(box_intersection(box, b) > 0 for b in taken):
             continue
         regions.append(list(box))
         taken.append(box)
@@ -1161,7 +1163,7 @@ def next_level(state: Level, correct: Sequence[bool], max_level: int = MAX_LEVEL
       ``max_level``);
     - all G wrong (converged at zero): the full question steps back to its sub-problem version, and that (with
       ``sub_levels=2``) to the easier one; the easiest version steps one level down (at least 0) to the full
-      question there;
+      question there (``sub_levels=0``: no eased version, the full question is the easiest: a real image);
     - otherwise (the group's rewards differ: GRPO learns from it): stay.
     """
     if not len(correct):
@@ -1219,7 +1221,10 @@ class LevelState:
     def get(self, sample_id: str) -> Level:
         return self.levels.get(sample_id, Level())
 
-    def update(self, sample_id: str, correct: Sequence[bool]) -> Level:
+    def update(self, sample_id: str, correct: Sequence[bool], sub_levels: int | None = None) -> Level:
+        """Record one group of ``sample_id``'s answers and return its level after it. ``sub_levels`` overrides the
+        state's for this sample: 0 for a sample with no eased version (a real image), whose failures step a level
+        down."""
         state = self.get(sample_id)
         if not len(correct):
             raise ValueError("next_level needs the group's answers; got an empty group")
@@ -1227,7 +1232,8 @@ class LevelState:
         streak = self.streaks.get(sample_id, 0)
         streak = 0 if outcome == 0 else streak + outcome if streak * outcome > 0 else outcome
         if streak >= self.up_after or -streak >= self.back_after:
-            state, streak = next_level(state, correct, self.max_level, self.sub_levels), 0
+            subs = self.sub_levels if sub_levels is None else sub_levels
+            state, streak = next_level(state, correct, self.max_level, subs), 0
         self.levels[sample_id] = state
         if streak:
             self.streaks[sample_id] = streak

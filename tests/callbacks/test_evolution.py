@@ -249,6 +249,20 @@ class SolvedThenBogus(EvolutionStrategy):
         return self.inner.stats()
 
 
+def _fit_visual(tiny_model_dir, data, out, strategy: str, gallery_samples: int = 0):
+    """Three epochs on the toy JSONL in ``data`` with a real local server (procedural painter), the boundary waiting for
+    its jobs (sync_epoch), under evolution strategy ``strategy``; returns (the pool, the synthesis callback)."""
+    cli = _fit(
+        tiny_model_dir,
+        data,
+        out,
+        epochs=3,
+        mode="sync_epoch",
+        synth_args={"offline_descriptions": None, "strategy": strategy, "gallery_samples": gallery_samples},
+    )
+    return cli.datamodule.pool, next(c for c in cli.trainer.callbacks if type(c).__name__ == "SynthesisCallback")
+
+
 def test_visual_edits_run_through_the_data_server_and_swap_in_with_level_and_parent(tiny_model_dir, tmp_path):
     """Real fit, real local server (procedural painter): visual edits come back audited and swap in with their scene,
     question, level and parent; a job the server refuses leaves the sample's version as it was."""
@@ -259,16 +273,7 @@ def test_visual_edits_run_through_the_data_server_and_swap_in_with_level_and_par
 
     data = tmp_path / "toy"
     toy.export_jsonl(data, "train", 8, seed=0)
-    cli = _fit(
-        tiny_model_dir,
-        data,
-        tmp_path / "run",
-        epochs=3,
-        mode="sync_epoch",
-        synth_args={"offline_descriptions": None, "strategy": "visual_evolution_test", "gallery_samples": 0},
-    )
-    pool = cli.datamodule.pool
-    synth = next(c for c in cli.trainer.callbacks if type(c).__name__ == "SynthesisCallback")
+    pool, synth = _fit_visual(tiny_model_dir, data, tmp_path / "run", "visual_evolution_test")
     edited = [sid for sid in pool.order if len(pool.lineage(sid)) > 1]
     assert len(edited) >= 6, [len(pool.lineage(s)) for s in pool.order]  # a scene may admit no edit at a level
     for sid in edited:
@@ -387,16 +392,7 @@ def test_real_images_get_painted_clutter_through_the_data_server_and_step_back(t
     (data / "train.jsonl").write_text(
         "".join(json.dumps({k: v for k, v in r.items() if k != "meta"}) + "\n" for r in lines)
     )
-    cli = _fit(
-        tiny_model_dir,
-        data,
-        tmp_path / "run",
-        epochs=3,
-        mode="sync_epoch",
-        synth_args={"offline_descriptions": None, "strategy": "real_visual_evolution_test", "gallery_samples": 2},
-    )
-    pool = cli.datamodule.pool
-    synth = next(c for c in cli.trainer.callbacks if type(c).__name__ == "SynthesisCallback")
+    pool, synth = _fit_visual(tiny_model_dir, data, tmp_path / "run", "real_visual_evolution_test", gallery_samples=2)
     assert synth.history[0]["swaps"] == len(pool.order) == 8, synth.history
     for sid in pool.order:
         v = pool.lineage(sid)

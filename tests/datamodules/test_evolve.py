@@ -671,14 +671,12 @@ def test_edits_are_pure():
     assert rec["meta"] == before
 
 
-def _overlaps(a, b) -> bool:
-    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
-
-
 @pytest.mark.parametrize("level", [1, 2, 3, 4, 6])
 def test_plan_inpaint_paints_clutter_clear_of_the_target_that_the_query_does_not_name(level):
     """A real image's harder version: min(level, 4) regions inside the image, clear of the target by the margin and of
     each other, painted with an object the query does not name; the same rng gives the same job."""
+    from lightning_modules.regions.boxes import box_intersection
+
     size, box = (640, 480), [250.0, 180.0, 330.0, 300.0]
     for seed in range(20):
         job = ev.plan_inpaint("the chair on the left next to a cup", [box], size, level, np.random.default_rng(seed))
@@ -689,7 +687,7 @@ def test_plan_inpaint_paints_clutter_clear_of_the_target_that_the_query_does_not
         grown = [box[0] - 32, box[1] - 24, box[2] + 32, box[3] + 24]  # the 5% margin of 640 x 480
         for i, r in enumerate(regions):
             assert 0 <= r[0] < r[2] <= size[0] and 0 <= r[1] < r[3] <= size[1]
-            assert not _overlaps(r, grown) and not any(_overlaps(r, q) for q in regions[i + 1 :])
+            assert box_intersection(r, grown) == 0 and not any(box_intersection(r, q) for q in regions[i + 1 :])
             assert size[0] / 10 - 1 <= r[2] - r[0] <= size[0] / 3 + 1
         assert job == ev.plan_inpaint(
             "the chair on the left next to a cup", [box], size, level, np.random.default_rng(seed)
@@ -714,3 +712,12 @@ def test_plan_inpaint_gives_none_when_nothing_fits_or_nothing_may_be_painted():
         for s in range(60)
     }
     assert "a chair" not in descs and len(descs) > 5
+
+
+def test_level_state_without_eased_versions_steps_a_failed_version_down():
+    """``update(..., sub_levels=0)`` (a real image): a failed group steps a level down, never to a sub-problem."""
+    state = LevelState(max_level=3)
+    assert state.update("r", [True], sub_levels=0) == Level(1)
+    assert state.update("r", [False], sub_levels=0) == Level(0)
+    assert state.update("r", [False], sub_levels=0) == Level(0)
+    assert state.update("t", [False]) == Level(0, 1)  # the state's own sub_levels otherwise
