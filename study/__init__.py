@@ -86,6 +86,9 @@ class Study:
     ``datamodules/toy_video.py``: configs on ``VideoGroundingDataModule``, CycleGRPO's temporal / spatio-temporal)."""
     overrides: list[str] = field(default_factory=list)
     eval_overrides: list[str] = field(default_factory=list)
+    fit_flags: list[str] = field(default_factory=list)
+    """``train.py fit`` flags of one call (``python -m study --fit-flag``), after every override: where the fits run
+    (the device's GPU, a faster rollout engine), never read from the study file, so it records what was measured."""
     evaluator: str = "predict"
     reference: str | None = None
     """Row every other row is compared with (``method - Original``)."""
@@ -342,7 +345,7 @@ def plan(
             train = None
             if row.train:
                 argv = [python, "train.py", "fit", *configs]
-                argv += _fill([*study.overrides, *row.overrides], **values)
+                argv += _fill([*study.overrides, *row.overrides, *study.fit_flags], **values)
                 argv += [
                     f"--seed_everything={seed}",
                     f"--data.init_args.seed={seed}",

@@ -118,10 +118,19 @@ def main(argv: list[str] | None = None) -> int:
         help="a train.py flag added to every evaluation of this call only, repeatable: where it runs, not what it "
         "measures (e.g. --eval-flag=--trainer.accelerator=gpu --eval-flag=--data.init_args.eval_batch_size=128)",
     )
+    ap.add_argument(
+        "--fit-flag",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="a train.py flag added to every fit of this call only, repeatable: where it runs, not what it trains "
+        "(e.g. --fit-flag=--trainer.accelerator=gpu --fit-flag=--model.init_args.rollout_engine=fast)",
+    )
     args = ap.parse_args(argv)
     try:
         study = load_study(args.study)
         study.eval_overrides = [*study.eval_overrides, *args.eval_flag]
+        study.fit_flags = list(args.fit_flag)
         i, n = parse_shard(args.shard)
         if args.jobs < 1:
             raise StudyError(f"-j must be >= 1, got {args.jobs}")

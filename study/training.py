@@ -6,7 +6,8 @@ interval over seeds, per third of training, and the seed-paired differences of t
 Reads ``<out>/runs/<row>/seed<s>/metrics.jsonl`` (the records a study writes, `study.write_record`) and writes
 ``training.md`` and ``training.csv`` into the results folder. The held-out table (`study.report`) says where the
 rows end; this says how they trained: the zero-variance fraction (groups that give no gradient), which way tied
-groups converge, EvolvedGRPO's levels. A difference ``a - b`` pairs the runs of one seed (same data order) and takes
+groups converge, EvolvedGRPO's levels, and the sampled rewards (whether the policy improved on its training questions
+at all: a row whose accuracy reward stays flat over the thirds learned nothing a held-out split could show). A difference ``a - b`` pairs the runs of one seed (same data order) and takes
 the t interval of the per-seed differences.
 """
 
@@ -29,6 +30,9 @@ KEYS = (
     "train/level/reroll/frac",
     "train/level/reroll/mixed",
     "train/level/mean",
+    "train/reward/accuracy",
+    "train/cycle/caption_reward",
+    "train/cycle/grounding_reward",
 )
 """Curves read by default (a row that does not log one leaves its cell empty)."""
 

@@ -384,6 +384,20 @@ def test_eval_flags_of_a_call_reach_every_evaluation_and_no_fit(tmp_path, capsys
     assert not any("--trainer.accelerator=gpu" in line for line in fits)
 
 
+def test_fit_flags_of_a_call_reach_every_fit_last_and_no_evaluation(tmp_path, capsys):
+    """``--fit-flag`` says where this call's fits run; it comes after the rows' overrides, so it wins over them."""
+    out = tmp_path / "out"
+    flags = ["--fit-flag=--trainer.accelerator=gpu", "--fit-flag=--model.init_args.rollout_engine=fast"]
+    assert study_main([str(SMOKE), "--out", str(out), "--dry-run", *flags]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
+    evals = [line for line in lines if " predict " in line or " test " in line]
+    fits = [line for line in lines if " fit " in line]
+    assert evals and fits
+    for line in fits:
+        assert "--trainer.accelerator=gpu --model.init_args.rollout_engine=fast --seed_everything=" in line
+    assert not any("rollout_engine=fast" in line or "accelerator=gpu" in line for line in evals)
+
+
 def test_run_points_starts_then_only_after_success_and_reports_each_exit(tmp_path):
     from sweep import Point, run_points
 
@@ -510,6 +524,8 @@ def test_smoke_study_end_to_end(tmp_path):
         (REPO / "configs/study/evolved_toy_multihop_chains.yaml", "evolved_in_step"),
         (REPO / "configs/study/evolved_toy_multihop_chains_gentle.yaml", "evolved_lr5e6"),
         (REPO / "configs/study/evolved_toy_multihop_chains_pool192.yaml", "evolved_in_step"),
+        (REPO / "configs/study/evolved_toy_multihop_chains_long.yaml", "evolved_in_step"),
+        (REPO / "configs/study/cycle_ablation_toy_long.yaml", "cycle"),
     ],
     ids=[
         "crowded",
@@ -529,6 +545,8 @@ def test_smoke_study_end_to_end(tmp_path):
         "multihop_chains",
         "multihop_chains_gentle",
         "multihop_chains_pool192",
+        "multihop_chains_long",
+        "cycle_long",
     ],
 )
 def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatch):
@@ -542,7 +560,13 @@ def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatc
     runs, _ = plan(study, tmp_path / "out")
     run = next(r for r in runs if r.row.name == row and r.train is not None)
     prepare_data([run], evaluation=False)  # the training splits only: the fit reads no test split
-    cli = cli_main([*run.train.argv[2:], "--trainer.max_steps=2", "--trainer.limit_val_batches=0"])
+    extra = []
+    # the _long studies' steps of 16 questions x 6 (8 scenes x 12) run on the device's GPU; here 4 per step
+    if path.stem in ("evolved_toy_multihop_chains_long", "cycle_ablation_toy_long"):
+        batch = 16 if path.stem.startswith("evolved") else 8
+        assert f"--data.init_args.batch_size={batch}" in run.train.argv
+        extra = ["--data.init_args.batch_size=4"]
+    cli = cli_main([*run.train.argv[2:], "--trainer.max_steps=2", "--trainer.limit_val_batches=0", *extra])
     assert cli.trainer.global_step == 2
     assert any(k.startswith("train/") for k in cli.trainer.logged_metrics)
     if row == "evolved_back2":  # the rule the row varies reached the strategy
@@ -551,6 +575,8 @@ def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatc
     if path.stem == "cycle_ablation_toy_temporal_long":  # twice the base config's training clips reached the data
         assert len(cli.datamodule.train_set) > 24  # the clips of 48 with a target (the base config: 22 of 24)
         assert all(r.raw["solution"] for r in cli.datamodule.train_set.records)  # as recorded: only clips with a target
+    if path.stem == "cycle_ablation_toy_long":  # 640 fresh training scenes
+        assert len(cli.datamodule.train_set) == 640
     if path.stem.startswith("cycle_ablation_toy_temporal_no_target"):  # all 48 clips, the no-target ones included
         assert len(cli.datamodule.train_set) == 48 and not all(
             r.raw["solution"] for r in cli.datamodule.train_set.records
@@ -564,7 +590,8 @@ def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatc
         assert "train/level/reroll/frac" in cli.trainer.logged_metrics
     if path.stem.startswith("evolved_toy_multihop"):  # a pool of multi-step questions
         assert {r.meta["level"] for r in cli.datamodule.train_set.records} == {3, 5}
-        assert len(cli.datamodule.train_set) == (192 if path.stem.endswith("_pool192") else 96)
+        pool = {"_pool192": 192, "_chains_long": 1280}
+        assert len(cli.datamodule.train_set) == next((n for k, n in pool.items() if path.stem.endswith(k)), 96)
         rest = path.stem.removeprefix("evolved_toy_multihop")
         stage = "evolved-chains-anchor" if rest.startswith("_chains") else "evolved-anchors" if rest else "evolved-long"
         assert cli.model.hparams.model_name_or_path.endswith(stage)
