@@ -525,6 +525,7 @@ def test_smoke_study_end_to_end(tmp_path):
         (REPO / "configs/study/evolved_toy_multihop_chains_gentle.yaml", "evolved_lr5e6"),
         (REPO / "configs/study/evolved_toy_multihop_chains_pool192.yaml", "evolved_in_step"),
         (REPO / "configs/study/evolved_toy_multihop_chains_long.yaml", "evolved_in_step"),
+        (REPO / "configs/study/evolved_toy_multihop_anchors_long.yaml", "grpo"),
         (REPO / "configs/study/cycle_ablation_toy_long.yaml", "cycle"),
     ],
     ids=[
@@ -546,6 +547,7 @@ def test_smoke_study_end_to_end(tmp_path):
         "multihop_chains_gentle",
         "multihop_chains_pool192",
         "multihop_chains_long",
+        "multihop_anchors_long",
         "cycle_long",
     ],
 )
@@ -562,7 +564,11 @@ def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatc
     prepare_data([run], evaluation=False)  # the training splits only: the fit reads no test split
     extra = []
     # the _long studies' steps of 16 questions x 6 (8 scenes x 12) run on the device's GPU; here 4 per step
-    if path.stem in ("evolved_toy_multihop_chains_long", "cycle_ablation_toy_long"):
+    if path.stem in (
+        "evolved_toy_multihop_chains_long",
+        "evolved_toy_multihop_anchors_long",
+        "cycle_ablation_toy_long",
+    ):
         batch = 16 if path.stem.startswith("evolved") else 8
         assert f"--data.init_args.batch_size={batch}" in run.train.argv
         extra = ["--data.init_args.batch_size=4"]
@@ -590,7 +596,7 @@ def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatc
         assert "train/level/reroll/frac" in cli.trainer.logged_metrics
     if path.stem.startswith("evolved_toy_multihop"):  # a pool of multi-step questions
         assert {r.meta["level"] for r in cli.datamodule.train_set.records} == {3, 5}
-        pool = {"_pool192": 192, "_chains_long": 1280}
+        pool = {"_pool192": 192, "_long": 1280}
         assert len(cli.datamodule.train_set) == next((n for k, n in pool.items() if path.stem.endswith(k)), 96)
         rest = path.stem.removeprefix("evolved_toy_multihop")
         stage = "evolved-chains-anchor" if rest.startswith("_chains") else "evolved-anchors" if rest else "evolved-long"
