@@ -527,6 +527,7 @@ def test_smoke_study_end_to_end(tmp_path):
         (REPO / "configs/study/evolved_toy_multihop_chains_long.yaml", "evolved_in_step"),
         (REPO / "configs/study/evolved_toy_multihop_anchors_long.yaml", "grpo"),
         (REPO / "configs/study/cycle_ablation_toy_long.yaml", "cycle"),
+        (REPO / "configs/study/cycle_ablation_toy_temporal_long_gpu.yaml", "cycle"),
     ],
     ids=[
         "crowded",
@@ -549,6 +550,7 @@ def test_smoke_study_end_to_end(tmp_path):
         "multihop_chains_long",
         "multihop_anchors_long",
         "cycle_long",
+        "temporal_long_gpu",
     ],
 )
 def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatch):
@@ -583,6 +585,8 @@ def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatc
         assert all(r.raw["solution"] for r in cli.datamodule.train_set.records)  # as recorded: only clips with a target
     if path.stem == "cycle_ablation_toy_long":  # 640 fresh training scenes
         assert len(cli.datamodule.train_set) == 640
+    if path.stem == "cycle_ablation_toy_temporal_long_gpu":  # 256 fresh clips, the no-target ones in groups of N x K
+        assert len(cli.datamodule.train_set) == 256 and cli.model.method.K0 == 16
     if path.stem.startswith("cycle_ablation_toy_temporal_no_target"):  # all 48 clips, the no-target ones included
         assert len(cli.datamodule.train_set) == 48 and not all(
             r.raw["solution"] for r in cli.datamodule.train_set.records
