@@ -88,7 +88,8 @@ class Study:
     eval_overrides: list[str] = field(default_factory=list)
     fit_flags: list[str] = field(default_factory=list)
     """``train.py fit`` flags of one call (``python -m study --fit-flag``), after every override: where the fits run
-    (the device's GPU, a faster rollout engine), never read from the study file, so it records what was measured."""
+    (the device's GPU, a faster rollout engine). Never read from the study file: the file says what is measured, the
+    call where it runs."""
     evaluator: str = "predict"
     reference: str | None = None
     """Row every other row is compared with (``method - Original``)."""

@@ -7,8 +7,9 @@ Reads ``<out>/runs/<row>/seed<s>/metrics.jsonl`` (the records a study writes, `s
 ``training.md`` and ``training.csv`` into the results folder. The held-out table (`study.report`) says where the
 rows end; this says how they trained: the zero-variance fraction (groups that give no gradient), which way tied
 groups converge, EvolvedGRPO's levels, and the sampled rewards (whether the policy improved on its training questions
-at all: a row whose accuracy reward stays flat over the thirds learned nothing a held-out split could show). A difference ``a - b`` pairs the runs of one seed (same data order) and takes
-the t interval of the per-seed differences.
+at all: a row whose accuracy reward stays flat over the thirds learned nothing a held-out split could show). A
+difference ``a - b`` pairs the runs of one seed (same data order) and takes the t interval of the per-seed
+differences.
 """
 
 from __future__ import annotations
