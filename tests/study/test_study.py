@@ -371,28 +371,28 @@ def test_a_recorded_run_is_skipped(tmp_path, capsys):
     assert capsys.readouterr().out.count("# ") == 2  # runs 2 and 4 of 5: grpo/seed0, syn_grpo/seed0
 
 
+def _dry_run_fits_and_evaluations(tmp_path, capsys, flags: list[str]) -> tuple[list[str], list[str]]:
+    """The smoke study's ``--dry-run`` command lines with ``flags``: (fits, evaluations), both non-empty."""
+    assert study_main([str(SMOKE), "--out", str(tmp_path / "out"), "--dry-run", *flags]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
+    fits = [line for line in lines if " fit " in line]
+    evals = [line for line in lines if " predict " in line or " test " in line]
+    assert fits and evals
+    return fits, evals
+
+
 def test_eval_flags_of_a_call_reach_every_evaluation_and_no_fit(tmp_path, capsys):
     """``--eval-flag`` says where this call's evaluations run (the device's GPU); fits and the plan stay the same."""
-    out = tmp_path / "out"
     flags = ["--eval-flag=--trainer.accelerator=gpu", "--eval-flag=--data.init_args.eval_batch_size=128"]
-    assert study_main([str(SMOKE), "--out", str(out), "--dry-run", *flags]) == 0
-    lines = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
-    evals = [line for line in lines if " predict " in line or " test " in line]
-    fits = [line for line in lines if " fit " in line]
-    assert evals and fits
+    fits, evals = _dry_run_fits_and_evaluations(tmp_path, capsys, flags)
     assert all("--trainer.accelerator=gpu" in line and "eval_batch_size=128" in line for line in evals)
     assert not any("--trainer.accelerator=gpu" in line for line in fits)
 
 
 def test_fit_flags_of_a_call_reach_every_fit_last_and_no_evaluation(tmp_path, capsys):
     """``--fit-flag`` says where this call's fits run; it comes after the rows' overrides, so it wins over them."""
-    out = tmp_path / "out"
     flags = ["--fit-flag=--trainer.accelerator=gpu", "--fit-flag=--model.init_args.rollout_engine=fast"]
-    assert study_main([str(SMOKE), "--out", str(out), "--dry-run", *flags]) == 0
-    lines = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
-    evals = [line for line in lines if " predict " in line or " test " in line]
-    fits = [line for line in lines if " fit " in line]
-    assert evals and fits
+    fits, evals = _dry_run_fits_and_evaluations(tmp_path, capsys, flags)
     for line in fits:
         assert "--trainer.accelerator=gpu --model.init_args.rollout_engine=fast --seed_everything=" in line
     assert not any("rollout_engine=fast" in line or "accelerator=gpu" in line for line in evals)
