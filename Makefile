@@ -33,6 +33,12 @@ test: setup
 test-slow: setup
 	$(PY_RUN) -m pytest -q -m slow
 
+# Fuzz the data server: >= 50,000 requests from two concurrent clients (schemathesis positive and negative data, job
+# bodies with real images, cross-client probes); prints the 5xx count and the jobs one client touched of the other's
+FUZZ_FLAGS ?=
+fuzz: setup
+	OMP_NUM_THREADS=1 $(PY_RUN) bench/fuzz_server.py $(FUZZ_FLAGS)
+
 # Rebuild the embedded toy checkpoint (checkpoints/toy-qwen2.5-vl) from scratch: three SFT stages (docs/toy_model.md),
 # bf16 on a GPU (one H200: 4.8 + 3.1 + 7.7 min), fp32 on a CPU (2 cores: stage 3 42-48 min, stages 1-2 hours).
 # Deterministic at the seed on a given device and precision: stages 1-2 on an H200 then 3 on a CPU give the committed
@@ -113,7 +119,7 @@ test-vllm: vllm-venv
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=$${MKL_NUM_THREADS:-1} \
 		$(VLLM_VENV)/bin/python -m pytest -q -m vllm -s tests/lightning_modules/test_vllm_engine.py
 
-.PHONY: setup train test test-slow lint toy-model toy-model-cycle toy-model-cycle-video toy-model-evolved toy-model-evolved-long toy-model-evolved-anchors toy-model-evolved-named toy-model-evolved-chains-anchor toy-model-evolved-chains study study-smoke vllm-venv test-vllm
+.PHONY: setup train test test-slow fuzz lint toy-model toy-model-cycle toy-model-cycle-video toy-model-evolved toy-model-evolved-long toy-model-evolved-anchors toy-model-evolved-named toy-model-evolved-chains-anchor toy-model-evolved-chains study study-smoke vllm-venv test-vllm
 
 # The end-to-end GPU harness (one H200; docs/performance.md): the paper's one-GPU configs through train.py on
 # random-weight Qwen2.5-VL-3B + SDXL, TRL on the same work, engine parity. On the GPU machine: make gpu-e2e PY=python3

@@ -1,19 +1,22 @@
-"""Fuzz the data server and print how many requests it answered with a 5xx (the figure that must be 0).
+"""Fuzz the data server and print how many requests it answered with a 5xx and how many jobs of one client the
+other client touched (the two figures that must be 0).
 
 Starts a real server (``python -m synth.server`` on 127.0.0.1, procedural painter, real workers) through
-``synth.client.LocalServer``, then sends:
+``synth.client.LocalServer``; then two clients, each with its own token, fuzz it at the same time
+(``synth.fuzz.fuzz_clients``):
 
 - schemathesis cases over the server's own ``/openapi.json``: every operation, positive and negative generation,
   ``--examples`` cases per operation and mode, once per seed in ``--seeds``; every response is checked for a server
   error and for conformance to the schema (status code, content type, body shape, headers, negative data rejected);
 - ``--bodies`` hypothesis ``POST /jobs`` bodies carrying real images (PNG / JPEG / GIF / BMP / WebP of several modes,
   some cut short), paths under the roots, outside them and nowhere, boxes in and out of the image, odd canvases;
-  the accepted jobs are waited for and their audits counted.
+  the accepted jobs are waited for and their audits counted;
+- each client holds marked jobs it does not acknowledge, and tries to read, fetch and acknowledge the other's.
 
-    python bench/fuzz_server.py --examples 300 --seeds 0 1 2 3 4 --bodies 1500 \\
-        --out bench/results/fuzz_server_cpu.json
+    make fuzz        # python bench/fuzz_server.py: the defaults send >= 50,000 requests (~15-25 min on 2 cores)
 
-Only loopback traffic. Prints figures; never asserts (``tests/synth/test_synth_fuzz.py`` is the bounded in-suite version).
+Only loopback traffic. Prints figures; never asserts (``tests/synth/test_synth_fuzz.py`` is the bounded in-suite
+version).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from synth.client import LocalServer  # noqa: E402
-from synth.fuzz import FuzzReport, fuzz_bodies, fuzz_schema  # noqa: E402
+from synth.fuzz import FuzzReport, fuzz_clients  # noqa: E402
 
 
 def _machine() -> dict:
@@ -55,8 +58,8 @@ def _machine() -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--examples", type=int, default=300, help="schemathesis cases per operation, mode and seed")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--bodies", type=int, default=1500, help="hypothesis job bodies with real images")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4, 5])
+    parser.add_argument("--bodies", type=int, default=1500, help="hypothesis job bodies with real images, per client")
     parser.add_argument("--workers", type=int, default=1, help="painter worker processes (cpu)")
     parser.add_argument("--out", help="write the report as JSON here")
     args = parser.parse_args(argv)
@@ -71,31 +74,23 @@ def main(argv: list[str] | None = None) -> int:
             paths.append(str(root / f"{i}.png") if i % 2 else f"{i}.png")
         t0 = time.perf_counter()
         with LocalServer(roots=[root], output_dir=out, overrides={"devices": ["cpu"] * args.workers}) as server:
-            total = FuzzReport()
-            runs = []
-            for seed in args.seeds:
-                r = fuzz_schema(server.url, server.token, max_examples=args.examples, seed=seed)
-                total.merge(r)
-                runs.append({"kind": "schemathesis", "seed": seed, **r.as_dict(max_lines=10)})
-                print(
-                    f"schemathesis seed {seed}: {r.requests} requests, {r.n_server_errors} 5xx, "
-                    f"{len(r.nonconforming)} nonconforming, {r.seconds:.0f} s",
-                    flush=True,
-                )
-            if args.bodies:
-                r = fuzz_bodies(server.url, server.token, paths, max_examples=args.bodies, seed=args.seeds[0])
-                total.merge(r)
-                runs.append({"kind": "bodies", "seed": args.seeds[0], **r.as_dict(max_lines=10)})
-                print(
-                    f"bodies: {r.requests} requests, {r.n_server_errors} 5xx, jobs done {r.jobs_done}, "
-                    f"failed {r.jobs_failed}, audits failed {r.audits_failed}, {r.seconds:.0f} s",
-                    flush=True,
-                )
+            reports, iso = fuzz_clients(
+                server.url, server.token, paths, max_examples=args.examples, seeds=tuple(args.seeds), bodies=args.bodies
+            )
             with server.client() as c:
                 health = c.health()
-            leftovers = sorted(p.name for p in out.iterdir() if p.name.endswith(".tmp"))
+            leftovers = sorted(p.name for p in out.rglob("*.tmp"))
         wall = time.perf_counter() - t0
 
+    total = FuzzReport()
+    for name, r in reports.items():
+        total.merge(r)
+        print(
+            f"client {name}: {r.requests} requests, {r.n_server_errors} 5xx, {len(r.nonconforming)} nonconforming, "
+            f"jobs done {r.jobs_done}, failed {r.jobs_failed}, audits failed {r.audits_failed}",
+            flush=True,
+        )
+    touched = sum(iso.touched.values())
     report = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "machine": _machine(),
@@ -103,6 +98,12 @@ def main(argv: list[str] | None = None) -> int:
         "requests": total.requests,
         "server_errors": total.n_server_errors,
         "nonconforming": len(total.nonconforming),
+        "isolation": {
+            "touched": iso.touched,
+            "kept": iso.kept,
+            "foreign_in_list": iso.foreign_in_list,
+            "probes": iso.probes,
+        },
         "jobs": {
             "done": total.jobs_done,
             "failed": total.jobs_failed,
@@ -113,11 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         "temp_files_left": leftovers,
         "wall_s": round(wall, 1),
         "by_status": {str(k): v for k, v in sorted(total.by_status.items())},
-        "runs": runs,
+        "by_client": {name: r.as_dict(max_lines=10) for name, r in reports.items()},
     }
     print(
         f"{total.requests} requests, {total.n_server_errors} server errors (>= 500), "
-        f"{len(total.nonconforming)} nonconforming answers, jobs done {total.jobs_done}, "
+        f"{len(total.nonconforming)} nonconforming answers, {touched} jobs of one client touched by the other "
+        f"({iso.probes} probes, {iso.foreign_in_list} foreign jobs listed), jobs done {total.jobs_done}, "
         f"audits failed {total.audits_failed}, health after: {health.status}, {wall:.0f} s"
     )
     if args.out:

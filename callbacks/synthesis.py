@@ -20,6 +20,7 @@ are after a resume from a checkpoint (the callback's state holds them).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import time
@@ -100,6 +101,9 @@ class SynthesisCallback(Callback):
         placement: ``center`` or ``random`` (a uniformly drawn position of the image on the extended canvas).
         gallery_samples: lineages drawn in the gallery each epoch (0 disables).
         gallery_dir: where gallery PNGs go (default ``<default_root_dir>/lineage``).
+        client_id: the client id this run presents to the data server (it sees only its own jobs there); default
+            one derived from the run folder, the same after a resume (:meth:`client_identity`). With ``url``,
+            ``token`` (or ``$token_env``) is the server's secret or this client's own token.
     """
 
     def __init__(
@@ -123,6 +127,7 @@ class SynthesisCallback(Callback):
         gallery_dir: str | None = None,
         extend: float | list[float] = 0.0,
         placement: str = "center",
+        client_id: str | None = None,
     ):
         if mode not in ("async", "sync", "sync_epoch", "off"):
             raise ValueError(f"SynthesisCallback mode must be 'async', 'sync', 'sync_epoch' or 'off', got {mode!r}")
@@ -139,6 +144,7 @@ class SynthesisCallback(Callback):
         if unfinished not in ("keep", "drop"):
             raise ValueError(f"SynthesisCallback unfinished must be 'keep' or 'drop', got {unfinished!r}")
         self.mode, self.url, self.token, self.token_env = mode, url, token, token_env
+        self.client_id = client_id
         self.server_config, self.output_dir, self.source, self.unfinished = (
             server_config,
             output_dir,
@@ -208,7 +214,7 @@ class SynthesisCallback(Callback):
                 log_path=root / "synth_server.log",
             )
             self._server.start()
-            client = self._server.client()
+            client = self._server.client(client_id=self.client_identity(trainer))
         else:
             import os
 
@@ -218,8 +224,17 @@ class SynthesisCallback(Callback):
                     f"SynthesisCallback url={self.url!r} needs a token: set the {self.token_env} "
                     "environment variable or the callback's token"
                 )
-            client = SynthClient(self.url, token)
+            client = SynthClient(self.url, token, client_id=self.client_identity(trainer))
         self._submitter = AsyncSubmitter(client, poll_interval=self.poll_interval)
+
+    def client_identity(self, trainer: L.Trainer) -> str:
+        """The client id this run presents to the data server: ``client_id`` if set, else one derived from the run
+        folder (its name and a hash of its absolute path), so a resumed run is the same client and finds its jobs."""
+        if self.client_id:
+            return self.client_id
+        root = Path(trainer.default_root_dir).resolve()
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "-", root.name).strip("-._")[:40] or "run"
+        return f"run-{slug}-{hashlib.sha256(str(root).encode()).hexdigest()[:12]}"
 
     def _local_server_dead(self) -> bool:
         return self._server is not None and (self._server.proc is None or self._server.proc.poll() is not None)

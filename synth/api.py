@@ -6,7 +6,18 @@ the existing job, so a trainer that crashed and resumed never duplicates work or
 ``[x1, y1, x2, y2]`` in pixels of the input image (COCO / VLM-R1 convention); the result's boxes are in pixels of the
 output canvas.
 
-Endpoints (all need ``Authorization: Bearer <token>``):
+Clients and their jobs: every request carries a bearer token, and the token says who the caller is.
+
+- A **client token** is ``<client_id>.<mac>``, the client id bound to it by ``mac = HMAC-SHA256(secret,
+  "synth-client:" + client_id)`` (:func:`client_token`). A client sees only its own jobs: a job is keyed by
+  (client id, ``job_id``), so another client's ``job_id`` is simply unknown to it (404), its list holds only its own
+  jobs, and two clients may use the same ``job_id`` without meeting. A trainer derives its client id from its run
+  (``callbacks.synthesis``), so after a resume it presents the same identity and its pending jobs are still its own.
+- The **admin token** is the server's secret itself (``$SYNTH_TOKEN`` or ``token_file``). The admin sees every
+  client's jobs: ``GET /jobs`` lists all of them (each status names its ``client``), and ``?client=<id>`` on any
+  endpoint acts in that client's name. Without ``?client=``, the admin's own submissions are client ``admin``.
+
+Endpoints (all need ``Authorization: Bearer <token>``; each also takes ``?client=<id>``, the admin's only):
 
 - ``POST /jobs`` body :class:`JobRequest` -> 202 :class:`JobStatus` (200 when the job already existed)
 - ``GET /jobs/{job_id}`` -> :class:`JobStatus`; ``?include_image=true`` adds the output PNG as base64
@@ -16,7 +27,9 @@ Endpoints (all need ``Authorization: Bearer <token>``):
 - ``GET /health`` -> :class:`Health`
 - ``GET /openapi.json``, ``/docs``, ``/redoc``: the schema and its viewers (config ``docs``)
 
-Every error answer is an :class:`ErrorBody`.
+Every error answer is an :class:`ErrorBody`. Bodies are JSON (``Content-Type: application/json``, else 415) read
+strictly: no coercion (``true`` is not a number, ``"10"`` is not an integer). Query parameters are strings parsed as
+documented: integers as plain decimal digits, booleans as ``true`` or ``false``.
 
 A job either repaints the image's background after ``description`` (Syn-GRPO) or, with ``edit`` (:class:`VisualEdit`),
 edits it (EvolvedGRPO's visual edits: toy-world scene edits, or inpainting of regions on real images); both keep the
@@ -28,9 +41,11 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import hmac
 import math
+import re
 from enum import Enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -43,12 +58,57 @@ JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@:+=-]{0,127}$"
 """Job ids name output files, so they are restricted to a safe character set (no slashes), 1 to 128 characters."""
 
 
+CLIENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+"""Client ids name the client's output folder, so they are restricted to a safe character set, 1 to 64 characters."""
+
+ADMIN_CLIENT = "admin"
+"""The client id of jobs the admin submits without ``?client=``."""
+
+
+def _client_mac(secret: str, client_id: str) -> str:
+    return hmac.new(secret.encode(), f"synth-client:{client_id}".encode(), hashlib.sha256).hexdigest()
+
+
+def client_token(secret: str, client_id: str) -> str:
+    """The bearer token of client ``client_id`` on a server whose secret (admin token) is ``secret``.
+
+    ``python -m synth.server token CLIENT_ID`` prints it, so an operator can hand a client its own token without the
+    secret; a trainer that holds the secret derives its own."""
+    if not re.fullmatch(CLIENT_ID_PATTERN, client_id):
+        raise ValueError(f"client id {client_id!r} must match {CLIENT_ID_PATTERN} (letters, digits, '.', '_', '-')")
+    return f"{client_id}.{_client_mac(secret, client_id)}"
+
+
+def verify_client_token(secret: str, token: str) -> str | None:
+    """The client id a client token names, when its MAC is right under ``secret``; else None."""
+    client_id, dot, mac = token.rpartition(".")
+    if not dot or not re.fullmatch(CLIENT_ID_PATTERN, client_id):
+        return None
+    return client_id if hmac.compare_digest(mac.encode(), _client_mac(secret, client_id).encode()) else None
+
+
+def is_client_token(token: str) -> bool:
+    """True when ``token`` has the shape of a client token (``<client_id>.<64 hex digits>``)."""
+    client_id, dot, mac = token.rpartition(".")
+    return bool(dot) and re.fullmatch(CLIENT_ID_PATTERN, client_id) is not None and re.fullmatch(r"[0-9a-f]{64}", mac)
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
 class ImageRef(_Model):
     """The input image: a path readable by the server, or the encoded file itself. Exactly one of the two."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["path"], "properties": {"path": {"type": "string", "minLength": 1}}},
+                {"required": ["data_b64"], "properties": {"data_b64": {"type": "string"}}},
+            ]
+        },
+    )
 
     path: str | None = None
     """Absolute, or relative to the server's first root; must resolve under one of the server's ``roots``."""
@@ -167,8 +227,9 @@ class JobRequest(_Model):
     sample_id: str = Field(min_length=1, max_length=256)
     """The sample this image belongs to (never changes across image versions)."""
     image: ImageRef
-    boxes: list[list[float]] = Field(min_length=1, max_length=256)
-    """Ground-truth boxes ``[x1, y1, x2, y2]`` in input pixels; their contents are kept."""
+    boxes: list[Annotated[list[float], Field(min_length=4, max_length=4)]] = Field(min_length=1, max_length=256)
+    """Ground-truth boxes ``[x1, y1, x2, y2]`` in input pixels, x2 > x1 and y2 > y1, inside the image (up to the
+    server's ``box_tolerance_px``); their contents are kept."""
     description: str = Field(max_length=MAX_DESCRIPTION_CHARS)
     """What the new image should show (the policy's ``<description>``); may be empty."""
     seed: int = Field(0, ge=0, lt=2**63)
@@ -256,6 +317,8 @@ class JobResult(_Model):
 
 class JobStatus(_Model):
     job_id: str
+    client: str
+    """The client the job belongs to (see the module docstring)."""
     sample_id: str
     state: JobState
     attempts: int = 0

@@ -38,7 +38,7 @@ from typing import Any
 
 import httpx
 
-from synth.api import Ack, Health, JobList, JobRequest, JobState, JobStatus
+from synth.api import ADMIN_CLIENT, Ack, Health, JobList, JobRequest, JobState, JobStatus, client_token, is_client_token
 
 log = logging.getLogger("synth.client")
 
@@ -77,7 +77,11 @@ class SynthClient:
 
     Args:
         url: the server's base URL, e.g. ``http://127.0.0.1:8765``.
-        token: bearer token (the server's ``$SYNTH_TOKEN``); None sends no header.
+        token: bearer token: a client token (``python -m synth.server token CLIENT_ID``), or the server's secret
+            (``$SYNTH_TOKEN``: the admin, unless ``client_id`` is given); None sends no header.
+        client_id: act as this client: ``token`` is then the server's secret, and the client presents the client
+            token made from it (``synth.api.client_token``), so it sees only its own jobs. A trainer passes the id
+            of its run, so a resumed run finds its pending jobs again.
         timeout: seconds per HTTP request.
     """
 
@@ -89,7 +93,15 @@ class SynthClient:
         retries: int = 5,
         backoff: float = 0.2,
         max_backoff: float = 5.0,
+        client_id: str | None = None,
     ):
+        if client_id is not None:
+            if not token:
+                raise ValueError(f"SynthClient client_id={client_id!r} needs the server's secret as its token")
+            if is_client_token(token) and token.rpartition(".")[0] != client_id:
+                raise ValueError(f"SynthClient: the token is client {token.rpartition('.')[0]!r}'s, not {client_id!r}")
+            token = token if is_client_token(token) else client_token(token, client_id)
+        self.client_id = client_id
         self.url = url.rstrip("/")
         self.retries, self.backoff, self.max_backoff = retries, backoff, max_backoff
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -407,6 +419,7 @@ class AsyncSubmitter:
         log.warning("synth job %s dropped: %s", req.job_id, error)
         status = JobStatus(
             job_id=req.job_id,
+            client=self.client.client_id or ADMIN_CLIENT,
             sample_id=req.sample_id,
             state=JobState.failed,
             error=error,
@@ -525,7 +538,7 @@ class LocalServer:
     def client(self, **kwargs: Any) -> SynthClient:
         if self.url is None:
             raise RuntimeError("LocalServer is not running: call start() or use it as a context manager")
-        return SynthClient(self.url, self.token, **kwargs)
+        return SynthClient(self.url, self.token, **kwargs)  # client_id=... makes it that client, else the admin
 
     def _args(self, port_file: str) -> list[str]:
         import json

@@ -37,11 +37,15 @@ class ServerConfig(BaseModel):
     """Serve ``/openapi.json``, ``/docs`` and ``/redoc`` (behind the token, like every endpoint). None: on for a
     loopback host, off otherwise (the schema tells a scanner every field there is)."""
     token_env: str = "SYNTH_TOKEN"
-    """Environment variable holding the token (wins over ``token_file``)."""
+    """Environment variable holding the server's secret, the admin token (wins over ``token_file``). Clients use
+    their own tokens derived from it (``synth.api.client_token``; ``python -m synth.server token CLIENT_ID``)."""
     token_file: str | None = None
-    """File whose first line is the token."""
+    """File whose first line is the secret."""
     roots: list[str] = Field(default_factory=list)
     """Directories the server may read input images from (``image.path`` must resolve inside one)."""
+    allow_hard_links: bool = False
+    """Read input files that have more than one hard link. Off by default: a hard link inside a root can name a file
+    that lives outside every root, and the server reads only files of its roots."""
     output_dir: str = "outputs/synth"
     """Where results are written (``<output_dir>/<job_id>.png``); created if missing."""
     fsync_outputs: bool = False

@@ -332,3 +332,132 @@ def _finish_jobs(http: httpx.Client, job_ids: set[str], timeout: float) -> FuzzR
         report.by_status[r.status_code] += 1
         report.by_operation["POST /jobs/{job_id}/ack (bodies)"] += 1
     return report
+
+
+@dataclass
+class IsolationReport:
+    """Two clients fuzzing one server at once: did either touch the other's jobs?"""
+
+    kept: dict[str, int] = field(default_factory=dict)
+    """Per client: its marked jobs still held by the server at the end (all of them, unless another client touched
+    them; a client never acknowledges its marked jobs before the count)."""
+    touched: dict[str, int] = field(default_factory=dict)
+    """Per client: its marked jobs that vanished, or that another client could read, fetch or acknowledge (must be 0)."""
+    foreign_in_list: int = 0
+    """Jobs of another client in a client's own ``GET /jobs`` (must be 0)."""
+    probes: int = 0
+    """Requests one client sent for the other's job ids: each ``GET`` (status, image) must be a 404, each ``ack`` and
+    ``DELETE`` a no-op (``acknowledged: false``)."""
+
+
+def _mark_jobs(http: httpx.Client, name: str, image_path: str, n: int, report: FuzzReport) -> list[str]:
+    """Submit ``n`` valid jobs with ids that the fuzzers never generate (``mark-<client>-<i>``)."""
+    import json
+
+    ids = []
+    for i in range(n):
+        body = {
+            "job_id": f"mark-{name}-{i}",
+            "sample_id": f"mark-{i}",
+            "image": {"path": image_path},
+            "boxes": [[1, 1, 8, 8]],
+            "description": "a marked job",
+            "seed": i,
+        }
+        r = http.post("/jobs", content=json.dumps(body), headers={"Content-Type": "application/json"})
+        report.requests += 1
+        report.by_status[r.status_code] += 1
+        if r.status_code in (200, 202):
+            ids.append(body["job_id"])
+    return ids
+
+
+def _probe_other(http: httpx.Client, other_ids: list[str], report: FuzzReport) -> tuple[int, int]:
+    """Try to read, fetch and acknowledge another client's jobs; returns (probes sent, probes that reached a job)."""
+    probes = touched = 0
+    for job_id in other_ids:
+        for method, path in (
+            ("GET", f"/jobs/{job_id}"),
+            ("GET", f"/jobs/{job_id}/image"),
+            ("POST", f"/jobs/{job_id}/ack"),
+            ("DELETE", f"/jobs/{job_id}"),
+        ):
+            r = http.request(method, path)
+            report.requests += 1
+            report.by_status[r.status_code] += 1
+            probes += 1
+            if method == "GET":
+                touched += r.status_code != 404
+            else:  # acknowledging a job one does not hold is a no-op answered 200 {"acknowledged": false}
+                touched += r.status_code != 200 or r.json().get("acknowledged") is not False
+    return probes, touched
+
+
+def _client_run(
+    url: str, token: str, other_ids: list[str], image_paths: list[str], max_examples: int, seeds: tuple, bodies: int
+) -> tuple[FuzzReport, int, int]:
+    """One client's share of :func:`fuzz_clients`, in its own process (Hypothesis is not thread-safe)."""
+    report = FuzzReport()
+    probes = touched = 0
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as http:
+        for seed in seeds:
+            p, t = _probe_other(http, other_ids, report)
+            probes, touched = probes + p, touched + t
+            report.merge(fuzz_schema(url, token, max_examples=max_examples, seed=seed))
+        if bodies:
+            report.merge(fuzz_bodies(url, token, image_paths, max_examples=bodies, seed=seeds[0]))
+        p, t = _probe_other(http, other_ids, report)
+    return report, probes + p, touched + t
+
+
+def fuzz_clients(
+    url: str,
+    secret: str,
+    image_paths: list[str],
+    clients: tuple[str, str] = ("fuzz-a", "fuzz-b"),
+    max_examples: int = 50,
+    seeds: tuple[int, ...] = (0,),
+    bodies: int = 100,
+    marked: int = 8,
+) -> tuple[dict[str, FuzzReport], IsolationReport]:
+    """Two clients, each with its own token and process, fuzz one server at the same time (schemathesis over every
+    operation in both generation modes, then hypothesis bodies with real images), each holding ``marked`` jobs that it
+    never acknowledges before the end; meanwhile each tries to read, fetch and acknowledge the other's marked jobs.
+    The isolation report counts every marked job that was touched or vanished (the goal: 0)."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    from synth.api import client_token
+
+    iso = IsolationReport()
+    reports = {name: FuzzReport() for name in clients}
+    tokens = {name: client_token(secret, name) for name in clients}
+    marks: dict[str, list[str]] = {}
+    for name in clients:
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {tokens[name]}"}, timeout=60) as http:
+            marks[name] = _mark_jobs(http, name, image_paths[0], marked, reports[name])
+    a, b = clients
+    with ProcessPoolExecutor(max_workers=2, mp_context=mp.get_context("spawn")) as pool:
+        futures = {
+            name: pool.submit(
+                _client_run, url, tokens[name], marks[other], image_paths, max_examples, tuple(seeds), bodies
+            )
+            for name, other in ((a, b), (b, a))
+        }
+        for name, other in ((a, b), (b, a)):
+            report, probes, touched = futures[name].result()
+            reports[name].merge(report)
+            iso.probes += probes
+            iso.touched[other] = iso.touched.get(other, 0) + touched
+    for name in clients:
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {tokens[name]}"}, timeout=60) as http:
+            r = http.get("/jobs", params={"limit": 10000})
+            reports[name].requests += 1
+            held = r.json()["jobs"]
+            iso.foreign_in_list += sum(j["client"] != name for j in held)
+            ids = {j["job_id"] for j in held}
+            iso.kept[name] = sum(j in ids for j in marks[name])
+            iso.touched[name] = iso.touched.get(name, 0) + sum(j not in ids for j in marks[name])
+            for job_id in marks[name]:
+                http.post(f"/jobs/{job_id}/ack")
+    return reports, iso

@@ -37,6 +37,7 @@ from synth.compose import (
     place_image,
 )
 from synth.foreground import build_masker, keep_mask
+from synth.inputs import open_input
 from synth.painters import PaintJob, build_painter
 
 
@@ -73,10 +74,11 @@ def worker_main(
             fg_cfg["device"] = device
         masker = build_masker(**fg_cfg)
     except BaseException as e:  # report why, then exit: the server decides whether to try again
-        conn.send(("error", f"worker {index} on {device} could not start: {type(e).__name__}: {e}"))
+        _send(conn, ("error", f"worker {index} on {device} could not start: {type(e).__name__}: {e}"))
         conn.close()
         return
-    conn.send(("ready", os.getpid()))
+    if not _send(conn, ("ready", os.getpid())):
+        return
     # image decoding and the per-job finishing work (paste-back, PNG encode, fsync, re-read, audit) release the GIL:
     # run them across the worker's threads, so the GPU waits ~1/threads as long between batches
     pool = ThreadPoolExecutor(max_workers=max(1, threads or 1), thread_name_prefix="synth-io")
@@ -87,9 +89,20 @@ def worker_main(
             break  # the server is gone
         if items is None:
             break
-        conn.send(("done", run_batch(painter, masker, items, pool=pool)))
+        if not _send(conn, ("done", run_batch(painter, masker, items, pool=pool))):
+            break
     pool.shutdown(wait=False)
     conn.close()
+
+
+def _send(conn: Connection, msg: Any) -> bool:
+    """Send to the server; False when it is gone, so an orphaned worker exits quietly (no BrokenPipe traceback; its
+    temp files are swept at the next server start)."""
+    try:
+        conn.send(msg)
+    except (BrokenPipeError, EOFError, OSError):
+        return False
+    return True
 
 
 def _audit_dict(a: Audit) -> dict[str, Any]:
@@ -108,7 +121,10 @@ def _load_image(item: dict[str, Any]) -> Image.Image:
     if item.get("image_bytes") is not None:
         image = Image.open(io.BytesIO(item["image_bytes"]))
     else:
-        image = Image.open(item["image_path"])
+        with open_input(item["image_path"], item.get("image_identity")) as fh:
+            image = Image.open(fh)
+            image.load()
+        return image
     image.load()
     return image
 

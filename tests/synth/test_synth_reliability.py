@@ -132,7 +132,7 @@ def test_a_cancelled_running_job_never_overwrites_the_newer_job_with_its_id(data
             assert not any(w.busy for w in c.health().workers)
             assert sha(new.result.output_path) == new_sha, "the cancelled job's late output replaced the new one"
             assert c.get("stale-1").state == JobState.done
-    assert sorted(os.listdir(out)) == ["stale-1.png"]  # the cancelled job's temp file is gone too
+    assert sorted(os.listdir(out / "admin")) == ["stale-1.png"]  # the cancelled job's temp file is gone too
 
 
 def test_temp_files_of_a_killed_run_are_swept_at_start_up(data, tmp_path):
@@ -237,6 +237,8 @@ def test_sync_client_retries_only_transient_answers(server):
             assert e.value.status_code == 500
             assert proxy.hits == [("poison", 500)]
             with pytest.raises(SynthError) as e:  # 503, 503 (retried), then the server's own answer: 422
-                c._request("POST", "/jobs", content=b'{"job_id": "flaky"}')
+                c._request(
+                    "POST", "/jobs", content=b'{"job_id": "flaky"}', headers={"Content-Type": "application/json"}
+                )
             assert e.value.status_code == 422
     assert proxy.hits.count(("flaky", 503)) == 2
