@@ -19,6 +19,13 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(SETUP)
 
+# Every target that trains caps torch's CPU threads: by default torch takes every core, and on a small shared box
+# (2 cores here, a data server worker beside it) oversubscribed threads spin, 7-12x slower. Override with
+# `make train OMP_NUM_THREADS=4`.
+OMP_NUM_THREADS ?= 1
+MKL_NUM_THREADS ?= $(OMP_NUM_THREADS)
+export OMP_NUM_THREADS MKL_NUM_THREADS
+
 train: setup
 	$(PY_RUN) train.py fit --config configs/tiny.yaml
 

@@ -9,6 +9,7 @@ The frozen reference model is never built (``GRPOModule.inference_only``); the c
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -90,7 +91,18 @@ def export_policy(
     _write_generation_config(model, out, hp)
     _write_prompt_template(out, hp)
     _write_card(out, hp, ckpt_path, facts, run_name)
+    _make_readable(out)
     return out
+
+
+def _make_readable(out: Path) -> None:
+    """Give every exported file the mode an ordinary file gets (0644 under the usual umask): safetensors writes its
+    shards 0600, which a teammate or a serving process under another user cannot read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for f in out.rglob("*"):
+        if f.is_file() and not f.is_symlink():
+            f.chmod(0o666 & ~umask)
 
 
 def _write_generation_config(model: L.LightningModule, out: Path, hp: dict[str, Any]) -> None:

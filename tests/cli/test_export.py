@@ -100,6 +100,7 @@ def test_export_from_pretrained_predict_reproduce_the_checkpoint(toy_rec, tmp_pa
     assert exp.model.reference is None
     for name in ("config.json", "model.safetensors", "generation_config.json", "prompt_template.json", "README.md"):
         assert (out / name).is_file(), name
+        assert (out / name).stat().st_mode & 0o044 == 0o044, f"{name} is not readable by group and others"
     assert json.loads((out / "prompt_template.json").read_text())["name"] == "toy"
     assert json.loads((out / "generation_config.json").read_text())["do_sample"] is False
 
