@@ -1,8 +1,9 @@
-"""``python -m sweep configs/sweeps/beta.yaml -j 2 [--out DIR] [--dry-run] [-- extra train.py flags]``."""
+"""``python -m sweep configs/sweeps/beta.yaml -j 2 [--only PATTERN] [--out DIR] [--dry-run] [-- extra train.py flags]``."""
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import sys
 
@@ -26,12 +27,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="output folder (default outputs/sweeps/<sweep name>)")
     ap.add_argument("--dry-run", action="store_true", help="print the command lines and exit")
     ap.add_argument("--online", action="store_true", help="let W&B go online (default: WANDB_MODE=offline)")
+    ap.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="run only the points whose name matches (shell pattern, repeatable), e.g. --only 'diversity_beta=0.[15]'; "
+        "--dry-run lists the names",
+    )
     args = ap.parse_args(argv)
     try:
         sweep, points, out = plan(args.sweep, args.out, extra)
     except SweepError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.only:
+        chosen = [p for p in points if any(fnmatch.fnmatchcase(p.name, pat) for pat in args.only)]
+        if not chosen:
+            names = ", ".join(p.name for p in points)
+            print(
+                f"error: --only {' '.join(args.only)} matches no point of {args.sweep}; its points: {names}",
+                file=sys.stderr,
+            )
+            return 2
+        points = chosen
     if args.dry_run:
         for p in points:
             print(" ".join(p.argv))
@@ -49,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     frame = collect(points, out, metric)
     print(frame.to_string(index=False))
     print(
-        f"\nresults: {out / 'results.csv'}; curves: RUNS={out} jupyter nbconvert --execute notebooks/collapse_curves.ipynb"
+        f"\nresults: {out / 'results.csv'}; curves: RUNS={out} .venv/bin/jupyter nbconvert --to notebook --execute "
+        f"notebooks/collapse_curves.ipynb --output-dir {out}"
     )
     failed = [p for p in points if p.returncode]
     for p in failed:

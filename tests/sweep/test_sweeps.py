@@ -135,6 +135,17 @@ def test_offline_runner_plans_one_folder_and_one_name_per_point(tmp_path):
         assert p.argv[-2:] == ["--trainer.max_epochs", "1"]
 
 
+def test_only_runs_a_subset_of_the_points(capsys):
+    from sweep.__main__ import main as sweep_main
+
+    assert sweep_main([str(REPO / "configs/sweeps/beta.yaml"), "--dry-run", "--only", "diversity_beta=0.[15]"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split("--model.init_args.diversity_beta=")[1].split()[0] for ln in lines] == ["0.1", "0.5"]
+    assert sweep_main([str(REPO / "configs/sweeps/beta.yaml"), "--dry-run", "--only", "beta=2"]) == 2
+    err = capsys.readouterr().err
+    assert "matches no point" in err and "diversity_beta=0.9" in err  # the names to choose from
+
+
 def test_offline_runner_refuses_what_needs_a_server(tmp_path, capsys):
     from sweep.__main__ import main as sweep_main
 
