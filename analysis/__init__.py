@@ -606,6 +606,11 @@ def method_of(run: Run) -> str:
     return _SEED_SUFFIX.sub("", run.name) or run.name
 
 
+def _last(table: pd.DataFrame, x: str) -> int:
+    """The last step (or epoch) a run's table reaches; 0 for an empty one."""
+    return int(table[x].max()) if x in table and len(table) and table[x].notna().any() else 0
+
+
 def plot_collapse_by_method(
     runs: Sequence[Run],
     keys: Mapping[str, str] = COLLAPSE_KEYS,
@@ -616,11 +621,22 @@ def plot_collapse_by_method(
 ) -> Figure:
     """The collapse curves per method: the mean over a method's runs (seeds) at each step, with the band between the
     lowest and the highest run; a method with one run is its curve. Methods come from ``method(run)``. ``frame``:
-    ``train`` (per step) or ``epochs`` (the per-epoch rows of callbacks' logs, by epoch)."""
+    ``train`` (per step) or ``epochs`` (the per-epoch rows of callbacks' logs, by epoch).
+
+    Runs are averaged only with runs of the same length: a method whose runs ran to different last steps (a longer
+    budget, an interrupted seed) gets one curve per length, labelled with it, so a mean never changes the runs it is
+    made of along the curve; within a group, a step is plotted only where every run of the group has a value."""
     x = "step" if frame == "train" else "epoch"
-    groups: dict[str, list[Run]] = {}
+    by_method: dict[str, list[Run]] = {}
     for r in runs:
-        groups.setdefault(method(r), []).append(r)
+        by_method.setdefault(method(r), []).append(r)
+    groups: dict[str, list[Run]] = {}
+    for name, members in by_method.items():
+        lengths = {_last(getattr(r, frame), x): [] for r in members}
+        for r in members:
+            lengths[_last(getattr(r, frame), x)].append(r)
+        for n, group in lengths.items():
+            groups[name if len(lengths) == 1 else f"{name}, {n} {x}s"] = group
     fig, axes = _grid(len(keys))
     from matplotlib import colormaps
 
@@ -632,7 +648,8 @@ def plot_collapse_by_method(
             if not frames:
                 continue
             both = pd.concat([f.assign(_run=j) for j, f in enumerate(frames)])
-            stats = both.groupby(x)[key].agg(["mean", "min", "max"]).reset_index()
+            stats = both.groupby(x)[key].agg(["mean", "min", "max", "count"]).reset_index()
+            stats = stats[stats["count"] == len(frames)]  # only steps that every run of the group has
             c = cmap(i % 10)
             ax.plot(
                 stats[x],

@@ -171,3 +171,19 @@ def test_evolution_curves_pool_seeds_per_method_and_read_epoch_levels():
     assert reroll_ax.get_lines() == []  # no run re-generated groups: an empty panel, not an error
     (line,) = per_epoch.axes[0].get_lines()
     assert list(line.get_xdata()) == [0, 1] and list(line.get_ydata()) == [1.5, 2.5]
+
+
+def test_runs_of_different_lengths_are_never_averaged_together():
+    import pandas as pd
+
+    def run(name, n, value):
+        return A.Run(name=name, train=pd.DataFrame({"step": range(1, n + 1), "train/diversity/zero_frac": [value] * n}))
+
+    runs = [run("grpo-seed0", 4, 0.2), run("grpo-seed1", 4, 0.4), run("grpo-seed2", 8, 0.9)]
+    fig = A.plot_evolution_by_method(runs)[0]
+    ax = fig.axes[list(A.EVOLUTION_KEYS).index("train/diversity/zero_frac")]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert set(lines) == {"grpo, 4 steps (n=2)", "grpo, 8 steps (n=1)"}
+    assert list(lines["grpo, 4 steps (n=2)"].get_xdata()) == [1, 2, 3, 4]
+    assert list(lines["grpo, 4 steps (n=2)"].get_ydata()) == pytest.approx([0.3] * 4)  # the two 4-step seeds only
+    assert list(lines["grpo, 8 steps (n=1)"].get_ydata()) == pytest.approx([0.9] * 8)
