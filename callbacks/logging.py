@@ -30,7 +30,7 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from PIL import Image, ImageDraw
 
-from callbacks.gallery import GT_COLOUR, PRED_COLOUR, draw_boxes
+from callbacks.gallery import GT_COLOUR, LINE_H, PRED_COLOUR, colour_key, draw_boxes, wrap
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The local metrics file
@@ -477,16 +477,19 @@ def gallery_panel(
         )
     for boxes, colour, width in layers:
         img = draw_boxes(img, boxes, colour=colour, width=width)
-    chars = max(20, img.width // 6)
     wrapped: list[str] = []
     for line in lines:
-        line = " ".join(str(line).split())
-        wrapped += [line[i : i + chars] for i in range(0, max(len(line), 1), chars)][:3]
-    panel = Image.new("RGB", (img.width, img.height + 12 * len(wrapped) + 6), (255, 255, 255))
+        wrapped += wrap(str(line), img.width - 6, max_lines=3)
+    key = [(GT_COLOUR, "ground truth")]
+    key += (
+        [(colours[0], "prediction")] if len(pred_boxes) <= 1 else [(colours[0], "completion 1"), (colours[1 % len(colours)], "2 ...")]
+    )
+    panel = Image.new("RGB", (img.width, img.height + LINE_H * (len(wrapped) + 1) + 8), (255, 255, 255))
     panel.paste(img, (0, 0))
     draw = ImageDraw.Draw(panel)
     for i, line in enumerate(wrapped):
-        draw.text((3, img.height + 3 + 12 * i), line, fill=(0, 0, 0))
+        draw.text((3, img.height + 3 + LINE_H * i), line, fill=(0, 0, 0))
+    colour_key(draw, (3, img.height + 5 + LINE_H * len(wrapped)), key)
     return panel
 
 

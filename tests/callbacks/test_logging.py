@@ -426,3 +426,15 @@ def test_gallery_scores_a_no_target_query_without_a_box_to_compare():
     assert _rec_score([], [[0, 0, 10, 20]]) == "no box"
     assert _rec_score([[0, 0, 10, 10]], []) == "no target: false alarm"
     assert _rec_score([], []) == "no target: no box"
+
+
+def test_gallery_text_wraps_between_words_and_lineage_labels_say_which_epoch_trains_on_a_version():
+    from callbacks.gallery import version_label, wrap
+
+    lines = wrap("a striped blue and white background with many small green triangles", 120, max_lines=10)
+    assert all(len(line) <= 20 for line in lines) and " ".join(lines).split() == (
+        "a striped blue and white background with many small green triangles".split()
+    )
+    assert wrap("one two three four five six seven eight nine ten", 60, max_lines=2)[-1].endswith("...")
+    # a version painted from epoch 0's descriptions is swapped in at its end: epoch 1 is the first to train on it
+    assert version_label(0, 0) == "original (from epoch 0)" and version_label(1, 0) == "v1 (from epoch 1)"
