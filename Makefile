@@ -102,11 +102,11 @@ toy-model-evolved-chains: setup
 J ?= 2
 SHARD ?= 1/1
 study: setup
-	$(PY_RUN) -m study configs/study/table1_toy.yaml -j $(J) --shard $(SHARD)
+	$(PY_RUN) -m study experiments/study/table1_toy.yaml -j $(J) --shard $(SHARD)
 
 # The smallest study (Original + GRPO + Syn-GRPO x 2 seeds, one step each, 16 test scenes per split): ~1.5 min on 2 cores
 study-smoke: setup
-	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY_RUN) -m study configs/study/smoke.yaml -j 1 --out outputs/study/smoke \
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY_RUN) -m study experiments/study/smoke.yaml -j 1 --out outputs/study/smoke \
 		--results outputs/study/smoke/results
 
 lint:
@@ -136,6 +136,6 @@ test-gpu:
 
 gpu-e2e:
 	$(PY_RUN) bench/e2e_gpu.py --runs rec_3b_1gpu:off,rec_3b_1gpu:async,rec_3b_1gpu:sync --train-samples 40 --parity --trl \
-		--out bench/results/e2e_gpu_h200.json
+		--out experiments/results/e2e_gpu_h200.json
 
 .PHONY: gpu-e2e test-gpu

@@ -1,7 +1,7 @@
 """CycleGRPO's nested rollout against the same completions generated independently (issue "CycleGRPO", reuse goal).
 
     python bench/cycle_reuse.py --model checkpoints/toy-qwen2.5-vl-cycle --engine fast [--device cuda --dtype bf16]
-        [--samples 4 --n 6 --k 6 --tokens 32 --repeats 3] [--out bench/results/cycle_reuse_<device>.json]
+        [--samples 4 --n 6 --k 6 --tokens 32 --repeats 3] [--out experiments/results/cycle_reuse_<device>.json]
     python bench/cycle_reuse.py --model /tmp/qwen3vl-4b --build qwen3vl-4b --engine hf_shared --device cuda \
         --dtype bf16 ...   # Qwen3-VL-4B from its published dimensions, random weights (built there, not downloaded)
     python bench/cycle_reuse.py ... --clips [--clip-size 224 --clip-frames 16] --n 4 --k 4 \

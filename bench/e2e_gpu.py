@@ -3,7 +3,7 @@
 Nothing here re-assembles the GRPO step: every figure of a ``fit`` run is read from what ``python train.py fit``
 wrote (``metrics.jsonl``, the CSV log, the data server's output folder). On the GPU machine (no network, no weights):
 
-    python bench/e2e_gpu.py --runs rec_3b_1gpu:off --trl --parity --out bench/results/e2e_gpu_h200.json
+    python bench/e2e_gpu.py --runs rec_3b_1gpu:off --trl --parity --out experiments/results/e2e_gpu_h200.json
     python bench/e2e_gpu.py --runs rec_3b_1gpu:async,rec_3b_1gpu:sync,ovd_3b_1gpu:async --out ...
     python bench/e2e_gpu.py --server 640,1024 --out ...          # the SDXL data server alone, through its HTTP API
     python bench/e2e_gpu.py --arch qwen3vl-4b --runs cycle_4b:off --out ...   # Qwen3-VL-4B (CycleGRPO, hf engines)

@@ -1,6 +1,6 @@
 """The fast rollout engine and the packed update engine against the HF path, on fixed (teacher-forced) completions.
 
-    python bench/engine_parity.py --model DIR [--out bench/results/engine_parity.json]   # a saved Qwen2.5-VL dir
+    python bench/engine_parity.py --model DIR [--out experiments/results/engine_parity.json]   # a saved Qwen2.5-VL dir
     (bench/e2e_gpu.py --parity runs it on the random-weight 3B architecture it builds)
 
 On one rollout of B prompts x G completions sampled by ``fast_generate`` (which also returns each sampled token's

@@ -3,7 +3,7 @@ itself (section 4), on one GPU, at the paper's setting, with random-weight Qwen2
 figures locate where time goes; what ``train.py`` gives (data module, callbacks, validation, the CLI) is
 ``bench/e2e_gpu.py``'s (docs/performance.md).
 
-    python bench/grpo_step.py --models 3b,7b --out bench/results/grpo_step_h200.json
+    python bench/grpo_step.py --models 3b,7b --out experiments/results/grpo_step_h200.json
     python bench/grpo_step.py --models 3b --module-only    # only GRPOModule.training_step
     python bench/grpo_step.py --tiny                       # CPU smoke test of every code path (seconds)
 

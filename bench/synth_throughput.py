@@ -3,7 +3,7 @@
 CPU (the embedded default): jobs/s of the procedural painter through a real server (``python -m synth.server`` on
 loopback, spawned by ``synth.client.LocalServer``), submitted as fast as the client can:
 
-    python bench/synth_throughput.py --jobs 200 --workers 1 [--size 224x224] [--extend 0.25] [--out bench/results/x.json]
+    python bench/synth_throughput.py --jobs 200 --workers 1 [--size 224x224] [--extend 0.25] [--out experiments/results/x.json]
 
 GPU (``--sdxl``): images/s of the full-size SDXL + ControlNet inpaint architecture with random weights (UNet 2.57B,
 ControlNet 1.25B, both CLIP text encoders; built from the config dicts in ``synth/random_sdxl.py``, tokenizer written
@@ -11,7 +11,7 @@ offline), through ``synth.painters.DiffusersOutpainter.paint`` exactly as the wo
 8 and 25 steps, batch 1 and 4, bf16. Needs only torch, diffusers, transformers, numpy and pillow; no network:
 
     python bench/synth_throughput.py --sdxl [--pipeline union_inpaint|controlnet_inpaint] [--steps 8 25]
-        [--batch 1 4] [--iters 3] [--compile] [--out bench/results/synth_sdxl_h200.json]
+        [--batch 1 4] [--iters 3] [--compile] [--out experiments/results/synth_sdxl_h200.json]
 
 ``--sdxl --tiny --device cpu`` runs the same code path with the tiny configs (a smoke test of the script).
 """
@@ -245,7 +245,7 @@ def bench_sdxl(args) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sdxl", action="store_true", help="GPU mode: full-size SDXL ControlNet, random weights")
-    p.add_argument("--out", help="write a JSON record here (e.g. bench/results/synth_procedural_cpu.json)")
+    p.add_argument("--out", help="write a JSON record here (e.g. experiments/results/synth_procedural_cpu.json)")
     p.add_argument("--size", help="WxH of the images (default 224x224 for procedural, 640x480 for --sdxl)")
     g = p.add_argument_group("procedural (CPU)")
     g.add_argument("--jobs", type=int, default=200)

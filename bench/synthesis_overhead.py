@@ -1,6 +1,6 @@
 """Seconds per epoch of the tiny config with synthesis off / async / sync (the shape of the paper's Table 5).
 
-    python bench/synthesis_overhead.py [--epochs 3] [--train 32] [--out bench/results/synthesis_overhead_cpu.json]
+    python bench/synthesis_overhead.py [--epochs 3] [--train 32] [--out experiments/results/synthesis_overhead_cpu.json]
 
 Each mode runs the same seeded fit (toy checkpoint, toy world, procedural painter on a local server). An epoch is
 timed from its start to the start of the next one, so the epoch-boundary swap (and, in sync mode, the wait) is

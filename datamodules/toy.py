@@ -113,7 +113,7 @@ before which thing is meant). ``varied``: any background of the grammar and up t
 the procedural painter makes from the model's descriptions, so the warm-started model has seen what the self-evolving
 loop feeds it (OOD still differs: its distractors share the target's attributes and crowd it). ``crowded``: 4-8
 look-alikes close to the target on plain backgrounds, drawn as ``test_ood_crowded`` on a code of its own, for RL runs
-where a caption must single out its object among look-alikes (``configs/study/cycle_ablation_toy_crowded.yaml``).
+where a caption must single out its object among look-alikes (``experiments/study/cycle_ablation_toy_crowded.yaml``).
 
 Five held-out test splits that no training, validation or tuning reads (the study's evaluator, ``study/``): ``test_id``
 is drawn as ``train`` / ``val``; each OOD kind of ``ood`` on its own, ``test_ood_texture`` (textured backgrounds,
@@ -132,7 +132,7 @@ refuse them (they need a box).
 
 ``train_multihop``: drawn as ``test_multihop`` on a code of its own, a training pool of questions too hard for the
 toy checkpoint (EvolvedGRPO's "problems that are too hard": its runs step them back to their spelled-out steps,
-``configs/study/evolved_toy_multihop.yaml``).
+``experiments/study/evolved_toy_multihop.yaml``).
 
 ``test_multihop_anchor``: ``test_multihop``'s scenes (the same code, so the same images), each asked the first step of
 its question alone, "the yellow shape": scored against ``test_multihop``'s ``step1_acc50`` it tells whether a model

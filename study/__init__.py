@@ -1,11 +1,11 @@
 """Studies: Table 1's rows x seeds (+ ablations), trained and evaluated on held-out test splits, with intervals.
 
-``python -m study configs/study/table1_toy.yaml -j 2`` (docs/study.md). A study file lists **rows** (a method: the
+``python -m study experiments/study/table1_toy.yaml -j 2`` (docs/study.md). A study file lists **rows** (a method: the
 ``train.py`` configs and flags it trains with) and **seeds**; an **ablation** adds rows that vary one parameter of a
 row (a W&B sweep file's grid, e.g. configs/sweeps/beta.yaml). Every (row, seed) is one **run**: a ``train.py fit``
 process, then, when it exits with 0, one evaluation of its final checkpoint by the one evaluator every run shares:
 
-    python train.py predict --config <the row's configs> --config configs/study/heldout.yaml --ckpt_path <last.ckpt>
+    python train.py predict --config <the row's configs> --config experiments/study/heldout.yaml --ckpt_path <last.ckpt>
 
 on the held-out test splits of the toy world (``datamodules.toy.TEST_SPLITS``, never read by training or tuning).
 ``predict`` answers greedily exactly as ``train.py test`` does (the same ``_greedy`` path; tests/cli/test_export.py
@@ -40,8 +40,8 @@ from sweep import Point, grid, load_sweep, point_name
 
 REPO = Path(__file__).resolve().parents[1]
 EVALUATORS = ("predict", "test")
-HELDOUT = "configs/study/heldout.yaml"
-HELDOUT_VIDEO = "configs/study/heldout_video.yaml"
+HELDOUT = "experiments/study/heldout.yaml"
+HELDOUT_VIDEO = "experiments/study/heldout_video.yaml"
 WORLDS = ("image", "video")
 
 
@@ -155,10 +155,10 @@ def _config_paths(paths: list[str], where: str) -> list[str]:
 
 
 def load_study(path: str | Path) -> Study:
-    """Read and check a study file (configs/study/*.yaml); every error names the file, the key and the fix."""
+    """Read and check a study file (experiments/study/*.yaml); every error names the file, the key and the fix."""
     path = Path(path)
     if not path.is_file():
-        raise StudyError(f"{path}: no such study file; the studies are in configs/study/")
+        raise StudyError(f"{path}: no such study file; the studies are in experiments/study/")
     raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     known = {
         "name", "base", "seeds", "rows", "ablations", "test_splits", "world", "overrides", "eval_overrides", "evaluator",
@@ -169,7 +169,7 @@ def load_study(path: str | Path) -> Study:
         raise StudyError(f"{path}: unknown key(s) {unknown}; a study file has {sorted(known)}")
     for key in ("base", "rows", "test_splits"):
         if key not in raw:
-            raise StudyError(f"{path}: the study has no '{key}:' (see configs/study/table1_toy.yaml)")
+            raise StudyError(f"{path}: the study has no '{key}:' (see experiments/study/table1_toy.yaml)")
     seeds = raw.get("seeds", [0])
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
         raise StudyError(f"{path}: seeds must be a non-empty list of integers >= 0, got {seeds!r}")

@@ -16,15 +16,15 @@ from sweep import Point, run_points
 
 
 def _defaults(study_name: str, out: str | None, results: str | None) -> tuple[Path, Path]:
-    return Path(out or f"outputs/study/{study_name}"), Path(results or f"bench/results/study_{study_name}")
+    return Path(out or f"outputs/study/{study_name}"), Path(results or f"experiments/results/study_{study_name}")
 
 
 def _records_parser(command: str, description: str, folders_help: str) -> argparse.ArgumentParser:
     """The parser of a command that reads a study's run records: ``STUDY [OUT ...] [--results DIR]``."""
     ap = argparse.ArgumentParser(prog=f"python -m study {command}", description=description, allow_abbrev=False)
-    ap.add_argument("study", help="the study file, e.g. configs/study/table1_toy.yaml")
+    ap.add_argument("study", help="the study file, e.g. experiments/study/table1_toy.yaml")
     ap.add_argument("folders", nargs="*", help=f"{folders_help} (default: outputs/study/<name>)")
-    ap.add_argument("--results", default=None, help="table folder (default bench/results/study_<name>)")
+    ap.add_argument("--results", default=None, help="table folder (default experiments/results/study_<name>)")
     return ap
 
 
@@ -101,12 +101,12 @@ def main(argv: list[str] | None = None) -> int:
         epilog="Then: python -m study merge STUDY [OUT ...] builds the table from the shards' --out folders.",
         allow_abbrev=False,
     )
-    ap.add_argument("study", help="a study file, e.g. configs/study/table1_toy.yaml")
+    ap.add_argument("study", help="a study file, e.g. experiments/study/table1_toy.yaml")
     ap.add_argument("-j", "--jobs", type=int, default=1, help="processes at a time (default 1)")
     ap.add_argument("--shard", default=None, help="i/n: run every n-th run starting at the i-th (1-based)")
     ap.add_argument("--out", default=None, help="run records and logs (default outputs/study/<name>)")
     ap.add_argument("--work", default=None, help="run folders: checkpoints, data (default <out>/work)")
-    ap.add_argument("--results", default=None, help="table folder (default bench/results/study_<name>)")
+    ap.add_argument("--results", default=None, help="table folder (default experiments/results/study_<name>)")
     ap.add_argument("--dry-run", action="store_true", help="print the runs of this shard and their commands")
     ap.add_argument("--prune", action="store_true", help="delete a run's checkpoints once its record is written")
     ap.add_argument("--online", action="store_true", help="let W&B go online (default: WANDB_MODE=offline)")

@@ -263,7 +263,7 @@ def markdown(study: Study, table: pd.DataFrame, diffs: pd.DataFrame, missing: Se
     """``table.md``: what was run and how the intervals are made, then one table per metric and the differences."""
     video = study.world == "video"
     unit = "clips" if video else "scenes"
-    heldout = "configs/study/heldout_video.yaml" if video else "configs/study/heldout.yaml"
+    heldout = "experiments/study/heldout_video.yaml" if video else "experiments/study/heldout.yaml"
     splits = ", ".join(f"`{s}` ({n} {unit})" for s, n in study.test_splits.items())
     lines = [
         f"# Study `{study.name}` ({study.path})",

@@ -1,7 +1,7 @@
 """What the study's rows did while training: per row, the mean of a ``train/*`` curve over a run's steps, with a 95% t
 interval over seeds, per third of training, and the seed-paired differences of the study's comparisons.
 
-    python -m study training configs/study/evolved_toy_in_step.yaml OUT [OUT ...] [--key train/zero_variance_frac ...]
+    python -m study training experiments/study/evolved_toy_in_step.yaml OUT [OUT ...] [--key train/zero_variance_frac ...]
 
 Reads ``<out>/runs/<row>/seed<s>/metrics.jsonl`` (the records a study writes, `study.write_record`) and writes
 ``training.md`` and ``training.csv`` into the results folder. The held-out table (`study.report`) says where the

@@ -20,8 +20,8 @@ from study.__main__ import main as study_main
 from study.stats import bootstrap_mean, paired_bootstrap, t_interval, t_quantile_975
 
 REPO = Path(__file__).resolve().parents[2]
-TABLE1 = REPO / "configs/study/table1_toy.yaml"
-SMOKE = REPO / "configs/study/smoke.yaml"
+TABLE1 = REPO / "experiments/study/table1_toy.yaml"
+SMOKE = REPO / "experiments/study/smoke.yaml"
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -94,7 +94,7 @@ def test_table1_plans_every_row_times_three_seeds_and_the_beta_ablation(tmp_path
     assert len(runs) == 2 + (7 + 4) * len(study.seeds) and len({r.key for r in runs}) == len(runs)
     for r in runs:
         ev = r.evaluate.argv
-        assert ev[1:3] == ["train.py", "predict"] and "configs/study/heldout.yaml" in ev
+        assert ev[1:3] == ["train.py", "predict"] and "experiments/study/heldout.yaml" in ev
         assert f"--data.init_args.data_root={data_root}" in ev
         if r.row.name.startswith("original"):
             assert r.train is None and not any(
@@ -128,12 +128,12 @@ def _print_config(argv: list[str]) -> dict:
 
 
 EVOLVED = [
-    REPO / f"configs/study/evolved_toy{s}.yaml" for s in ("", "_revisit", "_binary", "_stepback", "_isolate", "_zoom")
+    REPO / f"experiments/study/evolved_toy{s}.yaml" for s in ("", "_revisit", "_binary", "_stepback", "_isolate", "_zoom")
 ]
 
 
-CROWDED = REPO / "configs/study/cycle_ablation_toy_crowded.yaml"
-IMAGE_PREDICT = REPO / "configs/study/cycle_ablation_toy_predict.yaml"
+CROWDED = REPO / "experiments/study/cycle_ablation_toy_crowded.yaml"
+IMAGE_PREDICT = REPO / "experiments/study/cycle_ablation_toy_predict.yaml"
 
 
 @pytest.mark.parametrize("path", [TABLE1, *EVOLVED, CROWDED, IMAGE_PREDICT], ids=lambda p: p.stem)
@@ -175,13 +175,13 @@ def test_the_cli_accepts_one_run_of_every_row(path, tmp_path, monkeypatch):
     assert len(seen) == len(study.rows)
 
 
-VIDEO_ABLATION = REPO / "configs/study/cycle_ablation_toy_temporal.yaml"
+VIDEO_ABLATION = REPO / "experiments/study/cycle_ablation_toy_temporal.yaml"
 VIDEO_ABLATIONS = {
     VIDEO_ABLATION: "interval",
-    REPO / "configs/study/cycle_ablation_toy_st.yaml": "anchor",
-    REPO / "configs/study/cycle_ablation_toy_temporal_5seeds.yaml": "interval",
-    REPO / "configs/study/cycle_ablation_toy_temporal_no_target.yaml": "interval",
-    REPO / "configs/study/cycle_ablation_toy_temporal_no_target_nk.yaml": "interval",
+    REPO / "experiments/study/cycle_ablation_toy_st.yaml": "anchor",
+    REPO / "experiments/study/cycle_ablation_toy_temporal_5seeds.yaml": "interval",
+    REPO / "experiments/study/cycle_ablation_toy_temporal_no_target.yaml": "interval",
+    REPO / "experiments/study/cycle_ablation_toy_temporal_no_target_nk.yaml": "interval",
 }
 
 
@@ -508,26 +508,26 @@ def test_smoke_study_end_to_end(tmp_path):
     "path,row",
     [
         (CROWDED, "cycle"),
-        (REPO / "configs/study/evolved_toy_stepback.yaml", "evolved_back2"),
-        (REPO / "configs/study/cycle_ablation_toy_st.yaml", "cycle"),
-        (REPO / "configs/study/evolved_toy_isolate.yaml", "evolved_isolate"),
-        (REPO / "configs/study/evolved_toy_zoom.yaml", "evolved_zoom"),
-        (REPO / "configs/study/evolved_toy_in_step.yaml", "evolved_in_step"),
-        (REPO / "configs/study/evolved_toy_in_step.yaml", "grpo_resample"),
-        (REPO / "configs/study/cycle_ablation_toy_temporal_5seeds.yaml", "localization_only"),
-        (REPO / "configs/study/cycle_ablation_toy_temporal_long.yaml", "cycle"),
-        (REPO / "configs/study/cycle_ablation_toy_temporal_no_target.yaml", "cycle"),
-        (REPO / "configs/study/cycle_ablation_toy_temporal_no_target_nk.yaml", "localization_only"),
+        (REPO / "experiments/study/evolved_toy_stepback.yaml", "evolved_back2"),
+        (REPO / "experiments/study/cycle_ablation_toy_st.yaml", "cycle"),
+        (REPO / "experiments/study/evolved_toy_isolate.yaml", "evolved_isolate"),
+        (REPO / "experiments/study/evolved_toy_zoom.yaml", "evolved_zoom"),
+        (REPO / "experiments/study/evolved_toy_in_step.yaml", "evolved_in_step"),
+        (REPO / "experiments/study/evolved_toy_in_step.yaml", "grpo_resample"),
+        (REPO / "experiments/study/cycle_ablation_toy_temporal_5seeds.yaml", "localization_only"),
+        (REPO / "experiments/study/cycle_ablation_toy_temporal_long.yaml", "cycle"),
+        (REPO / "experiments/study/cycle_ablation_toy_temporal_no_target.yaml", "cycle"),
+        (REPO / "experiments/study/cycle_ablation_toy_temporal_no_target_nk.yaml", "localization_only"),
         (IMAGE_PREDICT, "caption_only"),
-        (REPO / "configs/study/evolved_toy_multihop.yaml", "evolved_in_step"),
-        (REPO / "configs/study/evolved_toy_multihop_anchors.yaml", "grpo_resample"),
-        (REPO / "configs/study/evolved_toy_multihop_chains.yaml", "evolved_in_step"),
-        (REPO / "configs/study/evolved_toy_multihop_chains_gentle.yaml", "evolved_lr5e6"),
-        (REPO / "configs/study/evolved_toy_multihop_chains_pool192.yaml", "evolved_in_step"),
-        (REPO / "configs/study/evolved_toy_multihop_chains_long.yaml", "evolved_in_step"),
-        (REPO / "configs/study/evolved_toy_multihop_anchors_long.yaml", "grpo"),
-        (REPO / "configs/study/cycle_ablation_toy_long.yaml", "cycle"),
-        (REPO / "configs/study/cycle_ablation_toy_temporal_long_gpu.yaml", "cycle"),
+        (REPO / "experiments/study/evolved_toy_multihop.yaml", "evolved_in_step"),
+        (REPO / "experiments/study/evolved_toy_multihop_anchors.yaml", "grpo_resample"),
+        (REPO / "experiments/study/evolved_toy_multihop_chains.yaml", "evolved_in_step"),
+        (REPO / "experiments/study/evolved_toy_multihop_chains_gentle.yaml", "evolved_lr5e6"),
+        (REPO / "experiments/study/evolved_toy_multihop_chains_pool192.yaml", "evolved_in_step"),
+        (REPO / "experiments/study/evolved_toy_multihop_chains_long.yaml", "evolved_in_step"),
+        (REPO / "experiments/study/evolved_toy_multihop_anchors_long.yaml", "grpo"),
+        (REPO / "experiments/study/cycle_ablation_toy_long.yaml", "cycle"),
+        (REPO / "experiments/study/cycle_ablation_toy_temporal_long_gpu.yaml", "cycle"),
     ],
     ids=[
         "crowded",
