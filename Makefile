@@ -56,6 +56,8 @@ toy-model: setup
 	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage2.yaml --trainer.precision $(TOY_PRECISION)
 	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage3.yaml --trainer.precision $(TOY_PRECISION)
 
+# Git keeps three toy checkpoints (toy-qwen2.5-vl, -cycle-video, -evolved); the stages below build the others locally
+# (git ignores them; cli/toy_checkpoints.py names each one's target and time, which a config that needs one prints).
 # The CycleGRPO stage on top of it (checkpoints/toy-qwen2.5-vl-cycle: captions a box and grounds a caption;
 # configs/toy_sft_stage_cycle.yaml, docs/cycle_grpo.md): 1,800 steps of 16, about 25 min of one CPU core, fp32.
 toy-model-cycle: setup
@@ -90,7 +92,7 @@ toy-model-evolved-named: setup
 	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage_evolved_named.yaml --trainer.precision $(TOY_PRECISION)
 
 # a fourth stage on train_multihop's chains (docs/toy_model.md, "The chains' first step"): with the chains' anchors asked
-# alone (the committed checkpoints/toy-qwen2.5-vl-evolved-chains-anchor), or chains only
+# alone (checkpoints/toy-qwen2.5-vl-evolved-chains-anchor), or chains only
 toy-model-evolved-chains-anchor: setup
 	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage_evolved_chains_anchor.yaml --trainer.precision $(TOY_PRECISION)
 

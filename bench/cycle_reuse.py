@@ -1,6 +1,6 @@
 """CycleGRPO's nested rollout against the same completions generated independently (issue "CycleGRPO", reuse goal).
 
-    python bench/cycle_reuse.py --model checkpoints/toy-qwen2.5-vl-cycle --engine fast [--device cuda --dtype bf16]
+    python bench/cycle_reuse.py --model checkpoints/toy-qwen2.5-vl-cycle-video --engine fast [--device cuda --dtype bf16]
         [--samples 4 --n 6 --k 6 --tokens 32 --repeats 3] [--out experiments/results/cycle_reuse_<device>.json]
     python bench/cycle_reuse.py --model /tmp/qwen3vl-4b --build qwen3vl-4b --engine hf_shared --device cuda \
         --dtype bf16 ...   # Qwen3-VL-4B from its published dimensions, random weights (built there, not downloaded)
@@ -209,7 +209,7 @@ def run(args) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    ap.add_argument("--model", default="checkpoints/toy-qwen2.5-vl-cycle")
+    ap.add_argument("--model", default="checkpoints/toy-qwen2.5-vl-cycle-video")
     ap.add_argument("--engine", default="fast", choices=["fast", "hf", "hf_shared"])
     ap.add_argument(
         "--build", default=None, help="build --model first if absent: an arch of bench/e2e_gpu.py (qwen3vl-4b)"

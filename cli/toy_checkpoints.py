@@ -1,0 +1,59 @@
+"""The toy checkpoints: which ``make`` target builds each one and how long it takes.
+
+Git keeps three of them (``KEPT``); the others are built locally (and ignored by git, .gitignore). A config whose
+``model_name_or_path`` is one of the others fails with one line naming the command that builds it
+(``missing_checkpoint_message``, called by ``cli.main``'s path check). Durations: the Makefile's comments,
+docs/toy_model.md and docs/cycle_grpo.md (the measured builds).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+
+class Build(NamedTuple):
+    make: str
+    """The make command that builds the checkpoint, from the kept ones (the stages before it first)."""
+    takes: str
+    """How long it took, and where."""
+
+
+KEPT = ("toy-qwen2.5-vl", "toy-qwen2.5-vl-cycle-video", "toy-qwen2.5-vl-evolved")
+"""The checkpoints in git (docs/decisions.md, "Three toy checkpoints in git")."""
+
+_LONG = "make toy-model-evolved-long"
+BUILDS: dict[str, Build] = {
+    "toy-qwen2.5-vl": Build("make toy-model", "about 16 min on one H200; hours on 2 CPU cores"),
+    "toy-qwen2.5-vl-cycle": Build("make toy-model-cycle", "about 29 min of one CPU core, fp32"),
+    "toy-qwen2.5-vl-cycle-video": Build(
+        "make toy-model-cycle toy-model-cycle-video", "about 1 h 50 min of one CPU core, fp32"
+    ),
+    "toy-qwen2.5-vl-evolved": Build("make toy-model-evolved", "about 44 min of one CPU core, fp32"),
+    "toy-qwen2.5-vl-evolved-long": Build(f"{_LONG} TOY_PRECISION=32", "about 4 min on one H200, fp32"),
+    "toy-qwen2.5-vl-evolved-anchors": Build(
+        f"{_LONG} toy-model-evolved-anchors TOY_PRECISION=32", "about 8 min on one H200, fp32"
+    ),
+    "toy-qwen2.5-vl-evolved-named": Build(
+        f"{_LONG} toy-model-evolved-named TOY_PRECISION=32", "about 8 min on one H200, fp32"
+    ),
+    "toy-qwen2.5-vl-evolved-chains-anchor": Build(
+        f"{_LONG} toy-model-evolved-anchors toy-model-evolved-chains-anchor TOY_PRECISION=32",
+        "about 13 min on one H200, fp32",
+    ),
+    "toy-qwen2.5-vl-evolved-chains": Build(
+        f"{_LONG} toy-model-evolved-anchors toy-model-evolved-chains TOY_PRECISION=32",
+        "about 13 min on one H200, fp32",
+    ),
+}
+
+
+def missing_checkpoint_message(path: str | Path) -> str | None:
+    """One line for a toy checkpoint folder (``checkpoints/<name>``) that has no model: whether git keeps it, the
+    command that builds it and how long that takes; None for any other path, or one that holds a model."""
+    p = Path(str(path)).expanduser()
+    build = BUILDS.get(p.name)
+    if build is None or p.parent.name != "checkpoints" or (p / "config.json").is_file():
+        return None
+    where = "is missing" if p.name in KEPT else "is not in git"
+    return f"--model.init_args.model_name_or_path {path} {where}: build it with `{build.make}` ({build.takes})"
