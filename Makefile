@@ -74,7 +74,7 @@ toy-model-cycle-video: setup
 
 # The EvolvedGRPO stage on top of it (checkpoints/toy-qwen2.5-vl-evolved: the <step> format of multi-step questions;
 # configs/toy_sft_stage_evolved.yaml, docs/toy_model.md): 2,000 steps of 16, bf16 on a GPU (minutes), about an hour
-# of one CPU core. Not built yet: a first GPU run diverged (docs/toy_model.md).
+# of one CPU core (built so, 44 min, fp32: a first bf16 GPU build diverged; experiments/toy_model_runs.md).
 toy-model-evolved: setup
 	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage_evolved.yaml --trainer.precision $(TOY_PRECISION)
 
@@ -91,7 +91,7 @@ toy-model-evolved-anchors: setup
 toy-model-evolved-named: setup
 	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage_evolved_named.yaml --trainer.precision $(TOY_PRECISION)
 
-# a fourth stage on train_multihop's chains (docs/toy_model.md, "The chains' first step"): with the chains' anchors asked
+# a fourth stage on train_multihop's chains (experiments/toy_model_runs.md, "The chains' first step"): with the chains' anchors asked
 # alone (checkpoints/toy-qwen2.5-vl-evolved-chains-anchor), or chains only
 toy-model-evolved-chains-anchor: setup
 	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage_evolved_chains_anchor.yaml --trainer.precision $(TOY_PRECISION)

@@ -182,7 +182,8 @@ class InstructionEvolution(EvolutionStrategy):
     moves (``LevelState``; 1 / 1: at once). ``sub_levels``: 1, a failed full question steps back to its sub-problem
     version and a failed sub-problem a level down; 2, a failed sub-problem first steps to an easier version, the
     isolated image (``evolve.ISOLATE_KIND``: only the target and the objects its query needs), and is eased back up
-    one version per solved group (docs/evolved_grpo.md, "The isolate study"). ``easier``: what that easier version is,
+    one version per solved group (experiments/evolved_grpo_results.md, "The isolate study"). ``easier``: what that
+    easier version is,
     ``isolate`` or ``zoom`` (``evolve.ZOOM_KIND``: the sub-problem version cropped around the target and drawn twice as
     large, its box mapped by the data server; "The zoom study").
     """

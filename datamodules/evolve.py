@@ -80,8 +80,8 @@ ZOOM_KIND = "zoom"
 """The other easier visual sub-problem (``Level.sub == 2`` with ``easier="zoom"``): the image cropped to a window of
 ``1 / ZOOM_FACTOR`` of its sides around the target and re-rendered ``ZOOM_FACTOR`` times larger, so every object kept
 (those wholly inside the window) is drawn larger at its mapped box. For the toy model's failures of small-object box
-precision (docs/evolved_grpo.md, "The zoom study"); the target's box changes, which the data server's audit checks
-against the input mapped by the same zoom (``zoom_array``)."""
+precision (experiments/evolved_grpo_results.md, "The zoom study"); the target's box changes, which the data
+server's audit checks against the input mapped by the same zoom (``zoom_array``)."""
 ZOOM_FACTOR = 2
 """How much larger a zoomed sub-problem draws the scene (an integer: boxes map to exact integer pixels)."""
 SUB_VISUAL_KINDS = (SUB_VISUAL_KIND, ISOLATE_KIND, ZOOM_KIND)

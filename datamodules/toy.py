@@ -142,8 +142,8 @@ scenes, for SFT mixes that train a chain's anchors as one-step questions of the 
 ``train_short`` / ``test_short``: drawn as ``train`` / ``test_id`` (codes of their own), the target asked by its
 shortest exact descriptor ("the yellow shape") instead of its triple. Every other split asks one-step questions by
 the full triple, so a checkpoint trained on them grounds the short form 10% of the time (a multi-step question's
-anchor, ``test_multihop_anchor``: 8%) against 41% for "the small yellow star" (docs/toy_model.md, "The anchors' query
-form")."""
+anchor, ``test_multihop_anchor``: 8%) against 41% for "the small yellow star" (experiments/toy_model_runs.md, "The
+anchors' query form")."""
 
 TEST_SPLITS = ("test_id", "test_ood_texture", "test_ood_crowded", "test_ood", "test_multihop")
 """The held-out splits, in the order the study's table shows them."""

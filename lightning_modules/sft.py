@@ -136,7 +136,7 @@ def toy_steps_named_target(sample, input_wh: tuple[int, int], seed: int = 0) -> 
     """``toy_steps_target`` whose steps name what they look for, each after the first relative to its predecessor
     (``Step 1: the cyan shape <step>[..]</step>. Step 2: the large triangle right of it <step>[..]</step>. ...``): the
     anchor's phrase is copied out of the question before its box; about 5 tokens a step longer. Measured worse than
-    the short form on the toy model (docs/toy_model.md, "The anchors' query form")."""
+    the short form on the toy model (experiments/toy_model_runs.md, "The anchors' query form")."""
     return _toy_target_with_steps(sample, input_wh, seed, relative=True)
 
 

@@ -14,16 +14,16 @@ The data side (the per-sample level, harder edits for solved groups, sub-problem
 carries (``meta["level"]``) to log ``train/level/*``, and logs the outcome's zero-variance fraction
 (``train/level/outcome_zero_var_frac``: groups whose accuracy rewards are all equal, the paper's reward convergence).
 
-**In-step evolution** (``method_args.reroll: evolve``; docs/evolved_grpo.md, "In-step evolution"). The strategy moves a
-sample at the epoch boundary, so the group that converged is trained as it is and the edited version arrives an epoch
-later. With ``reroll: evolve`` the adversary also acts inside the step: a group whose outcome converged (all G answers
-correct, or all wrong, at ``correct_iou``) is generated again, once, on the version `evolve.next_level` gives (a harder
-one, or its sub-problem / easier version), edited from the original toy scene in the training process
+**In-step evolution** (``method_args.reroll: evolve``; experiments/evolved_grpo_results.md, "In-step evolution"). The
+strategy moves a sample at the epoch boundary, so the group that converged is trained as it is and the edited version
+arrives an epoch later. With ``reroll: evolve`` the adversary also acts inside the step: a group whose outcome converged
+(all G answers correct, or all wrong, at ``correct_iou``) is generated again, once, on the version `evolve.next_level`
+gives (a harder one, or its sub-problem / easier version), edited from the original toy scene in the training process
 (`evolve.evolve`: the same pure functions the data server runs for visual edits, so the labels are as exact); those G
 rows replace the group's in the step (same batch size, one extra engine call). ``reroll: resample`` re-generates the
 same version instead (the control: as much extra sampling, no edit). The strategy still moves the pool from the first
-try (``outputs["pool_accuracy"]``), so the pool follows what the sample's own version scored. Only toy scenes are
-edited (a real image's edits need the data server's painter: its groups are left as they are). The method's settings
+try (``outputs["pool_accuracy"]``), so the pool follows what the sample's own version scored. Only toy scenes are edited
+(a real image's edits need the data server's painter: its groups are left as they are). The method's settings
 ``sub_levels``, ``easier``, ``max_level``, ``modality`` name the version the strategy would move to: give them the
 strategy's values.
 """

@@ -1,4 +1,5 @@
-"""Every command line the W&B sweeps in configs/sweeps/ would run is accepted by the CLI and carries its value.
+"""Every command line the W&B sweeps in configs/sweeps/ and experiments/sweeps/ (the toy tuning search) would run is
+accepted by the CLI and carries its value.
 
 The grid is expanded here (W&B expands it server-side); the command is rendered with W&B's own macro code
 (``wandb.sdk.launch.sweeps.utils``, what ``wandb agent`` calls) when it is importable, else with the same rules:
@@ -19,7 +20,7 @@ import yaml
 from train import cli_main
 
 REPO = Path(__file__).resolve().parents[2]
-SWEEPS = sorted((REPO / "configs/sweeps").glob("*.yaml"))
+SWEEPS = sorted((REPO / "configs/sweeps").glob("*.yaml")) + sorted((REPO / "experiments/sweeps").glob("*.yaml"))
 
 
 def _args_macros(params: dict) -> dict[str, list[str]]:
