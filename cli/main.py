@@ -23,6 +23,7 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import sys
 import warnings
 from pathlib import Path
@@ -321,6 +322,14 @@ class SynGRPOCLI(LightningCLI):
             help="Named callbacks: a later config or flag patches, replaces, adds or removes (null) one by name "
             "(e.g. --callbacks.synthesis.init_args.mode off).",
         )
+        parser.add_argument(
+            "--resume_intact",
+            type=bool,
+            default=False,
+            help="When --ckpt_path is damaged (a truncated file, a distributed checkpoint with shards missing) or "
+            "missing, use the newest intact checkpoint in its folder (printing one line that names it) instead of "
+            "stopping with an error that names it.",
+        )
 
     # ------------------------------------------------------------------------------------------------ run folder
     def _sub(self) -> Namespace:
@@ -378,13 +387,17 @@ class SynGRPOCLI(LightningCLI):
                 + (f"; edit {where}" if where else "")
                 + " to point at your JSONL files (docs/interfaces.md), or pass --data.init_args.data_root DIR"
             )
-        ckpt = cfg.get("ckpt_path")
-        sharded = Path(str(ckpt)).is_dir() and (Path(str(ckpt)) / "meta.pt").is_file()  # FSDP2: a folder of shards
-        if ckpt and ckpt not in ("last", "best", "hpc", "registry") and not (Path(ckpt).is_file() or sharded):
-            fail(
-                f"--ckpt_path {ckpt}: no such file (nor a distributed checkpoint folder with a meta.pt); checkpoints of "
-                f"a run are in <run folder>/checkpoints/ (e.g. {RUN_ROOT}/{self.run_name}/checkpoints/last.ckpt)"
-            )
+
+    def _parse_ckpt_path(self) -> None:
+        """Checks ``--ckpt_path`` (`intact_checkpoint`) before LightningCLI loads it for its hyper-parameters (a
+        damaged file would end there in a torch traceback)."""
+        sub = self.config.get("subcommand")
+        cfg = self.config[sub] if sub else None
+        ckpt = cfg.get("ckpt_path") if cfg is not None else None
+        if ckpt and ckpt not in ("last", "best", "hpc", "registry"):
+            run = run_name(cfg.get("name"), cfg.get("method"))
+            cfg.ckpt_path = intact_checkpoint(str(ckpt), use_intact=bool(cfg.get("resume_intact")), run=run)
+        super()._parse_ckpt_path()
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         from lightning.pytorch.callbacks.progress import ProgressBar
@@ -401,6 +414,41 @@ class SynGRPOCLI(LightningCLI):
         trainer = self._instantiate_trainer(config, extra + named)
         trainer.run_name = getattr(self, "run_name", None)
         return trainer
+
+
+def intact_checkpoint(ckpt: str, *, use_intact: bool = False, run: str = "run") -> str:
+    """``ckpt`` when it is intact (lightning_modules/checkpoints.py, no tensors loaded). A damaged one (truncated,
+    shards missing) or a missing one (a save killed between two renames leaves a complete staging folder) stops
+    with one line naming the newest intact checkpoint in its folder; with ``use_intact`` (``--resume_intact``) that
+    one is used."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    from lightning_modules.checkpoints import damage, newest_intact
+
+    path = Path(ckpt)
+    reason = damage(path)
+    if reason is None:
+        return ckpt
+    intact = newest_intact(path.parent, skip=path)
+    if reason == "missing":
+        if intact is None:
+            fail(
+                f"--ckpt_path {ckpt}: no such file (nor a distributed checkpoint folder with a meta.pt); checkpoints "
+                f"of a run are in <run folder>/checkpoints/ (e.g. {RUN_ROOT}/{run}/checkpoints/last.ckpt)"
+            )
+        what = f"--ckpt_path {ckpt}: no such file or folder"
+    else:
+        what = f"--ckpt_path {ckpt} is damaged: {reason}"
+    if intact is None:
+        fail(f"{what}; no intact checkpoint beside it in {path.parent}: pass another --ckpt_path or none")
+    if not use_intact:
+        fail(
+            f"{what}; the newest intact checkpoint there is {intact}: pass --ckpt_path {shlex.quote(str(intact))} "
+            "(or --resume_intact true to use it)"
+        )
+    if rank_zero_only.rank == 0:
+        print(f"warning: {what}; using the newest intact checkpoint {intact} (--resume_intact)", file=sys.stderr)
+    return str(intact)
 
 
 def _logger_specs(cfg: Namespace) -> list[Namespace]:

@@ -1,0 +1,186 @@
+"""Checkpoints survive a kill mid-write (lightning_modules/checkpoints.py): a distributed checkpoint is written beside
+the previous one and switched in when complete, and a damaged ``--ckpt_path`` stops with one line that names the
+newest intact checkpoint (``--resume_intact true`` uses it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from cli.main import intact_checkpoint, main
+from lightning_modules import checkpoints
+from lightning_modules.checkpoints import damage, leftovers, staging_path
+from lightning_modules.fsdp import FSDP2Strategy
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = str(REPO / "configs/tiny.yaml")
+
+
+def _error(args: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    return err
+
+
+def _save(strategy: FSDP2Strategy, path: Path, step: int) -> None:
+    ckpt = {"state_dict": {"w": torch.full((64,), float(step))}, "optimizer_states": [], "global_step": step}
+    strategy.save_checkpoint(ckpt, path)
+
+
+def _step(path: Path) -> int:
+    return torch.load(path / "meta.pt", weights_only=False)["global_step"]
+
+
+def _files(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+@pytest.mark.parametrize("atomic", [True, False], ids=["exchange", "rename-aside"])
+def test_distributed_save_keeps_the_previous_checkpoint_until_the_new_one_is_complete(tmp_path, monkeypatch, atomic):
+    strategy, last = FSDP2Strategy(), tmp_path / "last.ckpt"
+    _save(strategy, last, 1)
+    before = _files(last)
+    real_switch, seen = checkpoints.switch, []
+
+    def checked_switch(staging: Path, final: Path) -> None:
+        assert _files(final) == before  # untouched while the new one was written
+        assert staging.name.startswith("last.ckpt.partial-") and damage(staging) is None and _step(staging) == 2
+        seen.append(staging)
+        real_switch(staging, final)
+
+    monkeypatch.setattr(checkpoints, "switch", checked_switch)
+    real_exchange, exchanged = checkpoints.exchange, []
+    monkeypatch.setattr(
+        checkpoints, "exchange", lambda a, b: exchanged.append(atomic) or (atomic and real_exchange(a, b))
+    )
+    _save(strategy, last, 2)
+    assert seen and exchanged == [atomic] and _step(last) == 2 and damage(last) is None and not leftovers(last)
+
+    def killed(self, checkpoint, path, *args):  # a kill in the middle of writing the shards
+        Path(path).mkdir()
+        (Path(path) / "__0_0.distcp").write_bytes(b"half a shard")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("lightning_modules.fsdp.ModelParallelStrategy.save_checkpoint", killed)
+    with pytest.raises(KeyboardInterrupt):
+        _save(strategy, last, 3)
+    assert _step(last) == 2 and damage(last) is None and len(leftovers(last)) == 1
+    monkeypatch.undo()
+    _save(strategy, last, 4)  # the next save removes the killed one's staging folder
+    assert _step(last) == 4 and not leftovers(last) and sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+    strategy.remove_checkpoint(last)  # ModelCheckpoint's save_top_k removes whole folders
+    assert not last.exists()
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_damaged_or_missing_checkpoint_names_the_newest_intact_one(tmp_path, capsys):
+    strategy, ckpts = FSDP2Strategy(), tmp_path / "checkpoints"
+    for name, step in (("epoch=0-step=1.ckpt", 1), ("last.ckpt", 2)):
+        _save(strategy, ckpts / name, step)
+    shard = next((ckpts / "last.ckpt").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])  # a shard cut short
+    last = ckpts / "last.ckpt"
+    err = _error(["test", "--config", TINY, "--ckpt_path", str(last)], capsys)
+    assert f"--ckpt_path {last} is damaged: shard {shard.name} truncated (100 of " in err
+    assert f"newest intact checkpoint there is {ckpts / 'epoch=0-step=1.ckpt'}" in err and "--resume_intact true" in err
+
+    # killed between the two renames of the fallback switch: no last.ckpt, the new save complete in its staging folder
+    _save(strategy, last, 3)
+    staging = staging_path(last, "0123abcd")
+    strategy._write_staging({"state_dict": {"w": torch.zeros(64)}, "optimizer_states": [], "global_step": 4}, staging)
+    os.rename(last, last.with_name("last.ckpt.old-0123abcd"))
+    err = _error(["fit", "--config", TINY, "--ckpt_path", str(last)], capsys)
+    assert f"--ckpt_path {last}: no such file or folder; the newest intact checkpoint there is {staging}" in err
+    assert intact_checkpoint(str(last), use_intact=True) == str(staging)
+    assert "using the newest intact checkpoint" in capsys.readouterr().err
+
+    # nothing intact: the line says so
+    for p in ckpts.iterdir():
+        checkpoints.remove(p)
+    (ckpts / "last.ckpt").write_bytes(b"PK\x03\x04")
+    err = _error(["test", "--config", TINY, "--ckpt_path", str(ckpts / "last.ckpt")], capsys)
+    assert "truncated or not a torch.save archive" in err and "no intact checkpoint beside it" in err
+
+
+def _args(model: Path, data: Path, run: Path, *extra: str) -> list[str]:
+    return [
+        "fit", "--config", TINY,
+        "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.logger", "false",
+        "--trainer.enable_progress_bar", "false", "--trainer.limit_val_batches", "0",
+        "--trainer.default_root_dir", str(run),
+        "--callbacks.synthesis", "null", "--callbacks.gallery", "null", "--callbacks.completions", "null",
+        "--callbacks.checkpoint.init_args.every_n_train_steps", "1",
+        "--model.init_args.model_name_or_path", str(model),
+        "--model.init_args.max_new_tokens", "4", "--model.init_args.group_size", "2",
+        "--data.init_args.data_root", str(data), "--data.init_args.toy", "null",
+        "--data.init_args.train_files", "[train.jsonl]", "--data.init_args.val_files", "{}",
+        "--data.init_args.batch_size", "2",
+        *extra,
+    ]  # fmt: skip
+
+
+def _started(tmp_path: Path) -> list[str]:
+    probe = {"class_path": "ckpt_killer.StartStep", "init_args": {"out": str(tmp_path / "steps.json")}}
+    return ["--callbacks.start", json.dumps(probe)]
+
+
+@pytest.mark.timeout(300)
+def test_truncated_last_ckpt_is_one_line_and_resume_intact_uses_the_newest_intact(
+    tiny_model_dir, rec_dir, tmp_path, capsys
+):
+    run = tmp_path / "run"
+    every = ("--callbacks.checkpoint.init_args.save_top_k", "-1")  # last.ckpt and one file per step
+    main(_args(tiny_model_dir, rec_dir, run, "--trainer.max_steps", "2", *every))
+    last = run / "checkpoints/last.ckpt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # killed mid-copy, as a user would find it
+    capsys.readouterr()
+    err = _error(_args(tiny_model_dir, rec_dir, run, "--ckpt_path", str(last), *every), capsys)
+    intact = run / "checkpoints/epoch=0-step=2.ckpt"
+    assert f"--ckpt_path {last} is damaged: truncated" in err
+    assert f"newest intact checkpoint there is {intact}: pass --ckpt_path {shlex.quote(str(intact))}" in err
+
+    main(_args(tiny_model_dir, rec_dir, run, "--ckpt_path", str(last), "--resume_intact", "true",
+               "--trainer.max_steps", "3", *every, *_started(tmp_path)))  # fmt: skip
+    assert f"using the newest intact checkpoint {intact}" in capsys.readouterr().err
+    assert json.loads((tmp_path / "steps.json").read_text()) == {"start": 2, "end": 3}
+    assert damage(last) is None  # the resumed fit saved a whole one
+
+
+@pytest.mark.timeout(300)
+def test_fsdp2_fit_killed_mid_save_resumes_from_the_previous_save(tiny_model_dir, rec_dir, tmp_path):
+    """A real FSDP2 fit (one CPU process, distributed checkpoints every step, ``save_top_k 1``) SIGKILLs itself while
+    writing ``last.ckpt`` at step 2 (shards and ``.metadata`` written, ``meta.pt`` half): ``last.ckpt`` is still the
+    whole save of step 1, and the fit resumed from it starts at step 1 and runs on."""
+    run = tmp_path / "run"
+    killer = {"class_path": "ckpt_killer.KillMidSave", "init_args": {"kill_at_step": 2}}
+    fsdp = ["--trainer.precision", "32-true", "--callbacks.checkpoint.init_args.save_top_k", "1"]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "tests/cli"), str(REPO)]),
+        "OMP_NUM_THREADS": "1",
+    }
+    args = _args(tiny_model_dir, rec_dir, run, "--trainer.strategy", json.dumps(killer), "--trainer.max_steps", "3")
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *args, *fsdp], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == -9, proc.stderr[-3000:]  # SIGKILL
+    last = run / "checkpoints/last.ckpt"
+    (partial,) = leftovers(last)
+    assert (partial / "__0_0.distcp").is_file() and "meta.pt unreadable" in damage(partial)
+    assert damage(last) is None and _step(last) == 1
+
+    main(_args(tiny_model_dir, rec_dir, run, "--trainer.strategy", "fsdp2", "--trainer.max_steps", "3",
+               "--ckpt_path", str(last), *fsdp, *_started(tmp_path)))  # fmt: skip
+    assert json.loads((tmp_path / "steps.json").read_text()) == {"start": 1, "end": 3}
+    assert _step(last) == 3 and damage(last) is None and not leftovers(last)  # the next save removed the staging
