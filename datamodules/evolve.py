@@ -683,7 +683,7 @@ def plan_inpaint(
     "Visual edits of real images"). What the painter draws in a region is not checked: the clutter is a difficulty,
     not a label.
     """
-    from lightning_modules.regions.boxes import box_intersection
+    from core.regions.boxes import box_intersection
 
     if level < 1:
         return None

@@ -127,7 +127,7 @@ depend only on its own code.
 Two splits with no-target queries (``no_target``): ``train_nt`` and ``val_nt`` are drawn as ``train`` / ``val`` (on
 codes of their own), and a quarter of their queries name a near miss of the target that the scene does not hold: "the
 small blue circle" beside a small red one, with no blue circle anywhere. Their answer is ``no target``
-(``lightning_modules.regions``), their solution ``[]``. CycleGRPO trains them as grounding groups; the GRPO rewards
+(``core.regions``), their solution ``[]``. CycleGRPO trains them as grounding groups; the GRPO rewards
 refuse them (they need a box).
 
 ``train_multihop``: drawn as ``test_multihop`` on a code of its own, a training pool of questions too hard for the
@@ -646,7 +646,7 @@ def sft_target(record: dict[str, Any], input_wh: tuple[int, int], grounded_think
     sx, sy = input_wh[0] / w0, input_wh[1] / h0
     solution = record["solution"]
     if absent:
-        answer = "no target"  # lightning_modules.regions.NO_TARGET_TEXT
+        answer = "no target"  # core.regions.NO_TARGET_TEXT
     elif task == "ovd":
         answer = json.dumps([_scale_box(b, sx, sy, input_wh) for b in solution])
     else:

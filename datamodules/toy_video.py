@@ -46,10 +46,10 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from core.regions import AnchorSpace, IntervalSpace
 from datamodules.grammar import COLOURS, OBJECT_COLOURS, SHAPES, SIZE_FRACTIONS, SIZES, draw_shape
 from datamodules.toy import atomic_write, reusable
 from lightning_modules.qwen_vl import VideoClip, video_processor_kwargs
-from lightning_modules.regions import AnchorSpace, IntervalSpace
 
 TOY_VIDEO_VERSION = 1
 """Bump when the generator's output changes, so exported splits with a stale manifest are regenerated."""

@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DataLoader, Dataset
 
+from core.regions import NO_TARGET
 from datamodules.rec import DataError, RECDataModule, ToySpec
 from lightning_modules.qwen_vl import VideoClip
-from lightning_modules.regions import NO_TARGET
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Metrics of CycleGRPO's two directions, as ``torchmetrics.Metric`` classes (docs/cycle_grpo.md, "Metrics").
 
 - ``RegionGroundingMetrics``: GRES's gIoU (mean per-sample IoU), cIoU (cumulative intersection / cumulative union)
-  and N-acc (no-target accuracy), for any region space of ``lightning_modules.regions``;
+  and N-acc (no-target accuracy), for any region space of ``core.regions``;
 - ``TemporalGroundingMetrics``: mean tIoU and R1@{0.3, 0.5, 0.7} (Charades-STA's protocol, one prediction each);
 - ``SpatioTemporalMetrics``: V-STaR-like *when* and *where* scores and the Eq. 15 consistency of anchor answers;
 - ``Locatability``: how often a caption grounds back to its own region rather than to a look-alike (the toy
@@ -23,8 +23,8 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-from lightning_modules.regions import NO_TARGET, AnchorSpace, IntervalSpace, RegionSpace, region_space
-from lightning_modules.regions.boxes import box_iou
+from core.regions import NO_TARGET, AnchorSpace, IntervalSpace, RegionSpace, region_space
+from core.regions.boxes import box_iou
 
 __all__ = [
     "Locatability",

@@ -98,7 +98,7 @@ def answered_region(text: str, parsed: rewards.ParsedCompletion, input_wh, size,
     answer part's first box (``parsed``), else what the box space (``space``, default ``box``) parses from the whole
     text (a box; ``NO_TARGET`` for "no target" and close phrasings), else None (unreadable). CycleGRPO's grounding
     reward reads image answers with it, and the evaluator's GRES metrics score them with it."""
-    from lightning_modules.regions import NO_TARGET, region_space
+    from core.regions import NO_TARGET, region_space
 
     if parsed.boxes:
         return tuple(rewards.rescale_box(parsed.boxes[0], input_wh, size))
@@ -162,7 +162,7 @@ class Evaluator(nn.Module):
 
     def update(self, kind: str, name: str, samples: Sequence[Any], answers: Sequence[Answer], *, format: str):
         """Update set ``kind/name`` with the answers; returns the metric objects to log (``self.log_dict``)."""
-        from lightning_modules.regions import NO_TARGET
+        from core.regions import NO_TARGET
 
         mets = self.sets[f"{kind}__{name}"]
         fmt = rewards.format_reward([a.text for a in answers], format=format, parsed=[a.parsed for a in answers])

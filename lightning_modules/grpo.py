@@ -635,8 +635,8 @@ class GRPOModule(L.LightningModule):
             format=self.hparams.eval_format or self.hparams.format,
             parsed=[a.parsed for a in answers],
         )
+        from core.regions import NO_TARGET
         from lightning_modules.evaluation import answered_region
-        from lightning_modules.regions import NO_TARGET
 
         out = []
         for s, a, f in zip(batch, answers, fmt):

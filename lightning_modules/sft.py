@@ -335,7 +335,7 @@ class SFTModule(L.LightningModule):
     def caption_query(self, sample) -> str:
         """The captioning prompt's query: the target's box in the model's input pixels, as the box space writes it
         (what `CycleGRPO` shows its captioning prompt)."""
-        from lightning_modules.regions import region_space
+        from core.regions import region_space
 
         in_wh = box_frame_wh(self.processor, *sample.size)
         return region_space("box").serialize(tuple(rewards.rescale_box(sample.boxes[0], sample.size, in_wh)))

@@ -46,13 +46,8 @@ from typing import Any
 
 import torch
 
-from lightning_modules import regions, rewards
-from lightning_modules.engines.base import RolloutRequest
-from lightning_modules.evaluation import answered_region
-from lightning_modules.methods.base import Method, Scores, register_method
-from lightning_modules.policy import Rollout, box_frame_wh, build_prompt_text, concat_rollouts
-from lightning_modules.qwen_vl import video_input_wh
-from lightning_modules.regions import (
+from core import regions
+from core.regions import (
     NO_TARGET,
     AnchorSpace,
     IntervalSpace,
@@ -64,6 +59,12 @@ from lightning_modules.regions import (
     strip_leaks,
     temporal_proximity,
 )
+from lightning_modules import rewards
+from lightning_modules.engines.base import RolloutRequest
+from lightning_modules.evaluation import answered_region
+from lightning_modules.methods.base import Method, Scores, register_method
+from lightning_modules.policy import Rollout, box_frame_wh, build_prompt_text, concat_rollouts
+from lightning_modules.qwen_vl import video_input_wh
 
 _ANSWER_RE = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.S)
 _TAG_RE = re.compile(r"</?[a-z_]+>")

@@ -675,7 +675,7 @@ def test_edits_are_pure():
 def test_plan_inpaint_paints_clutter_clear_of_the_target_that_the_query_does_not_name(level):
     """A real image's harder version: min(level, 4) regions inside the image, clear of the target by the margin and of
     each other, painted with an object the query does not name; the same rng gives the same job."""
-    from lightning_modules.regions.boxes import box_intersection
+    from core.regions.boxes import box_intersection
 
     size, box = (640, 480), [250.0, 180.0, 330.0, 300.0]
     for seed in range(20):

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.regions import AnchorSpace, IntervalSpace
 from datamodules import toy_video
 from datamodules.grammar import COLOURS
 from datamodules.toy_video import (
@@ -21,7 +22,6 @@ from datamodules.toy_video import (
     render_frames,
     resolve_query,
 )
-from lightning_modules.regions import AnchorSpace, IntervalSpace
 
 REPO = Path(__file__).resolve().parents[2]
 N_CLIPS = 40

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
+from core.regions import NO_TARGET
 from datamodules.rec import DataError
 from datamodules.toy_video import make_clip
 from datamodules.video import ToyVideoSpec, VideoGroundingDataModule, read_video_jsonl
-from lightning_modules.regions import NO_TARGET
 
 
 def test_toy_video_world_through_the_data_module(tmp_path):

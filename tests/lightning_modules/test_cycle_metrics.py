@@ -7,13 +7,13 @@ import math
 import pytest
 import torch
 
+from core.regions import NO_TARGET, IntervalSpace, MaskSpace
 from lightning_modules.cycle_metrics import (
     Locatability,
     RegionGroundingMetrics,
     SpatioTemporalMetrics,
     TemporalGroundingMetrics,
 )
-from lightning_modules.regions import NO_TARGET, IntervalSpace, MaskSpace
 
 A = [0.0, 0.0, 10.0, 10.0]  # area 100
 HALF = [5.0, 0.0, 15.0, 10.0]  # IoU with A: 50 / 150 = 1/3

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_modules.regions import (
+from core.regions import (
     NO_TARGET,
     NO_TARGET_TEXT,
     REGION_SPACES,
@@ -31,7 +31,7 @@ from lightning_modules.regions import (
     strip_leaks,
     temporal_proximity,
 )
-from lightning_modules.regions.anchors import anchor_weights
+from core.regions.anchors import anchor_weights
 
 REPO = Path(__file__).resolve().parents[2]
 A = [0.0, 0.0, 10.0, 10.0]  # area 100

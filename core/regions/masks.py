@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_modules.regions.base import NO_TARGET, RegionSpace
+from core.regions.base import NO_TARGET, RegionSpace
 
 __all__ = ["MaskSpace"]
 

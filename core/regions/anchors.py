@@ -30,8 +30,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_modules.regions.base import NO_TARGET, NUM, RegionSpace, finite_float
-from lightning_modules.regions.boxes import box_iou
+from core.regions.base import NO_TARGET, NUM, RegionSpace, finite_float
+from core.regions.boxes import box_iou
 
 __all__ = ["Anchor", "AnchorSpace", "anchor_weights", "max_weight_matching"]
 

@@ -17,7 +17,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_modules.regions.base import NO_TARGET, NUM, RegionSpace, finite_float
+from core.regions.base import NO_TARGET, NUM, RegionSpace, finite_float
 
 __all__ = ["Interval", "IntervalSpace", "interval_length", "merge_intervals", "merged_overlap"]
 

@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_modules.regions.base import NO_TARGET, NUM, RegionSpace, finite_float
+from core.regions.base import NO_TARGET, NUM, RegionSpace, finite_float
 
 __all__ = ["Box", "BoxSpace", "box_area", "box_intersection", "box_iou"]
 

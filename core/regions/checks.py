@@ -28,7 +28,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_modules.regions.base import NO_TARGET, RegionSpace
+from core.regions.base import NO_TARGET, RegionSpace
 
 __all__ = [
     "caption_phi",

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightning_modules.regions import checks
-from lightning_modules.regions.anchors import AnchorSpace, max_weight_matching
-from lightning_modules.regions.base import NO_TARGET, NO_TARGET_TEXT, NoTarget, RegionSpace, says_no_target
-from lightning_modules.regions.boxes import BoxSpace, box_iou
-from lightning_modules.regions.checks import *  # noqa: F403 - the Phi checks and reward helpers (checks.__all__)
-from lightning_modules.regions.intervals import IntervalSpace, merge_intervals, merged_overlap
-from lightning_modules.regions.masks import MaskSpace
+from core.regions import checks
+from core.regions.anchors import AnchorSpace, max_weight_matching
+from core.regions.base import NO_TARGET, NO_TARGET_TEXT, NoTarget, RegionSpace, says_no_target
+from core.regions.boxes import BoxSpace, box_iou
+from core.regions.checks import *  # noqa: F403 - the Phi checks and reward helpers (checks.__all__)
+from core.regions.intervals import IntervalSpace, merge_intervals, merged_overlap
+from core.regions.masks import MaskSpace
 
 REGION_SPACES: dict[str, type[RegionSpace]] = {
     "box": BoxSpace,
