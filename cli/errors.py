@@ -19,11 +19,12 @@ class ConfigError(ValueError):
     """A mistake in the command line or a config file: the message names the flag (and file) and the fix."""
 
 
-def fail(message: str) -> NoReturn:
-    """Print ``error: <message>`` on stderr and exit with status 2 (argparse's exit status for usage errors)."""
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print ``error: <message>`` on stderr and exit with status ``code`` (2, argparse's status for usage errors, by
+    default; ``cli.main.EXIT_CODES`` has the others)."""
     sys.stderr.write(f"error: {message}\n")
     sys.stderr.flush()
-    raise SystemExit(2)
+    raise SystemExit(code)
 
 
 def init_flags(classes: Iterable[type], prefix: str) -> list[str]:
@@ -43,7 +44,7 @@ def init_flags(classes: Iterable[type], prefix: str) -> list[str]:
 
 def did_you_mean(flag: str, known: Sequence[str]) -> str:
     """`` (did you mean --x?)`` for the closest known flag, or an empty string."""
-    close = difflib.get_close_matches(flag, known, n=1, cutoff=0.75)
+    close = difflib.get_close_matches(flag, [k for k in known if k != flag], n=1, cutoff=0.75)
     return f" (did you mean {close[0]}?)" if close else ""
 
 
@@ -100,11 +101,28 @@ def explain(message: str, known_flags: Sequence[str], prog: str = "train.py") ->
         )
     if keys:
         lines = [ln.strip(" -") for ln in raw.splitlines() if ln.strip(" -") and "Parser key" not in ln]
-        reason = next(
-            (ln for ln in lines if not ln.startswith(("Does not validate", "Subtypes", "Errors", "Given"))), ""
+        skip = ("Does not validate", "Subtypes", "Errors", "Given", "Problem with given class_path")
+        reasons = [ln for ln in lines if not ln.startswith(skip) and "NoneType" not in ln]
+        reason = _plain_type_error(reasons[0]) if reasons else text
+        hint = (
+            f"; `python {prog} fit --{keys[0]}.help CLASS` lists its arguments and their types" if len(keys) > 1 else ""
         )
-        return f"{_flag(keys)}: {reason or text}"
+        return f"{_flag(keys)}: {reason}{hint}"
     return text
+
+
+_EXPECTED = re.compile(r"Expected a <class '(?P<type>[\w.]+)'>\.?(?: Got value: (?P<value>.*))?")
+
+
+def _plain_type_error(line: str) -> str:
+    """``Expected a <class 'int'>. Got value: abc`` -> ``expected an int, got 'abc'``."""
+    m = _EXPECTED.fullmatch(line.strip())
+    if not m:
+        return line
+    kind = m["type"].rsplit(".", 1)[-1]
+    article = "an" if kind[:1] in "aeiou" else "a"
+    got = f", got {m['value']!r}" if m["value"] is not None else ""
+    return f"expected {article} {kind}{got}"
 
 
 def locate_value(value: str, config_files: Iterable[str | Path]) -> str:

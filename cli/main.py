@@ -62,7 +62,9 @@ Syn-GRPO. Start from a config and change single values with flags:
   python train.py export --config configs/tiny.yaml --ckpt_path outputs/tiny/checkpoints/last.ckpt --out DIR
 Project options: --name / --method (the run and its folder outputs/<name>[-<method>]/), --callbacks.<name>
 (named callbacks: checkpoint, synthesis, metrics, gallery, results, progress, completions, predictions; null removes
-one). A module's own arguments: --model.help GRPOModule (or SFTModule); data: --data.help SyntheticDataModule."""
+one). A module's own arguments: --model.help GRPOModule (or SFTModule); data: --data.help SyntheticDataModule.
+Errors print one line and exit 2 (a flag or config), 3 (a data file) or 4 (a model that cannot be loaded);
+--debug shows the traceback."""
 
 RUN_ROOT = "outputs"
 """Run folders go under this folder (relative to the working directory) unless --trainer.default_root_dir is set."""
@@ -183,9 +185,9 @@ def merge_named_callbacks(args: list[str]) -> list[str]:
 
 
 class RunConfigCallback(SaveConfigCallback):
-    """Saves the resolved config in the run folder (``config.yaml`` for fit, ``config_<stage>.yaml`` otherwise),
-    hands it to every logger that takes a ``run_config`` (W&B logs it as the run's config), and keeps the W&B run id in
-    checkpoints so that a resumed fit continues the same W&B run."""
+    """Saves the resolved config in the run folder, never over an earlier one (:meth:`config_name`), hands it to every
+    logger that takes a ``run_config`` (W&B logs it as the run's config), and keeps the W&B run id in checkpoints so
+    that a resumed fit continues the same W&B run."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("overwrite", True)
@@ -194,13 +196,33 @@ class RunConfigCallback(SaveConfigCallback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._trainer = trainer
-        if not self.already_saved:
-            self.config_filename = "config.yaml" if stage == "fit" else f"config_{stage}.yaml"
+        if not self.already_saved and self.save_to_log_dir:
+            log_dir = trainer.log_dir  # broadcasts the directory: every rank calls it
+            name = (
+                self.config_name(log_dir, stage, resumed=bool(self.config.get("ckpt_path")))
+                if trainer.is_global_zero
+                else None
+            )
+            self.config_filename = trainer.strategy.broadcast(name)
         resolved = _plain(self.parser.dump(self.config, skip_none=False, format="yaml"))
         for lg in trainer.loggers:
             if hasattr(lg, "run_config"):
                 lg.run_config = resolved
         super().setup(trainer, pl_module, stage)
+
+    @staticmethod
+    def config_name(log_dir: str | os.PathLike | None, stage: Any, resumed: bool = False) -> str:
+        """The config copy's file name: ``config.yaml`` for a fit, ``config-resume.yaml`` for a resumed fit,
+        ``config-<stage>.yaml`` for validate / test / predict; ``-2``, ``-3``, ... when that file exists already, so
+        a resume, an evaluation or a second launch never overwrites the config of the run before it."""
+        stage = str(getattr(stage, "value", stage))  # Lightning passes a TrainerFn
+        base = "config" if stage == "fit" and not resumed else "config-resume" if stage == "fit" else f"config-{stage}"
+        folder = Path(log_dir or ".")
+        name, k = f"{base}.yaml", 1
+        while (folder / name).exists():
+            k += 1
+            name = f"{base}-{k}.yaml"
+        return name
 
     def state_dict(self) -> dict[str, Any]:
         ids = [_wandb_id(lg) for lg in (self._trainer.loggers if self._trainer is not None else [])]
@@ -466,17 +488,44 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
     return SynGRPOCLI(args=args, run=run)
 
 
+EXIT_CODES = {"config": 2, "data": 3, "model": 4}
+"""One exit status per class of error: 2 a flag or config file (argparse's usage status), 3 a data file, 4 a model
+that cannot be loaded (a path without weights, a hub id with no local copy); 1 is an unexpected error (a bug), which
+keeps its traceback."""
+
+
+def error_class(e: BaseException) -> str | None:
+    """``config``, ``data`` or ``model`` for the errors a user makes (their message says what to fix), else None."""
+    msg = str(e)
+    if isinstance(e, ConfigError):
+        return "config"
+    if any(c.__name__ == "DataError" for c in type(e).__mro__):  # datamodules' defect in a data file
+        return "data"
+    hub = type(e).__module__.startswith("huggingface_hub")
+    if hub or (isinstance(e, OSError) and "model_name_or_path" in msg):
+        return "model"
+    if isinstance(e, ValueError | FileNotFoundError) and "--" in msg:
+        return "config"
+    return None
+
+
 def main(args: list[str] | None = None) -> None:
-    """The command line: project errors (a :class:`ConfigError`, or a ``ValueError`` / ``FileNotFoundError`` whose
-    message names a ``--flag``) print one line; anything else keeps its traceback. ``SYN_GRPO_TRACEBACK=1`` always
-    shows the traceback."""
+    """The command line. A user's error (a flag or config, a data file, a model that cannot be loaded) prints one line
+    ``error: ...`` and exits with its class's status (:data:`EXIT_CODES`); anything else keeps its traceback.
+    ``--debug`` (or ``SYN_GRPO_DEBUG=1``) shows the traceback of every error."""
+    from_argv = args is None
+    args = list(sys.argv[1:] if from_argv else args)
+    debug = "--debug" in args or bool(os.environ.get("SYN_GRPO_DEBUG") or os.environ.get("SYN_GRPO_TRACEBACK"))
+    args = [a for a in args if a != "--debug"]
+    if from_argv:  # LightningCLI reads sys.argv itself (and warns when given both)
+        sys.argv[1:], args = args, None
     try:
         cli_main(args)
-    except (ConfigError, ValueError, FileNotFoundError) as e:
-        msg = str(e)
-        if os.environ.get("SYN_GRPO_TRACEBACK") or not (isinstance(e, ConfigError) or "--" in msg):
+    except Exception as e:
+        kind = error_class(e)
+        if debug or kind is None:
             raise
-        fail(" ".join(msg.split()))
+        fail(" ".join(str(e).split()) + " (--debug shows the traceback)", EXIT_CODES[kind])
 
 
 if __name__ == "__main__":

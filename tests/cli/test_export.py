@@ -92,6 +92,8 @@ def test_export_from_pretrained_predict_reproduce_the_checkpoint(toy_rec, tmp_pa
 
     test = cli_main(["test", "--config", cfg, "--ckpt_path", str(ckpt)])
     assert test.model.reference is None  # evaluating a checkpoint never builds the frozen reference
+    # each stage keeps its own config copy: the test stage never overwrites the fit's
+    assert (tmp_path / "run/config.yaml").is_file() and (tmp_path / "run/config-test.yaml").is_file()
     ref = {k: float(v) for k, v in test.trainer.callback_metrics.items() if k.startswith("test/toy_val/")}
     assert set(ref) >= {"test/toy_val/acc50", "test/toy_val/miou", "test/toy_val/format"}
 
