@@ -108,8 +108,20 @@ class ParsedCompletion:
 
 
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
-_NUMBER = re.compile(_NUM)
-_BOX_RE = re.compile(rf"\[\s*({_NUM})\s*,\s*({_NUM})\s*,\s*({_NUM})\s*,\s*({_NUM})\s*\]")
+
+
+def _atomic(group: int) -> str:
+    """``_NUM`` matched without backtracking, as capture group ``group`` (a lookahead captures, a backreference
+    consumes: Python 3.10's stand-in for ``(?>...)``). Nothing that may follow a number here (space, comma, bracket,
+    end of text) continues one, so a shorter number never matches where the longest fails and the matches are those of
+    plain ``_NUM``; but a runaway digit string fails in one pass instead of giving digits back one at a time (10 MB of
+    digits: ~40 ms instead of ~1 s)."""
+    return rf"(?=({_NUM}))\{group}"
+
+
+_NUMBER = re.compile(_atomic(1))
+_BOX_RE = re.compile(rf"\[\s*{_atomic(1)}\s*,\s*{_atomic(2)}\s*,\s*{_atomic(3)}\s*,\s*{_atomic(4)}\s*\]")
+_SPACE = re.compile(r"\s*")  # str.isspace() characters (re's Unicode \s is the same set)
 _FENCE_RE = re.compile(r"```[ \t]*(?:json|JSON|Json)?")
 _BOX_KEYS = ("bbox_2d", "bbox", "box_2d", "box", "bounding_box")
 _MAX_DEPTH = 32
@@ -232,10 +244,9 @@ def _strict_parts(text: str, tags: Tags, names: Sequence[str] | None = None) -> 
     ``names``: the tags that must appear, in order (default: all four of ``tags``).
     """
     markers = [m for name in tags.names for m in (f"<{name}>", f"</{name}>")]
-    pos, n, parts = 0, len(text), []
+    pos, parts = 0, []
     for name in names or tags.names:
-        while pos < n and text[pos].isspace():
-            pos += 1
+        pos = _SPACE.match(text, pos).end()
         open_tag, close_tag = f"<{name}>", f"</{name}>"
         if not text.startswith(open_tag, pos):
             return None
@@ -253,16 +264,58 @@ def _strict_parts(text: str, tags: Tags, names: Sequence[str] | None = None) -> 
     return parts
 
 
-def _as_text(completion: Any) -> str:
-    """A completion as text: a string, or the content of a TRL conversational completion."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, dict):
-        content = completion.get("content")
+_MAX_MESSAGES = 1_000_000
+"""Strings, messages and lists :func:`_as_text` visits in one completion (a TRL completion has one message)."""
+_MAX_CHARS = 64 * 2**20
+"""Characters :func:`_as_text` collects from a nested completion before it stops reading (bounds the memory of a
+structure that repeats one long string many times)."""
+
+
+def _message_text(item: Any) -> str | None:
+    if isinstance(item, str):
+        return item
+    if isinstance(item, dict):
+        content = item.get("content")
         return content if isinstance(content, str) else ""
-    if isinstance(completion, (list, tuple)):
-        return "".join(_as_text(m) for m in completion)
-    return ""
+    return None
+
+
+def _as_text(completion: Any) -> str:
+    """A completion as text: a string, or the content of a TRL conversational completion.
+
+    Nested lists and tuples of messages are read depth first, in order, with an explicit stack, so any depth is fine
+    (no RecursionError); a list that contains itself is not entered again, and reading stops after
+    ``_MAX_MESSAGES`` items or ``_MAX_CHARS`` characters. Other types (None, numbers, bytes, tensors, ...) read as "".
+    """
+    text = _message_text(completion)
+    if text is not None:
+        return text
+    if not isinstance(completion, (list, tuple)):
+        return ""
+    pieces: list[str] = []
+    chars = budget = 0
+    # Lists being read, outermost first, and the next index in each (no iterator objects: a deep stack of them makes
+    # the garbage collector's passes quadratic).
+    seqs, positions = [completion], [0]
+    open_ids = {id(completion)}  # a list met again while it is being read is a cycle: not entered
+    while seqs and budget < _MAX_MESSAGES and chars < _MAX_CHARS:
+        seq, i = seqs[-1], positions[-1]
+        if i >= len(seq):
+            open_ids.discard(id(seqs.pop()))
+            positions.pop()
+            continue
+        positions[-1] = i + 1
+        item = seq[i]
+        budget += 1
+        text = _message_text(item)
+        if text is not None:
+            pieces.append(text)
+            chars += len(text)
+        elif isinstance(item, (list, tuple)) and id(item) not in open_ids:
+            seqs.append(item)
+            positions.append(0)
+            open_ids.add(id(item))
+    return "".join(pieces)
 
 
 def parse_completion(text: str, tags: Tags = Tags()) -> ParsedCompletion:  # noqa: B008 - frozen, immutable default
@@ -513,13 +566,19 @@ def ovd_reward(
     metric = None
     out = []
     for text, gt, iw, ow in zip(completions, gts, in_wh, or_wh):
-        preds = [_to_original(b, iw, ow) for b in parse_completion(text, tags).boxes]
+        preds = parse_completion(text, tags).boxes
+        finite = []  # the first max_pred_boxes predictions still finite in original pixels (the rest is not read)
+        for box in preds:
+            box = _to_original(box, iw, ow)
+            if all(math.isfinite(v) for v in box):
+                finite.append(box)
+                if len(finite) == max_pred_boxes:
+                    break
         gt_list = [b for b in (gt or []) if _finite_box(b) is not None]
         if not preds or not gt_list:
             out.append(0.0)
             continue
         s_ovd = min(len(gt_list) / len(preds), 1.0)
-        finite = [p for p in preds if all(math.isfinite(v) for v in p)]
         if not finite:
             out.append(0.0)
             continue

@@ -353,6 +353,150 @@ def test_diversity_reward_in_range(pred, data):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# Pathological completions: any depth, any size, any type (the rewards never raise; their speed on runaway completions
+# is a benchmark figure, bench/reward_speed.py, not a timed test)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def nest(leaf, depth: int, wraps=(lambda x: [x],)):
+    """``leaf`` inside ``depth`` containers, built in a loop (cycling through ``wraps``)."""
+    for i in range(depth):
+        leaf = wraps[i % len(wraps)](leaf)
+    return leaf
+
+
+def assert_rewards_hold(completions: list) -> None:
+    """Every reader and reward takes ``completions`` without raising: one value each, a float in [0, 1]."""
+    n = len(completions)
+    for c in completions:
+        p = parse_completion(c)
+        assert p.diversity is None or 0.0 <= p.diversity <= 1.0
+        assert all(len(b) == 4 and all(math.isfinite(v) for v in b) for b in p.boxes)
+        assert 0 <= p.parts_present <= 4 and (not p.format_ok or p.parts_present == 4)
+        assert all(len(b) == 4 and all(math.isfinite(v) for v in b) for b in extract_boxes(c))
+    rewards = [
+        format_reward(completions),
+        format_reward(completions, partial=True),
+        format_reward(completions, format="think_answer"),
+        rec_accuracy_reward(completions, GT),
+        ovd_reward(completions, [GT, [300, 300, 340, 380]]),
+    ]
+    for values in rewards:
+        assert len(values) == n
+        assert all(isinstance(v, float) and 0.0 <= v <= 1.0 for v in values)
+
+
+MESSAGE = {"role": "assistant", "content": full()}
+cyclic: list = [MESSAGE]
+cyclic.append(cyclic)
+DEEP = {
+    "list-5k": nest(MESSAGE, 5_000),
+    "tuple-50k": nest(full(), 50_000, (lambda x: (x,),)),
+    "mixed-50k": nest([MESSAGE], 50_000, (lambda x: [x], lambda x: (x, ""), lambda x: ["", x])),
+    "content-dict-5k": nest(full(), 5_000, (lambda x: {"role": "assistant", "content": x},)),
+    "cyclic": cyclic,
+    "json-5k-with-box": full(answer="[" * 5_000 + "10, 20, 110, 220" + "]" * 5_000),
+    "json-100k": full(answer="[" * 100_000 + "]" * 100_000),
+    "json-100k-unclosed": "<answer>" + "[" * 100_000,
+    "json-objects-100k": full(answer='{"bbox_2d": ' * 100_000 + "1" + "}" * 100_000),
+    "fenced-json-50k": full(answer="```json\n" + "[{" * 50_000),
+}
+
+
+@pytest.mark.parametrize("name", list(DEEP))
+def test_deep_nesting_never_raises(name):
+    """5,000 to 100,000 levels, as Python containers (read without recursion) or as JSON text (json.loads gives up;
+    the salvage reads the text)."""
+    completion = DEEP[name]
+    assert_rewards_hold([completion, full()])
+    if name in ("list-5k", "tuple-50k", "mixed-50k", "json-5k-with-box"):  # the box inside is still read
+        assert parse_completion(completion).boxes == [GT]
+        assert rec_accuracy_reward([completion], GT) == [1.0]
+    if name == "cyclic":  # a list inside itself is not read again
+        assert parse_completion(completion).format_ok
+
+
+def test_conversational_nesting_reads_in_order():
+    nested = [[{"role": "assistant", "content": "<think>t</think>"}], ("<diversity>0.5</diversity>", [{"content": 3}])]
+    nested += [{"content": "<description>d</description>"}, [[["<answer>[10, 20, 110, 220]</answer>"]]], None, b"x"]
+    assert parse_completion(nested) == parse_completion(
+        "<think>t</think><diversity>0.5</diversity><description>d</description><answer>[10, 20, 110, 220]</answer>"
+    )
+
+
+@pytest.fixture(scope="module")
+def huge() -> dict[str, str]:
+    mb = 1 << 20
+    return {
+        "digits": full(answer="[" + "1" * (10 * mb)),
+        "spaces": full().replace("\n", " " * (10 * mb), 1),
+        "diversity-digits": full(diversity="0." + "5" * (2 * mb) + "x"),
+        "brackets": full(answer="[ 1, " * (mb // 16)),
+        "boxes": full(answer=", ".join(["[1, 2, 3, 4]"] * 5_000)),
+        "tags": "<think>" * (mb // 2),
+    }
+
+
+def test_huge_completions_never_raise(huge):
+    assert_rewards_hold(list(huge.values()))
+    assert parse_completion(huge["spaces"]).format_ok
+    assert len(parse_completion(huge["boxes"]).boxes) == 5_000
+
+
+ODD = [None, 0, -1, 2**70, 1.5, math.nan, math.inf, True, b"<answer>[1, 2, 3, 4]</answer>", bytearray(b"[1,2,3,4]"),
+       object(), torch.zeros(4), torch.tensor([10.0, 20.0, 110.0, 220.0]), {"content": None}, {"content": [full()]},
+       {1, 2}, range(4), Tags(), (x for x in [full()]), "\x00\ud800\U0010ffff"]  # fmt: skip
+
+
+def test_odd_types_never_raise():
+    assert_rewards_hold(ODD)
+    assert_rewards_hold([ODD])  # the whole list as one conversational completion
+
+
+odd_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.binary(max_size=8),
+    st.sampled_from([object(), torch.zeros(2), math.nan, range(2)]),
+)
+messages = st.one_of(
+    completion_text,
+    odd_values,
+    st.fixed_dictionaries({"role": st.just("assistant"), "content": st.one_of(completion_text, odd_values)}),
+)
+nested_completions = st.recursive(
+    messages,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.lists(inner, max_size=3).map(tuple),
+        st.fixed_dictionaries({"content": inner}),
+    ),
+    max_leaves=12,
+)
+
+
+WRAPS = {
+    "list": (lambda x: [x],),
+    "tuple": (lambda x: (x,),),
+    "content": (lambda x: {"role": "assistant", "content": x},),
+    "mixed": (lambda x: [x, "<answer>"], lambda x: ("[1, 2", x), lambda x: [{"content": "]"}, x]),
+}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(nested_completions, min_size=1, max_size=3),
+    st.sampled_from(sorted(WRAPS)),
+    st.one_of(st.integers(0, 50), st.integers(0, 20_000)),
+)
+def test_nested_odd_completions_never_raise(completions, wrap, depth):
+    completions[0] = nest(completions[0], depth, WRAPS[wrap])
+    assert_rewards_hold(completions)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # OVD reward
 # ---------------------------------------------------------------------------------------------------------------------
 
