@@ -1065,7 +1065,7 @@ _STEP_RE = re.compile(r"<step>(.*?)</step>", re.DOTALL)
 def parse_steps(text: str, answer_tag: str = "answer") -> list[list[float] | None]:
     """The boxes of the ``<step>...</step>`` parts written before the first ``<answer>``, in order; a step whose
     content holds no box is None (it breaks the prefix). Never raises."""
-    from lightning_modules.rewards import extract_boxes
+    from core.boxes import extract_boxes
 
     if not isinstance(text, str):
         return []
@@ -1081,7 +1081,7 @@ def parse_steps(text: str, answer_tag: str = "answer") -> list[list[float] | Non
 def prefix_credit(pred: Sequence[Sequence[float] | None], gold: Sequence[Sequence[float]], thr: float = 0.5) -> float:
     """Fraction of ``gold`` steps in the longest correct prefix: step k counts only if steps 1..k all reach IoU >=
     ``thr`` with their gold boxes, in order. 0 for no gold steps."""
-    from lightning_modules.rewards import iou
+    from core.boxes import iou
 
     if not gold:
         return 0.0
@@ -1124,7 +1124,7 @@ def prefix_process_reward(
 def written_steps(text: str, input_wh: Any = None, orig_wh: Any = None) -> list[list[float] | None]:
     """``parse_steps`` of a completion, its boxes rescaled from the model input ``input_wh`` to original pixels
     ``orig_wh`` (as ``rec_accuracy_reward`` does; unscaled when either is None)."""
-    from lightning_modules.rewards import rescale_box
+    from core.boxes import rescale_box
 
     pred = parse_steps(text)
     if input_wh is None or orig_wh is None:
