@@ -22,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from core.toy import scene as toy_scene  # noqa: E402
 from datamodules import evolve as ev  # noqa: E402
 from datamodules import toy  # noqa: E402
 from lightning_modules import rewards  # noqa: E402
@@ -45,7 +46,7 @@ def evaluate(path: str, scenes: int = 96, group: int = 6, batch: int = 16, seed:
         for i, rec in enumerate(records):
             v = ev.evolve(rec, level, np.random.default_rng([seed, i]), modality="any", easier=easier)
             if v is not None:
-                size = v.meta["objects"][ev.target_index(v.meta)]["size"]
+                size = v.meta["objects"][toy_scene.target_index(v.meta)]["size"]
                 items.append((v.image.convert("RGB"), v.query, v.box, size, v.kind))
         correct = []
         for j in range(0, len(items), batch):

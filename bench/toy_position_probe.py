@@ -28,10 +28,9 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lightning_modules.policy import build_prompt_text, build_tiny_qwen2_5_vl, load_policy  # noqa: E402
-
 from core.boxes import extract_boxes, iou  # noqa: E402
-from datamodules.grammar import draw_shape  # noqa: E402
+from core.toy.grammar import draw_shape  # noqa: E402
+from lightning_modules.policy import build_prompt_text, build_tiny_qwen2_5_vl, load_policy  # noqa: E402
 
 
 def main(argv=None) -> dict:

@@ -15,7 +15,7 @@
 
 Built-in strategies (``--callbacks.synthesis.init_args.strategy``):
 
-* ``instruction_evolution``: EvolvedGRPO's adversarial, progressive edits on the toy world (``datamodules/evolve.py``):
+* ``instruction_evolution``: EvolvedGRPO's adversarial, progressive edits on the toy world (``datamodules/evolve.py``, ``datamodules/edit_plans.py``, ``core/toy/``):
   a sample whose group converged at full accuracy gets a harder version (one level up: a harder question, or a
   visual edit the data server runs), one whose group failed entirely steps back to its sub-problem version, then a
   level down; with text edits only it runs without a server;
@@ -158,7 +158,7 @@ class RandomDescriptions(EvolutionStrategy):
     def requests(self, epoch, batch, outputs):
         import numpy as np
 
-        from datamodules import grammar
+        from core.toy import grammar
 
         out = []
         for s in batch:
@@ -184,7 +184,7 @@ class InstructionEvolution(EvolutionStrategy):
     isolated image (``evolve.ISOLATE_KIND``: only the target and the objects its query needs), and is eased back up
     one version per solved group (experiments/evolved_grpo_results.md, "The isolate study"). ``easier``: what that
     easier version is,
-    ``isolate`` or ``zoom`` (``evolve.ZOOM_KIND``: the sub-problem version cropped around the target and drawn twice as
+    ``isolate`` or ``zoom`` (``core.toy.edits.ZOOM_KIND``: the sub-problem version cropped around the target and drawn twice as
     large, its box mapped by the data server; "The zoom study").
     """
 
@@ -261,12 +261,12 @@ class InstructionEvolution(EvolutionStrategy):
 
     def _real_image(self, epoch: int, s, correct: list[bool]) -> list[EvolutionRequest]:
         """A real image (no toy scene): its question cannot be edited exactly, and it has no sub-problem version, so
-        its level counts painted clutter (``evolve.plan_inpaint``: ``level`` regions of objects the query does not
+        its level counts painted clutter (``edit_plans.plan_inpaint``: ``level`` regions of objects the query does not
         name, around the kept target, painted by the data server). A solved group moves it a level up, a failed one a
         level down (its original image at level 0); each version is an edit of the original image."""
         import numpy as np
 
-        from datamodules.evolve import plan_inpaint
+        from datamodules.edit_plans import plan_inpaint
 
         before = self.levels.get(s.sample_id)
         after = self.levels.update(s.sample_id, correct, sub_levels=0)  # no eased version: a failure steps down

@@ -610,6 +610,6 @@ class SynthesisCallback(Callback):
 def _guard(description: str, meta: dict[str, Any]) -> str:
     if not meta.get("objects"):
         return description
-    from datamodules.toy import guard_description
+    from core.toy.scene import guard_description
 
     return guard_description(description, meta)

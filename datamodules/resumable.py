@@ -28,7 +28,7 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
-from datamodules.rec import DataError
+from core.records import DataError
 
 
 class EpochSampler(DistributedSampler):

@@ -20,7 +20,8 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Dataset
 
-from datamodules.rec import DataError, RECDataModule, Record, collate_samples, load_sample
+from core.records import DataError
+from datamodules.rec import RECDataModule, Record, collate_samples, load_sample
 
 
 @dataclass

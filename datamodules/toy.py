@@ -27,7 +27,6 @@ CLI: ``python -m datamodules.toy --out data/toy --splits train:512 val:128 ood:1
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import zlib
@@ -39,11 +38,17 @@ from typing import Any, NamedTuple
 import numpy as np
 from PIL import Image
 
-from datamodules import grammar
-from datamodules.grammar import OBJECT_COLOURS, SHAPES, SIZE_FRACTIONS, SIZES, Description
+from core.records import Sample
+from core.toy import grammar
+from core.toy.grammar import OBJECT_COLOURS, SHAPES, SIZE_FRACTIONS, SIZES, Description
+from core.toy.query import NP, _descs, decompose, format_query, parse_query, resolve
+from core.toy.scene import difficulty, first_free_square, guard_description, target_index
+from datamodules.edit_plans import edit_query
 
 TOY_VERSION = 1
 """Bump when the generator's output changes, so exported splits with a stale manifest are regenerated."""
+
+
 TASKS = ("rec", "ovd")
 
 
@@ -62,9 +67,9 @@ class SplitSpec:
     near: bool
     """Foreground objects are placed close to the target."""
     text_levels: tuple[int, ...] = ()
-    """REC only: the query is rewritten by EvolvedGRPO's textual edit (``evolve.edit_query``) at one of these levels,
-    ``text_levels[index % len]``, so every level holds the same share of the split; a scene that admits no exact query
-    at its level is drawn again (a new seed for the same index). Empty: the plain attribute query."""
+    """REC only: the query is rewritten by EvolvedGRPO's textual edit (``edit_plans.edit_query``) at one of these
+    levels, ``text_levels[index % len]``, so every level holds the same share of the split; a scene that admits no
+    exact query at its level is drawn again (a new seed for the same index). Empty: the plain attribute query."""
     no_target: float = 0.0
     """REC only: this share of the split's queries (drawn per index) has no target (GRES-style): the scene is drawn as
     usual, then the query names the target with its colour or shape changed to a pair no object in it wears (a near
@@ -121,8 +126,8 @@ in-domain objects) and ``test_ood_crowded`` (plain backgrounds, 4-8 look-alikes 
 at once, as ``ood``. ``test_multihop`` (EvolvedGRPO's held-out hard split): scenes drawn as ``test_id``'s and kept when
 they admit the question (which favours scenes with more objects), asked with multi-step questions, half "the D left of /
 above ... the anchor" (level 3, two steps), half two hops "the D right of the D' below the anchor" (level 5, three
-steps), each exact on its scene (``evolve.query_problem``). Adding them changed no existing split: a split's scenes
-depend only on its own code.
+steps), each exact on its scene (``core.toy.query.query_problem``). Adding them changed no existing split: a split's
+scenes depend only on its own code.
 
 Two splits with no-target queries (``no_target``): ``train_nt`` and ``val_nt`` are drawn as ``train`` / ``val`` (on
 codes of their own), and a quarter of their queries name a near miss of the target that the scene does not hold: "the
@@ -144,6 +149,7 @@ shortest exact descriptor ("the yellow shape") instead of its triple. Every othe
 the full triple, so a checkpoint trained on them grounds the short form 10% of the time (a multi-step question's
 anchor, ``test_multihop_anchor``: 8%) against 41% for "the small yellow star" (experiments/toy_model_runs.md, "The
 anchors' query form")."""
+
 
 TEST_SPLITS = ("test_id", "test_ood_texture", "test_ood_crowded", "test_ood", "test_multihop")
 """The held-out splits, in the order the study's table shows them."""
@@ -215,24 +221,6 @@ def _place(
     return first_free_square(rng, side, boxes, (xlo, xhi, ylo, yhi), gap, tries)
 
 
-def first_free_square(
-    rng: np.random.Generator, side: int, boxes, bounds: tuple[int, int, int, int], gap: int, tries: int
-) -> tuple[int, int, int, int] | None:
-    """The first of ``tries`` random ``side x side`` squares with top-left in ``bounds`` (x_lo, x_hi, y_lo, y_hi,
-    inclusive) that keeps ``gap`` pixels clear of every box in ``boxes``; None when none does."""
-    xlo, xhi, ylo, yhi = bounds
-    xs = rng.integers(xlo, xhi + 1, size=tries)
-    ys = rng.integers(ylo, yhi + 1, size=tries)
-    free = np.ones(tries, dtype=bool)
-    for bx1, by1, bx2, by2 in boxes:
-        free &= (xs >= bx2 + gap) | (xs + side <= bx1 - gap) | (ys >= by2 + gap) | (ys + side <= by1 - gap)
-    hits = np.flatnonzero(free)
-    if hits.size == 0:
-        return None
-    j = int(hits[0])
-    return (int(xs[j]), int(ys[j]), int(xs[j]) + side, int(ys[j]) + side)
-
-
 def _rng(seed: int, split: str, task: str, index: int, attempt: int = 0) -> np.random.Generator:
     if seed < 0:
         raise ValueError(f"--seed must be >= 0, got {seed}")
@@ -270,8 +258,6 @@ def make_scene(split: str, index: int, seed: int, size: int = 224, task: str = "
         return rec
     if task != "rec":
         raise ValueError(f"split {split!r} asks REC questions (a referred object); --task rec, got {task!r}")
-    from datamodules.evolve import edit_query
-
     level = levels[index % len(levels)]
     for attempt in range(HARD_QUERY_ATTEMPTS):
         rng = _rng(seed, split, task, index, attempt)
@@ -293,8 +279,6 @@ def make_scene(split: str, index: int, seed: int, size: int = 224, task: str = "
 def _ask_anchor(rec: dict[str, Any]) -> None:
     """Ask REC record ``rec``'s multi-step question's first step alone, in place: the anchor becomes the ``target``
     (the question's target an ``object``), the query and solution its own; ``meta["question"]`` keeps the question."""
-    from datamodules.evolve import decompose, parse_query, resolve, target_index
-
     meta = rec["meta"]
     question = meta["query"]
     anchor = decompose(meta, question)[0]
@@ -317,8 +301,6 @@ def _short_query(rec: dict[str, Any], rng: np.random.Generator) -> None:
     """Ask REC record ``rec``'s target by its shortest exact descriptor, in place: the fewest (one or two) of (size,
     colour, shape) that single it out among every object of the scene, "shape" standing for an unnamed shape ("the
     yellow shape"); one of the shortest at random. A target that needs all three keeps its query."""
-    from datamodules.evolve import NP, _descs, format_query, resolve, target_index
-
     meta = rec["meta"]
     t = target_index(meta)
     descs = [d for d in _descs(meta["objects"][t], min_attrs=1) if resolve(NP(d), meta) == [t]]
@@ -465,7 +447,7 @@ EVOLVE_LEVELS = (1, 2, 3, 3, 4, 5, 5)
 
 
 class ToySceneDataset:
-    """Scenes of a split rendered on access (index -> ``make_scene``), as ``datamodules.rec.Sample``.
+    """Scenes of a split rendered on access (index -> ``make_scene``), as ``core.records.Sample``.
 
     The same scenes ``export_jsonl`` writes, without the PNG round trip: a long SFT run draws hundreds of thousands
     of fresh scenes from loader workers instead of cycling over a few thousand files. Sample ids, queries, boxes and
@@ -510,8 +492,6 @@ class ToySceneDataset:
         return self.split
 
     def __getitem__(self, index: int):
-        from datamodules.rec import Sample
-
         if not 0 <= index < self.n:
             raise IndexError(f"scene {index} out of range for {self.n} {self.split} scenes")
         rec = make_scene(self.split_of(index), index, self.seed, self.size, self.task)
@@ -541,123 +521,6 @@ class ToySceneDataset:
 def generate_split(split: str, n: int, seed: int, size: int = 224, task: str = "rec") -> list[dict[str, Any]]:
     """``n`` scene records of ``split`` (``image`` is a PIL image; see ``make_scene``)."""
     return list(iter_split(split, n, seed, size, task))
-
-
-# --- difficulty ------------------------------------------------------------------------------------------------------
-
-
-def difficulty(scene: dict[str, Any]) -> float:
-    """A [0, 1] estimate of how hard a scene is (a record with ``meta`` or the ``meta`` itself).
-
-    A weighted sum of: how many other objects there are (8 or more = 1), how many attributes they share with the
-    (nearest) target on average (out of 2), whether a target is small, whether the background is textured, and how
-    close the nearest other object is. Weights 0.3 / 0.25 / 0.15 / 0.15 / 0.15. It is the toy model's SFT target
-    for ``<diversity>``: hard scenes are the ones where a model's answers should scatter.
-    """
-    meta = scene.get("meta", scene)
-    objects = meta["objects"]
-    targets = [o for o in objects if o["role"] == "target"]
-    others = [o for o in objects if o["role"] != "target"]
-    if not targets:
-        return 0.0
-    extent = float(max(meta.get("width", 224), meta.get("height", 224)))
-
-    def centre(o: dict) -> np.ndarray:
-        x1, y1, x2, y2 = o["box"]
-        return np.array([(x1 + x2) / 2, (y1 + y2) / 2])
-
-    shared, nearest = [], extent
-    for o in others:
-        shared.append(max(sum(o[a] == t[a] for a in ("size", "colour", "shape")) for t in targets))
-        nearest = min(nearest, min(float(np.linalg.norm(centre(o) - centre(t))) for t in targets))
-    f_count = min(len(others) / 8, 1.0)
-    f_share = float(np.mean(shared)) / 2 if shared else 0.0
-    f_small = float(any(t["size"] == "small" for t in targets))
-    described = grammar.parse_description(meta.get("description", ""))
-    f_texture = float(described is not None and described.background in grammar.TEXTURED_BACKGROUNDS)
-    f_near = 1.0 - min(nearest / (0.5 * extent), 1.0) if others else 0.0
-    score = 0.3 * f_count + 0.25 * min(f_share, 1.0) + 0.15 * f_small + 0.15 * f_texture + 0.15 * f_near
-    return float(np.clip(score, 0.0, 1.0))
-
-
-# --- SFT warm start --------------------------------------------------------------------------------------------------
-
-
-def _scale_box(box: Sequence[float], sx: float, sy: float, input_wh: tuple[int, int]) -> list[int]:
-    w, h = input_wh
-    x1, y1, x2, y2 = box
-    return [
-        int(np.clip(np.floor(x1 * sx + 0.5), 0, w)),
-        int(np.clip(np.floor(y1 * sy + 0.5), 0, h)),
-        int(np.clip(np.floor(x2 * sx + 0.5), 0, w)),
-        int(np.clip(np.floor(y2 * sy + 0.5), 0, h)),
-    ]
-
-
-def _query(record: dict[str, Any]) -> str:
-    for key in ("query", "problem"):  # a Sample-like dict, or VLM-R1's alternative key
-        if isinstance(record.get(key), str):
-            return record[key].replace("<image>", "").strip()
-    for turn in record.get("conversations", []):
-        if turn.get("from") in ("human", "user"):
-            return str(turn.get("value", "")).replace("<image>", "").strip()
-    return str((record.get("meta") or {}).get("query", ""))
-
-
-def sft_target(record: dict[str, Any], input_wh: tuple[int, int], grounded_think: bool = False) -> str:
-    """The four-part completion that warm-starts the toy model on ``record``.
-
-    ``<think>`` a templated reasoning grounded in the scene, ``<diversity>`` the scene's ``difficulty``,
-    ``<description>`` a random grammar description seeded by the record id, ``<answer>`` the box (OVD: the list of
-    boxes) in integer pixels of the model input of size ``input_wh`` = (width, height), scaled from the original
-    size as Qwen2.5-VL answers on the resized image.
-    """
-    meta = record.get("meta") or {}
-    query = _query(record)
-    objects = meta.get("objects", [])
-    task = record.get("task", "rec")
-    absent = task == "rec" and not record.get("solution")  # a no-target query (``SplitSpec.no_target``)
-    if absent:
-        size, colour, shape = query.split()[-3:] if len(query.split()) >= 3 else ("", "", query)
-        same = [o for o in objects if o["colour"] == colour and o["shape"] == shape]
-        found = f"find {len(same)}, and none is {size}" if same else "find none"
-        think = f"The query asks for {query}. I look for {colour} {grammar.plural(shape)} and {found}."
-    elif task == "rec" and objects:
-        t = next(o for o in objects if o["role"] == "target")
-        kind = f"{t['colour']} {grammar.plural(t['shape'])}"
-        same = sum(o["colour"] == t["colour"] and o["shape"] == t["shape"] for o in objects)
-        found = "find only one" if same == 1 else f"find {same}, and pick the {t['size']} one"
-        think = f"The query asks for {query}. I look for {kind} and {found}."
-    elif task == "ovd" and objects:
-        n = sum(o["role"] == "target" for o in objects)
-        colour = next(o["colour"] for o in objects if o["role"] == "target")
-        think = f"The query asks for {query}. I look for {colour} shapes and find {n}."
-    else:
-        think = f"The query asks for {query}. I look for it in the image."
-    value = meta.get("difficulty")
-    value = difficulty(record) if value is None and objects else (0.5 if value is None else float(value))
-    seed = zlib.crc32(str(record.get("id", query)).encode())
-    description = grammar.random_description(np.random.default_rng(seed))
-
-    w0 = record.get("width") or meta.get("width")
-    h0 = record.get("height") or meta.get("height")
-    if not (w0 and h0):
-        raise ValueError(f"record {record.get('id')!r} needs 'width' and 'height' to scale its box to the model input")
-    sx, sy = input_wh[0] / w0, input_wh[1] / h0
-    solution = record["solution"]
-    if absent:
-        answer = "no target"  # core.regions.NO_TARGET_TEXT
-    elif task == "ovd":
-        answer = json.dumps([_scale_box(b, sx, sy, input_wh) for b in solution])
-    else:
-        box = solution[0] if solution and isinstance(solution[0], list) else solution
-        answer = json.dumps(_scale_box(box, sx, sy, input_wh))
-    if grounded_think:  # state where it is first, as grounded reasoning traces do; the answer then repeats it
-        think = f"It is not in the image. {think}" if absent else f"It is at {answer}. {think}"
-    return (
-        f"<think>{think}</think><diversity>{value:.2f}</diversity>"
-        f"<description>{description}</description><answer>{answer}</answer>"
-    )
 
 
 # --- export ----------------------------------------------------------------------------------------------------------
@@ -752,39 +615,6 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     return paths
 
 
-if __name__ == "__main__":
-    main()
-
-
-# --- guarding model descriptions -------------------------------------------------------------------------------------
-
-
-def guard_description(description: str, meta: dict[str, Any]) -> str:
-    """Rewrite a description whose repaint would break the scene's label; otherwise return it unchanged.
-
-    The painter draws what the policy asks for. Distractors identical to the referred object (same size, colour and
-    shape) would make a REC query ambiguous; distractors of the queried colour would be unlabelled OVD objects; a
-    plain background of the target's colour would hide it. Each clash swaps in the first object colour that clashes
-    with nothing. Text the grammar does not read is returned as it is.
-    """
-    d = grammar.parse_description(description)
-    targets = [o for o in meta.get("objects", []) if o.get("role") == "target"]
-    if d is None or not targets:
-        return description
-    target_colours = {t["colour"] for t in targets}
-    task = meta.get("task", "rec")
-    changes: dict[str, Any] = {}
-    if d.count != "no":
-        same = any((d.shape, d.shape_colour, d.size) == (t["shape"], t["colour"], t["size"]) for t in targets)
-        if same or (task == "ovd" and d.shape_colour in target_colours):
-            changes["shape_colour"] = next(c for c in OBJECT_COLOURS if c not in target_colours | {d.colour})
-    if d.background == "plain" and d.colour in target_colours:
-        changes["colour"] = next(c for c in ("white", "gray", "black") if c not in target_colours)
-    if not changes:
-        return description
-    return grammar.format_description(dataclasses.replace(d, **changes))
-
-
 def export_offline_descriptions(
     out_dir: str | Path, split: str = "train", per_sample: int = 5, seed: int = 0, task: str = "rec"
 ) -> Path:
@@ -804,3 +634,7 @@ def export_offline_descriptions(
             lines.append(json.dumps({"sample_id": rec["id"], "description": text}) + "\n")
     atomic_write(path, lambda tmp: tmp.write_text("".join(lines)))
     return path
+
+
+if __name__ == "__main__":
+    main()

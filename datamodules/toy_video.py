@@ -47,7 +47,7 @@ import numpy as np
 from PIL import Image
 
 from core.regions import AnchorSpace, IntervalSpace
-from datamodules.grammar import COLOURS, OBJECT_COLOURS, SHAPES, SIZE_FRACTIONS, SIZES, draw_shape
+from core.toy.grammar import COLOURS, OBJECT_COLOURS, SHAPES, SIZE_FRACTIONS, SIZES, draw_shape
 from datamodules.toy import atomic_write, reusable
 from lightning_modules.qwen_vl import VideoClip, video_processor_kwargs
 

@@ -27,8 +27,9 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DataLoader, Dataset
 
+from core.records import DataError
 from core.regions import NO_TARGET
-from datamodules.rec import DataError, RECDataModule, ToySpec
+from datamodules.rec import RECDataModule, ToySpec
 from lightning_modules.qwen_vl import VideoClip
 
 

@@ -98,14 +98,14 @@ def _toy_record(sample) -> dict:
 
 def toy_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str:
     """The 4-part toy target (``datamodules.toy.sft_target``) for a toy-world sample."""
-    from datamodules.toy import sft_target
+    from datamodules.sft_targets import sft_target
 
     return sft_target(_toy_record(sample), input_wh)
 
 
 def toy_grounded_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str:
     """``toy_target`` whose reasoning starts by stating the box (``It is at [...]``), then repeats it as the answer."""
-    from datamodules.toy import sft_target
+    from datamodules.sft_targets import sft_target
 
     return sft_target(_toy_record(sample), input_wh, grounded_think=True)
 
@@ -113,7 +113,8 @@ def toy_grounded_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str
 def _toy_target_with_steps(sample, input_wh: tuple[int, int], seed: int, **step_format) -> str:
     """``toy_grounded_target``, except that a multi-step question's reasoning walks its steps (``format_steps`` with
     ``step_format``), then states the box."""
-    from datamodules.evolve import format_steps, query_steps
+    from datamodules.evolve import query_steps
+    from datamodules.sft_targets import format_steps
 
     text = toy_grounded_target(sample, input_wh, seed)
     steps = query_steps(sample.meta or {}, sample.query) if sample.task == "rec" else []

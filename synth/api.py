@@ -160,14 +160,14 @@ class CanvasParams(_Model):
 
 
 TOY_EDIT_KINDS = ("lookalikes", "clutter", "occlude", "declutter", "isolate", "zoom")
-"""Visual edits of a toy-world scene (``datamodules.evolve.execute_job``): re-rendered from the scene, exact labels."""
+"""Visual edits of a toy-world scene (``core.toy.edits.execute_job``): re-rendered from the scene, exact labels."""
 EDIT_KINDS = TOY_EDIT_KINDS + ("inpaint",)
 
 
 class EditStep(_Model):
     """One visual edit (EvolvedGRPO's visual instruction evolution, docs/evolved_grpo.md).
 
-    - a toy kind (``TOY_EDIT_KINDS``): ``params`` as ``datamodules.evolve.plan_visual_edit`` writes them (``zoom``
+    - a toy kind (``TOY_EDIT_KINDS``): ``params`` as ``datamodules.edit_plans.plan_visual_edit`` writes them (``zoom``
       maps the boxes: the result's ``boxes`` are where the request's boxes land);
     - ``inpaint`` (real images): ``params = {"description": str, "regions": [[x1, y1, x2, y2], ...]}``: the server's
       painter repaints the regions (input pixels) after the description of the distractors to add there; the boxes'

@@ -6,7 +6,7 @@ the result afterwards (``synth.compose``), so a painter cannot break a label. Pi
 (``painter.name``); the rest of the ``painter`` block is the constructor's keyword arguments.
 
 - ``procedural`` (:class:`ProceduralPainter`, default): CPU, no weights; draws the description grammar of
-  ``datamodules.grammar`` (background texture and colour, distractor shapes) around the foreground.
+  ``core.toy.grammar`` (background texture and colour, distractor shapes) around the foreground.
 - ``diffusers`` (:class:`DiffusersOutpainter`): SDXL + ControlNet inpaint or ControlNet-Union (ProMax) inpaint, as
   in the paper. The mask given to the pipeline is everything but the foreground (the old background and the
   extended canvas); the control image is the canvas with that area blacked out (the ProMax "repaint" convention).
@@ -61,7 +61,7 @@ def text_seed(text: str) -> int:
 
 
 class ProceduralPainter:
-    """Renders the description grammar around the foreground with ``datamodules.grammar.render`` (CPU, no weights).
+    """Renders the description grammar around the foreground with ``core.toy.grammar.render`` (CPU, no weights).
 
     Deterministic: the same canvas, mask, description and seed give the same pixels. A description the grammar does
     not parse (``parse_description`` returns None) is replaced by ``random_description`` drawn from a generator seeded
@@ -80,7 +80,7 @@ class ProceduralPainter:
         self._grammar = None
 
     def load(self) -> None:
-        from datamodules import grammar
+        from core.toy import grammar
 
         self._grammar = grammar
 

@@ -213,13 +213,14 @@ def _failure(item: dict[str, Any], error: str, detail: str | None = None) -> dic
 
 
 def _toy_edit(item: dict[str, Any], image: Image.Image | Exception, masker) -> dict[str, Any]:
-    """A toy-world visual edit: ``datamodules.evolve.execute_job`` for each step, from the request's scene. No paste
+    """A toy-world visual edit: ``core.toy.edits.execute_job`` for each step, from the request's scene. No paste
     back: the render itself must leave the target's foreground (its shape's pixels) as in the input, which the audit
     checks, so a scene that does not describe the image, or an edit that would touch the target, fails the job.
-    A ``zoom`` step maps the boxes, and the audit's reference and foreground with them (``evolve.zoom_array``: the
+    A ``zoom`` step maps the boxes, and the audit's reference and foreground with them (``core.toy.edits.zoom_array``: the
     input's pixels repeated): the target's pixels must be the input's wherever the input's shape maps onto the
     re-drawn shape (the larger drawing adds edge pixels of its own, which are checked against the shape's colour)."""
-    from datamodules.evolve import ZOOM_KIND, execute_job, foreground_mask, zoom_array, zoom_box
+    from core.toy.edits import ZOOM_KIND, execute_job, zoom_array, zoom_box
+    from core.toy.scene import foreground_mask
 
     try:
         if isinstance(image, Exception):

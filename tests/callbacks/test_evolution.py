@@ -94,7 +94,7 @@ def test_a_question_edit_strategy_runs_through_the_callback(tiny_model_dir, rec_
 
 
 def test_instruction_evolution_moves_levels_from_group_outcomes_and_edits_exactly():
-    from datamodules.evolve import is_exact
+    from core.toy.query import is_exact
     from datamodules.toy import ToySceneDataset
 
     strategy = build_strategy("instruction_evolution", seed=0)
@@ -125,7 +125,8 @@ def test_instruction_evolution_moves_levels_from_group_outcomes_and_edits_exactl
 def test_two_sub_levels_step_a_failed_sub_problem_to_the_isolated_image():
     """``sub_levels: 2``: a sample that fails its question, then its decluttered sub-problem, is trained on the isolated
     image (the target and only the objects its query needs), a data-server job; solving it eases it back up."""
-    from datamodules.evolve import ISOLATE_KIND, is_exact
+    from core.toy.edits import ISOLATE_KIND
+    from core.toy.query import is_exact
     from datamodules.toy import ToySceneDataset
 
     strategy = build_strategy("instruction_evolution", seed=0, modality="any", sub_levels=2)
@@ -151,7 +152,8 @@ def test_two_sub_levels_step_a_failed_sub_problem_to_the_isolated_image():
 def test_easier_zoom_steps_a_failed_sub_problem_to_the_zoomed_image():
     """``sub_levels: 2, easier: zoom``: the version below the decluttered sub-problem is the same image zoomed twice
     around the target (a data-server job whose result maps the box); solving it eases it back up; bad args say so."""
-    from datamodules.evolve import ZOOM_KIND, is_exact
+    from core.toy.edits import ZOOM_KIND
+    from core.toy.query import is_exact
     from datamodules.toy import ToySceneDataset
 
     strategy = build_strategy("instruction_evolution", seed=0, modality="any", sub_levels=2, easier="zoom")
@@ -197,7 +199,8 @@ def test_zoomed_versions_swap_in_with_their_mapped_boxes(tiny_model_dir, tmp_pat
     serves that box (the reward's reference) with the zoomed scene."""
     from PIL import Image
 
-    from datamodules import evolve as ev
+    from core.toy import edits as toy_edits
+    from core.toy import scene as toy_scene
     from datamodules import toy
 
     data = tmp_path / "toy"
@@ -212,14 +215,14 @@ def test_zoomed_versions_swap_in_with_their_mapped_boxes(tiny_model_dir, tmp_pat
     )
     pool = cli.datamodule.pool
     zoomed = [sid for sid in pool.order if pool.current(sid).scene and pool.current(sid).scene["edits"][-1]["kind"]
-              == ev.ZOOM_KIND]  # fmt: skip
+              == toy_edits.ZOOM_KIND]  # fmt: skip
     assert len(zoomed) >= 4, [len(pool.lineage(s)) for s in pool.order]
     for sid in zoomed:
         v = pool.lineage(sid)
         job = v[-1].scene["edits"][-1]["params"]
-        assert v[-1].boxes == [ev.zoom_box(v[0].boxes[0], job["factor"], job["origin"])] != v[0].boxes
+        assert v[-1].boxes == [toy_edits.zoom_box(v[0].boxes[0], job["factor"], job["origin"])] != v[0].boxes
         assert v[-1].scene["objects"][0]["box"] == v[-1].boxes[0]
-        image, _ = ev.render_meta(v[-1].scene)
+        image, _ = toy_scene.render_meta(v[-1].scene)
         assert np.asarray(Image.open(v[-1].image_path).convert("RGB")).tobytes() == np.asarray(image).tobytes()
         rec = pool.record(pool.order.index(sid))
         assert rec.boxes == v[-1].boxes and rec.meta["objects"][0]["box"] == v[-1].boxes[0]
@@ -268,7 +271,8 @@ def test_visual_edits_run_through_the_data_server_and_swap_in_with_level_and_par
     question, level and parent; a job the server refuses leaves the sample's version as it was."""
     from PIL import Image
 
-    from datamodules import evolve as ev
+    from core.toy import query as toy_query
+    from core.toy import scene as toy_scene
     from datamodules import toy
 
     data = tmp_path / "toy"
@@ -282,9 +286,9 @@ def test_visual_edits_run_through_the_data_server_and_swap_in_with_level_and_par
         assert (v[1].level, v[1].parent, v[1].epoch) == (1, 0, 1) and v[1].scene is not None
         assert v[1].boxes == v[0].boxes and v[1].query == pool.entries[sid].record.query
         # the swapped-in file is the scene's render, and its question is still exact on it
-        image, _ = ev.render_meta(v[1].scene)
+        image, _ = toy_scene.render_meta(v[1].scene)
         assert np.asarray(Image.open(v[1].image_path).convert("RGB")).tobytes() == np.asarray(image).tobytes()
-        assert ev.query_problem(v[1].scene, v[1].query) is None
+        assert toy_query.query_problem(v[1].scene, v[1].query) is None
         rec = pool.record(pool.order.index(sid))
         assert rec.meta["objects"] == v[1].scene["objects"] and rec.meta["original_meta"]["objects"][0]["box"]
     assert synth.totals["failed"] >= len(edited)  # epoch 1's bogus edits
@@ -321,7 +325,7 @@ def _real_samples(n: int = 4):
     """Real-image REC samples: an image, a query and a box, no toy scene in meta."""
     from PIL import Image
 
-    from datamodules.rec import Sample
+    from core.records import Sample
 
     return [
         Sample(sample_id=f"r{i}", image=Image.new("RGB", (320, 240), (90, 120, 150)), query="the man in the red shirt",

@@ -18,7 +18,7 @@ import torch
 from conftest import write_rec_jsonl
 
 from analysis import read_metrics_jsonl
-from datamodules.rec import DataError
+from core.records import DataError
 from datamodules.resumable import EpochSampler, ResumableLoader
 from train import cli_main
 

@@ -11,8 +11,12 @@ import re
 import numpy as np
 import pytest
 
+from core.toy import edits as toy_edits
+from core.toy import grammar
+from core.toy import query as toy_query
+from core.toy import scene as toy_scene
+from datamodules import edit_plans, sft_targets, toy
 from datamodules import evolve as ev
-from datamodules import grammar, toy
 from datamodules.evolve import Level, LevelState, next_level
 
 # --- the existing splits are untouched ---------------------------------------------------------------------------------
@@ -47,7 +51,7 @@ def test_existing_splits_are_byte_identical(split, task):
 def test_render_meta_reproduces_a_scene_bit_for_bit(split):
     for i in range(4):
         rec = toy.make_scene(split, i, 0)
-        image, objects = ev.render_meta(rec["meta"])
+        image, objects = toy_scene.render_meta(rec["meta"])
         assert image.tobytes() == rec["image"].tobytes()
         assert objects == rec["meta"]["objects"]
 
@@ -156,72 +160,73 @@ HAND = [
 )
 def test_resolve_hand_worked(query, expected):
     meta = _meta(HAND)
-    np_ = ev.parse_query(query)
-    assert ev.format_query(np_) == query
-    assert ev.resolve(np_, meta) == expected
+    np_ = toy_query.parse_query(query)
+    assert toy_query.format_query(np_) == query
+    assert toy_query.resolve(np_, meta) == expected
     assert ref(query, HAND, 224, 224) == expected
 
 
 def test_parse_rejects_non_canonical_text():
     for bad in ["red circle", "the red", "the circle left the square", "the second circle", "the circle that is a"]:
-        with pytest.raises(ev.QueryParseError):
-            ev.parse_query(bad)
+        with pytest.raises(toy_query.QueryParseError):
+            toy_query.parse_query(bad)
 
 
 def test_exactness_needs_clearance_and_visibility():
     meta = _meta(HAND)
-    assert ev.query_problem(meta, "the circle left of the large green square") is None
+    assert toy_query.query_problem(meta, "the circle left of the large green square") is None
     # a green circle whose right edge ends 4 px past the square's left edge: within the 9 px margin of "left of"
     near = HAND + [_obj("object", "small", "green", "circle", (40, 130, 64, 154))]
-    problem = ev.query_problem(_meta(near), "the circle left of the large green square")
+    problem = toy_query.query_problem(_meta(near), "the circle left of the large green square")
     assert problem is not None and "within" in problem
     # counting needs one order: a large circle whose left edge comes first but whose centre comes second
     counted = [
         _obj("target", "small", "red", "circle", (81, 150, 101, 170)),  # centre x 91, left edge 81
         _obj("object", "large", "blue", "circle", (75, 20, 125, 70)),  # centre x 100, left edge 75
     ]
-    assert ev.resolve(ev.parse_query("the first circle from the left"), _meta(counted)) == [0]
-    assert "order by edges" in ev.query_problem(_meta(counted), "the first circle from the left")
+    assert toy_query.resolve(toy_query.parse_query("the first circle from the left"), _meta(counted)) == [0]
+    assert "order by edges" in toy_query.query_problem(_meta(counted), "the first circle from the left")
     # two overlapping red distractors: red queries cannot rely on them, a blue one can
     crowded = HAND + [_obj("distractor", "large", "red", "star", (150, 150, 200, 200))]
-    assert ev.visibility(_meta(crowded))[3:] == ["hidden", "hidden"]
-    assert ev.query_problem(_meta(crowded), "the small red circle") is not None
+    assert toy_scene.visibility(_meta(crowded))[3:] == ["hidden", "hidden"]
+    assert toy_query.query_problem(_meta(crowded), "the small red circle") is not None
     blue = HAND + [_obj("distractor", "large", "blue", "star", (150, 150, 200, 200))]  # hides the red square too
-    assert ev.query_problem(_meta(blue), "the small red circle") is not None
+    assert toy_query.query_problem(_meta(blue), "the small red circle") is not None
     blue_alone = HAND[:3] + [_obj("distractor", "large", "blue", "star", (150, 150, 200, 200))]
     blue_alone += [_obj("distractor", "large", "blue", "star", (160, 160, 210, 210))]  # two overlapping blue stars
-    assert ev.query_problem(_meta(blue_alone), "the small red circle") is None  # a red query does not rely on them
+    # a red query does not rely on them
+    assert toy_query.query_problem(_meta(blue_alone), "the small red circle") is None
     # an occluder over the middle of the green square: occluded, still fine where its size rules it out
     occ = {"box": [75, 35, 95, 55], "colour": "gray"}
-    assert ev.visibility(_meta(HAND, occluders=[occ]))[2] == "occluded"
-    assert ev.query_problem(_meta(HAND, occluders=[occ]), "the small red circle") is None
+    assert toy_scene.visibility(_meta(HAND, occluders=[occ]))[2] == "occluded"
+    assert toy_query.query_problem(_meta(HAND, occluders=[occ]), "the small red circle") is None
     big = {"box": [50, 10, 120, 80], "colour": "gray"}  # covers it all
-    assert ev.visibility(_meta(HAND, occluders=[big]))[2] == "hidden"
+    assert toy_scene.visibility(_meta(HAND, occluders=[big]))[2] == "hidden"
 
 
 def test_no_valid_edit_returns_none():
     solo = _meta([HAND[0]])
     rng = np.random.default_rng(0)
     for level in (2, 3, 4, 5):  # negation, relation, ordinal, multihop need other objects
-        assert ev.edit_query(solo, "the small red circle", level, rng) is None
-    assert ev.edit_query(solo, "the small red circle", 1, rng) == "the small red circle in the left half"
+        assert edit_plans.edit_query(solo, "the small red circle", level, rng) is None
+    assert edit_plans.edit_query(solo, "the small red circle", 1, rng) == "the small red circle in the left half"
     with pytest.raises(ValueError, match="does not name the scene's target"):
-        ev.edit_query(_meta(HAND), "the small blue circle", 2, rng)
+        edit_plans.edit_query(_meta(HAND), "the small blue circle", 2, rng)
 
 
 def test_edits_keep_the_target_on_the_hand_made_scene():
     meta = _meta(HAND)
     rng = np.random.default_rng(1)
     seen = {}
-    for level in range(ev.MAX_LEVEL + 1):
-        q = ev.edit_query(meta, "the small red circle", level, rng)
-        seen[ev.TEXT_KINDS[level]] = q
+    for level in range(edit_plans.MAX_LEVEL + 1):
+        q = edit_plans.edit_query(meta, "the small red circle", level, rng)
+        seen[edit_plans.TEXT_KINDS[level]] = q
         if q is not None:
             assert ref(q, HAND, 224, 224) == [0], q
     assert seen["original"] == "the small red circle"
     # the fewest-attribute exact negations ("the shape that is not ..." names several objects here)
     assert seen["negation"] in ("the circle that is not blue", "the red shape that is not a square")
-    assert seen["relation"] is not None and ev.parse_query(seen["relation"]).hops() == 1
+    assert seen["relation"] is not None and toy_query.parse_query(seen["relation"]).hops() == 1
 
 
 # --- sub-problems and the process reward -----------------------------------------------------------------------------
@@ -229,7 +234,7 @@ def test_edits_keep_the_target_on_the_hand_made_scene():
 
 def test_decompose_a_two_hop_query():
     meta = _meta(HAND, query="the small red circle")
-    steps = ev.decompose(meta, "the red shape below the circle right of the large square")
+    steps = toy_query.decompose(meta, "the red shape below the circle right of the large square")
     assert [s.query for s in steps] == [
         "the large square",
         "the circle right of the large square",
@@ -238,18 +243,18 @@ def test_decompose_a_two_hop_query():
     assert [s.box for s in steps] == [[60, 20, 110, 70], [120, 100, 144, 124], [180, 180, 204, 204]]
     for s in steps:  # every step is itself a REC query with one referent
         assert len(ref(s.query, HAND, 224, 224)) == 1
-    assert ev.guided_query(steps) == (
+    assert toy_query.guided_query(steps) == (
         "the red shape below the circle right of the large square (step 1: the large square; "
         "step 2: the circle right of the large square; then the answer)"
     )
-    assert [s.query for s in ev.decompose(meta, "the small red circle")] == ["the small red circle"]
+    assert [s.query for s in toy_query.decompose(meta, "the small red circle")] == ["the small red circle"]
     # the SFT-side writer of the step format: read back by the process reward at full credit
-    think = ev.format_steps(steps, input_wh=(448, 448), orig_wh=(224, 224))
+    think = sft_targets.format_steps(steps, input_wh=(448, 448), orig_wh=(224, 224))
     assert think.startswith("Step 1: the large square <step>[120, 40, 220, 140]</step>. Step 2: ")
     completion = f"<think>{think}</think><answer>[360, 360, 408, 408]</answer>"
     assert ev.prefix_process_reward([completion], [s.box for s in steps], (448, 448), (224, 224)) == [1.0]
     # the named form: each step after the first calls its predecessor "it"
-    assert ev.format_steps(steps, input_wh=(224, 224), orig_wh=(224, 224), relative=True) == (
+    assert sft_targets.format_steps(steps, input_wh=(224, 224), orig_wh=(224, 224), relative=True) == (
         "Step 1: the large square <step>[60, 20, 110, 70]</step>. "
         "Step 2: the circle right of it <step>[120, 100, 144, 124]</step>. "
         "Step 3: the red shape below it <step>[180, 180, 204, 204]</step>."
@@ -315,7 +320,7 @@ ALL, NONE, SOME = [True] * 4, [False] * 4, [True, False, True, False]
         (Level(2, sub=True), ALL, Level(2)),  # the sub-problem solved: back to the full question
         (Level(2, sub=True), NONE, Level(1)),  # even the sub-problem fails: a level down
         (Level(0, sub=True), NONE, Level(0)),  # never below 0
-        (Level(ev.MAX_LEVEL), ALL, Level(ev.MAX_LEVEL)),  # never above the top
+        (Level(edit_plans.MAX_LEVEL), ALL, Level(edit_plans.MAX_LEVEL)),  # never above the top
         (Level(3, sub=True), SOME, Level(3, sub=True)),
     ],
 )
@@ -362,19 +367,19 @@ def test_isolate_keeps_only_what_the_query_needs():
     isolated = 0
     for i in range(30):
         rec = toy.make_scene(("train", "ood")[i % 2], i, 0)
-        job = ev.plan_visual_edit(rec["meta"], ev.ISOLATE_KIND, 1, np.random.default_rng(i))
+        job = edit_plans.plan_visual_edit(rec["meta"], toy_edits.ISOLATE_KIND, 1, np.random.default_rng(i))
         if job is None:  # nothing can go: the target alone, or every other object is needed
             continue
-        image, meta = ev.execute_job(rec["meta"], json.loads(ev.job_json(job)))
+        image, meta = toy_edits.execute_job(rec["meta"], json.loads(ev.job_json(job)))
         query, t = rec["meta"]["query"], rec["meta"]["objects"][0]
-        assert meta["objects"][0] == t and ev.query_problem(meta, query) is None
+        assert meta["objects"][0] == t and toy_query.query_problem(meta, query) is None
         assert meta["n_painted"] == 0 and ev.is_sub_problem(meta, query)
         fore = [o for o in meta["objects"] if o["role"] != "distractor"]
-        assert len(fore) < len(ev._foreground(rec["meta"]))
+        assert len(fore) < len(toy_scene._foreground(rec["meta"]))
         for o in fore[1:]:  # each object kept is needed: without it the query is no longer exact
             trial = {"kind": "isolate", "params": {**job["params"], "keep": [b for b in job["params"]["keep"]
                                                                               if b != o["box"]]}}  # fmt: skip
-            assert ev.query_problem(ev.execute_job(rec["meta"], trial)[1], query) is not None
+            assert toy_query.query_problem(toy_edits.execute_job(rec["meta"], trial)[1], query) is not None
         assert (_target_pixels(image, t["box"], t["shape"]) == _target_pixels(rec["image"], t["box"], t["shape"])).all()
         isolated += 1
     assert isolated >= 10, isolated
@@ -431,29 +436,29 @@ def _target_pixels(image, box, shape):
     return arr[grammar.shape_mask(shape, x2 - x1, y2 - y1)]
 
 
-@pytest.mark.parametrize("kind", ev.VISUAL_KINDS + ev.SUB_VISUAL_KINDS)
+@pytest.mark.parametrize("kind", toy_edits.VISUAL_KINDS + toy_edits.SUB_VISUAL_KINDS)
 def test_visual_jobs_keep_the_target_and_are_deterministic(kind):
     done = 0
     for i in range(12):
         rec = toy.make_scene("train", i, 0)
-        job = ev.plan_visual_edit(rec["meta"], kind, 2, np.random.default_rng(i))
+        job = edit_plans.plan_visual_edit(rec["meta"], kind, 2, np.random.default_rng(i))
         if job is None:
             continue
         assert json.loads(ev.job_json(job)) == job  # a data server can receive it as JSON
-        image, meta = ev.execute_job(rec["meta"], job)
-        image2, meta2 = ev.execute_job(rec["meta"], json.loads(ev.job_json(job)))
+        image, meta = toy_edits.execute_job(rec["meta"], job)
+        image2, meta2 = toy_edits.execute_job(rec["meta"], json.loads(ev.job_json(job)))
         assert image.tobytes() == image2.tobytes() and meta == meta2
         t = rec["meta"]["objects"][0]
-        if kind == ev.ZOOM_KIND:  # the target is the same object at its mapped box, drawn in its colour
-            t = dict(t, box=ev.zoom_box(t["box"], job["params"]["factor"], job["params"]["origin"]))
+        if kind == toy_edits.ZOOM_KIND:  # the target is the same object at its mapped box, drawn in its colour
+            t = dict(t, box=toy_edits.zoom_box(t["box"], job["params"]["factor"], job["params"]["origin"]))
             assert (_target_pixels(image, t["box"], t["shape"]) == grammar.COLOURS[t["colour"]]).all()
         else:
             source = _target_pixels(rec["image"], t["box"], t["shape"])
             assert (_target_pixels(image, t["box"], t["shape"]) == source).all()
         assert meta["objects"][0] == t and meta["edits"] == [job]
-        assert ev.query_problem(meta, rec["meta"]["query"]) is None
+        assert toy_query.query_problem(meta, rec["meta"]["query"]) is None
         if kind == "lookalikes":
-            added = meta["objects"][len(ev._foreground(rec["meta"])) :][:2]
+            added = meta["objects"][len(toy_scene._foreground(rec["meta"])) :][:2]
             assert all(sum(a[k] == t[k] for k in ("size", "colour", "shape")) == 2 for a in added)
         if kind == "declutter":
             assert meta["n_painted"] == 0 and meta["description"] == "a plain white background with no distractors"
@@ -465,28 +470,30 @@ def test_zoom_maps_boxes_by_hand_and_refuses_a_window_that_cuts_the_target():
     rec = toy.make_scene("train", 3, 0)
     meta = rec["meta"]
     x1, y1, x2, y2 = meta["objects"][0]["box"]
-    assert (meta["width"], meta["height"]) == (224, 224) and ev.ZOOM_FACTOR == 2
+    assert (meta["width"], meta["height"]) == (224, 224) and toy_edits.ZOOM_FACTOR == 2
     # a 112 x 112 window at (ox, oy): x -> 2 (x - ox), pixel edges to pixel edges
-    assert ev.zoom_box([10, 20, 30, 50], 2, (5, 10)) == [10, 20, 50, 80]
+    assert toy_edits.zoom_box([10, 20, 30, 50], 2, (5, 10)) == [10, 20, 50, 80]
     arr = np.arange(16).reshape(4, 4)
-    assert ev.zoom_array(arr, 2, (2, 0)).tolist() == [[2, 2, 3, 3], [2, 2, 3, 3], [6, 6, 7, 7], [6, 6, 7, 7]]
-    job = ev.plan_visual_edit(meta, ev.ZOOM_KIND, 1, np.random.default_rng(0))
+    assert toy_edits.zoom_array(arr, 2, (2, 0)).tolist() == [[2, 2, 3, 3], [2, 2, 3, 3], [6, 6, 7, 7], [6, 6, 7, 7]]
+    job = edit_plans.plan_visual_edit(meta, toy_edits.ZOOM_KIND, 1, np.random.default_rng(0))
     ox, oy = job["params"]["origin"]
     assert ox <= x1 and x2 <= ox + 112 and oy <= y1 and y2 <= oy + 112
-    image, new = ev.execute_job(meta, job)
+    image, new = toy_edits.execute_job(meta, job)
     assert new["objects"][0]["box"] == [2 * (x1 - ox), 2 * (y1 - oy), 2 * (x2 - ox), 2 * (y2 - oy)]
     kept = [
-        o for o in meta["objects"] if o["role"] != "distractor" and ev._inside(o["box"], (ox, oy, ox + 112, oy + 112))
+        o
+        for o in meta["objects"]
+        if o["role"] != "distractor" and toy_edits._inside(o["box"], (ox, oy, ox + 112, oy + 112))
     ]
     assert len([o for o in new["objects"] if o["role"] != "distractor"]) == len(kept)
-    assert ev.render_meta(new)[0].tobytes() == image.tobytes()
+    assert toy_scene.render_meta(new)[0].tobytes() == image.tobytes()
     cut = {"kind": "zoom", "params": {"factor": 2, "origin": [min(x2 - 1, 112), oy], "n_painted": 0}}
     with pytest.raises(ValueError, match="cuts the target"):
-        ev.execute_job(meta, cut)
+        toy_edits.execute_job(meta, cut)
     with pytest.raises(ValueError, match="leaves the 224x224 image"):
-        ev.execute_job(meta, {"kind": "zoom", "params": {"factor": 2, "origin": [113, 0], "n_painted": 0}})
+        toy_edits.execute_job(meta, {"kind": "zoom", "params": {"factor": 2, "origin": [113, 0], "n_painted": 0}})
     with pytest.raises(ValueError, match="divisible"):
-        ev.execute_job(meta, {"kind": "zoom", "params": {"factor": 3, "origin": [0, 0], "n_painted": 0}})
+        toy_edits.execute_job(meta, {"kind": "zoom", "params": {"factor": 3, "origin": [0, 0], "n_painted": 0}})
 
 
 def test_zoomed_version_through_the_data_server_worker_and_its_audit(tmp_path):
@@ -517,9 +524,9 @@ def test_occluders_never_touch_the_target():
     t = rec["meta"]["objects"][0]["box"]
     bad = {"kind": "occlude", "params": {"occluders": [{"box": [t[0], t[1], t[0] + 3, t[1] + 3], "colour": "gray"}]}}
     with pytest.raises(ValueError, match="target's box"):
-        ev.execute_job(rec["meta"], bad)
+        toy_edits.execute_job(rec["meta"], bad)
     with pytest.raises(ValueError, match="neutral"):
-        ev.execute_job(
+        toy_edits.execute_job(
             rec["meta"], {"kind": "occlude", "params": {"occluders": [{"box": [0, 0, 1, 1], "colour": "red"}]}}
         )
 
@@ -557,7 +564,7 @@ def _through_the_data_server_worker(rec: dict, jobs: list[dict], out_dir) -> tup
     src = out_dir / f"{rec['id']}.png"
     if not src.exists():
         rec["image"].save(src)
-    target = rec["meta"]["objects"][ev.target_index(rec["meta"])]["box"]
+    target = rec["meta"]["objects"][toy_scene.target_index(rec["meta"])]["box"]
     item = dict(
         uid="u", job_id="j", image_path=str(src), image_bytes=None, boxes=[[float(v) for v in target]],
         description="", seed=0, canvas={}, output_path=str(out_dir / "out.png"), tmp_path=str(out_dir / ".out.tmp"),
@@ -572,7 +579,7 @@ def _audit(n: int, out_dir=None) -> dict[str, int]:
     """Evolve ``n`` samples over every (modality, kind, level, sub) combination, cycling through train and ood scenes,
     and check each label against its scene. Returns how many samples of each kind were checked. With ``out_dir``, the
     visual edits are also run by the data server's worker code, which must give the same pixels and scene."""
-    combos = [("text", Level(lv, sub), "isolate") for lv in range(ev.MAX_LEVEL + 1) for sub in (0, 1, 2)]
+    combos = [("text", Level(lv, sub), "isolate") for lv in range(edit_plans.MAX_LEVEL + 1) for sub in (0, 1, 2)]
     combos += [("visual", Level(lv, sub), "isolate") for lv in range(1, 4) for sub in (0, 1, 2)]
     combos += [(m, Level(lv, 2), "zoom") for m, lv in [("text", 0), ("text", 3), ("text", 5), ("visual", 2)]]
     kinds: dict[str, int] = {}
@@ -590,10 +597,10 @@ def _audit(n: int, out_dir=None) -> dict[str, int]:
         t = rec["meta"]["objects"][0]
         source = np.asarray(rec["image"])
         for job in out.jobs:  # a zoom maps the target's box and the pixels it is compared with
-            if job["kind"] == ev.ZOOM_KIND:
+            if job["kind"] == toy_edits.ZOOM_KIND:
                 factor, origin = job["params"]["factor"], job["params"]["origin"]
-                source = ev.zoom_array(source, factor, origin)
-                t = dict(t, box=ev.zoom_box(t["box"], factor, origin))
+                source = toy_edits.zoom_array(source, factor, origin)
+                t = dict(t, box=toy_edits.zoom_box(t["box"], factor, origin))
         # the referent: the same target object (its box mapped by a zoom), the only object the query names
         assert out.box == t["box"] and objects[0] == t
         query = out.steps[-1].query
@@ -605,17 +612,17 @@ def _audit(n: int, out_dir=None) -> dict[str, int]:
             got = ref(step.query, objects, w, h)
             assert len(got) == 1 and objects[got[0]]["box"] == step.box, step
             if out.kind != "original":  # level 0 is the toy world's own label (a unique triple), kept as it is
-                assert ev.query_problem(meta, step.query, referent=got[0]) is None, step
+                assert toy_query.query_problem(meta, step.query, referent=got[0]) is None, step
         if out.kind != "original":
             _check_relied_on_objects_show(query, objects, np.asarray(out.image))
         # the image: the target's pixels are those of the original scene, and nothing covers them
         img = np.asarray(out.image)
         assert (_target_pixels(img, t["box"], t["shape"]) == grammar.COLOURS[t["colour"]]).all()
         if "zoom" in out.kind:  # the larger drawing's pixels over the input's shape, repeated, are the input's
-            shape = ev.foreground_mask(meta, [t["box"]]) & ev.zoom_array(
-                ev.foreground_mask(rec["meta"], [rec["meta"]["objects"][0]["box"]]), factor, origin
+            shape = toy_scene.foreground_mask(meta, [t["box"]]) & toy_edits.zoom_array(
+                toy_scene.foreground_mask(rec["meta"], [rec["meta"]["objects"][0]["box"]]), factor, origin
             )
-            assert shape.sum() > 0.6 * ev.foreground_mask(meta, [t["box"]]).sum()
+            assert shape.sum() > 0.6 * toy_scene.foreground_mask(meta, [t["box"]]).sum()
             assert (img[shape] == source[shape]).all()
         else:
             assert (_target_pixels(img, t["box"], t["shape"]) == _target_pixels(source, t["box"], t["shape"])).all()
@@ -623,10 +630,10 @@ def _audit(n: int, out_dir=None) -> dict[str, int]:
             b = occ["box"]
             assert b[2] < t["box"][0] or b[0] > t["box"][2] or b[3] < t["box"][1] or b[1] > t["box"][3]
         # the meta says what the image shows: re-rendering it gives the same pixels, and so does replaying the jobs
-        assert ev.render_meta(meta)[0].tobytes() == out.image.tobytes()
+        assert toy_scene.render_meta(meta)[0].tobytes() == out.image.tobytes()
         replay_image, replay_meta = rec["image"], rec["meta"]
         for job in out.jobs:
-            replay_image, replay_meta = ev.execute_job(replay_meta, json.loads(ev.job_json(job)))
+            replay_image, replay_meta = toy_edits.execute_job(replay_meta, json.loads(ev.job_json(job)))
         assert replay_image.tobytes() == out.image.tobytes()
         if out_dir is not None and out.jobs:
             served, scene = _through_the_data_server_worker(rec, out.jobs, out_dir)
@@ -639,7 +646,7 @@ def _audit(n: int, out_dir=None) -> dict[str, int]:
 
 def _check_coverage(kinds: dict[str, int]) -> None:
     base = {k.split("+")[0] for k in kinds}
-    assert set(ev.TEXT_KINDS) | set(ev.VISUAL_KINDS) <= base, kinds
+    assert set(edit_plans.TEXT_KINDS) | set(toy_edits.VISUAL_KINDS) <= base, kinds
     assert any(k.endswith("+steps") for k in kinds) and any(k.endswith("+declutter") for k in kinds), kinds
     assert any(k.endswith("+steps+isolate") for k in kinds) and any(k.endswith("+isolate") for k in kinds), kinds
     assert any(k.endswith("+steps+zoom") for k in kinds) and any(k.endswith("+declutter+zoom") for k in kinds), kinds
@@ -659,15 +666,15 @@ def test_edits_are_pure():
 
     rec = toy.make_scene("ood", 5, 0)
     before = copy.deepcopy(rec["meta"])
-    for level in range(ev.MAX_LEVEL + 1):
-        a = ev.edit_query(rec["meta"], rec["meta"]["query"], level, np.random.default_rng(7))
-        b = ev.edit_query(rec["meta"], rec["meta"]["query"], level, np.random.default_rng(7))
+    for level in range(edit_plans.MAX_LEVEL + 1):
+        a = edit_plans.edit_query(rec["meta"], rec["meta"]["query"], level, np.random.default_rng(7))
+        b = edit_plans.edit_query(rec["meta"], rec["meta"]["query"], level, np.random.default_rng(7))
         assert a == b
-    for kind in ev.VISUAL_KINDS:
-        job = ev.plan_visual_edit(rec["meta"], kind, 2, np.random.default_rng(7))
-        assert job == ev.plan_visual_edit(rec["meta"], kind, 2, np.random.default_rng(7))
+    for kind in toy_edits.VISUAL_KINDS:
+        job = edit_plans.plan_visual_edit(rec["meta"], kind, 2, np.random.default_rng(7))
+        assert job == edit_plans.plan_visual_edit(rec["meta"], kind, 2, np.random.default_rng(7))
         if job is not None:
-            ev.execute_job(rec["meta"], job)
+            toy_edits.execute_job(rec["meta"], job)
     assert rec["meta"] == before
 
 
@@ -679,17 +686,19 @@ def test_plan_inpaint_paints_clutter_clear_of_the_target_that_the_query_does_not
 
     size, box = (640, 480), [250.0, 180.0, 330.0, 300.0]
     for seed in range(20):
-        job = ev.plan_inpaint("the chair on the left next to a cup", [box], size, level, np.random.default_rng(seed))
-        assert job["kind"] == ev.INPAINT_KIND == "inpaint"
+        job = edit_plans.plan_inpaint(
+            "the chair on the left next to a cup", [box], size, level, np.random.default_rng(seed)
+        )
+        assert job["kind"] == edit_plans.INPAINT_KIND == "inpaint"
         regions, desc = job["params"]["regions"], job["params"]["description"]
-        assert len(regions) == min(level, ev.MAX_INPAINT_REGIONS)
-        assert desc in ev.CLUTTER_OBJECTS and desc not in ("a chair", "a cup")
+        assert len(regions) == min(level, edit_plans.MAX_INPAINT_REGIONS)
+        assert desc in edit_plans.CLUTTER_OBJECTS and desc not in ("a chair", "a cup")
         grown = [box[0] - 32, box[1] - 24, box[2] + 32, box[3] + 24]  # the 5% margin of 640 x 480
         for i, r in enumerate(regions):
             assert 0 <= r[0] < r[2] <= size[0] and 0 <= r[1] < r[3] <= size[1]
             assert box_intersection(r, grown) == 0 and not any(box_intersection(r, q) for q in regions[i + 1 :])
             assert size[0] / 10 - 1 <= r[2] - r[0] <= size[0] / 3 + 1
-        assert job == ev.plan_inpaint(
+        assert job == edit_plans.plan_inpaint(
             "the chair on the left next to a cup", [box], size, level, np.random.default_rng(seed)
         )
     # the EditStep the data server validates
@@ -700,13 +709,14 @@ def test_plan_inpaint_paints_clutter_clear_of_the_target_that_the_query_does_not
 
 def test_plan_inpaint_gives_none_when_nothing_fits_or_nothing_may_be_painted():
     rng = np.random.default_rng(0)
-    assert ev.plan_inpaint("the dog", [[0, 0, 100, 100]], (100, 100), 2, rng) is None  # the target fills the image
-    assert ev.plan_inpaint("the dog", [[10, 10, 20, 20]], (100, 100), 0, rng) is None  # level 0: the original
-    everything = " ".join(ev.CLUTTER_OBJECTS)
-    assert ev.plan_inpaint(everything, [[10, 10, 20, 20]], (300, 300), 1, rng) is None
+    # the target fills the image
+    assert edit_plans.plan_inpaint("the dog", [[0, 0, 100, 100]], (100, 100), 2, rng) is None
+    assert edit_plans.plan_inpaint("the dog", [[10, 10, 20, 20]], (100, 100), 0, rng) is None  # level 0: the original
+    everything = " ".join(edit_plans.CLUTTER_OBJECTS)
+    assert edit_plans.plan_inpaint(everything, [[10, 10, 20, 20]], (300, 300), 1, rng) is None
     # plurals name the object too: "the chairs" never gets a chair
     descs = {
-        ev.plan_inpaint("two chairs", [[10, 10, 20, 20]], (300, 300), 1, np.random.default_rng(s))["params"][
+        edit_plans.plan_inpaint("two chairs", [[10, 10, 20, 20]], (300, 300), 1, np.random.default_rng(s))["params"][
             "description"
         ]
         for s in range(60)

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from datamodules import grammar
-from datamodules.grammar import (
+from core.toy import grammar
+from core.toy.grammar import (
     BACKGROUNDS,
     COLOURS,
     COUNT_RANGES,

@@ -7,7 +7,8 @@ import json
 import pytest
 from conftest import write_rec_jsonl
 
-from datamodules.rec import DataError, RECDataModule, collate_samples, load_sample, read_jsonl
+from core.records import DataError
+from datamodules.rec import RECDataModule, collate_samples, load_sample, read_jsonl
 
 
 def test_reads_vlm_r1_lines_with_images(tmp_path):

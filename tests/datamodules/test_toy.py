@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from datamodules import grammar, toy
+from core.toy import grammar
+from datamodules import sft_targets, toy
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +142,7 @@ def test_export_reads_with_the_rec_reader(tmp_path):
 
 def test_sft_target_format_and_scaling():
     rec = toy.generate_split("train", 1, seed=0)[0]
-    text = toy.sft_target(rec, (448, 336))
+    text = sft_targets.sft_target(rec, (448, 336))
     m = re.fullmatch(
         r"<think>(.+)</think><diversity>(\d\.\d\d)</diversity><description>(.+)</description>"
         r"<answer>(\[.+\])</answer>",
@@ -153,9 +154,9 @@ def test_sft_target_format_and_scaling():
     assert grammar.parse_description(m.group(3)) is not None
     x1, y1, x2, y2 = rec["solution"]
     assert json.loads(m.group(4)) == [round(x1 * 2), round(y1 * 1.5 + 1e-9), round(x2 * 2), round(y2 * 1.5 + 1e-9)]
-    assert toy.sft_target(rec, (448, 336)) == text  # the description is seeded by the record
+    assert sft_targets.sft_target(rec, (448, 336)) == text  # the description is seeded by the record
     ovd = toy.generate_split("train", 1, seed=0, task="ovd")[0]
-    answer = json.loads(re.search(r"<answer>(.+)</answer>", toy.sft_target(ovd, (224, 224))).group(1))
+    answer = json.loads(re.search(r"<answer>(.+)</answer>", sft_targets.sft_target(ovd, (224, 224))).group(1))
     assert answer == ovd["solution"]
 
 
@@ -175,7 +176,7 @@ def test_errors_name_the_flag():
 
 
 def test_sft_target_from_a_sample_like_dict():
-    # lightning_modules.sft builds this dict from a datamodules.rec.Sample: float boxes, a "query" key, no turns
+    # lightning_modules.sft builds this dict from a core.records.Sample: float boxes, a "query" key, no turns
     rec = toy.generate_split("ood", 1, seed=0)[0]
     sample_like = {
         "id": rec["id"],
@@ -186,9 +187,9 @@ def test_sft_target_from_a_sample_like_dict():
         "height": 224,
         "query": rec["meta"]["query"],
     }
-    assert toy.sft_target(sample_like, (224, 224)) == toy.sft_target(rec, (224, 224))
+    assert sft_targets.sft_target(sample_like, (224, 224)) == sft_targets.sft_target(rec, (224, 224))
     bare = {"id": "x", "solution": [1.0, 2.0, 3.0, 4.0], "width": 10, "height": 10, "query": "the dog"}
-    assert toy.sft_target(bare, (20, 20)).endswith("<answer>[2, 4, 6, 8]</answer>")
+    assert sft_targets.sft_target(bare, (20, 20)).endswith("<answer>[2, 4, 6, 8]</answer>")
 
 
 def test_rendered_train_split_equals_the_exported_one(tmp_path):
@@ -288,18 +289,19 @@ def test_test_splits_are_held_out_and_of_their_kind():
 
 
 def test_the_multihop_split_asks_exact_multi_step_questions_about_the_target():
-    from datamodules import evolve
+    from core.toy import query as toy_query
+    from core.toy import scene as toy_scene
 
     recs = toy.generate_split("test_multihop", 24, seed=0)
     assert [r["meta"]["level"] for r in recs] == [3, 5] * 12
     for r in recs:
         meta, query = r["meta"], r["meta"]["query"]
-        np_ = evolve.parse_query(query)
+        np_ = toy_query.parse_query(query)
         assert np_.hops() == (1 if meta["level"] == 3 else 2), query
-        t = evolve.target_index(meta)
-        assert evolve.resolve(np_, meta) == [t] and evolve.query_problem(meta, np_) is None, query
+        t = toy_scene.target_index(meta)
+        assert toy_query.resolve(np_, meta) == [t] and toy_query.query_problem(meta, np_) is None, query
         assert r["solution"] == meta["objects"][t]["box"] and r["conversations"][0]["value"] == f"<image>{query}"
-        assert len(evolve.decompose(meta, query)) == np_.hops() + 1  # anchor, (middle,) target: the prefix reward's
+        assert len(toy_query.decompose(meta, query)) == np_.hops() + 1  # anchor, (middle,) target: the prefix reward's
     again = toy.make_scene("test_multihop", 5, 0)
     assert again["meta"]["query"] == recs[5]["meta"]["query"] and again["image"].tobytes() == recs[5]["image"].tobytes()
     with pytest.raises(ValueError, match="REC questions"):
@@ -347,7 +349,7 @@ def test_no_target_splits_name_a_near_miss_that_no_object_has(tmp_path):
         assert not any(o["role"] == "target" for o in meta["objects"])
         assert asked[1:] not in {_triple(o)[1:] for o in meta["objects"]}  # no object of that colour and shape
         assert sum(a != b for a, b in zip(asked, _triple(r["meta"]["objects"][0]))) == 1  # the former target, one off
-        target = toy.sft_target(r, (224, 224), grounded_think=True)
+        target = sft_targets.sft_target(r, (224, 224), grounded_think=True)
         assert target.endswith("<answer>no target</answer>") and "It is not in the image." in target
         assert not re.search(r"\[\d", target)
     for r in recs:
@@ -366,7 +368,8 @@ def test_no_target_splits_name_a_near_miss_that_no_object_has(tmp_path):
 def test_short_splits_ask_the_target_by_its_shortest_exact_descriptor():
     """train_short / test_short: scenes drawn as train / test_id on codes of their own, the target asked by the fewest
     of (size, colour, shape) that single it out ("the yellow shape": a multi-step question's anchor form), exact."""
-    from datamodules.evolve import parse_query, resolve, target_index
+    from core.toy.query import parse_query, resolve
+    from core.toy.scene import target_index
 
     recs = toy.generate_split("train_short", 120, seed=0)
     lengths = Counter(len(r["meta"]["query"].split()) for r in recs)
@@ -389,7 +392,8 @@ def test_the_anchor_split_asks_the_multihop_splits_first_step_on_the_same_scenes
     """test_multihop_anchor (train_multihop_anchor): test_multihop's (train_multihop's) images, each asked its
     question's first step alone (the anchor becomes the one target; the question is kept in meta), so the two splits
     score (train) the anchor alone and inside the chain."""
-    from datamodules.evolve import decompose, parse_query, resolve, target_index
+    from core.toy.query import decompose, parse_query, resolve
+    from core.toy.scene import target_index
 
     hard = toy.generate_split(split, 12, seed=0)
     alone = toy.generate_split(f"{split}_anchor", 12, seed=0)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from core.regions import AnchorSpace, IntervalSpace
+from core.toy.grammar import COLOURS
 from datamodules import toy_video
-from datamodules.grammar import COLOURS
 from datamodules.toy_video import (
     DIRECTIONS,
     export_jsonl,

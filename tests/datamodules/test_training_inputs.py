@@ -8,7 +8,8 @@ import warnings
 
 import pytest
 
-from datamodules.rec import DataError, read_jsonl
+from core.records import DataError
+from datamodules.rec import read_jsonl
 from lightning_modules.rewards import MAX_PRED_BOXES, ovd_reward
 
 

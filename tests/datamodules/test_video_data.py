@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from core.records import DataError
 from core.regions import NO_TARGET
-from datamodules.rec import DataError
 from datamodules.toy_video import make_clip
 from datamodules.video import ToyVideoSpec, VideoGroundingDataModule, read_video_jsonl
 

@@ -162,6 +162,7 @@ def test_next_version_follows_the_level_rule_on_the_original_scene():
     """In-step evolution's version, by the strategy's rule, edited from the original toy scene: all wrong at the
     question -> its sub-problem version (the steps spelled out, or the decluttered image), exact; all right -> one
     level harder, a new exact question for the same box; a solved sub-problem -> back to the question and its image."""
+    from core.toy import query as toy_query
     from datamodules import evolve
     from datamodules.toy import ToySceneDataset
 
@@ -178,7 +179,7 @@ def test_next_version_follows_the_level_rule_on_the_original_scene():
             continue
         assert up.meta["level"] == 1 and up.boxes == s.boxes
         if up.query != s.query:  # a text edit: the same image, a question exact on the scene
-            assert up.image is s.image and evolve.is_exact(up.meta, up.query)
+            assert up.image is s.image and toy_query.is_exact(up.meta, up.query)
         # solved again from the sub-problem: back to the question at level 0, its original image
         again = m.next_version(back, [True, True], step=1)
         assert (

@@ -11,8 +11,11 @@ import pytest
 from PIL import Image
 from pydantic import ValidationError
 
+from core.toy import edits as toy_edits
+from core.toy import query as toy_query
+from core.toy import scene as toy_scene
+from datamodules import edit_plans, toy
 from datamodules import evolve as ev
-from datamodules import toy
 from datamodules.evolve import Level
 from synth.api import EditStep, ImageRef, JobRequest, JobState, VisualEdit
 from synth.client import LocalServer
@@ -38,7 +41,7 @@ def client(scenes):
 
 
 def edit_request(job_id: str, path: Path, meta: dict, jobs: list[dict]) -> JobRequest:
-    target = meta["objects"][ev.target_index(meta)]["box"]
+    target = meta["objects"][toy_scene.target_index(meta)]["box"]
     return JobRequest(
         job_id=job_id,
         sample_id=job_id,
@@ -54,7 +57,7 @@ def test_toy_edits_through_the_server_match_the_local_render(scenes, client):
     ``evolve`` computes in process, the target's pixels untouched, the scene's query still exact."""
     seen = set()
     for i, (path, rec) in enumerate(scenes["scenes"]):
-        for kind in ev.VISUAL_KINDS:
+        for kind in toy_edits.VISUAL_KINDS:
             out = ev.evolve(rec, Level(2, sub=kind == "clutter"), np.random.default_rng(i), modality="visual")
             if out is None or not out.jobs:
                 continue
@@ -67,16 +70,16 @@ def test_toy_edits_through_the_server_match_the_local_render(scenes, client):
             np.testing.assert_array_equal(got, np.asarray(out.image.convert("RGB")))
             assert json.loads(json.dumps(r.scene)) == json.loads(json.dumps(out.meta))
             assert r.boxes == [[float(v) for v in out.box]]
-            assert ev.query_problem(r.scene, r.scene["query"]) is None
+            assert toy_query.query_problem(r.scene, r.scene["query"]) is None
             seen.update(j["kind"] for j in out.jobs)
             client.ack(job_id)
-    assert set(ev.VISUAL_KINDS) | {"declutter"} <= seen, seen
+    assert set(toy_edits.VISUAL_KINDS) | {"declutter"} <= seen, seen
 
 
 def test_an_edit_that_does_not_fit_the_image_fails_and_writes_nothing(scenes, client):
     path, rec = scenes["scenes"][0]
     _, other = scenes["scenes"][2]  # the scene of another image: the target's pixels would differ
-    job = ev.plan_visual_edit(other["meta"], "clutter", 1, np.random.default_rng(0))
+    job = edit_plans.plan_visual_edit(other["meta"], "clutter", 1, np.random.default_rng(0))
     req = edit_request("edit-wrong-scene", path, other["meta"], [job])
     req = req.model_copy(update={"boxes": [[float(v) for v in rec["meta"]["objects"][0]["box"]]]})
     status = client.wait([client.submit(req).job_id])["edit-wrong-scene"]

@@ -163,7 +163,7 @@ def test_procedural_painter_is_deterministic_and_keeps_the_foreground():
 
 
 def test_procedural_painter_maps_unknown_text_to_a_fixed_description():
-    from datamodules.grammar import random_description
+    from core.toy.grammar import random_description
 
     p = ProceduralPainter()
     text = "qwxz zzkj"  # no grammar word: parse_description -> None
@@ -277,7 +277,7 @@ def test_grabcut_keeps_the_toy_object_not_its_box():
     """The training configs keep the object (GrabCut seeded by the box), not its whole box: a box foreground pastes
     the target's original rectangle, background included, into the repainted scene (a localisation shortcut). On toy
     scenes, whose exact shapes the generator knows, GrabCut keeps every target pixel and little else."""
-    from datamodules import grammar
+    from core.toy import grammar
     from datamodules.toy import make_scene
     from synth.foreground import GrabCutMasker, keep_mask
 
