@@ -53,6 +53,7 @@ from lightning.pytorch.callbacks import Callback  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
 
 from cli.errors import ConfigError, explain, fail, init_flags, locate_value  # noqa: E402
+from cli.toy_checkpoints import missing_checkpoint_message  # noqa: E402
 
 PROJECT_HELP = """\
 Syn-GRPO. Start from a config and change single values with flags:
@@ -390,6 +391,8 @@ class SynGRPOCLI(LightningCLI):
         model = cfg.get("model")
         args = model.get("init_args") if isinstance(model, Namespace) else None
         path = args.get("model_name_or_path") if args is not None else None
+        if path and not args.get("build_tiny") and (missing := missing_checkpoint_message(path)):
+            fail(missing)  # a toy checkpoint git does not keep: the make target that builds it
         looks_local = str(path).startswith(("/", ".", "~")) or str(path).count("/") != 1  # a hub id is org/name
         if path and looks_local and not args.get("build_tiny") and not _has_model(path):
             where = locate_value(str(path), files)
