@@ -48,8 +48,8 @@ from PIL import Image
 
 from core.regions import AnchorSpace, IntervalSpace
 from core.toy.grammar import COLOURS, OBJECT_COLOURS, SHAPES, SIZE_FRACTIONS, SIZES, draw_shape
+from core.video import VideoClip, video_processor_kwargs
 from datamodules.toy import atomic_write, reusable
-from lightning_modules.qwen_vl import VideoClip, video_processor_kwargs
 
 TOY_VIDEO_VERSION = 1
 """Bump when the generator's output changes, so exported splits with a stale manifest are regenerated."""
@@ -446,7 +446,7 @@ def qwen_video_kwargs(
     """Keyword arguments for a Qwen2.5-VL processor call that feed one clip as a video, at its true frame rate and
     native size: ``processor(text=[...], **qwen_video_kwargs(record), return_tensors="pt")``. ``frames`` / ``root``
     as ``load_frames`` (an exported record's ``video`` is relative to the export folder). The rule is
-    ``qwen_vl.video_processor_kwargs`` (the rollout engines' own): ``video_metadata`` carries the fps (without it
+    ``core.video.video_processor_kwargs`` (the rollout engines' own): ``video_metadata`` carries the fps (without it
     transformers assumes 24 fps, and ``second_per_grid_ts`` becomes 2 / 24), ``do_sample_frames=False`` keeps every
     frame (16 frames -> 8 temporal patches), and the pixel budget pinned to ``width * height`` keeps the 112 x 112
     frames as they are (8 x 8 patches of 14 px, 4 x 4 = 16 tokens per temporal patch after the 2 x 2 merge).

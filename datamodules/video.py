@@ -29,8 +29,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from core.records import DataError
 from core.regions import NO_TARGET
+from core.video import VideoClip
 from datamodules.rec import RECDataModule, ToySpec
-from lightning_modules.qwen_vl import VideoClip
 
 
 @dataclass
