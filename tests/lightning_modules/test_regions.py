@@ -1,4 +1,4 @@
-"""Tests for lightning_modules/regions: hand-worked consistencies, the Eq. 15 matching, Phi checks, robust parsing."""
+"""Tests for core/regions: hand-worked consistencies, the Eq. 15 matching, Phi checks, robust parsing."""
 
 from __future__ import annotations
 
