@@ -565,9 +565,14 @@ def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatc
     study = load_study(path)
     runs, _ = plan(study, tmp_path / "out")
     run = next(r for r in runs if r.row.name == row and r.train is not None)
-    start = [a.split("=", 1)[1] for a in run.train.argv if a.startswith("--model.init_args.model_name_or_path=")]
-    if start and (missing := missing_checkpoint_message(start[-1])):  # a toy checkpoint git does not keep
-        pytest.skip(missing)
+    argv = list(run.train.argv)
+    start = [a.split("=", 1)[1] for a in argv if a.startswith("--model.init_args.model_name_or_path=")]
+    if start and missing_checkpoint_message(start[-1]):
+        # a toy checkpoint git does not keep (built by its make target): the row's command line runs from the kept
+        # checkpoint of the same family (the same architecture and format); this test checks that it runs, not its
+        # numbers
+        kept = "checkpoints/toy-qwen2.5-vl-cycle-video" if "cycle" in start[-1] else "checkpoints/toy-qwen2.5-vl-evolved"
+        argv.append(f"--model.init_args.model_name_or_path={kept}")
     prepare_data([run], evaluation=False)  # the training splits only: the fit reads no test split
     extra = []
     # the _long studies' steps of 16 questions x 6 (8 scenes x 12) run on the device's GPU; here 4 per step
@@ -579,7 +584,7 @@ def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatc
         batch = 16 if path.stem.startswith("evolved") else 8
         assert f"--data.init_args.batch_size={batch}" in run.train.argv
         extra = ["--data.init_args.batch_size=4"]
-    cli = cli_main([*run.train.argv[2:], "--trainer.max_steps=2", "--trainer.limit_val_batches=0", *extra])
+    cli = cli_main([*argv[2:], "--trainer.max_steps=2", "--trainer.limit_val_batches=0", *extra])
     assert cli.trainer.global_step == 2
     assert any(k.startswith("train/") for k in cli.trainer.logged_metrics)
     if row == "evolved_back2":  # the rule the row varies reached the strategy
@@ -609,7 +614,7 @@ def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatc
         assert len(cli.datamodule.train_set) == next((n for k, n in pool.items() if path.stem.endswith(k)), 96)
         rest = path.stem.removeprefix("evolved_toy_multihop")
         stage = "evolved-chains-anchor" if rest.startswith("_chains") else "evolved-anchors" if rest else "evolved-long"
-        assert cli.model.hparams.model_name_or_path.endswith(stage)
+        assert start[-1].endswith(stage)  # the study starts from its stage (here perhaps swapped: see above)
     if path.stem == "evolved_toy_multihop":  # its ladder: the questions' own sub-problems
         synth = next(c for c in cli.trainer.callbacks if type(c).__name__ == "SynthesisCallback")
         assert synth.strategy.levels.max_level == 0 and cli.model.method.rule.max_level == 0
