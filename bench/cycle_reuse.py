@@ -56,7 +56,7 @@ def _clips(n: int, size: int, frames: int):
 
 def _copy(visual):
     """An equal copy of an image or clip that shares nothing by identity (no engine cache can match it)."""
-    from lightning_modules.qwen_vl import VideoClip
+    from core.video import VideoClip
 
     if isinstance(visual, VideoClip):
         return VideoClip([f.copy() for f in visual.frames], visual.fps)
@@ -74,9 +74,9 @@ def _samples(n: int):
 
 
 def run(args) -> dict:
-    from lightning_modules.engines import RolloutRequest, Sampling, build_rollout_engine
+    from lightning_modules.engines.base import RolloutRequest, Sampling, build_rollout_engine
     from lightning_modules.methods.cycle_grpo import CycleGRPO, caption_text
-    from lightning_modules.policy import load_policy
+    from lightning_modules.models.loading import load_policy
 
     device = torch.device(args.device)
     if args.build and not (Path(args.model) / "config.json").exists():
@@ -86,7 +86,7 @@ def run(args) -> dict:
     model, processor = load_policy(args.model, dtype=args.dtype)
     model.to(device).eval()
     if args.engine == "fast":
-        from lightning_modules.efficient import enable_fast_vision_attention
+        from lightning_modules.engines.packing import enable_fast_vision_attention
 
         enable_fast_vision_attention(model)
     engine = build_rollout_engine(args.engine)

@@ -68,7 +68,7 @@ PAPER_EPOCH_STEPS = 100  # 2,000 samples / 20 prompts
 def _corpus() -> list[str]:
     """The project's prompts and answer formats: the text a REC / OVD run tokenizes."""
     from datamodules.toy import generate_split
-    from lightning_modules.policy import PROMPT_TEMPLATES
+    from lightning_modules.models.prompts import PROMPT_TEMPLATES
 
     lines = []
     for templates in PROMPT_TEMPLATES.values():
@@ -90,7 +90,7 @@ def build_qwen(out: Path, arch: str, device: str, vocab_size: int) -> dict[str, 
     import torch
 
     from bench.grpo_step import build_config, use_tokenizer_ids
-    from lightning_modules.policy import build_processor, train_bpe_tokenizer
+    from lightning_modules.models.tiny_model import build_processor, train_bpe_tokenizer
 
     t0 = time.perf_counter()
     if (out / "config.json").exists():
@@ -147,7 +147,7 @@ def build_qwen3_vl(out: Path, arch: str, processor, device: str, t0: float) -> d
     """A random-weight Qwen3-VL of ``arch`` (``QWEN3_VL``) with the stand-in tokenizer of ``processor``."""
     import torch
 
-    from lightning_modules.tiny_model import build_tiny_qwen3_vl
+    from lightning_modules.models.tiny_model import build_tiny_qwen3_vl
 
     tok_dir = out.parent / f"{out.name}-tokenizer"
     processor.save_pretrained(tok_dir)
@@ -428,7 +428,7 @@ def prompt_text_tokens(ctx: dict[str, Any], template: str = "syn_grpo") -> int:
     """Text tokens (vision start / end included, the image pads not) of a REC prompt with this tokenizer."""
     from transformers import AutoProcessor
 
-    from lightning_modules.policy import build_prompt_text
+    from lightning_modules.models.prompts import build_prompt_text
 
     proc = AutoProcessor.from_pretrained(ctx["model_dir"])
     text = build_prompt_text(proc, "the small red circle", task="rec", template=template)

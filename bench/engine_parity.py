@@ -6,12 +6,12 @@
 On one rollout of B prompts x G completions sampled by ``fast_generate`` (which also returns each sampled token's
 log-prob), with the policy in its training dtype (bf16 on a GPU):
 
-* per-token log-probs of the same completions from the HF forward (``policy.completion_logps``, the ``hf`` update
-  engine), the packed engine (``efficient.completion_logprobs``), the fast engine's own sampling log-probs, and an
+* per-token log-probs of the same completions from the HF forward (``engines.hf.completion_logps``, the ``hf`` update
+  engine), the packed engine (``packing.completion_logprobs``), the fast engine's own sampling log-probs, and an
   fp32 copy of the weights through the HF forward: max / mean |difference| over completion tokens. The bf16-vs-fp32
   difference of the HF forward is the yardstick (bf16 noise): the engines should differ from fp32 by no more;
 * the GRPO loss (clipped surrogate + k3 KL to a fixed reference, token-mean, as ``GRPOModule``) and its gradient
-  through the HF engine (micro-batches) and the packed engine (``efficient.policy_backward``): relative loss
+  through the HF engine (micro-batches) and the packed engine (``packing.policy_backward``): relative loss
   difference and the cosine similarity of the two gradients over every parameter.
 """
 
@@ -54,19 +54,13 @@ def run_parity(
     micro_batch: int = 4,
 ) -> dict[str, Any]:
     from lightning_modules import objective
-    from lightning_modules.efficient import completion_logprobs, pack_rollout, policy_backward
+    from lightning_modules.engines.decode import fast_generate
     from lightning_modules.engines.fast import repeat_encoding
-    from lightning_modules.policy import (
-        Rollout,
-        build_prompt_text,
-        completion_logps,
-        completion_mask_from_ids,
-        eos_token_ids,
-        load_policy,
-        special_token_ids,
-        untokenizable_ids,
-    )
-    from lightning_modules.rollout import fast_generate
+    from lightning_modules.engines.hf import completion_logps
+    from lightning_modules.engines.packing import completion_logprobs, pack_rollout, policy_backward
+    from lightning_modules.models.loading import load_policy
+    from lightning_modules.models.prompts import build_prompt_text, eos_token_ids, special_token_ids, untokenizable_ids
+    from lightning_modules.models.rollout import Rollout, completion_mask_from_ids
 
     dtype = "bf16" if device.startswith("cuda") else "fp32"
     if smoke:

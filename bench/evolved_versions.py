@@ -26,7 +26,8 @@ from core.toy import scene as toy_scene  # noqa: E402
 from datamodules import evolve as ev  # noqa: E402
 from datamodules import toy  # noqa: E402
 from lightning_modules import rewards  # noqa: E402
-from lightning_modules.policy import load_policy, rollout  # noqa: E402
+from lightning_modules.engines.base import rollout  # noqa: E402
+from lightning_modules.models.loading import load_policy  # noqa: E402
 
 VERSIONS = {
     "original": (ev.Level(0, 0), "isolate"),

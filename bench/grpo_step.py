@@ -49,7 +49,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lightning_modules.efficient import (  # noqa: E402
+from lightning_modules.engines.decode import _ENGINES, fast_generate, release_rollout_cache  # noqa: E402
+from lightning_modules.engines.packing import (  # noqa: E402
     completion_logprobs,
     enable_fast_vision_attention,
     image_embeddings,
@@ -57,7 +58,6 @@ from lightning_modules.efficient import (  # noqa: E402
     pack_rollout,
     policy_backward,
 )
-from lightning_modules.rollout import _ENGINES, fast_generate, release_rollout_cache  # noqa: E402
 
 PEAK_FLOPS = 790e12
 SPECIAL_START = 151643  # Qwen2.5 special / added tokens start here; everything above is suppressed in sampling
@@ -283,7 +283,7 @@ def flops_update(fl: dict, packed, n_images: int, patches_per_image: int, cfg, p
 
 def grpo_loss_fn(packed, old_logp, ref_logp, adv, kl_coef: float, total_tokens: int):
     """Section 3's loss: ``objective.policy_loss`` (clipped surrogate + k3 KL, token-mean over the WHOLE batch) per
-    micro-batch, as `GRPOModule` weights it; used only to time `efficient.policy_backward` in isolation."""
+    micro-batch, as `GRPOModule` weights it; used only to time `packing.policy_backward` in isolation."""
     from lightning_modules.objective import policy_loss
 
     mask_all = packed.completion_mask
@@ -713,7 +713,7 @@ def run_trl(name: str, args, device, dtype, result: dict, save) -> None:
     bf16 reference, token-mean loss (TRL "dapo"), micro-batch 8, one optimizer step per generation batch.
 
     Offline there is no Qwen tokenizer: a byte-level BPE tokenizer with Qwen2.5-VL's special tokens
-    (`policy.train_bpe_tokenizer`) and a Qwen2.5-VL processor (`policy.build_processor`) stand in, and the model's
+    (`tiny_model.train_bpe_tokenizer`) and a Qwen2.5-VL processor (`tiny_model.build_processor`) stand in, and the model's
     special-token ids are set to that tokenizer's. Ids the small tokenizer cannot decode are suppressed in sampling
     (the compute per step is the same: logits over the full vocabulary). TRL builds its reference model from the
     policy's path; here it is a deep copy of the policy (same bf16 weights).
@@ -725,7 +725,7 @@ def run_trl(name: str, args, device, dtype, result: dict, save) -> None:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from lightning_modules.policy import build_processor, train_bpe_tokenizer
+    from lightning_modules.models.tiny_model import build_processor, train_bpe_tokenizer
 
     r = result.setdefault("trl_runs", {}).setdefault(name, {})
     import trl as trl_mod

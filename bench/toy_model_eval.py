@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from datamodules import toy  # noqa: E402
 from datamodules.rec import load_sample, read_jsonl  # noqa: E402
 from lightning_modules import rewards  # noqa: E402
-from lightning_modules.policy import load_policy, rollout  # noqa: E402
+from lightning_modules.engines.base import rollout  # noqa: E402
+from lightning_modules.models.loading import load_policy  # noqa: E402
 
 
 def evaluate(path: str, scenes: int = 64, samples: int = 4, batch: int = 32, seed: int = 0) -> dict:

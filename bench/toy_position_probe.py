@@ -30,7 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from core.boxes import extract_boxes, iou  # noqa: E402
 from core.toy.grammar import draw_shape  # noqa: E402
-from lightning_modules.policy import build_prompt_text, build_tiny_qwen2_5_vl, load_policy  # noqa: E402
+from lightning_modules.models.loading import load_policy  # noqa: E402
+from lightning_modules.models.prompts import build_prompt_text  # noqa: E402
+from lightning_modules.models.tiny_model import build_tiny_qwen2_5_vl  # noqa: E402
 
 
 def main(argv=None) -> dict:

@@ -571,7 +571,7 @@ class RolloutGallery(Callback):
 
     @torch.no_grad()
     def _draw_eval(self, trainer: L.Trainer, pl_module: L.LightningModule, kind: str) -> None:
-        from lightning_modules.evaluation import greedy_answers
+        from lightning_modules.evaluation.evaluator import greedy_answers
 
         samples = self._fixed_samples(trainer, kind)
         if not samples or not self._usable(pl_module):

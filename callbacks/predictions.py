@@ -133,7 +133,7 @@ def _summarize_boxes(rows: list[dict[str, Any]]) -> dict[str, float]:
     if len(ovd):
         out["ovd_reward"] = float(ovd["acc"].mean())
     steps = [r["steps"] for r in rows if r.get("steps")]
-    if steps:  # multi-step questions (`evaluation.step_scores`): are the written steps grounded?
+    if steps:  # multi-step questions (`evaluation.evaluator.step_scores`): are the written steps grounded?
         out["prefix_credit"] = sum(st["prefix_credit"] for st in steps) / len(steps)
         out["step1_acc50"] = sum(bool(st["step1"]) for st in steps) / len(steps)
     out["format"] = float(frame["fmt"].mean())

@@ -122,7 +122,7 @@ def _template_names(hp: dict[str, Any]) -> list[str]:
 
 
 def _write_prompt_template(out: Path, hp: dict[str, Any]) -> None:
-    from lightning_modules.policy import PROMPT_TEMPLATES
+    from lightning_modules.models.prompts import PROMPT_TEMPLATES
 
     names = _template_names(hp)
     (out / "prompt_template.json").write_text(

@@ -1,0 +1,13 @@
+"""The training side of the project, as the story of a GRPO step (each layer imports only the ones before it):
+
+1. ``models/``: the policy: loading, prompts, the `Rollout` record, Qwen-VL helpers, the toy model, precision, FSDP2;
+2. ``engines/``: rollout engines turn prompts into a `Rollout`, update engines score it and run the backward;
+3. ``evaluation/``: greedy answers through a rollout engine, and the metrics of every eval set;
+4. ``methods/``: what a GRPO-family method decides: rollout plan, reward terms, advantage groups, evolution requests;
+5. ``grpo/``: `GRPOModule`, the loop: plan -> generate -> score -> advantage -> update -> log; ``sft.py``: the SFT
+   stage.
+
+Beside them, imported from any layer: ``objective.py`` (the GRPO objective as pure tensor functions), ``rewards.py``
+(reward functions of completions), ``registry.py`` (name -> class registries, resolved lazily) and ``checkpoints.py``
+(checkpoint files written atomically).
+"""

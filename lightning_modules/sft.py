@@ -27,18 +27,12 @@ import lightning as L
 import torch
 
 from lightning_modules import rewards
-from lightning_modules.evaluation import Evaluator, eval_set_name, format_for_template, greedy_answers
-from lightning_modules.policy import (
-    PROMPT_TEMPLATES,
-    box_frame,
-    box_frame_wh,
-    build_prompt_text,
-    build_tiny_qwen2_5_vl,
-    load_policy,
-    model_input_size,
-    rollout,
-)
-from lightning_modules.qwen_vl import model_inputs
+from lightning_modules.engines.base import build_rollout_engine, rollout
+from lightning_modules.evaluation.evaluator import Evaluator, eval_set_name, format_for_template, greedy_answers
+from lightning_modules.models.loading import load_policy
+from lightning_modules.models.prompts import CHAT_TEMPLATE, PROMPT_TEMPLATES, build_prompt_text
+from lightning_modules.models.qwen_vl import box_frame, box_frame_wh, model_input_size, model_inputs, processor_inputs
+from lightning_modules.models.tiny_model import build_tiny_qwen2_5_vl
 
 OptimizerCallable = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
 
@@ -178,7 +172,7 @@ class SFTModule(L.LightningModule):
         cosine_decay: decay the learning rate to 0 with a cosine after the warm-up.
         gradient_checkpointing: trade compute for memory.
         fast_vision_attention: one batched SDPA call per vision layer instead of transformers' loop over windows
-            (``efficient.enable_fast_vision_attention``, exact; fewer kernel launches per step).
+            (``engines/packing.enable_fast_vision_attention``, exact; fewer kernel launches per step).
         caption_frac: fraction of the training samples (fixed by id) that become captioning samples, CycleGRPO's other
             direction: the prompt (``caption_template``) shows the target's box in model-input pixels as the box
             region space writes it, the target is the sample's referring expression in answer tags, which singles the
@@ -255,8 +249,6 @@ class SFTModule(L.LightningModule):
         """Texts the tiny tokenizer is trained on: the prompts and targets of the first ``corpus_samples`` training
         samples, and the chat template's fixed parts."""
         dm = self.trainer.datamodule
-        from lightning_modules.policy import CHAT_TEMPLATE
-
         texts = [CHAT_TEMPLATE, "system\nYou are a helpful assistant.", "user\n", "assistant\n"]
         texts += [t for name in TOKENIZER_TEMPLATES for t in PROMPT_TEMPLATES[name].values()]
         size = self.tiny_spec.image_size
@@ -295,7 +287,7 @@ class SFTModule(L.LightningModule):
             self.trainer.strategy.barrier("toy model built")  # the other ranks load what rank 0 built
         self.policy, self.processor = load_policy(str(path), dtype=hp.dtype, local_files_only=hp.local_files_only)
         if hp.fast_vision_attention:
-            from lightning_modules.efficient import enable_fast_vision_attention
+            from lightning_modules.engines.packing import enable_fast_vision_attention
 
             enable_fast_vision_attention(self.policy)
         if hp.gradient_checkpointing:
@@ -354,7 +346,7 @@ class SFTModule(L.LightningModule):
         if space not in self._video_methods:
             from types import SimpleNamespace
 
-            from lightning_modules.methods import build_method
+            from lightning_modules.methods.base import build_method
 
             hp = self.hparams
             module_hp = SimpleNamespace(prompt_template=hp.video_templates[space])  # what it reads of a module's
@@ -396,8 +388,6 @@ class SFTModule(L.LightningModule):
                 "datamodules.video.ImageVideoSFTDataModule makes each batch all images or all clips"
             )
         if batch and all(clips):
-            from lightning_modules.qwen_vl import processor_inputs
-
             pairs = [self.clip_example(s) for s in batch]
             p_enc = processor_inputs(proc, [p for p, _ in pairs], [s.clip for s in batch])
             targets = [t + "<|im_end|>" for _, t in pairs]
@@ -545,8 +535,6 @@ class SFTModule(L.LightningModule):
         (``CycleGRPO.evaluate_clips``: the grounding of each query under the space's ``video_templates`` prompt, then
         the cycle on each target moment), so this stage reports what the RL run on its checkpoint will. Logged at
         the epoch's end as ``<kind>/<set>/<space>/<metric>``."""
-        from lightning_modules.engines import build_rollout_engine
-
         engine = build_rollout_engine("hf")
         n = self.hparams.eval_max_new_tokens
         for space in self.hparams.video_spaces:

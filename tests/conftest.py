@@ -53,7 +53,7 @@ TINY_CORPUS = [
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A random tiny Qwen2.5-VL (same classes as the 7B) saved with save_pretrained."""
-    from lightning_modules.policy import build_tiny_qwen2_5_vl
+    from lightning_modules.models.tiny_model import build_tiny_qwen2_5_vl
 
     out = tmp_path_factory.mktemp("tiny-qwen2.5-vl")
     return build_tiny_qwen2_5_vl(

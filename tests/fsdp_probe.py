@@ -24,8 +24,8 @@ import torch
 
 from datamodules.synthetic import SyntheticDataModule
 from lightning_modules.engines.base import RolloutEngine
-from lightning_modules.fsdp import full_state_dict
 from lightning_modules.grpo import GRPOModule
+from lightning_modules.models.fsdp import full_state_dict
 
 
 class TeacherForcedEngine(RolloutEngine):

@@ -21,12 +21,6 @@ ROOTS = tuple(LAYERS)
 MAX_LINES = 700
 SKIP_DIRS = {"tests", "experiments", "notebooks", "outputs", "checkpoints", "data", "build", "dist", "__pycache__"}
 
-LIGHTNING_IN_PROGRESS = pytest.mark.xfail(
-    strict=False,
-    reason="lightning_modules' internals are being restructured (engines registry cycle, grpo <-> methods cycle, "
-    "grpo.py / engines/vllm.py sizes); strict once that work lands",
-)
-
 
 def _modname(rel: str) -> str:
     mod = rel[: -len(".py")].replace(os.sep, ".")
@@ -179,18 +173,14 @@ def test_no_import_cycle_across_areas(product):
     assert not bad, "import cycles across packages:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize(
-    "area", [a if a != "lightning_modules" else pytest.param(a, marks=LIGHTNING_IN_PROGRESS) for a in ROOTS]
-)
+@pytest.mark.parametrize("area", ROOTS)
 def test_no_import_cycle(product, area):
     _, graph = product
     bad = _cycles(graph, area)
     assert not bad, f"import cycles in {area}:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize(
-    "area", [a if a != "lightning_modules" else pytest.param(a, marks=LIGHTNING_IN_PROGRESS) for a in ROOTS]
-)
+@pytest.mark.parametrize("area", ROOTS)
 def test_no_product_file_over_700_lines(product, area):
     known, graph = product
     bad = _too_long(known, graph, area)

@@ -1,35 +1,12 @@
-"""Rollout and update engines behind one interface each, registered by name (``engines.base``).
+"""Rollout and update engines: how completions are generated and how they are scored and trained on.
 
-Built in: rollout ``hf`` (``model.generate``) and ``fast`` (static KV cache, one prefill per group, CUDA-graph
-decode: ``lightning_modules/rollout.py``); update ``hf`` (the model's own forward per micro-batch) and ``packed``
-(vision tower once per image, right-padded length-bucketed rows, chunked log-probs: ``lightning_modules/efficient.py``).
+``base.py`` holds the two interfaces and their registries (``--model.rollout_engine``, ``--model.update_engine``);
+each engine is imported when a run names it, so this package never imports its engines. Built in:
+
+- rollout ``hf`` / ``hf_shared`` (``hf.py``: ``model.generate``, or one prefill shared by a group), ``fast``
+  (``fast.py`` over ``decode.py``: static KV cache, one prefill per group, CUDA-graph decode) and ``vllm``
+  (``vllm.py`` over ``vllm_backend.py``; ``vllm_server.py`` serves it from another process);
+- update ``hf`` (``hf.py``: the model's own forward per micro-batch) and ``packed`` (``packed.py`` over
+  ``packing.py``: vision tower once per image, right-padded length-bucketed rows, chunked log-probs);
+- ``vision_cache.py``: vision features kept per image while the vision weights stay the same.
 """
-
-from lightning_modules.engines import fast, hf, packed, vllm  # noqa: F401 - registers the built-in engines (vllm imports vLLM lazily)
-from lightning_modules.engines.base import (
-    ROLLOUT_ENGINES,
-    UPDATE_ENGINES,
-    LossFn,
-    RolloutEngine,
-    RolloutRequest,
-    Sampling,
-    UpdateEngine,
-    build_rollout_engine,
-    build_update_engine,
-    register_rollout_engine,
-    register_update_engine,
-)
-
-__all__ = [
-    "ROLLOUT_ENGINES",
-    "UPDATE_ENGINES",
-    "LossFn",
-    "RolloutEngine",
-    "RolloutRequest",
-    "Sampling",
-    "UpdateEngine",
-    "build_rollout_engine",
-    "build_update_engine",
-    "register_rollout_engine",
-    "register_update_engine",
-]

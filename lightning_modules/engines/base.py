@@ -4,8 +4,9 @@ A **rollout engine** turns rollout requests (a chat-formatted prompt, its image,
 completions belong to and, for nested rollouts, the parent row they continue) into a `Rollout`. A **update engine**
 scores a `Rollout` under a model (no-grad log-probs: the reference, old log-probs) and runs the policy's forward and
 backward with a loss function over micro-batches. `GRPOModule` holds one of each, chosen by name
-(``--model.rollout_engine`` / ``--model.update_engine``); a new engine is a class registered here, and every method
-can use it. Engines never see rewards or advantages: the loss arrives as a function of (log-probs, entropies, rows).
+(``--model.rollout_engine`` / ``--model.update_engine``); a new engine is a class added to the registries at the end
+of this file (``"module:Class"``, imported when a run names it), and every method can use it. Engines never see
+rewards or advantages: the loss arrives as a function of (log-probs, entropies, rows).
 
 What every rollout engine shares (special tokens and the vocabulary's padding rows suppressed, EOS handling, the
 completion mask, decoding, the rows' model-input sizes) is `RolloutEngine.generate`; an engine implements
@@ -22,16 +23,10 @@ from typing import Any, ClassVar
 import torch
 from PIL import Image
 
-from lightning_modules.policy import (
-    Rollout,
-    box_frame,
-    completion_mask_from_ids,
-    eos_token_ids,
-    model_input_size,
-    special_token_ids,
-    untokenizable_ids,
-)
-from lightning_modules.qwen_vl import VideoClip
+from core.video import VideoClip
+from lightning_modules.models.prompts import build_prompt_text, eos_token_ids, special_token_ids, untokenizable_ids
+from lightning_modules.models.qwen_vl import box_frame, model_input_size
+from lightning_modules.models.rollout import Rollout, completion_mask_from_ids
 from lightning_modules.registry import Registry
 
 __all__ = [
@@ -46,6 +41,7 @@ __all__ = [
     "register_update_engine",
     "build_rollout_engine",
     "build_update_engine",
+    "rollout",
 ]
 
 
@@ -85,7 +81,7 @@ class RolloutEngine(ABC):
     name: ClassVar[str] = ""
     own_kernels: ClassVar[bool] = False
     """The engine runs its own loop over the model's sub-modules in the weights' dtype (so autocast does not drive
-    it), and wants the vision tower's window attention batched (``efficient.enable_fast_vision_attention``)."""
+    it), and wants the vision tower's window attention batched (``packing.enable_fast_vision_attention``)."""
     fixed_rows: ClassVar[bool] = False
     """On CUDA the engine keeps state per row count (a static KV cache, a CUDA graph, a compiled step): a call with a
     new number of rows allocates and captures anew, and keeps it. A method whose calls vary in size pads them to a row
@@ -98,6 +94,12 @@ class RolloutEngine(ABC):
     def on_weights_updated(self, model) -> None:
         """Called by the module after every optimizer step with the updated policy. Engines that sample from their own
         copy of the weights (``vllm``) push them here; the others sample from ``model`` itself and do nothing."""
+        return None
+
+    def release(self, model) -> None:
+        """Called before the parameters ``model`` was sampled from are freed (FSDP2 reshards them after a rollout,
+        `models.fsdp.gathered`): an engine that keeps state pointing at them (the ``fast`` engine's cached decode
+        step) drops it here; the others keep nothing."""
         return None
 
     def for_evaluation(self) -> RolloutEngine:
@@ -199,7 +201,7 @@ class UpdateEngine(ABC):
     name: ClassVar[str] = ""
     own_kernels: ClassVar[bool] = False
     """The engine runs its own loop over the model's sub-modules in the weights' dtype (so autocast does not drive
-    it), and wants the vision tower's window attention batched (``efficient.enable_fast_vision_attention``)."""
+    it), and wants the vision tower's window attention batched (``packing.enable_fast_vision_attention``)."""
     distributed_ok: ClassVar[bool] = True
     """False for engines whose backward is not DDP-aware (the module refuses them with several processes)."""
 
@@ -248,8 +250,34 @@ class UpdateEngine(ABC):
 ROLLOUT_ENGINES: Registry[RolloutEngine] = Registry(
     "rollout engine", "--model.rollout_engine", "rollout engine options", "lightning_modules/engines/"
 )
+ROLLOUT_ENGINES.add("hf", "lightning_modules.engines.hf:HFRolloutEngine", "``model.generate``")
+ROLLOUT_ENGINES.add(
+    "hf_shared",
+    "lightning_modules.engines.hf:SharedPrefillRolloutEngine",
+    "``model.generate`` after one prefill per prompt shared by its group, vision features cached per image: any "
+    "Qwen-VL, Qwen3-VL included",
+)
+ROLLOUT_ENGINES.add(
+    "fast",
+    "lightning_modules.engines.fast:FastRolloutEngine",
+    "static KV cache, one prefill per group, CUDA-graph decode; Qwen2(.5)-VL and Qwen3-VL",
+)
+ROLLOUT_ENGINES.add(
+    "vllm",
+    "lightning_modules.engines.vllm:VLLMRolloutEngine",
+    "vLLM in the trainer process or in a vLLM server, weights pushed after every optimizer step; options in "
+    "``--model.rollout_engine_args``, docs/vllm.md",
+)
 UPDATE_ENGINES: Registry[UpdateEngine] = Registry(
     "update engine", "--model.update_engine", "update engine options", "lightning_modules/engines/"
+)
+UPDATE_ENGINES.add("hf", "lightning_modules.engines.hf:HFUpdateEngine", "the model's own forward per micro-batch")
+UPDATE_ENGINES.add(
+    "packed",
+    "lightning_modules.engines.packed:PackedUpdateEngine",
+    "``engines/packing.py``: vision tower once per image and its backward once per step, length-bucketed "
+    "micro-batches, chunked log-probs from hidden states; single-process only: its deferred vision backward is not "
+    "DDP-aware",
 )
 register_rollout_engine = ROLLOUT_ENGINES.register
 """Class decorator: make a `RolloutEngine` available as ``--model.rollout_engine <name>``."""
@@ -257,3 +285,36 @@ register_update_engine = UPDATE_ENGINES.register
 """Class decorator: make an `UpdateEngine` available as ``--model.update_engine <name>``."""
 build_rollout_engine = ROLLOUT_ENGINES.build
 build_update_engine = UPDATE_ENGINES.build
+
+
+def rollout(
+    model,
+    processor,
+    images: Sequence[Image.Image],
+    queries: Sequence[str],
+    *,
+    group_size: int,
+    task: str | Sequence[str] = "rec",
+    template: str = "syn_grpo",
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 128,
+    do_sample: bool = True,
+    engine: str = "hf",
+    min_new_tokens: int = 0,
+    compile_step: bool = False,
+) -> Rollout:
+    """Sample ``group_size`` completions for each (image, query) with special tokens masked: a convenience over the
+    rollout engines for scripts and tests; one group per query.
+
+    ``engine`` names a registered rollout engine (``hf``: ``model.generate``; ``fast``: the project's static-cache
+    engine, which prefills each prompt once per group; ``compile_step`` ``torch.compile``s its decode step).
+    ``min_new_tokens``: EOS is masked before this many tokens (benchmarks fix the completion length with it).
+    """
+    tasks = [task] * len(queries) if isinstance(task, str) else list(task)
+    requests = [
+        RolloutRequest(build_prompt_text(processor, q, task=t, template=template), im, group_size, i)
+        for i, (im, q, t) in enumerate(zip(images, queries, tasks))
+    ]
+    sampling = Sampling(temperature, top_p, max_new_tokens, min_new_tokens, greedy=not do_sample)
+    return build_rollout_engine(engine, compile_step=compile_step).generate(model, processor, requests, sampling)

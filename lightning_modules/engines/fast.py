@@ -1,12 +1,13 @@
-"""The ``fast`` rollout engine: one prefill per prompt, static KV cache, CUDA-graph decode (``rollout.fast_generate``)."""
+"""The ``fast`` rollout engine: one prefill per prompt, static KV cache, CUDA-graph decode (``decode.fast_generate``)."""
 
 from __future__ import annotations
 
 import torch
 
-from lightning_modules.engines.base import RolloutEngine, Sampling, register_rollout_engine
+from lightning_modules.engines.base import RolloutEngine, Sampling
+from lightning_modules.engines.decode import fast_generate, release_rollout_cache
 from lightning_modules.engines.vision_cache import VisionCache
-from lightning_modules.qwen_vl import processor_inputs
+from lightning_modules.models.qwen_vl import processor_inputs
 
 __all__ = ["FastRolloutEngine", "VisionCache", "repeat_encoding"]
 
@@ -30,14 +31,13 @@ def repeat_encoding(enc, group_size: int) -> dict[str, torch.Tensor]:
     return out
 
 
-@register_rollout_engine("fast")
 class FastRolloutEngine(RolloutEngine):
     """The B prompts are encoded once; their KV caches are copied into the G rows of each group (Qwen2-VL, Qwen2.5-VL
     and Qwen3-VL; images or video clips). Each image object runs through the vision tower once while the vision
     weights stay the same (`VisionCache`), across requests and calls."""
 
     own_kernels = True
-    fixed_rows = True  # `rollout._engine_for`: one decode engine per row count
+    fixed_rows = True  # `decode._engine_for`: one decode engine per row count
 
     def __init__(self, compile_step: bool = False) -> None:
         super().__init__(compile_step)
@@ -46,9 +46,10 @@ class FastRolloutEngine(RolloutEngine):
     def on_weights_updated(self, model) -> None:
         self.vision.clear()
 
-    def sample(self, model, processor, prompts, images, *, group_size, sampling: Sampling, suppress_ids, eos_ids):
-        from lightning_modules.rollout import fast_generate
+    def release(self, model) -> None:
+        release_rollout_cache(model)  # its CUDA graph points at the parameters being freed
 
+    def sample(self, model, processor, prompts, images, *, group_size, sampling: Sampling, suppress_ids, eos_ids):
         device = next(model.parameters()).device
         enc = processor_inputs(processor, prompts, images).to(device)
         video = "video_grid_thw" in enc

@@ -10,22 +10,15 @@ import inspect
 
 import torch
 
-from lightning_modules.engines.base import (
-    LossFn,
-    RolloutEngine,
-    Sampling,
-    UpdateEngine,
-    register_rollout_engine,
-    register_update_engine,
-)
+from lightning_modules.engines.base import LossFn, RolloutEngine, Sampling, UpdateEngine
 from lightning_modules.engines.fast import repeat_encoding
 from lightning_modules.engines.vision_cache import VisionCache
-from lightning_modules.fsdp import needs_lockstep
-from lightning_modules.policy import Rollout, completion_logps
-from lightning_modules.qwen_vl import model_inputs, processor_inputs
+from lightning_modules.models.fsdp import needs_lockstep
+from lightning_modules.models.qwen_vl import model_inputs, processor_inputs
+from lightning_modules.models.rollout import Rollout
+from lightning_modules.objective import selective_log_softmax, token_entropy
 
 
-@register_rollout_engine("hf")
 class HFRolloutEngine(RolloutEngine):
     """``model.generate`` on every prompt repeated ``group_size`` times (rows grouped by prompt)."""
 
@@ -77,7 +70,6 @@ def continuation_deltas(inner, enc) -> torch.Tensor | None:
     return (positions[0, rows, last].to(mask.device) - (mask.long().sum(1) - 1))[:, None]
 
 
-@register_rollout_engine("hf_shared")
 class SharedPrefillRolloutEngine(HFRolloutEngine):
     """``model.generate`` after one prefill per prompt, shared by its ``group_size`` rows: any transformers Qwen-VL
     model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL with its DeepStack features and interleaved mRoPE), images or clips.
@@ -130,7 +122,37 @@ class SharedPrefillRolloutEngine(HFRolloutEngine):
         return gen[:, ids.shape[1] :], repeat_encoding(enc, group_size)
 
 
-@register_update_engine("hf")
+def completion_logps(
+    model,
+    inputs: dict[str, torch.Tensor],
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor | None = None,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+    chunk_size: int = 4096,
+):
+    """Per-token log-probs [N, T] of ``completion_ids`` under ``model`` (teacher forcing), and entropies [N, T] if asked.
+
+    Only the last T+1 positions are projected to the vocabulary (``logits_to_keep``), and the log-softmax runs in
+    chunks (``objective.selective_log_softmax``), so no full-vocabulary fp32 tensor for the batch ever exists.
+    """
+    T = completion_ids.shape[1]
+    out = model(**model_inputs(model, inputs), logits_to_keep=T + 1, use_cache=False)
+    logits = out.logits[:, :-1, :]  # [N, T, V]: position t predicts completion token t
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = selective_log_softmax(logits, completion_ids, chunk_size=chunk_size)
+    if not with_entropy:
+        return logp, None
+    if entropy_grad:  # the entropy-bonus baseline differentiates through it
+        return logp, token_entropy(logits, completion_mask, chunk_size=chunk_size)
+    with torch.no_grad():
+        ent = token_entropy(logits.detach(), completion_mask, chunk_size=chunk_size)
+    return logp, ent
+
+
 class HFUpdateEngine(UpdateEngine):
     """The model's own forward (``logits_to_keep``, chunked log-softmax) on each micro-batch of rows, in row order."""
 

@@ -1,4 +1,4 @@
-"""The ``packed`` update engine (``efficient.py``): the vision tower once per unique image (or video clip) with its
+"""The ``packed`` update engine (``packing.py``): the vision tower once per unique image (or video clip) with its
 backward once per step, right-padded length-bucketed rows, chunked log-probs from hidden states. Single-process: its
 deferred vision backward is not DDP-aware."""
 
@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import torch
 
-from lightning_modules.engines.base import LossFn, UpdateEngine, register_update_engine
-from lightning_modules.policy import Rollout
+from lightning_modules.engines.base import LossFn, UpdateEngine
+from lightning_modules.engines.packing import completion_logprobs, pack_rollout, policy_backward
+from lightning_modules.models.rollout import Rollout
 
 
-@register_update_engine("packed")
 class PackedUpdateEngine(UpdateEngine):
     distributed_ok = False
     own_kernels = True
 
     def prepare(self, model, processor, ro: Rollout, device: torch.device):
-        from lightning_modules.efficient import pack_rollout
-
         return pack_rollout(
             model,
             prompt_ids=ro.prompt_ids.to(device),
@@ -32,15 +30,11 @@ class PackedUpdateEngine(UpdateEngine):
         )
 
     def logprobs(self, model, prepared) -> torch.Tensor:
-        from lightning_modules.efficient import completion_logprobs
-
         return completion_logprobs(
             model, packed=prepared, micro_batch_size=self.ref_micro_batch_size, temperature=self.temperature
         )[0]
 
     def run_backward(self, model, prepared, loss_fn: LossFn, entropy_grad: bool, backward) -> None:
-        from lightning_modules.efficient import policy_backward
-
         policy_backward(
             model,
             prepared,

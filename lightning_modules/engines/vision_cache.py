@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from lightning_modules.qwen_vl import image_embeddings, model_parts
+from lightning_modules.models.qwen_vl import image_embeddings, model_parts
 
 __all__ = ["VisionCache", "vision_tower", "vision_version"]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from vllm.model_executor.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 
-from lightning_modules.qwen_vl import mrope_positions
+from lightning_modules.models.qwen_vl import mrope_positions
 
 __all__ = ["ARCH", "Qwen2_5_VLWithProjectPositions", "register"]
 

@@ -2,8 +2,8 @@
 
     python -m lightning_modules.engines.vllm_server --model DIR --port 8000 [--host 0.0.0.0] [--dtype float32]
 
-One ``vllm.LLM`` (`engines.vllm.VLLMGenerator`) behind a small FastAPI app, the client being
-`engines.vllm.VLLMServerClient`:
+One ``vllm.LLM`` (`engines.vllm_backend.VLLMGenerator`) behind a small FastAPI app, the client being
+`engines.vllm_backend.VLLMServerClient`:
 
 - ``GET /health``: ``{status, model, dtype, vocab_size, weights, architecture, clips}`` (``weights``: the directory
   last reloaded, or the model's; ``clips``: whether it samples video clips, Qwen2.5-VL only);
@@ -24,7 +24,7 @@ import argparse
 import threading
 import time
 
-from lightning_modules.engines.vllm import (
+from lightning_modules.engines.vllm_backend import (
     ReloadRequest,
     SampleRequest,
     SampleResponse,

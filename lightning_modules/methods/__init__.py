@@ -1,15 +1,7 @@
-"""GRPO-family methods as plug-ins of `GRPOModule` (``methods.base``), registered by name (``--model.method``)."""
+"""GRPO-family methods: what differs between them (rollout plan, reward terms, advantage groups, evolution requests).
 
-from lightning_modules.methods import cycle_grpo, evolved_grpo, grpo, syn_grpo  # noqa: F401 - registers the built-in methods
-from lightning_modules.methods.base import (
-    METHODS,
-    Method,
-    RewardContext,
-    RewardTerm,
-    Scores,
-    Selection,
-    build_method,
-    register_method,
-)
-
-__all__ = ["METHODS", "Method", "RewardContext", "RewardTerm", "Scores", "Selection", "build_method", "register_method"]
+``base.py`` holds the `Method` interface, the narrow view of the module a method sees (`MethodHost`) and the registry
+(``--model.method``); each method is imported when a run names it, so this package never imports its methods.
+Built in: ``grpo.py`` (plain GRPO), ``syn_grpo.py`` (Syn-GRPO, the default), ``cycle_grpo.py`` (CycleGRPO, images and
+video), ``evolved_grpo.py`` (EvolvedGRPO and EvolvedSynGRPO).
+"""

@@ -14,30 +14,34 @@ A method decides
 
 A method never sees engines, optimizers or Lightning: the module hands it the batch and the `Rollout`, and callbacks
 read what the step returns (``outputs["evolution"]``, ``outputs["completions"]``), never the method's attributes.
+What a method may call on the module that runs it is `MethodHost` (generate, the policy and processor, the rollout
+engine for its own evaluation, the step and device); methods never import `GRPOModule`.
 
-Adding a method is one file (a `Method` subclass under ``@register_method("name")``), one config (``model.method:
-name`` plus its ``model.method_args``) and one test: see ``methods/grpo.py`` for the plain GRPO baseline of Table 1.
+Adding a method is one file (a `Method` subclass), one line in `METHODS` below (``"name"`` ->
+``"lightning_modules.methods.<file>:<Class>"``, imported when a run names it; a plug-in outside the package uses
+``@register_method("name")``), one config (``model.method: name`` plus its ``model.method_args``) and one test: see
+``methods/grpo.py`` for the plain GRPO baseline of Table 1.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
+from torch import nn
 
 from lightning_modules import objective, rewards
-from lightning_modules.engines.base import RolloutRequest
-from lightning_modules.policy import Rollout, build_prompt_text
+from lightning_modules.engines.base import RolloutEngine, RolloutRequest, Sampling
+from lightning_modules.models.prompts import build_prompt_text
+from lightning_modules.models.rollout import Rollout
 from lightning_modules.registry import Registry
-
-if TYPE_CHECKING:  # the module, for `Method.rollout`
-    from lightning_modules.grpo import GRPOModule
 
 __all__ = [
     "METHODS",
     "Method",
+    "MethodHost",
     "RewardContext",
     "RewardTerm",
     "Scores",
@@ -101,6 +105,25 @@ class Scores:
         return self.parts["total"]
 
 
+class MethodHost(Protocol):
+    """What a method sees of the module that runs it (`GRPOModule` is one): a narrow view, so that methods depend on
+    the engines and the policy, never on the training loop."""
+
+    policy: nn.Module
+    processor: Any
+    rollout_engine: RolloutEngine
+    """The module's rollout engine: a method's own evaluation uses ``rollout_engine.for_evaluation()``; its
+    ``fixed_rows`` says whether calls of a new row count are costly."""
+    device: torch.device
+    global_step: int
+
+    def generate(self, requests: Sequence[RolloutRequest], sampling: Sampling | None = None) -> Rollout:
+        """Completions of the policy for ``requests`` (default sampling: the module's training sampling)."""
+
+    def rec_predictions(self, batch: Sequence[Any]) -> list[dict]:
+        """The module's REC / OVD prediction records of a batch (``train.py predict``)."""
+
+
 class Method:
     """Base class of a GRPO-family method (see the module docstring). Args: the module's hyperparameters (the shared
     settings: task, prompt template, group size, reward weights, ...); a method's own settings arrive as keyword
@@ -121,7 +144,7 @@ class Method:
         """One request per sample: ``n`` completions of its prompt, one advantage group per sample."""
         return [RolloutRequest(self.prompt(processor, s, template), s.image, n, i) for i, s in enumerate(batch)]
 
-    def rollout(self, module: GRPOModule, batch: Sequence[Any]) -> Rollout:
+    def rollout(self, module: MethodHost, batch: Sequence[Any]) -> Rollout:
         """The step's completions (default: `plan` with the training template and G, then one generate call)."""
         requests = self.plan(batch, module.processor, template=self.hp.prompt_template, n=self.hp.group_size)
         return module.generate(requests)
@@ -168,7 +191,7 @@ class Method:
         )
 
     # ------------------------------------------------------------------------------------------------ evaluation
-    def evaluate(self, module: GRPOModule, kind: str, name: str, batch: Sequence[Any]) -> bool:
+    def evaluate(self, module: MethodHost, kind: str, name: str, batch: Sequence[Any]) -> bool:
         """Score a validation / test batch of eval set ``name`` with the method's own metrics and return True, or
         return False to leave it to the module's REC / OVD evaluator (the default). A method that evaluates logs its
         epoch values through `eval_logs`."""
@@ -178,7 +201,7 @@ class Method:
         """The method's own ``{kind}/{set}/{metric}`` values at the end of a validation / test epoch (then reset)."""
         return {}
 
-    def predict(self, module: GRPOModule, batch: Sequence[Any]) -> list[dict] | None:
+    def predict(self, module: MethodHost, batch: Sequence[Any]) -> list[dict] | None:
         """``train.py predict``'s per-sample records of a test batch (``callbacks.predictions``), or None to leave them
         to the module's REC / OVD records (the default). A method with its own `evaluate` writes here what each of
         its metrics is the mean of, so a study can bootstrap over samples."""
@@ -206,6 +229,32 @@ class Method:
 
 
 METHODS: Registry[Method] = Registry("method", "--model.method", "--model.method_args", "lightning_modules/methods/")
+METHODS.add(
+    "syn_grpo",
+    "lightning_modules.methods.syn_grpo:SynGRPO",
+    "the default: accuracy, format and diversity rewards, a selected description per sample for the data server",
+)
+METHODS.add(
+    "grpo",
+    "lightning_modules.methods.grpo:GRPO",
+    "plain GRPO: accuracy and format rewards, no diversity reward, no evolution requests",
+)
+METHODS.add(
+    "cycle_grpo",
+    "lightning_modules.methods.cycle_grpo:CycleGRPO",
+    "captions of a region grounded back by the same policy, rewarded by the cycle; images, or clips with intervals "
+    "or anchors",
+)
+METHODS.add(
+    "evolved_grpo",
+    "lightning_modules.methods.evolved_grpo:EvolvedGRPO",
+    "GRPO plus a prefix process reward on multi-step questions, for instruction-evolved data",
+)
+METHODS.add(
+    "evolved_syn_grpo",
+    "lightning_modules.methods.evolved_grpo:EvolvedSynGRPO",
+    "Syn-GRPO plus EvolvedGRPO's process reward",
+)
 register_method = METHODS.register
 """Class decorator: make a `Method` available as ``--model.method <name>``."""
 

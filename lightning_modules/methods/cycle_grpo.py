@@ -2,7 +2,7 @@
 
 For each sample (image X, region R): N captions f(X, R) -> C_i, each with its explicit coordinates stripped before it
 enters a grounding prompt (no coordinate leakage); for each caption K groundings g(X, C_i) -> R^_ik; consistency
-``s_ik = S(R, R^_ik)`` in [0, 1] from the region space (``lightning_modules/regions/``). Rewards (papers 002 / 004):
+``s_ik = S(R, R^_ik)`` in [0, 1] from the region space (``core/regions/``). Rewards (papers 002 / 004):
 
     r_cap_i  = alpha * mean_k s_ik + Phi_cap(C_i)        (Phi: leakage, repetition, empty / over-long caption)
     r_loc_ik = alpha * s_ik        + Phi_loc(answer_ik)   (Phi: unreadable serialization)
@@ -33,9 +33,9 @@ seconds), ``gate_gamma`` (temporal: ``alpha * s_ik`` is multiplied by ``gate_gam
 grounding rows as a cycled sample, and more chances to sample the rejection once it has become rare). The grounding
 prompt is the module's ``--model.prompt_template``. Video samples feed their clip (``VideoClip``) as the prompts'
 visual input; validation on them logs ``tiou``, ``r1@{0.3,0.5,0.7}`` (interval) or ``when``, ``where``, ``st``
-(anchor), and ``n_acc`` / ``t_acc`` per eval set (``lightning_modules/cycle_metrics.py``). This first version
-generates the K groundings of a caption as K rows of one grounding prompt (the engines share the prompt's prefill
-across them); the image (or clip) is encoded once per level, not once for both.
+(anchor), and ``n_acc`` / ``t_acc`` per eval set (``evaluation/cycle_metrics.py``). This first version generates the
+K groundings of a caption as K rows of one grounding prompt (the engines share the prompt's prefill across them); the
+image (or clip) is encoded once per level, not once for both.
 """
 
 from __future__ import annotations
@@ -60,11 +60,12 @@ from core.regions import (
     temporal_proximity,
 )
 from lightning_modules import rewards
-from lightning_modules.engines.base import RolloutRequest
-from lightning_modules.evaluation import answered_region
-from lightning_modules.methods.base import Method, Scores, register_method
-from lightning_modules.policy import Rollout, box_frame_wh, build_prompt_text, concat_rollouts
-from lightning_modules.qwen_vl import video_input_wh
+from lightning_modules.engines.base import RolloutRequest, Sampling
+from lightning_modules.evaluation.evaluator import answered_region
+from lightning_modules.methods.base import Method, MethodHost, Scores
+from lightning_modules.models.prompts import build_prompt_text
+from lightning_modules.models.qwen_vl import box_frame_wh, video_input_wh
+from lightning_modules.models.rollout import Rollout, concat_rollouts
 
 _ANSWER_RE = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.S)
 _TAG_RE = re.compile(r"</?[a-z_]+>")
@@ -86,8 +87,6 @@ def caption_text(completion: str) -> str:
 
 def _greedy(max_new_tokens: int):
     """Greedy sampling of up to ``max_new_tokens``: how every evaluation of the method answers."""
-    from lightning_modules.engines.base import Sampling
-
     return Sampling(max_new_tokens=max_new_tokens, greedy=True)
 
 
@@ -105,7 +104,6 @@ def image_lookalikes(sample) -> list[tuple[float, ...]]:
     ]
 
 
-@register_method("cycle_grpo")
 class CycleGRPO(Method):
     def __init__(
         self,
@@ -149,7 +147,7 @@ class CycleGRPO(Method):
         self._eval_metrics: dict[str, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------------------------------------ rollout
-    def rollout(self, module, batch) -> Rollout:
+    def rollout(self, module: MethodHost, batch) -> Rollout:
         B, N, K = len(batch), self.N, self.K
         processor = module.processor
         self._check_samples(batch)
@@ -364,19 +362,19 @@ class CycleGRPO(Method):
         return {}
 
     # ------------------------------------------------------------------------------------------------ evaluation
-    def evaluate(self, module, kind: str, name: str, batch) -> bool:
+    def evaluate(self, module: MethodHost, kind: str, name: str, batch) -> bool:
         """Video samples: ``evaluate_clips`` (greedy grounding of each query and the cycle of each target moment),
         logged by `eval_logs` at the epoch's end. Image samples: the cycle's locatability of captions
         (``<kind>/<set>/locatability``, ``.../confusion``), then the module's REC evaluator for the grounding
         direction (False)."""
-        hp, key = module.hparams, f"{kind}/{name}"
+        hp, key = self.hp, f"{kind}/{name}"
         engine = module.rollout_engine.for_evaluation()
         template = hp.eval_prompt_template or hp.prompt_template
         if self.video:
             n = hp.max_new_tokens
             self.evaluate_clips(module.policy, module.processor, engine, batch, key, template, n, module.device)
             return True
-        from lightning_modules.cycle_metrics import Locatability
+        from lightning_modules.evaluation.cycle_metrics import Locatability
 
         if key not in self._eval_metrics:  # on the module's device: a multi-GPU sync (NCCL) reduces CUDA states
             self._eval_metrics[key] = {"locatability": Locatability(0.5).to(module.device)}
@@ -395,7 +393,7 @@ class CycleGRPO(Method):
         back; ``locatability`` / ``confusion`` against the actor's other moves, and ``cycle_acc50`` (consistency
         with its own region >= 0.5, look-alikes aside). Also the video SFT stage's clip validation (``SFTModule``,
         under the key ``<kind>/<set>/<space>``), so the stage reports what the RL run on its checkpoint will."""
-        from lightning_modules.cycle_metrics import (
+        from lightning_modules.evaluation.cycle_metrics import (
             Locatability,
             RegionGroundingMetrics,
             SpatioTemporalMetrics,
@@ -477,7 +475,7 @@ class CycleGRPO(Method):
         preds = [self.predicted_region(s, t, wh) for s, t, wh in zip(targets, groundings.texts, groundings.input_wh)]
         return list(captions.texts), preds
 
-    def predict(self, module, batch) -> list[dict]:
+    def predict(self, module: MethodHost, batch) -> list[dict]:
         """``train.py predict``'s records, greedily, as `evaluate` scores them, so a study can bootstrap over samples.
 
         Clips: per clip the grounding's ``completion``, its ``region`` and the ground truth's (serialized), ``scores``
@@ -486,9 +484,9 @@ class CycleGRPO(Method):
         a sample with a target, ``cycle``: the caption, the consistency of its grounding with the own region and with
         the best look-alike, and whether that counts as ``located`` / ``confused`` (`Locatability`). The means of
         these over a set are the set's ``test`` metrics (``callbacks.predictions.summarize``)."""
-        from lightning_modules.cycle_metrics import locate, pair_consistency
+        from lightning_modules.evaluation.cycle_metrics import locate, pair_consistency
 
-        hp = module.hparams
+        hp = self.hp
         engine = module.rollout_engine.for_evaluation()
         template = hp.eval_prompt_template or hp.prompt_template
         sampling = _greedy(hp.max_new_tokens)
@@ -514,7 +512,7 @@ class CycleGRPO(Method):
 
     def _clip_record(self, sample, text: str, gt, pred) -> dict:
         """`predict`'s record of one clip's grounding (its ``cycle`` added by the caller)."""
-        from lightning_modules.cycle_metrics import st_scores
+        from lightning_modules.evaluation.cycle_metrics import st_scores
 
         norm = self.space.normalize(pred) if pred is not None else None
         if self.space.name == "interval":

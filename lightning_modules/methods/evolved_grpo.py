@@ -40,12 +40,13 @@ import torch
 from PIL import Image
 
 from datamodules import evolve
-from lightning_modules import fsdp, objective, rewards
+from lightning_modules import objective, rewards
 from lightning_modules.engines.base import RolloutRequest
-from lightning_modules.methods.base import RewardContext, RewardTerm, Scores, register_method
+from lightning_modules.methods.base import MethodHost, RewardContext, RewardTerm, Scores
 from lightning_modules.methods.grpo import GRPO
 from lightning_modules.methods.syn_grpo import SynGRPO
-from lightning_modules.policy import Rollout, concat_rollouts, take_rows
+from lightning_modules.models import fsdp
+from lightning_modules.models.rollout import Rollout, concat_rollouts, take_rows
 
 REROLL_MODES = ("off", "evolve", "resample")
 
@@ -87,7 +88,7 @@ class ProcessReward:
         self.rule = evolve.LevelState(max_level=max_level, sub_levels=sub_levels, easier=easier)
 
     # ------------------------------------------------------------------------------------------------ in-step evolution
-    def rollout(self, module, batch) -> Rollout:
+    def rollout(self, module: MethodHost, batch) -> Rollout:
         ro = super().rollout(module, batch)
         if self.reroll == "off" or not len(batch):
             return ro
@@ -218,12 +219,10 @@ class ProcessReward:
         return logs
 
 
-@register_method("evolved_grpo")
 class EvolvedGRPO(ProcessReward, GRPO):
     """GRPO's accuracy and format rewards plus the prefix process reward (the module docstring)."""
 
 
-@register_method("evolved_syn_grpo")
 class EvolvedSynGRPO(ProcessReward, SynGRPO):
     """Syn-GRPO (diversity reward, descriptions for the data server) plus the prefix process reward: the method of
     ``configs/overlays/evolved_syn.yaml``, where instruction evolution and Syn-GRPO's image evolution share one pool."""
@@ -263,7 +262,7 @@ def level_stats(samples: list[Any]) -> dict[str, float]:
     }
 
 
-def reroll_requests(module, batch_size: int) -> int:
+def reroll_requests(module: MethodHost, batch_size: int) -> int:
     """How many requests the re-generation call makes at least: the batch's when the module's engine keeps a KV cache
     and a CUDA graph per row count (``RolloutEngine.fixed_rows``, on CUDA), so the call reuses the first call's (a GPU
     decodes B groups about as fast as a few, and the run keeps one engine instead of one per number of converged

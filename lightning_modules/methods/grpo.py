@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from lightning_modules import rewards
-from lightning_modules.methods.base import Method, RewardContext, RewardTerm, Scores, register_method
-from lightning_modules.policy import Rollout
+from lightning_modules.methods.base import Method, RewardContext, RewardTerm, Scores
+from lightning_modules.models.rollout import Rollout
 
 
 def accuracy_reward(ctx: RewardContext, threshold: float | None = None) -> list[float]:
@@ -54,7 +54,6 @@ def format_reward(fmt: str):
     return fn
 
 
-@register_method("grpo")
 class GRPO(Method):
     def __init__(self, hparams: Any) -> None:
         super().__init__(hparams)

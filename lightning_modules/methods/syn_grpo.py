@@ -16,12 +16,11 @@ import random
 from typing import Any
 
 from lightning_modules import rewards
-from lightning_modules.methods.base import RewardContext, RewardTerm, Scores, Selection, register_method
+from lightning_modules.methods.base import RewardContext, RewardTerm, Scores, Selection
 from lightning_modules.methods.grpo import GRPO, accuracy_term, format_reward
-from lightning_modules.policy import Rollout
+from lightning_modules.models.rollout import Rollout
 
 
-@register_method("syn_grpo")
 class SynGRPO(GRPO):
     def __init__(self, hparams: Any) -> None:
         super().__init__(hparams)

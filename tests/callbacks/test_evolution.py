@@ -12,7 +12,7 @@ from test_synthesis_loop import _fit, _Recorder  # tests/callbacks is on sys.pat
 from callbacks.evolution import STRATEGIES, EvolutionRequest, EvolutionStrategy, build_strategy, register_strategy
 from datamodules.rec import read_jsonl
 from datamodules.synthetic import DataPool
-from lightning_modules.methods import Selection
+from lightning_modules.methods.base import Selection
 
 
 def test_question_edits_are_versions_with_levels_and_survive_the_checkpoint(rec_dir):

@@ -13,7 +13,7 @@ from unittest import mock
 import lightning as L
 import torch
 
-from lightning_modules.fsdp import FSDP2Strategy
+from lightning_modules.models.fsdp import FSDP2Strategy
 
 
 class KillMidSave(FSDP2Strategy):

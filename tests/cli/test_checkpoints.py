@@ -17,7 +17,7 @@ import torch
 from cli.main import intact_checkpoint, main
 from lightning_modules import checkpoints
 from lightning_modules.checkpoints import damage, leftovers, staging_path
-from lightning_modules.fsdp import FSDP2Strategy
+from lightning_modules.models.fsdp import FSDP2Strategy
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "configs/tiny.yaml")
@@ -72,7 +72,7 @@ def test_distributed_save_keeps_the_previous_checkpoint_until_the_new_one_is_com
         (Path(path) / "__0_0.distcp").write_bytes(b"half a shard")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("lightning_modules.fsdp.ModelParallelStrategy.save_checkpoint", killed)
+    monkeypatch.setattr("lightning_modules.models.fsdp.ModelParallelStrategy.save_checkpoint", killed)
     with pytest.raises(KeyboardInterrupt):
         _save(strategy, last, 3)
     assert _step(last) == 2 and damage(last) is None and len(leftovers(last)) == 1

@@ -166,7 +166,7 @@ def cpu_swap(cfg: dict, toy: dict[str, Path], root: Path, qwen3_vl: Path | None 
 @pytest.fixture(scope="module")
 def tiny_qwen3_vl(tmp_path_factory) -> Path:
     """A random tiny Qwen3-VL with the toy checkpoint's tokenizer (configs/cycle_4b.yaml's architecture)."""
-    from lightning_modules.policy import build_tiny_qwen3_vl
+    from lightning_modules.models.tiny_model import build_tiny_qwen3_vl
 
     return build_tiny_qwen3_vl(tmp_path_factory.mktemp("tiny-qwen3-vl"), TOY_CKPT)
 
@@ -183,7 +183,7 @@ def test_config_runs_fit_steps_on_cpu(run, toy_data, tiny_qwen3_vl, tmp_path, mo
     trainer = cli.trainer
     assert trainer.global_step >= 2, f"{_id(run)} ran {trainer.global_step} steps"
     if cfg["trainer"]["strategy"] == "fsdp2":
-        from lightning_modules.fsdp import is_sharded
+        from lightning_modules.models.fsdp import is_sharded
 
         assert is_sharded(cli.model.policy) and all(p.dtype == torch.float32 for p in cli.model.policy.parameters())
     out = Path(t["default_root_dir"]) if (t := cfg["trainer"]).get("default_root_dir") else None

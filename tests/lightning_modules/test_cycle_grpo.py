@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import torch
 from test_methods import Sample  # the same stand-in sample (tests/lightning_modules is on sys.path)
 
-from lightning_modules.methods import build_method
-from lightning_modules.policy import Rollout, concat_rollouts
+from lightning_modules.methods.base import build_method
+from lightning_modules.models.rollout import Rollout, concat_rollouts
 
 
 def _hp():
@@ -103,7 +103,7 @@ def test_model_input_wh_is_the_processors_resize_without_encoding():
     from PIL import Image
     from transformers import AutoProcessor
 
-    from lightning_modules.policy import model_input_size, model_input_wh
+    from lightning_modules.models.qwen_vl import model_input_size, model_input_wh
 
     toy = Path(__file__).resolve().parents[2] / "checkpoints/toy-qwen2.5-vl"
     ip = AutoProcessor.from_pretrained(toy).image_processor
@@ -134,7 +134,7 @@ def test_no_target_images_score_gres_metrics_and_are_refused_by_the_grpo_reward(
 
     from datamodules.rec import GroundingDataset, Record
     from lightning_modules import rewards
-    from lightning_modules.evaluation import Answer, Evaluator
+    from lightning_modules.evaluation.evaluator import Answer, Evaluator
     from lightning_modules.methods.base import RewardContext
     from lightning_modules.methods.grpo import accuracy_reward
 

@@ -13,13 +13,13 @@ from PIL import Image
 from test_cycle_grpo import _rollout  # the stand-in rollout (tests/lightning_modules is on sys.path)
 from test_methods import Sample  # the image stand-in sample
 
+from core.video import VideoClip
 from datamodules.rec import Sample as RecSample
 from datamodules.toy_video import make_clip
 from datamodules.video import VideoSample
-from lightning_modules.engines import build_rollout_engine
-from lightning_modules.methods import build_method
-from lightning_modules.policy import load_policy
-from lightning_modules.qwen_vl import VideoClip
+from lightning_modules.engines.base import build_rollout_engine
+from lightning_modules.methods.base import build_method
+from lightning_modules.models.loading import load_policy
 
 
 def _hp(template: str = "toy"):
@@ -144,7 +144,7 @@ def module(tiny_model_dir):
     calls = []
 
     def generate(requests, sampling=None):
-        from lightning_modules.engines import Sampling
+        from lightning_modules.engines.base import Sampling
 
         calls.append(list(requests))
         return build_rollout_engine("fast").generate(model, processor, requests, sampling or Sampling(max_new_tokens=8))

@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from lightning_modules.engines import (
+from lightning_modules.engines.base import (
     ROLLOUT_ENGINES,
     UPDATE_ENGINES,
     RolloutRequest,
@@ -15,7 +15,8 @@ from lightning_modules.engines import (
     build_rollout_engine,
     build_update_engine,
 )
-from lightning_modules.policy import build_prompt_text, load_policy
+from lightning_modules.models.loading import load_policy
+from lightning_modules.models.prompts import build_prompt_text
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import torch
 from test_methods import _hp, _rollout  # tests/lightning_modules is on sys.path under pytest
 
 from lightning_modules import objective
-from lightning_modules.methods import build_method
+from lightning_modules.methods.base import build_method
 
 # a hand-made scene (100 x 100): a red square at the top left, a blue circle below it, a blue circle at the right
 OBJECTS = [
@@ -252,7 +252,7 @@ def test_predict_records_score_the_written_steps_of_multi_step_questions():
     """`train.py predict`'s step scores, by hand: the anchor right and the target wrong is half the chain; a guided
     sub-problem question scores its question's chain; a one-step question has none; the set summary averages them."""
     from callbacks.predictions import summarize
-    from lightning_modules.evaluation import step_scores
+    from lightning_modules.evaluation.evaluator import step_scores
 
     two_step = Sample("a", META["query"], [[10, 60, 30, 80]], META)
     got = step_scores(two_step, _text([ANCHOR, MISS], MISS), (100, 100))

@@ -12,8 +12,8 @@ from PIL import Image
 from test_grpo import _args  # the tiny GRPO run's flags (tests/lightning_modules is on sys.path under pytest)
 
 from lightning_modules import objective
-from lightning_modules.methods import METHODS, Method, RewardTerm, build_method, register_method
-from lightning_modules.policy import Rollout
+from lightning_modules.methods.base import METHODS, Method, RewardTerm, build_method, register_method
+from lightning_modules.models.rollout import Rollout
 
 
 @dataclass

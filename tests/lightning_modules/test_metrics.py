@@ -1,4 +1,4 @@
-"""Tests for lightning_modules/metrics.py: hand-worked values, mAP against pycocotools, and a 2-rank gloo sync."""
+"""Tests for lightning_modules/evaluation/metrics.py: hand-worked values, mAP against pycocotools, and a 2-rank gloo sync."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_modules.metrics import (
+from lightning_modules.evaluation.metrics import (
     DetectionMetrics,
     FormatRate,
     GroundingAccuracy,

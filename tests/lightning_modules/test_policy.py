@@ -6,14 +6,11 @@ import pytest
 import torch
 from PIL import Image
 
-from lightning_modules.policy import (
-    completion_logps,
-    completion_mask_from_ids,
-    eos_token_ids,
-    load_policy,
-    rollout,
-    special_token_ids,
-)
+from lightning_modules.engines.base import rollout
+from lightning_modules.engines.hf import completion_logps
+from lightning_modules.models.loading import load_policy
+from lightning_modules.models.prompts import eos_token_ids, special_token_ids
+from lightning_modules.models.rollout import completion_mask_from_ids
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +68,7 @@ def test_completion_mask_stops_after_first_eos():
 
 
 def test_tiny_config_rope_options_are_checked():
-    from lightning_modules.policy import tiny_qwen2_5_vl_config
+    from lightning_modules.models.tiny_model import tiny_qwen2_5_vl_config
 
     cfg = tiny_qwen2_5_vl_config(100, hidden_size=64, heads=2, rope_theta=10.0, mrope_section=[2, 7, 7])
     assert cfg.text_config.rope_parameters["mrope_section"] == [2, 7, 7]
@@ -81,7 +78,8 @@ def test_tiny_config_rope_options_are_checked():
 
 
 def test_image_last_chat_template_puts_the_image_after_the_question():
-    from lightning_modules.policy import build_processor, build_prompt_text, train_bpe_tokenizer
+    from lightning_modules.models.prompts import build_prompt_text
+    from lightning_modules.models.tiny_model import build_processor, train_bpe_tokenizer
 
     tok = train_bpe_tokenizer(["Find: the red circle"] * 5, vocab_size=300)
     first = build_prompt_text(build_processor(tok, 112), "the red", template="toy")

@@ -9,7 +9,7 @@ import torch
 from test_grpo import _args  # the tiny GRPO run's flags (tests/ is on sys.path under pytest)
 from torch import nn
 
-from lightning_modules.precision import MasterWeightOptimizer, build_optimizer, fp32_default_dtype
+from lightning_modules.models.precision import MasterWeightOptimizer, build_optimizer, fp32_default_dtype
 from train import cli_main
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,12 +11,14 @@ from PIL import Image, ImageDraw
 from test_video_engines import plain_hf_logps, rope_index  # tests/lightning_modules is on sys.path
 
 from lightning_modules import rewards
-from lightning_modules.policy import box_frame, box_frame_wh, load_policy, model_input_wh, rollout
+from lightning_modules.engines.base import rollout
+from lightning_modules.models.loading import load_policy
+from lightning_modules.models.qwen_vl import box_frame, box_frame_wh, model_input_wh
 
 
 @pytest.fixture(scope="module")
 def qwen3_dir(tmp_path_factory, tiny_model_dir):
-    from lightning_modules.policy import build_tiny_qwen3_vl
+    from lightning_modules.models.tiny_model import build_tiny_qwen3_vl
 
     return build_tiny_qwen3_vl(tmp_path_factory.mktemp("tiny-qwen3-vl"), tiny_model_dir, image_size=112)
 
@@ -73,18 +75,18 @@ def test_without_deepstack_the_engines_would_differ(qwen3_dir, monkeypatch):
     """The check above can fail: with DeepStack left out of the project's paths, the packed engine and the fast
     engine's sampling are both off the transformers forward by far more than rounding."""
     from bench.engine_parity import run_parity
-    from lightning_modules import efficient, rollout
+    from lightning_modules.engines import decode, packing
 
-    monkeypatch.setattr(efficient, "add_deepstack", lambda h, mask, feats: h)
-    monkeypatch.setattr(rollout, "add_deepstack", lambda h, mask, feats: h)
+    monkeypatch.setattr(packing, "add_deepstack", lambda h, mask, feats: h)
+    monkeypatch.setattr(decode, "add_deepstack", lambda h, mask, feats: h)
     out = run_parity(str(qwen3_dir), device="cpu", prompts=2, group=2, new_tokens=6, micro_batch=2)
     assert out["logprob_abs_diff"]["packed_vs_hf"]["max"] > 1e-3
     assert out["logprob_abs_diff"]["fast_sampling_vs_hf"]["max"] > 1e-3
 
 
 def test_greedy_fast_rollouts_equal_the_hf_engine_on_qwen3_vl(qwen3_dir):
-    from lightning_modules.engines import RolloutRequest, Sampling, build_rollout_engine
-    from lightning_modules.policy import build_prompt_text
+    from lightning_modules.engines.base import RolloutRequest, Sampling, build_rollout_engine
+    from lightning_modules.models.prompts import build_prompt_text
 
     model, processor = load_policy(str(qwen3_dir), dtype="fp32")
     images = [Image.new("RGB", (112, 112), "red"), Image.new("RGB", (140, 84), "blue")]
@@ -104,8 +106,8 @@ def test_batched_vision_attention_is_exact_on_qwen3_vl(qwen3_dir):
     """The fast paths batch the vision tower's per-image attention (`enable_fast_vision_attention`); on Qwen3-VL's
     tower (no windows: one attention per image, images of different sizes) it gives the same merged and DeepStack
     features."""
-    from lightning_modules.efficient import enable_fast_vision_attention
-    from lightning_modules.qwen_vl import image_embeddings
+    from lightning_modules.engines.packing import enable_fast_vision_attention
+    from lightning_modules.models.qwen_vl import image_embeddings
 
     model, processor = load_policy(str(qwen3_dir), dtype="fp32")
     images = [Image.new("RGB", (112, 112), "red"), Image.new("RGB", (160, 64), "blue")]
@@ -122,10 +124,10 @@ def test_batched_vision_attention_is_exact_on_qwen3_vl(qwen3_dir):
 
 def _clip_requests(processor, n: int = 2) -> list:
     """Two toy clips of different lengths (12 and 16 frames) and frame rates (2 and 4 fps), prompts of two lengths."""
+    from core.video import VideoClip
     from datamodules.toy_video import make_clip
-    from lightning_modules.engines import RolloutRequest
-    from lightning_modules.policy import build_prompt_text
-    from lightning_modules.qwen_vl import VideoClip
+    from lightning_modules.engines.base import RolloutRequest
+    from lightning_modules.models.prompts import build_prompt_text
 
     out = []
     for i in range(2):
@@ -141,8 +143,8 @@ def test_qwen3_vl_clips_keep_their_size_their_timestamps_and_transformers_positi
     the 32-pixel grid (112 -> 128: 8 x 8 patches of 16 px, 16 tokens per temporal patch after the merge), adds the
     seconds per patch, and `mrope_positions` gives the positions of the model's own ``get_rope_index`` (each block
     placed as an image) and the continuation of a full forward."""
-    from lightning_modules import qwen_vl
-    from lightning_modules.qwen_vl import model_inputs, mrope_positions, processor_inputs, timestamped_frames
+    from lightning_modules.models import qwen_vl
+    from lightning_modules.models.qwen_vl import model_inputs, mrope_positions, processor_inputs, timestamped_frames
 
     model, processor = load_policy(str(qwen3_dir), dtype="fp32")
     reqs = _clip_requests(processor)
@@ -174,7 +176,7 @@ def test_qwen3_vl_clips_keep_their_size_their_timestamps_and_transformers_positi
 def test_greedy_clip_rollouts_on_qwen3_vl_equal_generate(qwen3_dir, engine):
     """Clips on Qwen3-VL through every rollout engine: the shared-prefill and fast engines' greedy completions equal
     ``model.generate``'s (the ``hf`` engine), each clip through the vision tower once."""
-    from lightning_modules.engines import Sampling, build_rollout_engine
+    from lightning_modules.engines.base import Sampling, build_rollout_engine
 
     model, processor = load_policy(str(qwen3_dir), dtype="fp32")
     reqs = _clip_requests(processor)
@@ -191,8 +193,8 @@ def test_greedy_clip_rollouts_on_qwen3_vl_equal_generate(qwen3_dir, engine):
 def test_clip_logprobs_on_qwen3_vl_equal_the_models_forward(qwen3_dir, engine):
     """The update engines' log-probs of sampled clip completions equal one forward of the model's transformers code on
     the processor's own keys (DeepStack, timestamped blocks); the packed engine with the batched vision attention."""
-    from lightning_modules.efficient import enable_fast_vision_attention
-    from lightning_modules.engines import Sampling, build_rollout_engine, build_update_engine
+    from lightning_modules.engines.base import Sampling, build_rollout_engine, build_update_engine
+    from lightning_modules.engines.packing import enable_fast_vision_attention
 
     model, processor = load_policy(str(qwen3_dir), dtype="fp32")
     model.eval()
@@ -210,7 +212,7 @@ def test_clip_logprobs_on_qwen3_vl_equal_the_models_forward(qwen3_dir, engine):
 def test_own_engines_refuse_other_architectures_and_name_the_flag():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from lightning_modules.qwen_vl import model_parts
+    from lightning_modules.models.qwen_vl import model_parts
 
     cfg = LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2)
     with pytest.raises(TypeError, match=r"not 'llama'.*rollout_engine hf_shared \(or hf\) --model.update_engine hf"):
@@ -246,7 +248,7 @@ def test_sft_steps_on_qwen3_vl_clips_lower_the_loss(qwen3_dir):
     grounding target as the only labelled tokens, and the forward on that encoding (the project's key dropped by
     `model_inputs`) trains: three SGD steps on the batch lower its loss."""
     from datamodules.video import ToyClipDataset
-    from lightning_modules.qwen_vl import model_inputs
+    from lightning_modules.models.qwen_vl import model_inputs
     from lightning_modules.sft import SFTModule
 
     ds = ToyClipDataset("train", 4, seed=0, num_frames=12)

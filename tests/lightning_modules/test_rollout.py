@@ -15,7 +15,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration  # noqa: E402
 
-from lightning_modules.rollout import fast_generate, mrope_positions  # noqa: E402
+from lightning_modules.engines.decode import fast_generate, mrope_positions  # noqa: E402
 
 VOCAB = 320
 IMG, VSTART, VEND, EOS, PAD = 310, 308, 309, 300, 301
@@ -430,7 +430,7 @@ def test_early_exit_returns_longest_completion(model):
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# efficient.py: packed, bucketed scoring and backward agree with the stock forward
+# engines/packing.py: packed, bucketed scoring and backward agree with the stock forward
 # --------------------------------------------------------------------------------------------------------------------
 
 
@@ -465,7 +465,7 @@ def _stock_logps(model, enc, G, comp, mask, temperature=1.0):
 
 
 def test_fast_vision_attention_is_exact():
-    from lightning_modules.efficient import enable_fast_vision_attention
+    from lightning_modules.engines.packing import enable_fast_vision_attention
 
     torch.manual_seed(0)
     m = Qwen2_5_VLForConditionalGeneration(_config()).eval()
@@ -480,7 +480,7 @@ def test_fast_vision_attention_is_exact():
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_completion_logprobs_match_stock_forward(model, temperature):
-    from lightning_modules.efficient import completion_logprobs, pack_rollout
+    from lightning_modules.engines.packing import completion_logprobs, pack_rollout
 
     enc = _prompts()
     G, T = 3, 9
@@ -507,7 +507,7 @@ def test_completion_logprobs_match_stock_forward(model, temperature):
 
 
 def test_pack_rollout_accepts_repeated_prompts(model):
-    from lightning_modules.efficient import pack_rollout
+    from lightning_modules.engines.packing import pack_rollout
 
     enc = _prompts()
     G, T = 2, 5
@@ -540,7 +540,7 @@ def test_pack_rollout_accepts_repeated_prompts(model):
 @pytest.mark.parametrize("ckpt", [False, True])
 def test_policy_backward_gradients_match_stock(ckpt):
     """The same loss through the packed, micro-batched path and through one stock forward: same gradients."""
-    from lightning_modules.efficient import enable_fast_vision_attention, pack_rollout, policy_backward
+    from lightning_modules.engines.packing import enable_fast_vision_attention, pack_rollout, policy_backward
 
     torch.manual_seed(0)
     m = Qwen2_5_VLForConditionalGeneration(_config()).train()
@@ -583,7 +583,7 @@ def test_policy_backward_gradients_match_stock(ckpt):
 
 
 def test_policy_backward_entropy_gradient_matches_stock():
-    from lightning_modules.efficient import pack_rollout, policy_backward
+    from lightning_modules.engines.packing import pack_rollout, policy_backward
 
     torch.manual_seed(0)
     m = Qwen2_5_VLForConditionalGeneration(_config()).train()

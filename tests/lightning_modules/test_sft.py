@@ -8,7 +8,7 @@ from pathlib import Path
 
 import lightning as L
 
-from lightning_modules.policy import load_policy
+from lightning_modules.models.loading import load_policy
 from train import cli_main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,7 +103,8 @@ def test_encode_labels_are_exactly_the_targets(tiny_model_dir):
     """One processor call: prompt tokens as the processor makes them, then each target, left-padded, labels on the
     target only; the image features line up with the image tokens (the forward runs)."""
     from datamodules.toy import ToySceneDataset
-    from lightning_modules.policy import build_prompt_text, model_input_size
+    from lightning_modules.models.prompts import build_prompt_text
+    from lightning_modules.models.qwen_vl import model_input_size
     from lightning_modules.sft import SFTModule
 
     m = SFTModule(model_name_or_path=str(tiny_model_dir), target="toy", dtype="fp32")
@@ -127,7 +128,7 @@ def test_encode_labels_are_exactly_the_targets(tiny_model_dir):
 
 
 def test_tokenizer_splits_digits_as_qwen2(tmp_path):
-    from lightning_modules.policy import train_bpe_tokenizer
+    from lightning_modules.models.tiny_model import train_bpe_tokenizer
 
     tok = train_bpe_tokenizer(["<answer>[112, 45, 160, 99]</answer> the small red circle"] * 20, vocab_size=300)
     ids = tok("[112, 45]")["input_ids"]

@@ -17,9 +17,10 @@ from test_cycle_grpo import _rollout  # the stand-in rollout (tests/lightning_mo
 from core.regions import NO_TARGET, caption_phi, region_space
 from datamodules.toy import ToySceneDataset
 from datamodules.video import MixedBatches, ToyClipDataset
-from lightning_modules.methods import build_method
+from lightning_modules.methods.base import build_method
 from lightning_modules.methods.cycle_grpo import caption_text, raw_caption
-from lightning_modules.policy import build_prompt_text, load_policy
+from lightning_modules.models.loading import load_policy
+from lightning_modules.models.prompts import build_prompt_text
 from lightning_modules.sft import SFTModule
 from train import cli_main
 

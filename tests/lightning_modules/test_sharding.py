@@ -9,8 +9,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from lightning_modules import fsdp
-from lightning_modules.policy import completion_logps, load_policy, rollout
+from lightning_modules.engines import decode
+from lightning_modules.engines.base import build_rollout_engine, rollout
+from lightning_modules.engines.hf import completion_logps
+from lightning_modules.models import fsdp
+from lightning_modules.models.loading import load_policy
 
 
 @pytest.fixture
@@ -41,9 +44,12 @@ def test_gathered_rollout_and_logprobs_match_the_unsharded_policy(mesh, tiny_mod
     images = [Image.new("RGB", (112, 112), c) for c in ("red", "blue")]
     kwargs = dict(group_size=2, template="toy", max_new_tokens=6, do_sample=False, engine=engine)
     want = rollout(model, processor, images, ["the red square", "the blue square"], **kwargs)
-    with fsdp.gathered(sharded, layers=gather == "once"):
+    release = build_rollout_engine(engine).release  # what GRPOModule hands `gathered`
+    with fsdp.gathered(sharded, layers=gather == "once", release=release):
         got = rollout(sharded, processor, images, ["the red square", "the blue square"], **kwargs)
+        cached = sharded in decode._ENGINES
     assert torch.equal(got.completion_ids, want.completion_ids)
+    assert cached == (engine == "fast") and sharded not in decode._ENGINES  # the decode step went with the gather
     from torch.distributed.tensor import DTensor
 
     assert all(isinstance(p, DTensor) for p in sharded.parameters())  # the shards are back after the rollout

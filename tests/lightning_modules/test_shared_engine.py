@@ -9,10 +9,11 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
+from core.video import VideoClip
 from datamodules.toy_video import make_clip
-from lightning_modules.engines import RolloutRequest, Sampling, build_rollout_engine
-from lightning_modules.policy import build_prompt_text, load_policy
-from lightning_modules.qwen_vl import VideoClip
+from lightning_modules.engines.base import RolloutRequest, Sampling, build_rollout_engine
+from lightning_modules.models.loading import load_policy
+from lightning_modules.models.prompts import build_prompt_text
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +25,7 @@ def qwen25(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory, tiny_model_dir):
-    from lightning_modules.policy import build_tiny_qwen3_vl
+    from lightning_modules.models.tiny_model import build_tiny_qwen3_vl
 
     torch.manual_seed(0)
     path = build_tiny_qwen3_vl(tmp_path_factory.mktemp("tiny-qwen3-vl"), tiny_model_dir, image_size=112)
@@ -128,7 +129,7 @@ def test_decoding_after_a_long_clip_continues_where_a_full_forward_puts_the_comp
     ``rope_deltas`` (max + 1 - length) point beyond where its full forward puts a completion; the engine continues at
     the full forward's positions, as ``generate`` from scratch does (without it, the toy video checkpoint's greedy
     answers under ``hf_shared`` were garbage while ``hf``'s were right)."""
-    from lightning_modules.qwen_vl import processor_inputs
+    from lightning_modules.models.qwen_vl import processor_inputs
 
     model, processor = qwen25
     clip = make_clip("val", 0, 0, num_frames=16)

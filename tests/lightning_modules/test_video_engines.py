@@ -8,10 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from core.video import VideoClip
 from datamodules.toy_video import make_clip
-from lightning_modules.engines import RolloutRequest, Sampling, build_rollout_engine, build_update_engine
-from lightning_modules.policy import build_prompt_text, load_policy
-from lightning_modules.qwen_vl import VideoClip, mrope_positions, processor_inputs, timestamped_frames
+from lightning_modules.engines.base import RolloutRequest, Sampling, build_rollout_engine, build_update_engine
+from lightning_modules.models.loading import load_policy
+from lightning_modules.models.prompts import build_prompt_text
+from lightning_modules.models.qwen_vl import mrope_positions, processor_inputs, timestamped_frames
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-from lightning_modules.engines import RolloutRequest, Sampling, build_rollout_engine
+from lightning_modules.engines.base import RolloutRequest, Sampling, build_rollout_engine
 from lightning_modules.engines.hf import HFUpdateEngine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,7 +58,7 @@ def vllm_test(fn):
 def test_missing_vllm_names_the_venv_to_build():
     if HAS_VLLM:
         pytest.skip("vLLM is installed in this environment")
-    from lightning_modules.engines.vllm import import_vllm
+    from lightning_modules.engines.vllm_backend import import_vllm
 
     with pytest.raises(ImportError, match="make vllm-venv"):
         import_vllm()
@@ -80,7 +80,7 @@ def _scene(colour: str, x: int) -> Image.Image:
 
 @pytest.fixture(scope="module")
 def policy():
-    from lightning_modules.policy import load_policy
+    from lightning_modules.models.loading import load_policy
 
     model, processor = load_policy(str(TOY), dtype="fp32")
     return model.eval(), processor
@@ -88,7 +88,7 @@ def policy():
 
 @pytest.fixture(scope="module")
 def requests_(policy):
-    from lightning_modules.policy import build_prompt_text
+    from lightning_modules.models.prompts import build_prompt_text
 
     _, processor = policy
     return [
@@ -346,7 +346,7 @@ the server) samples it once the engine has pushed its weights (every sample push
 
 @pytest.fixture(scope="module")
 def video_policy():
-    from lightning_modules.policy import load_policy
+    from lightning_modules.models.loading import load_policy
 
     model, processor = load_policy(str(VIDEO), dtype="fp32")
     return model.eval(), processor
@@ -355,9 +355,9 @@ def video_policy():
 def _clip_requests(processor, n: int = 1, clips: int = 4) -> list[RolloutRequest]:
     """CycleGRPO's grounding prompt of the temporal clips (toy_temporal) on held-out toy clips: 16 frames at 2 fps, so
     the clip's t axis (8 patches x 4 tokens per second) runs far past its 4 x 4 grid."""
+    from core.video import VideoClip
     from datamodules.toy_video import make_clip
-    from lightning_modules.policy import build_prompt_text
-    from lightning_modules.qwen_vl import VideoClip
+    from lightning_modules.models.prompts import build_prompt_text
 
     out = []
     for i in range(clips):
@@ -378,8 +378,8 @@ def test_clip_positions_are_the_full_forwards():
     from vllm.model_executor.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 
     from lightning_modules.engines.vllm_qwen import Qwen2_5_VLWithProjectPositions
-    from lightning_modules.policy import load_policy
-    from lightning_modules.qwen_vl import processor_inputs
+    from lightning_modules.models.loading import load_policy
+    from lightning_modules.models.qwen_vl import processor_inputs
 
     model, processor = load_policy(str(VIDEO), dtype="fp32")
     req = _clip_requests(processor, clips=1)[0]
@@ -460,8 +460,9 @@ def test_clips_are_refused_where_vllm_would_place_them_elsewhere(policy):
     sampled)."""
     from types import SimpleNamespace
 
-    from lightning_modules.engines.vllm import UnsupportedClipError, _Backend, weights_fingerprint
-    from lightning_modules.qwen_vl import VideoClip
+    from core.video import VideoClip
+    from lightning_modules.engines.vllm import _Backend
+    from lightning_modules.engines.vllm_backend import UnsupportedClipError, weights_fingerprint
 
     model, processor = policy
     eng = build_rollout_engine("vllm")
@@ -486,7 +487,8 @@ def test_clips_are_refused_where_vllm_would_place_them_elsewhere(policy):
 def qwen3_policy(tmp_path_factory):
     """A random tiny Qwen3-VL (configs/cycle_4b_temporal.yaml's architecture) with the toy tokenizer; heads of 32
     (vLLM's CPU attention has no kernel for 16)."""
-    from lightning_modules.policy import build_tiny_qwen3_vl, load_policy
+    from lightning_modules.models.loading import load_policy
+    from lightning_modules.models.tiny_model import build_tiny_qwen3_vl
 
     path = build_tiny_qwen3_vl(tmp_path_factory.mktemp("tiny-qwen3-vl"), TOY, image_size=112, head_dim=32)
     model, processor = load_policy(str(path), dtype="fp32")

@@ -7,7 +7,7 @@
 - ``Locatability``: how often a caption grounds back to its own region rather than to a look-alike (the toy
   analogue of DOVE's "does the caption single out its occurrence").
 
-As in ``lightning_modules/metrics.py``: every state is a sum (float64 sums, int64 counts, ``dist_reduce_fx="sum"``),
+As in ``evaluation/metrics.py``: every state is a sum (float64 sums, int64 counts, ``dist_reduce_fx="sum"``),
 so ``compute()`` after any split of the data over ``update()`` calls or ranks equals the one-shot value; a ratio with
 nothing counted is ``nan``, not 0; results are float32 tensors. Unreadable predictions (None) are wrong answers:
 IoU 0, and for a no-target sample not a rejection.

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -165,19 +165,22 @@ def is_sharded(model: nn.Module | None) -> bool:
 
 
 @contextlib.contextmanager
-def gathered(model: nn.Module | None, *, layers: bool = True) -> Iterator[None]:
+def gathered(
+    model: nn.Module | None, *, layers: bool = True, release: Callable[[nn.Module], None] | None = None
+) -> Iterator[None]:
     """Inside, the parameters of a sharded ``model`` are gathered (compute dtype) and stay so across forwards: with
     ``layers`` all of them (a rollout's decode steps run no collective), without only the root unit's (embeddings, LM
     head, patch embedding, merger: what ``generate`` also uses outside the model's forward; each layer then gathers in
     its own forward). Outside, the shards are back. A no-op for a model that is not sharded.
+
+    ``release(model)`` runs before the gathered parameters are freed: the rollout engine's
+    (`RolloutEngine.release`; the fast engine's cached decode step, its CUDA graph, points at them).
 
     Every rank must enter together (the gather is a collective), and nothing may take a gradient inside."""
     if not is_sharded(model):
         yield
         return
     from torch.distributed.fsdp import FSDPModule
-
-    from lightning_modules.rollout import release_rollout_cache
 
     # the root must be initialised as the root before any unit runs alone (the fast engine calls the decoder layers
     # directly, and the first unit to run forward otherwise takes itself for the root)
@@ -189,8 +192,8 @@ def gathered(model: nn.Module | None, *, layers: bool = True) -> Iterator[None]:
     try:
         yield
     finally:
-        # the fast engine's cached decode step (its CUDA graph) points at the gathered tensors, which are freed here
-        release_rollout_cache(model)
+        if release is not None:
+            release(model)
         for m in units:
             m.reshard()
             m.set_reshard_after_forward(m is not model, recurse=False)  # as `shard` set them

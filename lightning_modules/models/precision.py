@@ -5,8 +5,8 @@ representable values, so an AdamW update of ~1e-6 rounds away: ten steps on a bf
 of its entries (fp32: all). verl (FSDP mixed precision) and DeepSpeed's bf16 optimizer keep an fp32 copy of every
 trainable weight for the optimizer; this module does the same for a single process or DDP:
 
-* the model keeps its bf16 parameters, so every forward, backward and both fast engines (`rollout.fast_generate`,
-  `efficient.policy_backward`) run in the compute dtype on the same tensors they always used;
+* the model keeps its bf16 parameters, so every forward, backward and both fast engines (`decode.fast_generate`,
+  `packing.policy_backward`) run in the compute dtype on the same tensors they always used;
 * the optimizer holds an fp32 **master** copy of each low-precision trainable parameter and its state (AdamW's
   moments) in fp32;
 * gradients are accumulated in fp32: a hook on each bf16 parameter adds its freshly accumulated bf16 gradient into

@@ -34,7 +34,6 @@ How this departs from textbook GRPO (DeepSeekMath), and why:
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from typing import Any, Literal
@@ -43,8 +42,8 @@ import lightning as L
 import torch
 from torch import nn
 
-from lightning_modules import fsdp, objective, rewards
-from lightning_modules.engines import (
+from lightning_modules import rewards
+from lightning_modules.engines.base import (
     ROLLOUT_ENGINES,
     UPDATE_ENGINES,
     RolloutRequest,
@@ -52,10 +51,15 @@ from lightning_modules.engines import (
     build_rollout_engine,
     build_update_engine,
 )
-from lightning_modules.evaluation import Evaluator, eval_set_name, greedy_answers, step_scores
-from lightning_modules.methods import METHODS, Scores, Selection, build_method
-from lightning_modules.policy import PROMPT_TEMPLATES, Rollout, dtype_from_name, load_policy
-from lightning_modules.precision import build_optimizer, fp32_default_dtype, optimizer_tensors
+from lightning_modules.evaluation.evaluator import Evaluator, eval_set_name, greedy_answers, rec_records
+from lightning_modules.grpo.step import PhaseTimer, micro_batch_loss, step_output, train_logs
+from lightning_modules.methods.base import METHODS, Scores, Selection, build_method
+from lightning_modules.models import fsdp
+from lightning_modules.models.loading import dtype_from_name, load_policy
+from lightning_modules.models.precision import build_optimizer, fp32_default_dtype, optimizer_tensors
+from lightning_modules.models.prompts import PROMPT_TEMPLATES
+from lightning_modules.models.rollout import Rollout
+from lightning_modules.registry import document
 
 OptimizerCallable = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
 
@@ -64,27 +68,7 @@ def _default_optimizer(params: Iterable[torch.nn.Parameter]) -> torch.optim.Opti
     return torch.optim.AdamW(params, lr=1e-6, weight_decay=0.0)
 
 
-class PhaseTimer:
-    """Wall time of a step's phases (rollout, rewards, reference, update, optimizer), logged as ``train/time/*_s``.
-
-    On CUDA each lap synchronizes, so a phase is charged for the kernels it queued (five host syncs per step)."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = torch.device(device).type == "cuda"
-        self.times: dict[str, float] = {}
-        self._t = self._now()
-
-    def _now(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
-    def lap(self, name: str) -> None:
-        now = self._now()
-        self.times[name] = self.times.get(name, 0.0) + now - self._t
-        self._t = now
-
-
+@document(methods=METHODS, rollout_engines=ROLLOUT_ENGINES, update_engines=UPDATE_ENGINES)
 class GRPOModule(L.LightningModule):
     """GRPO / Syn-GRPO on an HF image-text-to-text policy.
 
@@ -101,16 +85,10 @@ class GRPOModule(L.LightningModule):
         max_new_tokens: completion length limit.
         min_new_tokens: EOS is masked before this many tokens (0: off). Benchmarks set it to ``max_new_tokens`` so that
             random-weight models generate fixed lengths.
-        method: the registered method (``lightning_modules/methods/``): ``syn_grpo`` (the default) or ``grpo`` (plain
-            GRPO: accuracy + format rewards, no diversity reward, no evolution requests).
+        method: a registered method (``lightning_modules/methods/``): {methods}.
         method_args: the method's own settings (keyword arguments of its class), for methods that have any.
-        rollout_engine: a registered rollout engine (``lightning_modules/engines/``): ``hf`` (``model.generate``),
-            ``hf_shared`` (``model.generate`` after one prefill per prompt shared by its group, vision features cached
-            per image: any Qwen-VL, Qwen3-VL included) or ``fast`` (static cache, one prefill per group, CUDA-graph
-            decode; Qwen2(.5)-VL).
-        update_engine: a registered update engine: ``hf`` (the model's own forward per micro-batch) or ``packed`` (``efficient.py``: vision
-            tower once per image and its backward once per step, length-bucketed micro-batches, chunked log-probs
-            from hidden states; single-process only: its deferred vision backward is not DDP-aware).
+        rollout_engine: a registered rollout engine (``lightning_modules/engines/``): {rollout_engines}.
+        update_engine: a registered update engine: {update_engines}.
         rollout_compile: ``torch.compile`` the fast engine's decode step before capturing it (``fast`` only; the first
             step pays the compilation, about a minute for the 3B).
         rollout_engine_args: the rollout engine's own options (keyword arguments of its class), e.g. ``vllm``'s
@@ -148,11 +126,11 @@ class GRPOModule(L.LightningModule):
         freeze_vision: keep the vision tower's weights fixed (no gradient, no optimizer state; Generalized CycleGRPO
             freezes it).
         reference_offload: under FSDP2 (``--trainer.strategy fsdp2``) keep the frozen reference's shards in CPU memory,
-            gathered to the GPU layer by layer at each reference forward (``lightning_modules/fsdp.py``); without it
-            the reference is sharded over the GPUs like the policy.
+            gathered to the GPU layer by layer at each reference forward (``lightning_modules/models/fsdp.py``);
+            without it the reference is sharded over the GPUs like the policy.
         rollout_gather: under FSDP2, how a rollout reads the sharded policy: ``once`` (the full bf16 policy gathered
             for the whole rollout; any engine) or ``per_layer`` (each layer gathered at each decode step, ranks decode
-            in lockstep; ``hf`` engine only). ``lightning_modules/fsdp.py`` compares them.
+            in lockstep; ``hf`` engine only). ``lightning_modules/models/fsdp.py`` compares them.
         eval_prompt_template: prompt of validation / test (default: ``prompt_template``). Set the same value for every
             method to compare them under one answer format (Table 1 otherwise mixes Syn-GRPO's prompt with VLM-R1's).
         eval_format: the format validation's ``format`` rate checks (default: ``format``, so each method is scored in
@@ -263,8 +241,8 @@ class GRPOModule(L.LightningModule):
             raise ValueError(f"--model.format must be one of {sorted(rewards.FORMATS)}, got {format!r}")
         if prompt_template not in PROMPT_TEMPLATES:
             raise ValueError(
-                f"--model.prompt_template must be one of {sorted(PROMPT_TEMPLATES)} (lightning_modules/policy.py "
-                f"PROMPT_TEMPLATES), got {prompt_template!r}"
+                f"--model.prompt_template must be one of {sorted(PROMPT_TEMPLATES)} "
+                f"(lightning_modules/models/prompts.py PROMPT_TEMPLATES), got {prompt_template!r}"
             )
         if diversity_reward_form not in rewards.DIVERSITY_REWARD_FORMS:
             raise ValueError(
@@ -324,7 +302,7 @@ class GRPOModule(L.LightningModule):
             # the vision tower's window attention as one batched SDPA call per layer instead of HF's loop over
             # windows (exact; the loop runs ~16 x 20 small kernels per layer for 20 images, in the prefill, the
             # reference, the update and its recompute)
-            from lightning_modules.efficient import enable_fast_vision_attention
+            from lightning_modules.engines.packing import enable_fast_vision_attention
 
             enable_fast_vision_attention(model)
         ref = None
@@ -386,7 +364,7 @@ class GRPOModule(L.LightningModule):
             raise ValueError(
                 f"--trainer.strategy {strategy} (FSDP1) wraps the module in one FSDP forward, but a GRPO step "
                 "calls the policy many times (rollout, reference, micro-batches): use --trainer.strategy fsdp2 "
-                "(FSDP2, lightning_modules/fsdp.py) or ddp"
+                "(FSDP2, lightning_modules/models/fsdp.py) or ddp"
             )
         if isinstance(trainer.strategy, fsdp.ModelParallelStrategy):
             tp = trainer.strategy._tensor_parallel_size
@@ -436,7 +414,9 @@ class GRPOModule(L.LightningModule):
     def _rollout_parameters(self):
         """Under FSDP2, the policy gathered for a rollout: whole (``rollout_gather: once``) or its root unit only
         (``per_layer``: each layer gathers in its own forward)."""
-        return fsdp.gathered(self.policy, layers=self.hparams.rollout_gather == "once")
+        return fsdp.gathered(
+            self.policy, layers=self.hparams.rollout_gather == "once", release=self.rollout_engine.release
+        )
 
     # ---------------------------------------------------------------------------------------------------- step
     @fp32_default_dtype()
@@ -474,7 +454,9 @@ class GRPOModule(L.LightningModule):
             def loss_fn(logp, ent, rows, first=first):
                 """The micro-batch's share of the full-batch loss (``rows``: its completion indices)."""
                 nonlocal entropy_sum
-                loss, stats = self._loss(logp, ent, rows, adv=adv, mask=mask, old_logp=old_logp, ref_logp=ref_logp)
+                loss, stats = micro_batch_loss(
+                    hp, logp, ent, rows, adv=adv, mask=mask, old_logp=old_logp, ref_logp=ref_logp
+                )
                 # weight so the accumulated gradient equals the full-batch aggregation
                 m = mask[rows]
                 share = m.sum() if token_mean else torch.tensor(float(len(rows)), device=self.device)
@@ -497,7 +479,7 @@ class GRPOModule(L.LightningModule):
         self.last_selections = evolution
         stats_acc.update({f"time/{k}_s": v for k, v in timer.times.items()})
         self._log_train(scores, ro, stats_acc, entropy_sum / total_tokens, len(batch))
-        return self._step_output(batch, ro, scores, evolution)
+        return step_output(self.method, batch, ro, scores, evolution)
 
     def _rank_mean(self, count: torch.Tensor) -> torch.Tensor:
         """The mean of ``count`` (a scalar tensor) over the ranks; ``count`` itself on one process."""
@@ -505,55 +487,6 @@ class GRPOModule(L.LightningModule):
         if trainer is None or trainer.world_size == 1:
             return count
         return trainer.strategy.reduce(count.detach().float().clone(), reduce_op="mean")
-
-    def _loss(self, logp, ent, rows, *, adv, mask, old_logp, ref_logp):
-        """The clipped surrogate (+ KL, + the entropy baselines) of rows ``rows``, aggregated over them."""
-        hp = self.hparams
-        m = mask[rows]
-        a = adv[rows]
-        if hp.entropy_adv_coef > 0:
-            # token-level shaping [n, T]: A + min(alpha * H_t, |A| / kappa), entropy detached (a bonus, not a loss)
-            a = a[:, None] + torch.minimum(hp.entropy_adv_coef * ent.detach(), a.abs()[:, None] / hp.entropy_adv_kappa)
-        old = old_logp[rows] if old_logp is not None else logp.detach()
-        loss, stats = objective.policy_loss(
-            logp,
-            old,
-            a,
-            m,
-            clip_low=hp.clip_low,
-            clip_high=hp.clip_high,
-            dual_clip=hp.dual_clip,
-            ref_logp=ref_logp[rows] if ref_logp is not None else None,
-            kl_coef=hp.kl_coef,
-            kl_estimator=hp.kl_estimator,
-            aggregation=hp.aggregation,
-            max_length=hp.max_new_tokens,
-        )
-        if hp.entropy_coef > 0:  # "GRPO + Entropy Loss": maximise the mean token entropy
-            loss = loss - hp.entropy_coef * objective.aggregate(ent, m, hp.aggregation, hp.max_new_tokens)
-        return loss, stats
-
-    def _step_output(self, batch, ro: Rollout, scores: Scores, evolution: list[Selection]) -> dict:
-        """What ``on_train_batch_end`` callbacks receive: per completion row its text, its parsed boxes in original
-        pixels, its reward parts, the index of its sample in the batch and its advantage group; the samples the rows
-        answer (``samples``: the batch's, or the versions a method re-rolled on); the method's evolution requests and
-        its own entries (`Method.step_outputs`)."""
-        index = self.method.sample_index(batch, ro)
-        boxes = [
-            [rewards.rescale_box(b, in_wh, batch[i].size) for b in p.boxes]
-            for p, in_wh, i in zip(scores.parsed, ro.input_wh, index)
-        ]
-        return {
-            "completions": list(ro.texts),
-            "boxes": boxes,
-            "rewards": {k: [float(v) for v in t] for k, t in scores.parts.items()},
-            "group_size": ro.group_size,
-            "sample_index": index,
-            "group_ids": ro.group_ids.tolist(),
-            "evolution": evolution,
-            "samples": list(batch),
-            **self.method.step_outputs(batch, ro, scores),
-        }
 
     def _optimizer_step(self, opt, stats_acc: dict[str, float]) -> None:
         if self.hparams.max_grad_norm > 0:
@@ -564,32 +497,7 @@ class GRPOModule(L.LightningModule):
         opt.zero_grad(set_to_none=True)
 
     def _log_train(self, scores: Scores, ro: Rollout, stats: dict[str, float], entropy: torch.Tensor, bsz: int) -> None:
-        parts = scores.parts
-        # groups whose total rewards are all equal: zero advantage, no policy-gradient signal
-        std, zero_var = objective.group_reward_stats(parts["total"], ro.group_ids)
-        logs = {f"train/reward/{k}": float(v.mean()) for k, v in parts.items()}
-        logs.update(
-            {
-                "train/reward/std": std,
-                "train/entropy": float(entropy),
-                "train/zero_variance_frac": zero_var,
-                "train/completion_length": float(ro.completion_mask.sum(1).float().mean()),
-            }
-        )
-        logs.update(self.method.train_logs(scores, ro))
-        if torch.cuda.is_available() and self.device.type == "cuda":  # the step's peak, then reset for the next
-            logs["train/peak_mem_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
-            torch.cuda.reset_peak_memory_stats(self.device)
-        acc = parts.get("accuracy")
-        if acc is not None and self.hparams.task == "rec":
-            logs["train/iou"] = float(acc.mean())
-            logs["train/acc50"] = float((acc >= 0.5).float().mean())
-            # which way tied groups go: every answer right (IoU >= 0.5), every answer wrong
-            logs["train/all_correct_frac"], logs["train/all_wrong_frac"] = objective.group_convergence(
-                acc, ro.group_ids, 0.5
-            )
-        for k, v in stats.items():
-            logs[f"train/{k}"] = v
+        logs = train_logs(self.method, self.hparams.task, scores, ro, stats, entropy, self.device)
         self.log_dict(logs, batch_size=bsz, on_step=True, on_epoch=False)
         self.log("train/reward", logs["train/reward/total"], prog_bar=True, batch_size=bsz, logger=False)
         if "train/iou" in logs:
@@ -628,45 +536,9 @@ class GRPOModule(L.LightningModule):
         return rows if rows is not None else self.rec_predictions(batch)
 
     def rec_predictions(self, batch) -> list[dict]:
-        """`predict_step`'s REC / OVD records: the greedy answer of each sample, its boxes and its rewards."""
-        answers = self._greedy(batch)
-        fmt = rewards.format_reward(
-            [a.text for a in answers],
-            format=self.hparams.eval_format or self.hparams.format,
-            parsed=[a.parsed for a in answers],
-        )
-        from core.regions import NO_TARGET
-        from lightning_modules.evaluation import answered_region
-
-        out = []
-        for s, a, f in zip(batch, answers, fmt):
-            extra = {}
-            if s.task == "rec" and not s.boxes:  # a no-target query: 1 for answering "no target" (GRES's N-acc)
-                rejected = answered_region(a.text, a.parsed, a.input_wh, s.size) is NO_TARGET
-                acc, extra = float(rejected), {"no_target": True, "rejected": rejected}
-            elif s.task == "rec":
-                region = answered_region(a.text, a.parsed, a.input_wh, s.size)
-                extra = {"answered": region is not None and region is not NO_TARGET}  # T-acc, as the evaluator's
-                acc = rewards.iou(a.boxes[0], s.boxes[0]) if a.boxes else 0.0
-                steps = step_scores(s, a.text, a.input_wh)
-                if steps is not None:
-                    extra["steps"] = steps
-            else:
-                acc = rewards.ovd_reward([a.text], [s.boxes], input_wh=[a.input_wh], orig_wh=[s.size])[0]
-            out.append(
-                {
-                    "sample_id": s.sample_id,
-                    "task": s.task,
-                    "query": s.query,
-                    "completion": a.text,
-                    "boxes": a.boxes,
-                    "gt_boxes": s.boxes,
-                    "format_ok": f >= 1.0,
-                    "rewards": {"accuracy": float(acc), "format": float(f)},
-                    **extra,
-                }
-            )
-        return out
+        """`predict_step`'s REC / OVD records: the greedy answer of each sample, its boxes and its rewards
+        (`evaluation.evaluator.rec_records`)."""
+        return rec_records(batch, self._greedy(batch), format=self.hparams.eval_format or self.hparams.format)
 
     def _log_detection(self, kind: str) -> None:
         for k, v in {**self.evaluator.detection(self.trainer, kind), **self.method.eval_logs(kind)}.items():

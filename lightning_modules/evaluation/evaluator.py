@@ -20,8 +20,9 @@ import torch
 from torch import nn
 
 from lightning_modules import rewards
-from lightning_modules.engines import RolloutEngine, RolloutRequest, Sampling, build_rollout_engine
-from lightning_modules.policy import Rollout, build_prompt_text
+from lightning_modules.engines.base import RolloutEngine, RolloutRequest, Sampling, build_rollout_engine
+from lightning_modules.models.prompts import build_prompt_text
+from lightning_modules.models.rollout import Rollout
 
 __all__ = [
     "Answer",
@@ -31,6 +32,8 @@ __all__ = [
     "format_for_template",
     "greedy_answers",
     "has_no_target",
+    "rec_records",
+    "step_scores",
 ]
 
 
@@ -131,6 +134,44 @@ def step_scores(sample, text: str, input_wh, iou_threshold: float = 0.5) -> dict
     }
 
 
+def rec_records(samples: Sequence[Any], answers: Sequence[Answer], *, format: str) -> list[dict]:
+    """``train.py predict``'s REC / OVD records (`GRPOModule.predict_step`): per sample its greedy answer, the
+    answer's boxes, the ground truth, whether it follows answer format ``format``, and its accuracy and format rewards
+    (a no-target query: 1 for answering "no target"; a multi-step question adds its `step_scores`)."""
+    from core.regions import NO_TARGET
+
+    fmt = rewards.format_reward([a.text for a in answers], format=format, parsed=[a.parsed for a in answers])
+    out = []
+    for s, a, f in zip(samples, answers, fmt):
+        extra = {}
+        if s.task == "rec" and not s.boxes:  # a no-target query: 1 for answering "no target" (GRES's N-acc)
+            rejected = answered_region(a.text, a.parsed, a.input_wh, s.size) is NO_TARGET
+            acc, extra = float(rejected), {"no_target": True, "rejected": rejected}
+        elif s.task == "rec":
+            region = answered_region(a.text, a.parsed, a.input_wh, s.size)
+            extra = {"answered": region is not None and region is not NO_TARGET}  # T-acc, as the evaluator's
+            acc = rewards.iou(a.boxes[0], s.boxes[0]) if a.boxes else 0.0
+            steps = step_scores(s, a.text, a.input_wh)
+            if steps is not None:
+                extra["steps"] = steps
+        else:
+            acc = rewards.ovd_reward([a.text], [s.boxes], input_wh=[a.input_wh], orig_wh=[s.size])[0]
+        out.append(
+            {
+                "sample_id": s.sample_id,
+                "task": s.task,
+                "query": s.query,
+                "completion": a.text,
+                "boxes": a.boxes,
+                "gt_boxes": s.boxes,
+                "format_ok": f >= 1.0,
+                "rewards": {"accuracy": float(acc), "format": float(f)},
+                **extra,
+            }
+        )
+    return out
+
+
 class Evaluator(nn.Module):
     """The metrics of every named eval set, as submodules (Lightning finds logged metrics by attribute, so they are
     built in ``setup`` before the first ``log``)."""
@@ -140,8 +181,8 @@ class Evaluator(nn.Module):
         self.sets = nn.ModuleDict()
 
     def build(self, trainer, stage: str) -> None:
-        from lightning_modules.cycle_metrics import RegionGroundingMetrics
-        from lightning_modules.metrics import DetectionMetrics, FormatRate, GroundingAccuracy, MeanIoU
+        from lightning_modules.evaluation.cycle_metrics import RegionGroundingMetrics
+        from lightning_modules.evaluation.metrics import DetectionMetrics, FormatRate, GroundingAccuracy, MeanIoU
 
         dm = getattr(trainer, "datamodule", None)
         for kind in {"fit": ["val"], "validate": ["val"], "test": ["test"]}.get(stage, []):

@@ -1,7 +1,8 @@
 """The Qwen-VL pieces every fast path shares: the model's parts, its 3-D mRoPE positions, rotary helpers and the
 vision tower's merged features (with Qwen3-VL's DeepStack features beside them). One copy, used by the rollout engine
-(``rollout.py``), the packed update engine (``efficient.py``) and the batched vision attention; and the processor call
-for a batch of images or video clips (``processor_inputs``), which every rollout engine uses.
+(``engines/decode.py``), the packed update engine (``engines/packing.py``) and the batched vision attention; the
+processor call for a batch of images or video clips (``processor_inputs``), which every rollout engine uses; and the
+frame a model writes its boxes in (`box_frame_wh`: the resized input, or Qwen3-VL's relative grid).
 
 Video: a clip is a list of frames at a known frame rate (`VideoClip`). The processor turns it into
 ``pixel_values_videos``, ``video_grid_thw`` (t = frames / 2 temporal patches) and ``second_per_grid_ts`` (seconds per
@@ -28,12 +29,10 @@ from dataclasses import dataclass
 import torch
 from PIL import Image
 
-from core.video import VideoClip, clip_pixel_budget, timestamped_processor, video_processor_kwargs
+from core.video import VideoClip, timestamped_processor, video_processor_kwargs
 
 __all__ = [
     "ModelParts",
-    "VideoClip",
-    "clip_pixel_budget",
     "model_parts",
     "model_inputs",
     "mrope_positions",
@@ -42,20 +41,66 @@ __all__ = [
     "image_embeddings",
     "split_visual_features",
     "add_deepstack",
+    "box_frame",
+    "box_frame_wh",
+    "model_input_size",
+    "model_input_wh",
     "timestamped_frames",
     "video_input_wh",
-    "video_processor_kwargs",
     "visual_token_id",
 ]
+
+
+def model_input_wh(image_processor, width: int, height: int) -> tuple[int, int]:
+    """The (width, height) a Qwen2-VL-family image processor resizes a ``width x height`` image to (its ``smart_resize``
+    rule: sides multiples of patch x merge, pixel count within the processor's bounds), without processing an image:
+    what a prompt that writes coordinates in the model's frame needs before the rollout encodes the image."""
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+
+    size = image_processor.size
+    bound = (lambda k: size.get(k)) if isinstance(size, dict) else (lambda k: getattr(size, k, None))
+    lo = bound("shortest_edge") or getattr(image_processor, "min_pixels", None)
+    hi = bound("longest_edge") or getattr(image_processor, "max_pixels", None)
+    if lo is None or hi is None:
+        raise ValueError(
+            f"{type(image_processor).__name__} has no pixel bounds (size.shortest_edge / longest_edge or min_pixels / "
+            "max_pixels): not a Qwen2-VL-family image processor; give the model's own processor"
+        )
+    h, w = smart_resize(
+        height, width, factor=image_processor.patch_size * image_processor.merge_size, min_pixels=lo, max_pixels=hi
+    )
+    return w, h
+
+
+RELATIVE_BOX_FRAMES = {"Qwen3VLProcessor": 1000}
+"""Processors whose models read and write boxes in relative coordinates on a ``side x side`` grid (Qwen3-VL: 0-1000,
+QwenLM/Qwen3-VL#1741); every other Qwen-VL model writes pixels of its resized input (Qwen2-VL, Qwen2.5-VL)."""
+
+
+def box_frame(processor) -> int | None:
+    """The side of the relative grid ``processor``'s model writes boxes on (1000 for Qwen3-VL), or None when it
+    writes pixels of the resized model input."""
+    return RELATIVE_BOX_FRAMES.get(type(processor).__name__)
+
+
+def box_frame_wh(processor, width: int, height: int) -> tuple[int, int]:
+    """The (width, height) of the frame the model's box coordinates live in for a ``width x height`` image: the
+    resized input (``model_input_wh``) or the relative grid. ``rewards.rescale_box(b, box_frame_wh(...), (width,
+    height))`` maps a written box to original pixels, and the reverse maps a box into a prompt."""
+    side = box_frame(processor)
+    return (side, side) if side else model_input_wh(processor.image_processor, width, height)
+
+
+def model_input_size(image_grid_thw: torch.Tensor, patch_size: int = 14) -> list[tuple[int, int]]:
+    """(width, height) in pixels of each resized model input, from ``image_grid_thw`` [N, 3] (t, h, w patches)."""
+    return [(int(w) * patch_size, int(h) * patch_size) for _, h, w in image_grid_thw.tolist()]
 
 
 def video_input_wh(processor, clip: VideoClip) -> tuple[int, int]:
     """The (width, height) of ``clip``'s frames as the model sees them under `video_processor_kwargs` (the
     processor's resize rule at the clip's own pixel budget): the frame a prompt's coordinates are written in; the
-    relative grid for a model of relative coordinates (`policy.box_frame`)."""
+    relative grid for a model of relative coordinates (`box_frame`)."""
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
-
-    from lightning_modules.policy import box_frame
 
     if side := box_frame(processor):
         return side, side
@@ -126,7 +171,7 @@ def model_inputs(model, inputs: dict) -> dict:
 FAST_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 """``config.model_type`` of the models the fast / packed engines (and the fast vision attention) implement. Qwen3-VL
 differs from Qwen2.5-VL in three places these paths handle: per-head RMSNorm of queries and keys (``q_norm`` /
-``k_norm``, applied in `rollout._qkv` when the attention has them), interleaved mRoPE sections (inside the model's own
+``k_norm``, applied in `decode._qkv` when the attention has them), interleaved mRoPE sections (inside the model's own
 ``rotary_emb``, which the paths call with the same 3-D positions) and DeepStack (`image_embeddings`,
 `add_deepstack`)."""
 

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from lightning_modules.qwen_vl import (
+from lightning_modules.models.qwen_vl import (
     add_deepstack,
     image_embeddings,
     model_parts,

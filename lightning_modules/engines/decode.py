@@ -43,7 +43,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from lightning_modules.qwen_vl import (
+from lightning_modules.models.qwen_vl import (
     ModelParts,
     add_deepstack,
     image_embeddings,

@@ -1,0 +1,79 @@
+"""Loading the policy: ``(model, processor)`` for Qwen2.5-VL (and any HF image-text-to-text model with a chat template).
+
+The same code path serves the 7B checkpoint on a GPU node and the project's toy checkpoint on a laptop:
+``load_policy`` calls ``AutoModelForImageTextToText.from_pretrained`` / ``AutoProcessor.from_pretrained`` on a local
+directory or a hub id (``local_files_only`` by default, so nothing downloads unless asked). The toy checkpoint itself
+is built by ``models/tiny_model.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def dtype_from_name(name: str | torch.dtype | None) -> torch.dtype | None:
+    """``"bf16"``, ``"bfloat16"``, ``"fp16"``, ``"fp32"``, ``"auto"`` (bf16 on CUDA, fp32 on CPU) or ``None``."""
+    if name is None or isinstance(name, torch.dtype):
+        return name
+    table = {
+        "bf16": torch.bfloat16,
+        "bfloat16": torch.bfloat16,
+        "fp16": torch.float16,
+        "float16": torch.float16,
+        "fp32": torch.float32,
+        "float32": torch.float32,
+    }
+    if name == "auto":
+        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    if name not in table:
+        raise ValueError(f"--model.dtype must be one of auto, {', '.join(table)}; got {name!r}")
+    return table[name]
+
+
+def load_policy(
+    name_or_path: str,
+    *,
+    dtype: str | torch.dtype | None = "auto",
+    attn_implementation: str | None = "sdpa",
+    local_files_only: bool = True,
+    trust_remote_code: bool = False,
+):
+    """Load ``(model, processor)`` with ``from_pretrained`` from a local directory or a hub id.
+
+    ``local_files_only=True`` keeps a run from downloading: point ``--model.model_name_or_path`` at a local copy, or
+    set ``--model.local_files_only false`` where the hub is reachable.
+    """
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    path = Path(name_or_path).expanduser()
+    looks_local = name_or_path.startswith((".", "/", "~")) or path.exists()
+    if looks_local and not (path / "config.json").exists():
+        raise FileNotFoundError(
+            f"--model.model_name_or_path={name_or_path!r}: no config.json there. Point it at a directory written by "
+            "save_pretrained (e.g. a downloaded Qwen/Qwen2.5-VL-7B-Instruct), or rebuild the toy checkpoint with "
+            "`python train.py fit --config configs/toy_sft.yaml`."
+        )
+    src = str(path) if looks_local else name_or_path
+    try:
+        processor = AutoProcessor.from_pretrained(
+            src, local_files_only=local_files_only, trust_remote_code=trust_remote_code
+        )
+        model = AutoModelForImageTextToText.from_pretrained(
+            src,
+            dtype=dtype_from_name(dtype),
+            attn_implementation=attn_implementation,
+            local_files_only=local_files_only,
+            trust_remote_code=trust_remote_code,
+        )
+    except OSError as err:
+        raise OSError(
+            f"could not load --model.model_name_or_path={name_or_path!r} ({err}). With local_files_only=True the "
+            "weights must already be on disk: download them on a machine with internet access and point the flag at "
+            "that directory."
+        ) from err
+    if processor.tokenizer.pad_token_id is None:
+        processor.tokenizer.pad_token = processor.tokenizer.eos_token
+    processor.tokenizer.padding_side = "left"
+    return model, processor

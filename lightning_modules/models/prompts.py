@@ -1,0 +1,168 @@
+"""Prompts of the policy: chat templates, the prompt templates of each method, and the token ids a rollout masks.
+
+`build_prompt_text` renders one user turn (an image or a video, then the question of a named template) with the
+processor's chat template; the toy checkpoint's tokenizer (``models/tiny_model.py``) reproduces the Qwen2.5-VL
+special tokens listed here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+# Special tokens of the Qwen2.5-VL vocabulary that the project's tiny tokenizer reproduces.
+QWEN_SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+
+# A chat template of the Qwen family's shape (system / user / assistant turns, an image placeholder per image item).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# The same with every image after the text of its turn. A model's chat template decides where images go; the toy
+# model uses this one so that the distance from its image to its answer does not depend on the prompt's length
+# (a small model reads positions through rotary phases, which that distance shifts; docs/toy_model.md).
+CHAT_TEMPLATE_IMAGE_LAST = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for item in message['content'] %}{% if item['type'] == 'text' %}{{ item['text'] }}{% endif %}"
+    "{% endfor %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+REC_QUESTION = "Please provide the bounding box coordinate of the region this sentence describes: {query}."
+OVD_QUESTION = "Please output the bounding box coordinates of every object that matches: {query}."
+SYN_GRPO_INSTRUCTIONS = (
+    " First output the thinking process in <think> </think> tags."
+    " Then estimate how diverse your answers to this question would be, a number in [0, 1], in <diversity> </diversity>"
+    " tags, and describe a new background for this image that would make the question more informative to practise on,"
+    " in <description> </description> tags."
+    " Finally output the answer as [x1, y1, x2, y2] in <answer> </answer> tags."
+)
+PROMPT_TEMPLATES = {
+    "syn_grpo": {"rec": REC_QUESTION + SYN_GRPO_INSTRUCTIONS, "ovd": OVD_QUESTION + SYN_GRPO_INSTRUCTIONS},
+    "vlm_r1": {
+        "rec": REC_QUESTION + " First output the thinking process in <think> </think> tags and then output the final"
+        " answer in <answer> </answer> tags. Output the final answer in JSON format.",
+        "ovd": OVD_QUESTION + " First output the thinking process in <think> </think> tags and then output the final"
+        " answer in <answer> </answer> tags. Output the final answer in JSON format.",
+    },
+    # Short prompt used by the toy model: its tokenizer is small, and the instruction is implied by SFT.
+    "toy": {"rec": "Find: {query}", "ovd": "Find every: {query}"},
+    # CycleGRPO's captioning direction: ``{query}`` is the serialized region (lightning_modules/regions/)
+    "caption": {
+        "rec": "Describe the object in the region {query} so that someone can find it again, without coordinates. "
+        "Output the description in <answer> </answer> tags."
+    },
+    "toy_caption": {"rec": "Describe: {query}"},
+    # The toy checkpoint's grounding prompts on clips, one per region space: "Find:" with a clip could ask for an
+    # interval or for anchors, so the prompt says which (configs/cycle_tiny_{temporal,st}.yaml, the video SFT stage)
+    "toy_temporal": {"rec": "When: {query}"},
+    "toy_st": {"rec": "Track: {query}"},
+    # CycleGRPO on video (issue 17): ``{query}`` is the serialized interval / anchors, then the stripped caption
+    "video_caption": {
+        "rec": "Describe the event of this video at {query} (seconds; boxes in pixels) so that someone can find it "
+        "again, without times or coordinates. Output the description in <answer> </answer> tags."
+    },
+    "temporal_grounding": {
+        "rec": "Give the start and end time in seconds of the moment this sentence describes: {query}. Output "
+        "[start, end] in <answer> </answer> tags, or no target if it never happens."
+    },
+    "st_grounding": {
+        "rec": "Find when and where this happens: {query}. Output the object's box at each key time as "
+        "'t s: [x1, y1, x2, y2]', separated by ';', in <answer> </answer> tags, or no target if it never happens."
+    },
+}
+
+
+def build_prompt_text(
+    processor, query: str, *, task: str = "rec", template: str = "syn_grpo", video: bool = False
+) -> str:
+    """The chat-formatted prompt (one image, or one video when ``video``, one user turn, generation prompt) for
+    ``query``.
+
+    A chat template without video items (the toy checkpoint's, made for images) renders the image placeholder, which
+    is then swapped for the video one: the video sits where the model's template puts its visual input."""
+    if template not in PROMPT_TEMPLATES:
+        raise ValueError(f"--model.prompt_template must be one of {sorted(PROMPT_TEMPLATES)}; got {template!r}")
+    question = PROMPT_TEMPLATES[template][task].format(query=query)
+
+    def render(kind: str) -> str:
+        messages = [{"role": "user", "content": [{"type": kind}, {"type": "text", "text": question}]}]
+        return processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    if not video:
+        return render("image")
+    text = render("video")
+    if "<|video_pad|>" in text:
+        return text
+    text = render("image")
+    if text.count("<|image_pad|>") != 1:
+        raise ValueError(
+            "the processor's chat template renders neither a video item nor one <|image_pad|>: give it a template "
+            "with video items (Qwen2.5-VL's own has them)"
+        )
+    return text.replace("<|image_pad|>", "<|video_pad|>")
+
+
+def special_token_ids(tokenizer, keep: Iterable[int] = ()) -> list[int]:
+    """Ids of every special / added-special token except ``keep`` (EOS ids): masked during rollout.
+
+    A random or young model can sample ``<|image_pad|>``; the training forward then fails with "Image features and
+    image tokens do not match", so these never leave the sampler.
+    """
+    keep = set(keep)
+    ids = set(tokenizer.all_special_ids)
+    for tok_id, tok in getattr(tokenizer, "added_tokens_decoder", {}).items():
+        if getattr(tok, "special", True):
+            ids.add(int(tok_id))
+    return sorted(i for i in ids if i not in keep and i is not None and i >= 0)
+
+
+def untokenizable_ids(model, tokenizer) -> list[int]:
+    """Ids of output rows that no token of ``tokenizer`` maps to (masked during rollout).
+
+    Qwen2.5-VL pads its vocabulary (151,936 rows for 151,665 tokens); a trained model gives those rows no mass, but a
+    random-weight model (the GPU benchmarks) samples them, and they decode to nothing.
+    """
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    rows = head.weight.shape[0] if head is not None else 0
+    return list(range(len(tokenizer), rows))
+
+
+def eos_token_ids(tokenizer) -> list[int]:
+    ids = []
+    for tok in ("<|im_end|>", "<|endoftext|>"):
+        tok_id = tokenizer.convert_tokens_to_ids(tok)
+        if isinstance(tok_id, int) and tok_id != tokenizer.unk_token_id and tok_id >= 0:
+            ids.append(tok_id)
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return ids
