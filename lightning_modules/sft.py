@@ -78,7 +78,7 @@ def answer_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str:
 
 
 def _toy_record(sample) -> dict:
-    """A toy-world sample as the JSONL record ``datamodules.toy.sft_target`` reads."""
+    """A toy-world sample as the JSONL record ``datamodules.sft_targets.sft_target`` reads."""
     return {
         "id": sample.sample_id,
         "solution": (sample.boxes[0] if sample.boxes else []) if sample.task == "rec" else sample.boxes,
@@ -91,7 +91,7 @@ def _toy_record(sample) -> dict:
 
 
 def toy_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str:
-    """The 4-part toy target (``datamodules.toy.sft_target``) for a toy-world sample."""
+    """The 4-part toy target (``datamodules.sft_targets.sft_target``) for a toy-world sample."""
     from datamodules.sft_targets import sft_target
 
     return sft_target(_toy_record(sample), input_wh)

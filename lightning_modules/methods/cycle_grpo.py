@@ -134,7 +134,7 @@ class CycleGRPO(Method):
         if region_space not in ("box", *VIDEO_SPACES):
             raise ValueError(
                 f"--model.method_args.region_space {region_space!r}: 'box' (images) or 'interval' / 'anchor' (video "
-                "samples, datamodules/video.py) are wired; the mask space exists in lightning_modules/regions/"
+                "samples, datamodules/video.py) are wired; the mask space exists in core/regions/"
             )
         self.N, self.K, self.alpha, self.mode = n_captions, k_groundings, alpha, mode
         self.K0 = no_target_groundings or k_groundings

@@ -76,7 +76,7 @@ PROMPT_TEMPLATES = {
     },
     # Short prompt used by the toy model: its tokenizer is small, and the instruction is implied by SFT.
     "toy": {"rec": "Find: {query}", "ovd": "Find every: {query}"},
-    # CycleGRPO's captioning direction: ``{query}`` is the serialized region (lightning_modules/regions/)
+    # CycleGRPO's captioning direction: ``{query}`` is the serialized region (core/regions/)
     "caption": {
         "rec": "Describe the object in the region {query} so that someone can find it again, without coordinates. "
         "Output the description in <answer> </answer> tags."
