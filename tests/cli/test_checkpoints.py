@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_cli import _error  # one line on stderr, exit status 2
 
 from cli.main import intact_checkpoint, main
 from lightning_modules import checkpoints
@@ -21,15 +22,6 @@ from lightning_modules.models.fsdp import FSDP2Strategy
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "configs/tiny.yaml")
-
-
-def _error(args: list[str], capsys) -> str:
-    with pytest.raises(SystemExit) as exc:
-        main(args)
-    assert exc.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and "\n" not in err, err
-    return err
 
 
 def _save(strategy: FSDP2Strategy, path: Path, step: int) -> None:

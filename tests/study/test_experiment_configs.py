@@ -5,28 +5,16 @@ tests/study/test_study.py (``test_a_row_of_each_new_study_fits_real_steps``)."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 from pathlib import Path
 
 import pytest
-import yaml
+from test_study import _print_config  # the config the CLI composes for a command line
 
 from study import HELDOUT, HELDOUT_VIDEO, load_study, plan
 
 REPO = Path(__file__).resolve().parents[2]
 OVERLAYS = {REPO / HELDOUT: "configs/tiny.yaml", REPO / HELDOUT_VIDEO: "configs/cycle_tiny_temporal.yaml"}
 STUDIES = sorted(p for p in (REPO / "experiments/study").glob("*.yaml") if p not in OVERLAYS)
-
-
-def _print_config(argv: list[str]) -> dict:
-    from train import cli_main
-
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf), pytest.raises(SystemExit) as exc:
-        cli_main([*argv, "--print_config"])
-    assert exc.value.code in (None, 0), f"the CLI rejected {' '.join(argv)}"
-    return yaml.safe_load(buf.getvalue())
 
 
 def test_the_study_folder_holds_the_studies_and_the_overlays():
