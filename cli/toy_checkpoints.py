@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 class Build(NamedTuple):
     make: str
@@ -55,5 +57,10 @@ def missing_checkpoint_message(path: str | Path) -> str | None:
     build = BUILDS.get(p.name)
     if build is None or p.parent.name != "checkpoints" or (p / "config.json").is_file():
         return None
+    if not p.is_absolute() and (REPO / p / "config.json").is_file():  # the configs' paths are relative to the repo
+        return (
+            f"--model.init_args.model_name_or_path {path} is relative to the working directory ({Path.cwd()}), "
+            f"which has no such folder: run from the repository root ({REPO}) or pass the flag with {REPO / p}"
+        )
     where = "is missing" if p.name in KEPT else "is not in git"
     return f"--model.init_args.model_name_or_path {path} {where}: build it with `{build.make}` ({build.takes})"

@@ -108,9 +108,13 @@ def test_named_callbacks_merge_by_name():
     assert cfg["name"] == "tiny" and cfg["method"] == "grpo"
 
 
-def test_one_folder_and_one_name_per_run(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    cli = cli_main(["--config", TINY, "--config", str(REPO / "configs/baselines/syn_grpo_wo_rdiv.yaml")], run=False)
+def test_one_folder_and_one_name_per_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # outside the repository, the configs' relative model path names no folder: one line
+    err = _error(["fit", "--config", TINY, "--trainer.max_steps", "1"], capsys)
+    assert "relative to the working directory" in err and str(REPO / "checkpoints/toy-qwen2.5-vl") in err
+    model = ["--model.init_args.model_name_or_path", str(REPO / "checkpoints/toy-qwen2.5-vl")]
+    overlay = str(REPO / "configs/baselines/syn_grpo_wo_rdiv.yaml")
+    cli = cli_main(["--config", TINY, "--config", overlay, *model], run=False)
     t = cli.trainer
     assert t.default_root_dir == "outputs/tiny-syn_grpo_wo_rdiv" and t.run_name == "tiny-syn_grpo_wo_rdiv"
     ckpt = t.checkpoint_callback
@@ -119,7 +123,7 @@ def test_one_folder_and_one_name_per_run(tmp_path, monkeypatch):
     assert wb.save_dir == "outputs/tiny-syn_grpo_wo_rdiv" and wb._wandb_init["name"] == "tiny-syn_grpo_wo_rdiv"
     assert wb._wandb_init["group"] == "tiny" and "syn_grpo_wo_rdiv" in wb._wandb_init["tags"]
     # --trainer.default_root_dir moves every output
-    cli = cli_main(["--config", TINY, "--trainer.default_root_dir", str(tmp_path / "elsewhere")], run=False)
+    cli = cli_main(["--config", TINY, "--trainer.default_root_dir", str(tmp_path / "elsewhere"), *model], run=False)
     assert Path(cli.trainer.checkpoint_callback.dirpath) == tmp_path / "elsewhere/checkpoints"
     assert cli.trainer.loggers[0].save_dir == str(tmp_path / "elsewhere")
     assert run_name("tiny", None) == "tiny" and run_name(None, "sft") == "run-sft"
