@@ -54,6 +54,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 
 from cli.errors import ConfigError, explain, fail, init_flags, locate_value  # noqa: E402
 from cli.toy_checkpoints import missing_checkpoint_message  # noqa: E402
+from core.records import DataError  # noqa: E402
 
 PROJECT_HELP = """\
 Syn-GRPO. Start from a config and change single values with flags:
@@ -502,7 +503,7 @@ def error_class(e: BaseException) -> str | None:
     msg = str(e)
     if isinstance(e, ConfigError):
         return "config"
-    if any(c.__name__ == "DataError" for c in type(e).__mro__):  # datamodules' defect in a data file
+    if isinstance(e, DataError):  # a defect in a data file, named with its file and line
         return "data"
     hub = type(e).__module__.startswith("huggingface_hub")
     if hub or (isinstance(e, OSError) and "model_name_or_path" in msg):

@@ -14,6 +14,7 @@ restarts the worker and retries the batch's jobs. The worker exits when the serv
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
@@ -118,14 +119,14 @@ def _audit_dict(a: Audit) -> dict[str, Any]:
 
 
 def _load_image(item: dict[str, Any]) -> Image.Image:
+    """The job's input, decoded: its bytes, or the checked file opened without following a link."""
     if item.get("image_bytes") is not None:
-        image = Image.open(io.BytesIO(item["image_bytes"]))
+        source = contextlib.nullcontext(io.BytesIO(item["image_bytes"]))
     else:
-        with open_input(item["image_path"], item.get("image_identity")) as fh:
-            image = Image.open(fh)
-            image.load()
-        return image
-    image.load()
+        source = open_input(item["image_path"], item.get("image_identity"))
+    with source as fh:
+        image = Image.open(fh)
+        image.load()
     return image
 
 
