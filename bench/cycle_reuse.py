@@ -33,7 +33,6 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
@@ -75,6 +74,7 @@ def _samples(n: int):
 
 def run(args) -> dict:
     from lightning_modules.engines.base import RolloutRequest, Sampling, build_rollout_engine
+    from lightning_modules.methods.base import MethodContext
     from lightning_modules.methods.cycle_grpo import CycleGRPO, caption_text
     from lightning_modules.models.loading import load_policy
 
@@ -91,9 +91,9 @@ def run(args) -> dict:
         enable_fast_vision_attention(model)
     engine = build_rollout_engine(args.engine)
     method = CycleGRPO(
-        SimpleNamespace(prompt_template=args.grounding_template), n_captions=args.n, k_groundings=args.k,
+        n_captions=args.n, k_groundings=args.k,
         caption_template=args.caption_template, region_space="interval" if args.clips else "box",
-    )  # fmt: skip
+    ).bind(MethodContext(prompt_template=args.grounding_template))  # fmt: skip
     samples = _clips(args.samples, args.clip_size, args.clip_frames) if args.clips else _samples(args.samples)
     sampling = Sampling(max_new_tokens=args.tokens, min_new_tokens=args.tokens, temperature=1.0)
     cap_prompts = [

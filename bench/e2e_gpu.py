@@ -242,7 +242,8 @@ def swap_paths_and_lengths(cfg: dict[str, Any], *, ctx: dict[str, Any], run_dir:
 
     t, m, d = cfg["trainer"], cfg["model"]["init_args"], cfg["data"]["init_args"]
     task = m.get("task", "rec")
-    put(m, "model_name_or_path", ctx["model_dir"], "model")
+    pol, smp = m.setdefault("policy", {}), m.setdefault("sampling", {})  # GRPOModule's typed groups
+    put(pol, "model_name_or_path", ctx["model_dir"], "model.policy")
     if cfg["data"]["class_path"].endswith("VideoGroundingDataModule"):  # video configs read the toy video world
         task = "video"
         jsonl_path = lambda root, split, task: toy_video.jsonl_path(root, split)  # noqa: E731
@@ -259,13 +260,13 @@ def swap_paths_and_lengths(cfg: dict[str, Any], *, ctx: dict[str, Any], run_dir:
     put(d, "max_train_samples", ctx["train_samples"], "data")
     put(d, "max_eval_samples", ctx["val_samples"], "data")
     # random weights rarely sample EOS: fix every completion at the config's length (the same work as TRL's run)
-    put(m, "min_new_tokens", m.get("max_new_tokens", 256) if not ctx.get("smoke") else 16, "model")
+    put(smp, "min_new_tokens", smp.get("max_new_tokens", 256) if not ctx.get("smoke") else 16, "model.sampling")
     put(t, "max_epochs", ctx["epochs"], "trainer")
     put(t, "limit_val_batches", 1, "trainer")
     put(t, "default_root_dir", str(run_dir), "trainer")
     if ctx.get("smoke"):
         put(t, "accelerator", "cpu", "trainer")
-        put(m, "max_new_tokens", 16, "model")
+        put(smp, "max_new_tokens", 16, "model.sampling")
     loggers = t.get("logger") or []
     if isinstance(loggers, list) and importlib.util.find_spec("wandb") is None:
         # a machine without wandb (20 MB of wheels to carry): the run keeps its other loggers and metrics.jsonl

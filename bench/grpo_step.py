@@ -320,18 +320,21 @@ def run_module_step(name: str, args, device, result: dict, save) -> None:
     data = ToySceneDataset("train", args.prompts * steps, seed=0, size=max(args.image_size, 64))
     loader = torch.utils.data.DataLoader(data, batch_size=args.prompts, collate_fn=list)
     module = GRPOModule(
-        model_name_or_path=build["path"],
-        dtype="bf16" if cuda else "fp32",
-        prompt_template="syn_grpo",
-        group_size=args.group,
-        max_new_tokens=args.new_tokens,
-        min_new_tokens=args.new_tokens,
-        rollout_engine="fast",
-        rollout_compile=cuda,
-        update_engine="packed",
-        micro_batch_size=args.micro_batch,
-        ref_micro_batch_size=args.ref_micro_batch,
-        vision_checkpointing=cuda,
+        policy={"model_name_or_path": build["path"], "dtype": "bf16" if cuda else "fp32"},
+        sampling={
+            "prompt_template": "syn_grpo",
+            "group_size": args.group,
+            "max_new_tokens": args.new_tokens,
+            "min_new_tokens": args.new_tokens,
+        },
+        engines={
+            "rollout_engine": "fast",
+            "rollout_compile": cuda,
+            "update_engine": "packed",
+            "micro_batch_size": args.micro_batch,
+            "ref_micro_batch_size": args.ref_micro_batch,
+            "vision_checkpointing": cuda,
+        },
     )
 
     class Record(L.Callback):

@@ -31,6 +31,7 @@ from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from PIL import Image, ImageDraw
 
 from callbacks.gallery import GT_COLOUR, LINE_H, PRED_COLOUR, colour_key, draw_boxes, wrap
+from lightning_modules.grpo.args import flat_hparams
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The local metrics file
@@ -482,7 +483,9 @@ def gallery_panel(
         wrapped += wrap(str(line), img.width - 6, max_lines=3)
     key = [(GT_COLOUR, "ground truth")]
     key += (
-        [(colours[0], "prediction")] if len(pred_boxes) <= 1 else [(colours[0], "completion 1"), (colours[1 % len(colours)], "2 ...")]
+        [(colours[0], "prediction")]
+        if len(pred_boxes) <= 1
+        else [(colours[0], "completion 1"), (colours[1 % len(colours)], "2 ...")]
     )
     panel = Image.new("RGB", (img.width, img.height + LINE_H * (len(wrapped) + 1) + 8), (255, 255, 255))
     panel.paste(img, (0, 0))
@@ -576,7 +579,7 @@ class RolloutGallery(Callback):
         samples = self._fixed_samples(trainer, kind)
         if not samples or not self._usable(pl_module):
             return
-        hp = pl_module.hparams
+        hp = flat_hparams(pl_module.hparams)
         template = hp.get("eval_prompt_template") or hp.get("prompt_template", "syn_grpo")
         template = template if isinstance(template, str) else list(template)[0]  # SFT: a list of templates
         answers, _ = greedy_answers(

@@ -6,10 +6,12 @@ traceback; ``explain`` turns them into one sentence that names the flag and says
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
 import re
 import sys
+import typing
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -35,11 +37,39 @@ def init_flags(classes: Iterable[type], prefix: str) -> list[str]:
             params = inspect.signature(cls.__init__).parameters
         except (TypeError, ValueError):
             continue
+        try:
+            hints = typing.get_type_hints(cls.__init__)
+        except Exception:  # an annotation that does not resolve here: the group's fields are not listed
+            hints = {}
         for name, p in params.items():
             if name == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
                 continue
             out += [f"--{prefix}.init_args.{name}", f"--{prefix}.{name}"]
+            if dataclasses.is_dataclass(hints.get(name)):  # a typed group: its fields too
+                for f in dataclasses.fields(hints[name]):
+                    out += [f"--{prefix}.init_args.{name}.{f.name}", f"--{prefix}.{name}.{f.name}"]
     return out
+
+
+def moved_flag(flag: str) -> str | None:
+    """Where a flat ``GRPOModule`` flag of before the typed groups lives now (``--model.kl_coef`` ->
+    ``--model.kl.coef``), or None."""
+    from lightning_modules.grpo.args import MOVED
+
+    m = re.fullmatch(r"(-*model\.)(init_args\.)?([a-z_]+)", flag)
+    if not m or m[3] not in MOVED:
+        return None
+    return f"{m[1]}{m[2] or ''}{MOVED[m[3]]}"
+
+
+def _moved_hint(flag: str) -> str:
+    new = moved_flag(flag)
+    return (
+        f" (it moved to {new}: GRPOModule's settings are in typed groups; `python -m cli.migrate_config FILE` "
+        "rewrites a config)"
+        if new
+        else ""
+    )
 
 
 def did_you_mean(flag: str, known: Sequence[str]) -> str:
@@ -69,7 +99,10 @@ def explain(message: str, known_flags: Sequence[str], prog: str = "train.py") ->
     m = _UNRECOGNIZED.search(text)
     if m:
         name = m["args"].split()[0].split("=", 1)[0]
-        hint = did_you_mean(name, known_flags) if name.startswith("--") else ""
+        outer = _KEYS.findall(raw)[:1]  # a nested parser's message names the flag without its class's key
+        if outer and name.startswith("--") and not name.startswith(f"--{outer[0]}."):
+            name = f"--{outer[0]}.{name[2:]}"
+        hint = _moved_hint(name) or (did_you_mean(name, known_flags) if name.startswith("--") else "")
         return f"unknown flag {name}{hint}; `python {prog} <subcommand> --help` lists the flags"
     m = _SUBCOMMAND.search(text)
     if m:
@@ -85,8 +118,9 @@ def explain(message: str, known_flags: Sequence[str], prog: str = "train.py") ->
     keys = _KEYS.findall(raw)
     m = _NOT_ACCEPTED.search(text)
     if m and keys:
-        flag = _flag([*keys[:1], m["opt"]])
-        return f"unknown flag {flag}{did_you_mean(flag, known_flags)}; `python {prog} fit --{keys[0]}.help CLASS` lists them"
+        flag = _flag([*keys, m["opt"]])  # every nesting level: --model.init_args.method.init_args.<opt>
+        hint = _moved_hint(flag) or did_you_mean(flag, known_flags)
+        return f"unknown flag {flag}{hint}; `python {prog} fit --{keys[0]}.help CLASS` lists them"
     m = _LITERAL.search(text)
     if m and keys:
         allowed = ", ".join(c.strip().strip("'\"") for c in m["choices"].split(","))

@@ -18,6 +18,7 @@ import lightning as L
 import torch
 
 from cli.errors import ConfigError
+from lightning_modules.grpo.args import flat_hparams
 
 
 def _policy_state(ckpt_path: str | Path, model: L.LightningModule) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -40,7 +41,7 @@ def _policy_state(ckpt_path: str | Path, model: L.LightningModule) -> tuple[dict
 def _sharded_policy_state(path: Path, model: L.LightningModule) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The full policy of a distributed checkpoint (``ModelParallelStrategy``: ``.metadata``, one ``.distcp`` file
     per rank, ``meta.pt``), read in this one process: each tensor's shards are copied into ``model``'s tensor of the
-    same name (the fp32 masters cast to the export's ``--model.dtype``); the optimizer state is never read."""
+    same name (the fp32 masters cast to the export's ``--model.policy.dtype``); the optimizer state is never read."""
     import torch.distributed.checkpoint as dcp
 
     if not (path / "meta.pt").is_file() or not (path / ".metadata").is_file():
@@ -54,7 +55,7 @@ def _sharded_policy_state(path: Path, model: L.LightningModule) -> tuple[dict[st
     if missing:
         raise ConfigError(
             f"--ckpt_path {path}: {len(missing)} policy weights missing (e.g. {missing[0]}); the checkpoint is of "
-            "another model than --model.init_args.model_name_or_path"
+            "another model than --model.init_args.policy.model_name_or_path"
         )
     dcp.load({"state_dict": policy}, checkpoint_id=str(path), no_dist=True)
     meta = torch.load(str(path / "meta.pt"), map_location="cpu", weights_only=False)
@@ -81,13 +82,13 @@ def export_policy(
         if missing:
             raise ConfigError(
                 f"--ckpt_path {ckpt_path}: {len(missing)} policy weights missing (e.g. {missing[0]}); the checkpoint "
-                "is of another model than --model.init_args.model_name_or_path"
+                "is of another model than the config's model_name_or_path"
             )
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.policy.save_pretrained(out)
     model.processor.save_pretrained(out)
-    hp = dict(model.hparams)
+    hp = flat_hparams(model.hparams)
     _write_generation_config(model, out, hp)
     _write_prompt_template(out, hp)
     _write_card(out, hp, ckpt_path, facts, run_name)
@@ -180,6 +181,6 @@ model = AutoModelForImageTextToText.from_pretrained("{out}")
 processor = AutoProcessor.from_pretrained("{out}")
 ```
 
-or evaluate it with the project: `python train.py test --config <config> --model.init_args.model_name_or_path {out}`.
+or evaluate it with the project: `python train.py test --config <config> --model.init_args.policy.model_name_or_path {out}`.
 """
     (out / "README.md").write_text(card, encoding="utf-8")

@@ -23,6 +23,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import shlex
 import sys
 import warnings
@@ -48,6 +49,7 @@ class _DropNotes(logging.Filter):
 logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropNotes())
 
 import lightning as L  # noqa: E402
+import torch  # noqa: E402
 from jsonargparse import Namespace  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
@@ -55,10 +57,11 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from cli.errors import ConfigError, explain, fail, init_flags, locate_value  # noqa: E402
 from cli.toy_checkpoints import missing_checkpoint_message  # noqa: E402
 from core.records import DataError  # noqa: E402
+from lightning_modules.methods.base import METHODS  # noqa: E402
 
 PROJECT_HELP = """\
 Syn-GRPO. Start from a config and change single values with flags:
-  python train.py fit --config configs/tiny.yaml --model.init_args.diversity_beta 0.5
+  python train.py fit --config configs/tiny.yaml --model.method.init_args.diversity_beta 0.5
   python train.py fit --config configs/tiny.yaml --config configs/baselines/grpo.yaml    # a baseline: outputs/tiny-grpo/
   python train.py test --config configs/tiny.yaml --ckpt_path outputs/tiny/checkpoints/last.ckpt
   python train.py export --config configs/tiny.yaml --ckpt_path outputs/tiny/checkpoints/last.ckpt --out DIR
@@ -84,7 +87,11 @@ def _project_classes() -> dict[str, list[type]]:
     from datamodules.rec import RECDataModule
     from datamodules.synthetic import SyntheticDataModule
     from lightning_modules.grpo import GRPOModule
+    from lightning_modules.methods.base import METHODS
     from lightning_modules.sft import SFTModule
+
+    for name in METHODS:  # every method class imported: short names resolve (--model.method GRPO)
+        METHODS[name]
 
     return {"model": [GRPOModule, SFTModule], "data": [RECDataModule, SyntheticDataModule]}
 
@@ -116,7 +123,14 @@ class ProjectParser(LightningArgumentParser):
     def _known_flags(self) -> list[str]:
         flags = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
         classes = _project_classes()
-        return flags + init_flags(classes["model"], "model") + init_flags(classes["data"], "data")
+        methods = [METHODS[name] for name in METHODS]
+        return (
+            flags
+            + init_flags(classes["model"], "model")
+            + init_flags(classes["data"], "data")
+            + init_flags(methods, "model.method")
+            + init_flags(methods, "model.init_args.method")
+        )
 
     def error(self, message: str, ex: Exception | None = None):  # type: ignore[override]
         from jsonargparse._common import debug_mode_active  # the same switch as the parent's (JSONARGPARSE_DEBUG)
@@ -391,17 +405,18 @@ class SynGRPOCLI(LightningCLI):
         files = [str(p) for p in (cfg.get("config") or []) if p is not None]
         model = cfg.get("model")
         args = model.get("init_args") if isinstance(model, Namespace) else None
-        path = args.get("model_name_or_path") if args is not None else None
+        policy = args.get("policy") if args is not None else None  # GRPOModule's and SFTModule's policy group
+        flag = "--model.init_args.policy.model_name_or_path"
+        path = policy.get("model_name_or_path") if policy is not None else None
         if path and not args.get("build_tiny") and (missing := missing_checkpoint_message(path)):
             fail(missing)  # a toy checkpoint git does not keep: the make target that builds it
         looks_local = str(path).startswith(("/", ".", "~")) or str(path).count("/") != 1  # a hub id is org/name
         if path and looks_local and not args.get("build_tiny") and not _has_model(path):
             where = locate_value(str(path), files)
             fail(
-                f"--model.init_args.model_name_or_path {path}: no model there (no config.json)"
+                f"{flag} {path}: no model there (no config.json)"
                 + (f"; edit {where}" if where else "")
-                + " and point it at a local copy of the model (a save_pretrained directory), or pass "
-                "--model.init_args.model_name_or_path DIR"
+                + f" and point it at a local copy of the model (a save_pretrained directory), or pass {flag} DIR"
             )
         data = cfg.get("data")
         dargs = data.get("init_args") if isinstance(data, Namespace) else None
@@ -423,7 +438,31 @@ class SynGRPOCLI(LightningCLI):
         if ckpt and ckpt not in ("last", "best", "hpc", "registry"):
             run = run_name(cfg.get("name"), cfg.get("method"))
             cfg.ckpt_path = intact_checkpoint(str(ckpt), use_intact=bool(cfg.get("resume_intact")), run=run)
-        super()._parse_ckpt_path()
+        self._apply_ckpt_hparams()
+
+    def _apply_ckpt_hparams(self) -> None:
+        """As LightningCLI's ``_parse_ckpt_path``: the checkpoint's hyperparameters override the config's (a resume
+        trains what was trained), given as the module's ``init_args``; a checkpoint of the flat ``GRPOModule`` arguments
+        (before the typed groups) is read through `cli.migrate_config.migrate_init_args`."""
+        sub = self.config.get("subcommand")
+        ckpt = self.config[sub].get("ckpt_path") if sub else None
+        if not ckpt or not Path(ckpt).is_file():
+            return
+        hparams = dict(torch.load(ckpt, weights_only=True, map_location="cpu").get("hyper_parameters") or {})
+        hparams.pop("_instantiator", None)
+        class_path = hparams.pop("_class_path", None)
+        if not hparams or class_path is None:
+            return
+        from cli.migrate_config import migrate_init_args
+
+        hparams = migrate_init_args(hparams, sft=class_path.endswith("SFTModule"))
+        try:
+            self.config = self.parser.parse_object(
+                {sub: {"model": {"class_path": class_path, "init_args": hparams}}}, self.config
+            )
+        except SystemExit:
+            sys.stderr.write(f"--ckpt_path {ckpt}: its hyperparameters do not parse with this version's module\n")
+            raise
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         from lightning.pytorch.callbacks.progress import ProgressBar
@@ -529,7 +568,24 @@ def main(args: list[str] | None = None) -> None:
         kind = error_class(e)
         if debug or kind is None:
             raise
-        fail(" ".join(str(e).split()) + " (--debug shows the traceback)", EXIT_CODES[kind])
+        fail(" ".join(_user_message(e).split()) + " (--debug shows the traceback)", EXIT_CODES[kind])
+
+
+def _user_message(e: BaseException) -> str:
+    """The message that says what to fix: the innermost cause that names a flag (``--model.sampling.group_size must
+    be >= 2 ...``) rather than the parser's wrapper around it (``Does not validate against any of the Union
+    subtypes ... Given value: Namespace(...)``), or a flag's line inside that wrapper; else ``e``'s own."""
+    seen, cause = set(), e
+    best = None
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if str(cause).startswith("--"):
+            best = str(cause)
+        cause = cause.__cause__ or cause.__context__
+    if best is not None:
+        return best
+    m = re.search(r"(?m)^\s*-\s*(--\S+ .*)$", str(e))
+    return m.group(1) if m else str(e)
 
 
 if __name__ == "__main__":

@@ -53,14 +53,15 @@ BUILDS: dict[str, Build] = {
 def missing_checkpoint_message(path: str | Path) -> str | None:
     """One line for a toy checkpoint folder (``checkpoints/<name>``) that has no model: whether git keeps it, the
     command that builds it and how long that takes; None for any other path, or one that holds a model."""
+    flag = "--model.init_args.policy.model_name_or_path"
     p = Path(str(path)).expanduser()
     build = BUILDS.get(p.name)
     if build is None or p.parent.name != "checkpoints" or (p / "config.json").is_file():
         return None
     if not p.is_absolute() and (REPO / p / "config.json").is_file():  # the configs' paths are relative to the repo
         return (
-            f"--model.init_args.model_name_or_path {path} is relative to the working directory ({Path.cwd()}), "
+            f"{flag} {path} is relative to the working directory ({Path.cwd()}), "
             f"which has no such folder: run from the repository root ({REPO}) or pass the flag with {REPO / p}"
         )
     where = "is missing" if p.name in KEPT else "is not in git"
-    return f"--model.init_args.model_name_or_path {path} {where}: build it with `{build.make}` ({build.takes})"
+    return f"{flag} {path} {where}: build it with `{build.make}` ({build.takes})"

@@ -51,12 +51,14 @@ DEFAULT_CHUNK_SIZE = 512
 
 def _check_groups(rewards: torch.Tensor, group_size: int) -> None:
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
-        raise ValueError(f"--model.group_size must be an int >= 2 for group-normalised advantages, got {group_size!r}")
+        raise ValueError(
+            f"--model.sampling.group_size must be an int >= 2 for group-normalised advantages, got {group_size!r}"
+        )
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D [B*G], got shape {tuple(rewards.shape)}")
     if rewards.numel() == 0 or rewards.numel() % group_size:
         raise ValueError(
-            f"rewards has {rewards.numel()} entries, not a positive multiple of --model.group_size={group_size}"
+            f"rewards has {rewards.numel()} entries, not a positive multiple of --model.sampling.group_size={group_size}"
         )
 
 
@@ -84,7 +86,7 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group
         [B*G] advantages (float32 or the input float dtype), detached. Groups with all-equal rewards get exactly 0.
     """
     if scale not in SCALES:
-        raise ValueError(f"--model.advantage_scale must be one of {'|'.join(SCALES)}, got {scale!r}")
+        raise ValueError(f"--model.optimisation.advantage_scale must be one of {'|'.join(SCALES)}, got {scale!r}")
     if not eps >= 0:
         raise ValueError(f"advantage eps must be >= 0, got {eps!r}")
     rewards = torch.as_tensor(rewards)
@@ -134,7 +136,7 @@ def advantages_by_group(
     if G is not None:
         return group_advantages(r, G, scale=scale, eps=eps)
     if scale not in SCALES:
-        raise ValueError(f"--model.advantage_scale must be one of {'|'.join(SCALES)}, got {scale!r}")
+        raise ValueError(f"--model.optimisation.advantage_scale must be one of {'|'.join(SCALES)}, got {scale!r}")
     out = torch.zeros_like(r)
     batch_std = r.std()
     for g in torch.unique(ids):
@@ -207,7 +209,7 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3"
         return (torch.exp(log_ratio) - log_ratio - 1.0).clamp(-10.0, 10.0)
     if estimator == "abs":
         return (logp - ref_logp).abs()
-    raise ValueError(f"--model.kl_estimator must be one of {'|'.join(KL_ESTIMATORS)}, got {estimator!r}")
+    raise ValueError(f"--model.kl.estimator must be one of {'|'.join(KL_ESTIMATORS)}, got {estimator!r}")
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -246,9 +248,9 @@ def aggregate(
     if aggregation == "seq-mean-token-sum-norm":
         length = loss_tok.shape[1] if max_length is None else max_length
         if length < 1:
-            raise ValueError(f"--model.max_new_tokens must be >= 1 for seq-mean-token-sum-norm, got {length}")
+            raise ValueError(f"--model.sampling.max_new_tokens must be >= 1 for seq-mean-token-sum-norm, got {length}")
         return (loss_tok * m).sum() / (loss_tok.shape[0] * length)
-    raise ValueError(f"--model.aggregation must be one of {'|'.join(AGGREGATIONS)}, got {aggregation!r}")
+    raise ValueError(f"--model.optimisation.aggregation must be one of {'|'.join(AGGREGATIONS)}, got {aggregation!r}")
 
 
 def policy_loss(
@@ -294,13 +296,15 @@ def policy_loss(
             f"{tuple(mask.shape)}"
         )
     if not (0.0 <= clip_low < 1.0):
-        raise ValueError(f"--model.clip_low must be in [0, 1), got {clip_low}")
+        raise ValueError(f"--model.optimisation.clip_low must be in [0, 1), got {clip_low}")
     if not clip_high >= 0.0:
-        raise ValueError(f"--model.clip_high must be >= 0, got {clip_high}")
+        raise ValueError(f"--model.optimisation.clip_high must be >= 0, got {clip_high}")
     if dual_clip is not None and not dual_clip > 1.0:
-        raise ValueError(f"--model.dual_clip must be > 1 (verl's clip_ratio_c, e.g. 3.0) or null, got {dual_clip}")
+        raise ValueError(
+            f"--model.optimisation.dual_clip must be > 1 (verl's clip_ratio_c, e.g. 3.0) or null, got {dual_clip}"
+        )
     if not kl_coef >= 0.0:
-        raise ValueError(f"--model.kl_coef must be >= 0, got {kl_coef}")
+        raise ValueError(f"--model.kl.coef must be >= 0, got {kl_coef}")
 
     if advantages.dim() == 1:
         if advantages.shape[0] != logp.shape[0]:
@@ -341,7 +345,7 @@ def policy_loss(
         kl_stat = masked_mean(kl_tok.detach(), m)
     else:
         if kl_estimator not in KL_ESTIMATORS:
-            raise ValueError(f"--model.kl_estimator must be one of {'|'.join(KL_ESTIMATORS)}, got {kl_estimator!r}")
+            raise ValueError(f"--model.kl.estimator must be one of {'|'.join(KL_ESTIMATORS)}, got {kl_estimator!r}")
         kl_stat = logp.new_zeros(())
 
     loss = aggregate(loss_tok, m, aggregation, max_length)

@@ -81,19 +81,29 @@ class Registry(Mapping[str, type[T]], Generic[T]):
         except TypeError as err:
             raise ValueError(f"{self.args_flag} {kwargs!r} do not fit {self.kind} {name!r}: {err}") from err
 
-    def describe(self) -> str:
-        """Every entry as ``name`` (summary), in registration order: the choices a flag's help lists."""
-        items = [f"``{n}`` ({s})" if s else f"``{n}``" for n, s in self._summaries.items()]
+    def describe(self, classes: bool = False) -> str:
+        """Every entry as ``name`` (summary), in registration order: the choices a flag's help lists. ``classes``: as
+        ``Class`` (``name``, ``module``: summary), for a flag that takes a class (``--model.method``)."""
+        if classes:
+            items = []
+            for n, s in self._summaries.items():
+                entry = self._entries[n]
+                module, cls = entry.split(":") if isinstance(entry, str) else (entry.__module__, entry.__qualname__)
+                items.append(f"``{cls}`` (``{n}``, {module}" + (f": {s})" if s else ")"))
+        else:
+            items = [f"``{n}`` ({s})" if s else f"``{n}``" for n, s in self._summaries.items()]
         return ", ".join(items[:-1]) + f" or {items[-1]}" if len(items) > 1 else "".join(items)
 
 
 def document(**registries: Registry):
-    """Class decorator: replace each ``{key}`` of the class docstring by ``registries[key].describe()``, so the help
-    of a flag that names a plug-in lists every registered one (and cannot drift from the registry)."""
+    """Class decorator: replace each ``{key}`` of the class docstring by ``registries[key].describe()`` (by
+    ``describe(classes=True)`` for a ``{key:classes}`` placeholder), so the help of a flag that names a plug-in lists
+    every registered one (and cannot drift from the registry)."""
 
     def deco(cls):
         doc = cls.__doc__ or ""
         for key, registry in registries.items():
+            doc = doc.replace("{" + key + ":classes}", registry.describe(classes=True))
             doc = doc.replace("{" + key + "}", registry.describe())
         cls.__doc__ = doc
         return cls

@@ -354,7 +354,7 @@ def format_reward(
     verdict from them instead of parsing again).
     """
     if format not in FORMATS:
-        raise ValueError(f"--model.format must be one of {sorted(FORMATS)}, got {format!r}")
+        raise ValueError(f"--model.method.init_args.format must be one of {sorted(FORMATS)}, got {format!r}")
     if format != "syn_grpo":
         names = [getattr(tags, f) for f in FORMATS[format]]
         out = []
@@ -480,10 +480,14 @@ def ground_truth_diversity(acc: torch.Tensor | Sequence[float], group_size: int)
         [B] float32. 1/4 is the largest variance of values in [0, 1] (half at 0, half at 1).
     """
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
-        raise ValueError(f"--model.group_size must be an int >= 2 for ground-truth diversity, got {group_size!r}")
+        raise ValueError(
+            f"--model.sampling.group_size must be an int >= 2 for ground-truth diversity, got {group_size!r}"
+        )
     a = torch.as_tensor(acc, dtype=torch.float32).detach().reshape(-1)
     if a.numel() == 0 or a.numel() % group_size:
-        raise ValueError(f"acc has {a.numel()} entries, not a positive multiple of --model.group_size={group_size}")
+        raise ValueError(
+            f"acc has {a.numel()} entries, not a positive multiple of --model.sampling.group_size={group_size}"
+        )
     a = torch.nan_to_num(a, nan=0.0, posinf=1.0, neginf=0.0)
     var = a.view(-1, group_size).var(dim=1, unbiased=False)  # [B]
     return (var / 0.25).clamp(0.0, 1.0)
@@ -525,7 +529,7 @@ def diversity_reward(
     """
     if form not in DIVERSITY_REWARD_FORMS:
         raise ValueError(
-            f"--model.diversity_reward_form must be one of {'|'.join(DIVERSITY_REWARD_FORMS)}, got {form!r}"
+            f"--model.method.init_args.diversity_reward_form must be one of {'|'.join(DIVERSITY_REWARD_FORMS)}, got {form!r}"
         )
     fn = DIVERSITY_REWARD_FORMS[form]
     targets = target.detach().reshape(-1).tolist() if isinstance(target, torch.Tensor) else list(target)
@@ -560,7 +564,7 @@ class DiversitySmoother:
 
     def __init__(self, beta: float = 0.7, eps: float = 1e-8, distributed: bool = True) -> None:
         if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not (0.0 <= beta < 1.0):
-            raise ValueError(f"--model.diversity_beta must be in [0, 1) (paper: 0.7), got {beta!r}")
+            raise ValueError(f"--model.method.init_args.diversity_beta must be in [0, 1) (paper: 0.7), got {beta!r}")
         if not eps >= 0:
             raise ValueError(f"diversity smoother eps must be >= 0, got {eps!r}")
         self.beta = float(beta)

@@ -20,7 +20,7 @@ import math
 import re
 import zlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import lightning as L
@@ -29,7 +29,7 @@ import torch
 from lightning_modules import rewards
 from lightning_modules.engines.base import build_rollout_engine, rollout
 from lightning_modules.evaluation.evaluator import Evaluator, eval_set_name, format_for_template, greedy_answers
-from lightning_modules.models.loading import load_policy
+from lightning_modules.models.loading import PolicyArgs, load_policy, prepare_policy
 from lightning_modules.models.prompts import CHAT_TEMPLATE, PROMPT_TEMPLATES, build_prompt_text
 from lightning_modules.models.qwen_vl import box_frame, box_frame_wh, model_input_size, model_inputs, processor_inputs
 from lightning_modules.models.tiny_model import build_tiny_qwen2_5_vl
@@ -158,19 +158,19 @@ class SFTModule(L.LightningModule):
     """Supervised fine-tuning of an image-text-to-text policy on (prompt, completion) pairs.
 
     Args:
-        model_name_or_path: policy to fine-tune (ignored for building when ``build_tiny`` is set and the folder does
-            not hold a model yet: it is created there).
-        build_tiny: build a small Qwen2.5-VL from scratch into ``model_name_or_path`` first (the toy checkpoint).
+        policy: the policy to fine-tune and how it is loaded (``--model.policy.*``, the same group as `GRPOModule`'s:
+            a baseline overlay that swaps the module keeps the base's policy). When ``build_tiny`` is set and
+            ``policy.model_name_or_path`` does not hold a model yet, it is built there first.
+        build_tiny: build a small Qwen2.5-VL from scratch into ``policy.model_name_or_path`` first (the toy
+            checkpoint).
         target: how a sample becomes a completion: ``toy`` (4-part format) or ``answer`` (GT box only).
         prompt_template: ``toy``, ``syn_grpo`` or ``vlm_r1``; a list mixes them (each sample gets one, fixed by
             its id), so one checkpoint follows both the Syn-GRPO and the VLM-R1 instruction. Under ``vlm_r1`` the
             target keeps only the think and answer parts, as VLM-R1's format asks.
-        dtype: ``auto``, ``bf16``, ``fp16`` or ``fp32``.
         export_dir: ``save_pretrained`` the trained policy and processor here at the end of fit.
         eval_max_new_tokens: generation length of validation (sampled format rate and greedy IoU).
         warmup_ratio: fraction of the steps with a linear learning-rate warm-up.
         cosine_decay: decay the learning rate to 0 with a cosine after the warm-up.
-        gradient_checkpointing: trade compute for memory.
         fast_vision_attention: one batched SDPA call per vision layer instead of transformers' loop over windows
             (``engines/packing.enable_fast_vision_attention``, exact; fewer kernel launches per step).
         caption_frac: fraction of the training samples (fixed by id) that become captioning samples, CycleGRPO's other
@@ -178,32 +178,29 @@ class SFTModule(L.LightningModule):
             region space writes it, the target is the sample's referring expression in answer tags, which singles the
             target out among its look-alikes. Validation then also runs the cycle greedily (caption each target, ground
             the stripped caption back) and logs ``<kind>/<set>/cycle_acc50``.
-        caption_template: the captioning prompt (``--model.method_args.caption_template`` of the CycleGRPO run).
+        caption_template: the captioning prompt (``--model.method.init_args.caption_template`` of the CycleGRPO run).
         video_spaces: the region spaces taught on clips (default both, ``interval`` and ``anchor``: CycleGRPO's
             temporal and spatio-temporal video path); each training clip gets one, fixed by its id. A clip is a
             captioning sample under ``caption_frac`` (fixed by id) when its query has a target, else a grounding
             sample (``SFTModule.clip_example``).
-        video_templates: region space -> the grounding prompt of clips in that space (``--model.prompt_template`` of
+        video_templates: region space -> the grounding prompt of clips in that space (``--model.sampling.prompt_template`` of
             the CycleGRPO run in that space: configs/cycle_tiny_temporal.yaml, cycle_tiny_st.yaml); one per space,
             because the same caption can be asked for as an interval or as anchors.
-        video_tau: Eq. 15's time gate of the anchor space (``--model.method_args.tau`` of the spatio-temporal run),
+        video_tau: Eq. 15's time gate of the anchor space (``--model.method.init_args.tau`` of the spatio-temporal run),
             for the validation metrics.
         optimizer: optimizer factory (LightningCLI).
     """
 
     def __init__(
         self,
-        model_name_or_path: str = "checkpoints/toy-qwen2.5-vl",
+        policy: PolicyArgs = PolicyArgs(),
         build_tiny: TinySpec | None = None,
         target: str = "toy",
         prompt_template: str | list[str] = "toy",
-        dtype: str = "auto",
-        local_files_only: bool = True,
         export_dir: str | None = None,
         eval_max_new_tokens: int = 96,
         warmup_ratio: float = 0.05,
         cosine_decay: bool = True,
-        gradient_checkpointing: bool = False,
         fast_vision_attention: bool = True,
         optimizer: OptimizerCallable = _default_optimizer,
         seed: int = 0,
@@ -236,7 +233,9 @@ class SFTModule(L.LightningModule):
                 )
         if not video_tau >= 0:
             raise ValueError(f"--model.video_tau is a time gate in seconds and must be >= 0, got {video_tau}")
-        self.save_hyperparameters(ignore=["optimizer"])
+        self.policy_args = policy if isinstance(policy, PolicyArgs) else PolicyArgs(**(policy or {}))
+        self.save_hyperparameters(ignore=["optimizer", "policy"])
+        self.hparams.policy = asdict(self.policy_args)  # a plain dict: checkpoints load with weights_only
         self.hparams.video_spaces, self.hparams.video_templates = video_spaces, video_templates
         self.tiny_spec = TinySpec(**build_tiny) if isinstance(build_tiny, dict) else build_tiny
         self.optimizer_factory = optimizer
@@ -260,8 +259,8 @@ class SFTModule(L.LightningModule):
     def configure_model(self) -> None:
         if self.policy is not None:
             return
-        hp = self.hparams
-        path = Path(hp.model_name_or_path)
+        hp, p = self.hparams, self.policy_args
+        path = Path(p.model_name_or_path)
         if self.tiny_spec is not None and not (path / "config.json").exists() and self.trainer.is_global_zero:
             spec = self.tiny_spec
             build_tiny_qwen2_5_vl(
@@ -285,13 +284,14 @@ class SFTModule(L.LightningModule):
             )
         if self.tiny_spec is not None:
             self.trainer.strategy.barrier("toy model built")  # the other ranks load what rank 0 built
-        self.policy, self.processor = load_policy(str(path), dtype=hp.dtype, local_files_only=hp.local_files_only)
+        self.policy, self.processor = load_policy(
+            str(path), dtype=p.dtype, attn_implementation=p.attn_implementation, local_files_only=p.local_files_only
+        )
         if hp.fast_vision_attention:
             from lightning_modules.engines.packing import enable_fast_vision_attention
 
             enable_fast_vision_attention(self.policy)
-        if hp.gradient_checkpointing:
-            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        prepare_policy(self.policy, p)
 
     def on_fit_start(self) -> None:
         # from_pretrained returns the model in eval mode; the fit loop checks the modes before on_train_start
@@ -344,14 +344,12 @@ class SFTModule(L.LightningModule):
         """CycleGRPO in region space ``space``, as ``configs/cycle_tiny_{temporal,st}.yaml`` build it: the source of
         the clips' prompts and region texts, so what this stage teaches is what the RL run asks."""
         if space not in self._video_methods:
-            from types import SimpleNamespace
-
-            from lightning_modules.methods.base import build_method
+            from lightning_modules.methods.base import MethodContext, build_method
 
             hp = self.hparams
-            module_hp = SimpleNamespace(prompt_template=hp.video_templates[space])  # what it reads of a module's
             args = {"region_space": space, "caption_template": hp.caption_template, "tau": hp.video_tau}
-            self._video_methods[space] = build_method("cycle_grpo", module_hp, args)
+            method = build_method({"class_path": "cycle_grpo", "init_args": args})
+            self._video_methods[space] = method.bind(MethodContext(prompt_template=hp.video_templates[space]))
         return self._video_methods[space]
 
     def space_for(self, clip) -> str:

@@ -371,7 +371,7 @@ def plan(
                     folder=folder,
                     log_name="export.log",
                 )
-                argv.append(f"--model.init_args.model_name_or_path={folder / 'export'}")
+                argv.append(f"--model.init_args.policy.model_name_or_path={folder / 'export'}")
             elif row.train:
                 argv.append(f"--ckpt_path={folder / LAST_CKPT}")
             evaluate = Point(

@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="FLAG",
         help="a train.py flag added to every fit of this call only, repeatable: where it runs, not what it trains "
-        "(e.g. --fit-flag=--trainer.accelerator=gpu --fit-flag=--model.init_args.rollout_engine=fast)",
+        "(e.g. --fit-flag=--trainer.accelerator=gpu --fit-flag=--model.init_args.engines.rollout_engine=fast)",
     )
     args = ap.parse_args(argv)
     try:

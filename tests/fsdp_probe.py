@@ -90,16 +90,16 @@ def main() -> None:
     args = ap.parse_args()
     torch.manual_seed(0)
     module = GRPOModule(
-        model_name_or_path=args.model,
-        dtype="fp32",
-        prompt_template="toy",
-        method="grpo",
-        format="think_answer",
-        group_size=3,
-        max_new_tokens=TeacherForcedEngine.length,
-        micro_batch_size=4,  # 4 prompts x 3 rows on one process: 3 micro-batches; on two: 2 per rank (accumulation)
-        kl_coef=0.04,
-        gradient_checkpointing=args.gradient_checkpointing,
+        policy={
+            "model_name_or_path": args.model,
+            "dtype": "fp32",
+            "gradient_checkpointing": args.gradient_checkpointing,
+        },
+        sampling={"prompt_template": "toy", "group_size": 3, "max_new_tokens": TeacherForcedEngine.length},
+        method={"class_path": "grpo", "init_args": {"format": "think_answer"}},
+        # 4 prompts x 3 rows on one process: 3 micro-batches; on two: 2 per rank (accumulation)
+        engines={"micro_batch_size": 4},
+        kl={"coef": 0.04},
         optimizer=lambda params: torch.optim.SGD(params, lr=0.5),  # the update is the clipped gradient itself
     )
     module.rollout_engine = TeacherForcedEngine()

@@ -1,6 +1,6 @@
 """Rollout and update engines: how completions are generated and how they are scored and trained on.
 
-``base.py`` holds the two interfaces and their registries (``--model.rollout_engine``, ``--model.update_engine``);
+``base.py`` holds the two interfaces and their registries (``--model.engines.rollout_engine``, ``--model.engines.update_engine``);
 each engine is imported when a run names it, so this package never imports its engines. Built in:
 
 - rollout ``hf`` / ``hf_shared`` (``hf.py``: ``model.generate``, or one prefill shared by a group), ``fast``

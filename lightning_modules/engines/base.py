@@ -4,7 +4,7 @@ A **rollout engine** turns rollout requests (a chat-formatted prompt, its image,
 completions belong to and, for nested rollouts, the parent row they continue) into a `Rollout`. A **update engine**
 scores a `Rollout` under a model (no-grad log-probs: the reference, old log-probs) and runs the policy's forward and
 backward with a loss function over micro-batches. `GRPOModule` holds one of each, chosen by name
-(``--model.rollout_engine`` / ``--model.update_engine``); a new engine is a class added to the registries at the end
+(``--model.engines.rollout_engine`` / ``--model.engines.update_engine``); a new engine is a class added to the registries at the end
 of this file (``"module:Class"``, imported when a run names it), and every method can use it. Engines never see
 rewards or advantages: the loss arrives as a function of (log-probs, entropies, rows).
 
@@ -248,7 +248,7 @@ class UpdateEngine(ABC):
 
 
 ROLLOUT_ENGINES: Registry[RolloutEngine] = Registry(
-    "rollout engine", "--model.rollout_engine", "rollout engine options", "lightning_modules/engines/"
+    "rollout engine", "--model.engines.rollout_engine", "rollout engine options", "lightning_modules/engines/"
 )
 ROLLOUT_ENGINES.add("hf", "lightning_modules.engines.hf:HFRolloutEngine", "``model.generate``")
 ROLLOUT_ENGINES.add(
@@ -266,10 +266,10 @@ ROLLOUT_ENGINES.add(
     "vllm",
     "lightning_modules.engines.vllm:VLLMRolloutEngine",
     "vLLM in the trainer process or in a vLLM server, weights pushed after every optimizer step; options in "
-    "``--model.rollout_engine_args``, docs/vllm.md",
+    "``--model.engines.rollout_args``, docs/vllm.md",
 )
 UPDATE_ENGINES: Registry[UpdateEngine] = Registry(
-    "update engine", "--model.update_engine", "update engine options", "lightning_modules/engines/"
+    "update engine", "--model.engines.update_engine", "update engine options", "lightning_modules/engines/"
 )
 UPDATE_ENGINES.add("hf", "lightning_modules.engines.hf:HFUpdateEngine", "the model's own forward per micro-batch")
 UPDATE_ENGINES.add(
@@ -280,9 +280,9 @@ UPDATE_ENGINES.add(
     "DDP-aware",
 )
 register_rollout_engine = ROLLOUT_ENGINES.register
-"""Class decorator: make a `RolloutEngine` available as ``--model.rollout_engine <name>``."""
+"""Class decorator: make a `RolloutEngine` available as ``--model.engines.rollout_engine <name>``."""
 register_update_engine = UPDATE_ENGINES.register
-"""Class decorator: make an `UpdateEngine` available as ``--model.update_engine <name>``."""
+"""Class decorator: make an `UpdateEngine` available as ``--model.engines.update_engine <name>``."""
 build_rollout_engine = ROLLOUT_ENGINES.build
 build_update_engine = UPDATE_ENGINES.build
 

@@ -358,7 +358,7 @@ def fast_generate(
     if getattr(text.config, "use_sliding_window", False):
         raise NotImplementedError(
             "fast_generate does not implement sliding-window attention (use_sliding_window in the "
-            "model config): use --model.init_args.rollout_engine hf for this model"
+            "model config): use --model.init_args.engines.rollout_engine hf for this model"
         )
     use_graph = (device.type == "cuda") if cuda_graph is None else (cuda_graph and device.type == "cuda")
     input_ids = input_ids.to(device)

@@ -104,7 +104,7 @@ class SharedPrefillRolloutEngine(HFRolloutEngine):
         cache = out.get("cache", out.get("past_key_values"))
         if cache is None or not hasattr(cache, "batch_repeat_interleave"):
             raise TypeError(
-                f"{type(model).__name__}'s forward returned no repeatable KV cache: use --model.rollout_engine hf"
+                f"{type(model).__name__}'s forward returned no repeatable KV cache: use --model.engines.rollout_engine hf"
             )
         cache.batch_repeat_interleave(group_size)
         inner = getattr(model, "model", None)

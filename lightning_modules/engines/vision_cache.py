@@ -193,7 +193,7 @@ def _split_output(out, patches: list[int]) -> list[Any]:
     except _Uncacheable:
         raise TypeError(
             f"the vision tower returned {type(out).__name__} with fields {list(fields)} that are not per-patch or "
-            "per-token tensors: the hf_shared engine cannot cache it; use --model.rollout_engine hf"
+            "per-token tensors: the hf_shared engine cannot cache it; use --model.engines.rollout_engine hf"
         ) from None
     kind = type(out) if hasattr(out, "items") else None
     return [(kind, piece) for piece in pieces]

@@ -97,7 +97,7 @@ def _default_options(cls) -> dict[str, Any]:
 
 
 class VLLMRolloutEngine(RolloutEngine):
-    """Rollouts sampled by vLLM (``--model.rollout_engine vllm``; options in ``--model.rollout_engine_args``).
+    """Rollouts sampled by vLLM (``--model.engines.rollout_engine vllm``; options in ``--model.engines.rollout_args``).
 
     Args:
         mode: ``colocate`` (a vLLM in this process) or ``server`` (a ``vllm_server`` at ``url``).
@@ -144,19 +144,19 @@ class VLLMRolloutEngine(RolloutEngine):
         super().__init__(compile_step=compile_step)
         options = {k: v for k, v in locals().items() if k not in ("self", "compile_step", "__class__")}
         if mode not in ("colocate", "server"):
-            raise ValueError(f"--model.rollout_engine_args.mode must be 'colocate' or 'server', got {mode!r}")
+            raise ValueError(f"--model.engines.rollout_args.mode must be 'colocate' or 'server', got {mode!r}")
         if mode == "server" and not url:
             raise ValueError(
-                "--model.rollout_engine_args.url is required with mode: server (the address of a running "
+                "--model.engines.rollout_args.url is required with mode: server (the address of a running "
                 "`python -m lightning_modules.engines.vllm_server`), e.g. http://localhost:8000"
             )
         if dtype not in ("auto", *_DTYPES):
             raise ValueError(
-                f"--model.rollout_engine_args.dtype must be auto or one of {sorted(_DTYPES)}, got {dtype!r}"
+                f"--model.engines.rollout_args.dtype must be auto or one of {sorted(_DTYPES)}, got {dtype!r}"
             )
         if sync_check_every < 0 or sync_check_tokens < 1 or sync_atol <= 0:
             raise ValueError(
-                "--model.rollout_engine_args: sync_check_every must be >= 0, sync_check_tokens >= 1 and sync_atol > 0; "
+                "--model.engines.rollout_args: sync_check_every must be >= 0, sync_check_tokens >= 1 and sync_atol > 0; "
                 f"got {sync_check_every}, {sync_check_tokens}, {sync_atol}"
             )
         self.mode = mode
@@ -207,7 +207,7 @@ class VLLMRolloutEngine(RolloutEngine):
                     raise ValueError(
                         f"the vLLM server at {self.url} runs {client.dtype}, the policy {dtype}: its samples would not "
                         f"be the policy's. Restart it with --dtype {str(dtype).removeprefix('torch.')} (or set "
-                        "--model.rollout_engine_args.dtype to the server's)"
+                        "--model.engines.rollout_args.dtype to the server's)"
                     )
                 _BACKENDS[key] = _Backend(key, client, dtype)
         else:
@@ -215,7 +215,7 @@ class VLLMRolloutEngine(RolloutEngine):
             if not (Path(path) / "config.json").is_file():
                 raise FileNotFoundError(
                     f"the vllm rollout engine starts vLLM from a model directory, and {path!r} is none (no "
-                    "config.json): set --model.rollout_engine_args.model_path to the directory the policy was "
+                    "config.json): set --model.engines.rollout_args.model_path to the directory the policy was "
                     "loaded from (its weights are replaced by the policy's before the first rollout)"
                 )
             key = ("colocate", str(Path(path).resolve()), dtype)
@@ -329,7 +329,7 @@ class VLLMRolloutEngine(RolloutEngine):
                 f"over {self.sync_check_tokens} sampled tokens > sync_atol={self.sync_atol:g} ({self.mode} mode, "
                 f"weights from {self._backend.impl.weights}). Rolling out from them would train on stale samples. "
                 "Check that the server reads the trainer's weights_dir, that the dtypes agree, or raise "
-                "--model.rollout_engine_args.sync_atol for low-precision weights (docs/vllm.md)."
+                "--model.engines.rollout_args.sync_atol for low-precision weights (docs/vllm.md)."
             )
         return err
 

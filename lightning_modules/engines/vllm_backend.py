@@ -43,7 +43,7 @@ __all__ = [
 
 
 VLLM_MISSING = (
-    "--model.rollout_engine vllm needs the vllm package, which this Python environment ({python}) does not have. "
+    "--model.engines.rollout_engine vllm needs the vllm package, which this Python environment ({python}) does not have. "
     "vLLM pins its own torch / transformers, so it lives in a separate environment: build .venv-vllm with "
     "`make vllm-venv` and run from it (.venv-vllm/bin/python train.py fit ...); docs/vllm.md."
 )
@@ -71,7 +71,7 @@ class UnsupportedClipError(ValueError):
             f"runs {arch}: vLLM continues the text after a clip from max(positions) + 1 where transformers' forward "
             "(SFT, the update engines) may continue it from start + max(h, w) / merge (Qwen2-VL / Qwen2.5-VL: "
             "lightning_modules/engines/vllm_qwen.py replaces vLLM's positions for Qwen2.5-VL), so its rollouts would "
-            "come from other positions than the ones the update scores. Use --model.rollout_engine fast (or hf) for "
+            "come from other positions than the ones the update scores. Use --model.engines.rollout_engine fast (or hf) for "
             "video prompts (docs/vllm.md)."
         )
 
@@ -378,7 +378,7 @@ class VLLMServerClient:
             raise ConnectionError(
                 f"no vLLM server answers at {self.url} ({err}). Start one with `python -m "
                 "lightning_modules.engines.vllm_server --model DIR --port P` (docs/vllm.md) and set "
-                "rollout_engine_args.url to it."
+                "--model.engines.rollout_args.url to it."
             ) from err
         self.model = info["model"]
         self.dtype = info["dtype"]

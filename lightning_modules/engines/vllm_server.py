@@ -1,4 +1,4 @@
-"""A vLLM rollout server for ``--model.rollout_engine vllm`` in ``server`` mode (docs/vllm.md).
+"""A vLLM rollout server for ``--model.engines.rollout_engine vllm`` in ``server`` mode (docs/vllm.md).
 
     python -m lightning_modules.engines.vllm_server --model DIR --port 8000 [--host 0.0.0.0] [--dtype float32]
 

@@ -1,20 +1,93 @@
-"""The parts of a GRPO step that need no Lightning: timing its phases, the loss of one micro-batch, its ``train/*``
-logs, and what it hands the callbacks. `GRPOModule.training_step` (``module.py``) strings them together; the math is
+"""The parts of a GRPO step that need no Lightning: the view of the policy a method gets (`PolicyHost`), timing the
+step's phases, the loss of its micro-batches (`StepLoss`, which the update engine calls), its ``train/*`` logs, and
+what it hands the callbacks. `GRPOModule.training_step` (``module.py``) strings them together; the math is
 ``objective.py``'s.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from lightning_modules import objective, rewards
+from lightning_modules.engines.base import RolloutEngine, RolloutRequest, Sampling
+from lightning_modules.grpo.args import KLArgs, OptimArgs
 from lightning_modules.methods.base import Method, Scores, Selection
+from lightning_modules.models import fsdp
 from lightning_modules.models.rollout import Rollout
 
-__all__ = ["PhaseTimer", "micro_batch_loss", "step_output", "train_logs"]
+__all__ = ["PhaseTimer", "PolicyHost", "StepLoss", "micro_batch_loss", "step_output", "train_logs"]
+
+
+@dataclass
+class PolicyHost:
+    """What a method sees of the module that runs it (`methods.base.MethodHost`): the policy, its processor and rollout
+    engine, the device and step, and `generate`. Built by the module for each call into the method, so a method never
+    holds (or calls back into) the training loop."""
+
+    policy: nn.Module
+    processor: Any
+    rollout_engine: RolloutEngine
+    device: torch.device
+    global_step: int
+    sampling: Sampling
+    """The module's training sampling (`generate`'s default)."""
+    gather_layers: bool | None
+    """Under FSDP2, how a rollout gathers the sharded policy (``True``: whole, ``False``: its root unit only); None
+    when the policy is not sharded."""
+    rec_predictions: Callable[[Sequence[Any]], list[dict]]
+    """The module's REC / OVD prediction records of a batch (``train.py predict``)."""
+
+    def gathered(self):
+        """The policy's parameters gathered for a rollout (nothing to do unless it is sharded)."""
+        if self.gather_layers is None:
+            return contextlib.nullcontext()
+        return fsdp.gathered(self.policy, layers=self.gather_layers, release=self.rollout_engine.release)
+
+    def generate(self, requests: Sequence[RolloutRequest], sampling: Sampling | None = None) -> Rollout:
+        """Completions of the policy for rollout requests, through the module's rollout engine."""
+        with self.gathered():
+            return self.rollout_engine.generate(self.policy, self.processor, requests, sampling or self.sampling)
+
+
+class StepLoss:
+    """The loss of a step's micro-batches, as the update engine asks for it: ``loss(logp, ent, rows)`` is the share of
+    rows ``rows`` of the full-batch loss, weighted so the accumulated gradient equals the full-batch aggregation
+    (``denom``: the ranks' mean count of tokens under ``token-mean``, of rows otherwise). The first iteration also
+    accumulates this rank's logged statistics (``stats``) and its entropy sum."""
+
+    def __init__(self, optim: OptimArgs, kl: KLArgs, max_length: int, *, adv, mask, denom, old_logp, ref_logp):
+        self.optim, self.kl, self.max_length = optim, kl, max_length
+        self.adv, self.mask, self.denom, self.old_logp, self.ref_logp = adv, mask, denom, old_logp, ref_logp
+        self.token_mean = optim.aggregation == "token-mean"
+        self.total = mask.sum().clamp(min=1) if self.token_mean else torch.tensor(float(mask.shape[0]))
+        self.first = True
+        self.stats: dict[str, float] = {}
+        self.entropy_sum = torch.zeros((), dtype=torch.float32, device=mask.device)
+
+    def __call__(self, logp: torch.Tensor, ent: torch.Tensor, rows) -> torch.Tensor:
+        loss, stats = micro_batch_loss(
+            self.optim, self.kl, self.max_length, logp, ent, rows,
+            adv=self.adv, mask=self.mask, old_logp=self.old_logp, ref_logp=self.ref_logp,
+        )  # fmt: skip
+        m = self.mask[rows]
+        share = m.sum() if self.token_mean else torch.tensor(float(len(rows)), device=m.device)
+        if self.first:  # the logged stats are this rank's aggregation
+            local = float(share / self.total)
+            for k, v in stats.items():
+                self.stats[k] = self.stats.get(k, 0.0) + float(v) * local
+            self.entropy_sum = self.entropy_sum + (ent.detach() * m).sum()
+        return loss * (share / self.denom)
+
+    def entropy(self) -> torch.Tensor:
+        """The mean token entropy of the rollout (this rank's)."""
+        return self.entropy_sum / self.mask.sum().clamp(min=1)
 
 
 class PhaseTimer:
@@ -38,33 +111,36 @@ class PhaseTimer:
         self._t = now
 
 
-def micro_batch_loss(hp, logp, ent, rows, *, adv, mask, old_logp, ref_logp) -> tuple[torch.Tensor, dict[str, Any]]:
+def micro_batch_loss(
+    o: OptimArgs, kl: KLArgs, max_length: int, logp, ent, rows, *, adv, mask, old_logp, ref_logp
+) -> tuple[torch.Tensor, dict[str, Any]]:
     """The clipped surrogate (+ KL, + the entropy baselines) of rows ``rows``, aggregated over them.
 
-    ``hp``: the module's hyperparameters; ``logp`` / ``ent`` [n, T]: the rows' log-probs and entropies; ``adv`` [N],
-    ``mask`` [N, T], ``old_logp`` / ``ref_logp`` [N, T] (or None): the whole step's, indexed by ``rows``."""
+    ``o`` / ``kl``: the module's optimisation and KL settings; ``max_length``: ``sampling.max_new_tokens`` (Dr. GRPO's
+    normaliser); ``logp`` / ``ent`` [n, T]: the rows' log-probs and entropies; ``adv`` [N], ``mask`` [N, T],
+    ``old_logp`` / ``ref_logp`` [N, T] (or None): the whole step's, indexed by ``rows``."""
     m = mask[rows]
     a = adv[rows]
-    if hp.entropy_adv_coef > 0:
+    if o.entropy_adv_coef > 0:
         # token-level shaping [n, T]: A + min(alpha * H_t, |A| / kappa), entropy detached (a bonus, not a loss)
-        a = a[:, None] + torch.minimum(hp.entropy_adv_coef * ent.detach(), a.abs()[:, None] / hp.entropy_adv_kappa)
+        a = a[:, None] + torch.minimum(o.entropy_adv_coef * ent.detach(), a.abs()[:, None] / o.entropy_adv_kappa)
     old = old_logp[rows] if old_logp is not None else logp.detach()
     loss, stats = objective.policy_loss(
         logp,
         old,
         a,
         m,
-        clip_low=hp.clip_low,
-        clip_high=hp.clip_high,
-        dual_clip=hp.dual_clip,
+        clip_low=o.clip_low,
+        clip_high=o.clip_high,
+        dual_clip=o.dual_clip,
         ref_logp=ref_logp[rows] if ref_logp is not None else None,
-        kl_coef=hp.kl_coef,
-        kl_estimator=hp.kl_estimator,
-        aggregation=hp.aggregation,
-        max_length=hp.max_new_tokens,
+        kl_coef=kl.coef,
+        kl_estimator=kl.estimator,
+        aggregation=o.aggregation,
+        max_length=max_length,
     )
-    if hp.entropy_coef > 0:  # "GRPO + Entropy Loss": maximise the mean token entropy
-        loss = loss - hp.entropy_coef * objective.aggregate(ent, m, hp.aggregation, hp.max_new_tokens)
+    if o.entropy_coef > 0:  # "GRPO + Entropy Loss": maximise the mean token entropy
+        loss = loss - o.entropy_coef * objective.aggregate(ent, m, o.aggregation, max_length)
     return loss, stats
 
 

@@ -19,12 +19,17 @@ engine for its own evaluation, the step and device); methods never import `GRPOM
 
 Adding a method is one file (a `Method` subclass), one line in `METHODS` below (``"name"`` ->
 ``"lightning_modules.methods.<file>:<Class>"``, imported when a run names it; a plug-in outside the package uses
-``@register_method("name")``), one config (``model.method: name`` plus its ``model.method_args``) and one test: see
-``methods/grpo.py`` for the plain GRPO baseline of Table 1.
+``@register_method("name")``), one config (``model.init_args.method: {class_path: <module>.<Class>, init_args: {...}}``:
+the class's own typed arguments, listed by ``--model.method.help <Class>``) and one test: see ``methods/grpo.py`` for
+the plain GRPO baseline of Table 1. A method checks its own arguments in ``__init__`` (the flag in the message is
+``--model.method.init_args.<arg>``); the settings it shares with the module (task, prompt templates, G, the length
+limit, the advantage scaling) arrive through `Method.bind` as a `MethodContext`.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
@@ -41,6 +46,7 @@ from lightning_modules.registry import Registry
 __all__ = [
     "METHODS",
     "Method",
+    "MethodContext",
     "MethodHost",
     "RewardContext",
     "RewardTerm",
@@ -124,17 +130,74 @@ class MethodHost(Protocol):
         """The module's REC / OVD prediction records of a batch (``train.py predict``)."""
 
 
+@dataclass(frozen=True)
+class MethodContext:
+    """The module's settings a method shares (`Method.bind`): the task, the training and evaluation prompt templates,
+    G, the completion length limit and the advantage scaling (``--model.sampling``, ``--model.evaluation``,
+    ``--model.optimisation``)."""
+
+    task: str = "rec"
+    prompt_template: str = "syn_grpo"
+    eval_prompt_template: str | None = None
+    group_size: int = 6
+    max_new_tokens: int = 256
+    advantage_scale: str = "group"
+    advantage_eps: float = 1e-4
+
+    @property
+    def eval_template(self) -> str:
+        return self.eval_prompt_template or self.prompt_template
+
+
+def _flag(arg: str) -> str:
+    return f"--model.method.init_args.{arg}"
+
+
 class Method:
-    """Base class of a GRPO-family method (see the module docstring). Args: the module's hyperparameters (the shared
-    settings: task, prompt template, group size, reward weights, ...); a method's own settings arrive as keyword
-    arguments from ``--model.method_args``."""
+    """Base class of a GRPO-family method (see the module docstring). A subclass's ``__init__`` takes only the
+    method's own settings, as typed keyword arguments (``--model.method.init_args.*``); the settings it shares with
+    the module arrive through `bind`."""
 
     name: ClassVar[str] = ""
+    format: str = "syn_grpo"
+    """The answer format the method's completions follow (``rewards.FORMATS``): what validation's ``format`` rate
+    checks unless ``--model.evaluation.format`` says otherwise."""
 
-    def __init__(self, hparams: Any) -> None:
-        self.hp = hparams
+    def __new__(cls, *args: Any, **kwargs: Any):
+        # record the arguments (given, else the default of the first class in the MRO that takes them), for `config`
+        self = super().__new__(cls)
+        given = dict(inspect.signature(cls.__init__).bind(self, *args, **kwargs).arguments)
+        given.pop(next(iter(given)))  # self
+        for name, p in inspect.signature(cls.__init__).parameters.items():
+            if p.kind is inspect.Parameter.VAR_KEYWORD:
+                given.update(given.pop(name, {}))
+        args_: dict[str, Any] = {}
+        for klass in cls.__mro__:
+            init = klass.__dict__.get("__init__")
+            if init is None or klass is object:
+                continue
+            for name, p in inspect.signature(init).parameters.items():
+                if p.default is not inspect.Parameter.empty and name not in args_:
+                    args_[name] = p.default
+        args_.update(given)
+        self._init_args = args_
+        return self
+
+    def __init__(self) -> None:
+        self.ctx = MethodContext()
         self.device: torch.device | str = "cpu"
         """The process's device (set by the module at fit start): where state that is all-reduced under DDP lives."""
+
+    def bind(self, ctx: MethodContext) -> Method:
+        """Give the method the module's shared settings (`GRPOModule` calls it once, before the first step)."""
+        self.ctx = ctx
+        return self
+
+    def config(self) -> dict[str, Any]:
+        """``{"class_path": ..., "init_args": ...}``: how a config names this method with its arguments (the module's
+        saved hyperparameters hold it, so a checkpoint says which method trained it)."""
+        cls = type(self)
+        return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": dict(self._init_args)}
 
     # ------------------------------------------------------------------------------------------------ rollout plan
     def prompt(self, processor, sample, template: str) -> str:
@@ -146,7 +209,7 @@ class Method:
 
     def rollout(self, module: MethodHost, batch: Sequence[Any]) -> Rollout:
         """The step's completions (default: `plan` with the training template and G, then one generate call)."""
-        requests = self.plan(batch, module.processor, template=self.hp.prompt_template, n=self.hp.group_size)
+        requests = self.plan(batch, module.processor, template=self.ctx.prompt_template, n=self.ctx.group_size)
         return module.generate(requests)
 
     # ------------------------------------------------------------------------------------------------ scoring
@@ -185,9 +248,10 @@ class Method:
         return Scores(parts=ctx.parts, parsed=ctx.parsed, extras=ctx.extras)
 
     def advantages(self, scores: Scores, ro: Rollout) -> torch.Tensor:
-        """Group-relative advantages over the rollout's groups (``--model.advantage_scale`` / ``advantage_eps``)."""
+        """Group-relative advantages over the rollout's groups (``--model.optimisation.advantage_scale`` /
+        ``advantage_eps``)."""
         return objective.advantages_by_group(
-            scores.total, ro.group_ids, scale=self.hp.advantage_scale, eps=self.hp.advantage_eps
+            scores.total, ro.group_ids, scale=self.ctx.advantage_scale, eps=self.ctx.advantage_eps
         )
 
     # ------------------------------------------------------------------------------------------------ evaluation
@@ -228,7 +292,9 @@ class Method:
         pass
 
 
-METHODS: Registry[Method] = Registry("method", "--model.method", "--model.method_args", "lightning_modules/methods/")
+METHODS: Registry[Method] = Registry(
+    "method", "--model.method", "--model.method.init_args", "lightning_modules/methods/"
+)
 METHODS.add(
     "syn_grpo",
     "lightning_modules.methods.syn_grpo:SynGRPO",
@@ -259,5 +325,37 @@ register_method = METHODS.register
 """Class decorator: make a `Method` available as ``--model.method <name>``."""
 
 
-def build_method(name: str, hparams: Any, method_args: dict[str, Any] | None = None) -> Method:
-    return METHODS.build(name, hparams, **(method_args or {}))
+def build_method(spec: Method | str | dict[str, Any] | None, default: str = "syn_grpo") -> Method:
+    """A method from what a config or a caller gives: an instance, a registered name (``"grpo"``), a
+    ``{"class_path": ..., "init_args": ...}`` mapping (a checkpoint's hyperparameters; ``class_path`` may also be a
+    registered name), or None (``default`` with its defaults)."""
+    if isinstance(spec, Method):
+        return spec
+    if spec is None:
+        return METHODS.build(default)
+    if isinstance(spec, str):
+        return METHODS.build(spec)
+    if isinstance(spec, dict) and "class_path" in spec:
+        path, args = spec["class_path"], dict(spec.get("init_args") or {})
+        if path in METHODS:
+            return METHODS.build(path, **args)
+        module, _, attr = path.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError, ValueError) as err:
+            raise ValueError(
+                f"--model.method class_path {path!r} is neither a registered method {sorted(METHODS)} nor an "
+                f"importable class: {err}"
+            ) from err
+        if not (isinstance(cls, type) and issubclass(cls, Method)):
+            raise ValueError(
+                f"--model.method class_path {path!r} is not a Method subclass (lightning_modules/methods/)"
+            )
+        try:
+            return cls(**args)
+        except TypeError as err:
+            raise ValueError(f"--model.method.init_args {args!r} do not fit {path}: {err}") from err
+    raise TypeError(
+        f"--model.method must be a Method, a registered name {sorted(METHODS)} or "
+        f"{{class_path: ..., init_args: ...}}, got {spec!r}"
+    )

@@ -14,7 +14,7 @@ The data side (the per-sample level, harder edits for solved groups, sub-problem
 carries (``meta["level"]``) to log ``train/level/*``, and logs the outcome's zero-variance fraction
 (``train/level/outcome_zero_var_frac``: groups whose accuracy rewards are all equal, the paper's reward convergence).
 
-**In-step evolution** (``method_args.reroll: evolve``; experiments/evolved_grpo_results.md, "In-step evolution"). The
+**In-step evolution** (``method.init_args.reroll: evolve``; experiments/evolved_grpo_results.md, "In-step evolution"). The
 strategy moves a sample at the epoch boundary, so the group that converged is trained as it is and the edited version
 arrives an epoch later. With ``reroll: evolve`` the adversary also acts inside the step: a group whose outcome converged
 (all G answers correct, or all wrong, at ``correct_iou``) is generated again, once, on the version `evolve.next_level`
@@ -53,14 +53,13 @@ REROLL_MODES = ("off", "evolve", "resample")
 
 class ProcessReward:
     """EvolvedGRPO's part of a method, mixed in before a GRPO-family base: the process reward term, the level logs,
-    the in-step evolution. Args (``--model.method_args``): ``process_weight`` (>= 0; weight of R_process in the total),
+    the in-step evolution. Args (``--model.method.init_args``, beside its base's): ``process_weight`` (>= 0; weight of R_process in the total),
     ``step_iou`` (IoU a step's box needs to count as correct); ``reroll`` (``off``, ``evolve`` or ``resample``: the
     module docstring), ``correct_iou`` (IoU an answer needs to count as correct for it), and the version rule's
     ``sub_levels``, ``easier``, ``max_level``, ``modality``, ``seed`` (as the ``instruction_evolution`` strategy's)."""
 
     def __init__(
         self,
-        hparams: Any,
         process_weight: float = 0.5,
         step_iou: float = 0.5,
         reroll: str = "off",
@@ -70,18 +69,19 @@ class ProcessReward:
         max_level: int = evolve.MAX_LEVEL,
         modality: str = "any",
         seed: int = 0,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(hparams)
+        super().__init__(**kwargs)
         if process_weight < 0:
-            raise ValueError(f"--model.method_args.process_weight must be >= 0, got {process_weight}")
+            raise ValueError(f"--model.method.init_args.process_weight must be >= 0, got {process_weight}")
         if not 0.0 < step_iou <= 1.0:
-            raise ValueError(f"--model.method_args.step_iou must be in (0, 1], got {step_iou}")
+            raise ValueError(f"--model.method.init_args.step_iou must be in (0, 1], got {step_iou}")
         if reroll not in REROLL_MODES:
-            raise ValueError(f"--model.method_args.reroll must be one of {REROLL_MODES}, got {reroll!r}")
+            raise ValueError(f"--model.method.init_args.reroll must be one of {REROLL_MODES}, got {reroll!r}")
         if not 0.0 < correct_iou <= 1.0:
-            raise ValueError(f"--model.method_args.correct_iou must be in (0, 1], got {correct_iou}")
+            raise ValueError(f"--model.method.init_args.correct_iou must be in (0, 1], got {correct_iou}")
         if modality not in ("text", "visual", "any"):
-            raise ValueError(f"--model.method_args.modality must be 'text', 'visual' or 'any', got {modality!r}")
+            raise ValueError(f"--model.method.init_args.modality must be 'text', 'visual' or 'any', got {modality!r}")
         self.process_weight, self.step_iou = process_weight, step_iou
         self.reroll, self.correct_iou, self.modality, self.seed = reroll, correct_iou, modality, seed
         # the version rule, checked as the strategy checks it (`evolve.LevelState`)
@@ -94,7 +94,7 @@ class ProcessReward:
             return ro
         if fsdp.needs_lockstep(module.policy):
             raise ValueError(
-                "--model.method_args.reroll re-generates the groups that converged, a number that differs between "
+                "--model.method.init_args.reroll re-generates the groups that converged, a number that differs between "
                 "ranks, and a policy sharded with FSDP must generate in lockstep: set reroll: off, or train with DDP"
             )
         G = ro.group_size
@@ -115,7 +115,7 @@ class ProcessReward:
             ro.info.update(info)
             return ro
         chosen = sorted(swap)
-        template = self.hp.prompt_template
+        template = self.ctx.prompt_template
         requests = [
             RolloutRequest(self.prompt(module.processor, swap[b], template), swap[b].image, G, b) for b in chosen
         ]

@@ -1,7 +1,7 @@
 """Plain GRPO for grounding (Table 1's "GRPO" row, and the entropy and offline-generation baselines built on it).
 
 Rewards: ``accuracy_weight * R_acc + format_weight * R_format`` (REC: IoU of the first box; OVD: ``s_ovd * mAP``;
-the format the method's answers must follow: ``--model.format``). It also tracks the ground-truth diversity ``V(q)``
+the format the method's answers must follow: ``format``), all ``--model.method.init_args.*``. It also tracks the ground-truth diversity ``V(q)``
 of each group and its EMA (``train/diversity/*``), so its collapse curves sit beside Syn-GRPO's, but rewards neither
 and emits no evolution requests.
 """
@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from lightning_modules import rewards
-from lightning_modules.methods.base import Method, RewardContext, RewardTerm, Scores
+from lightning_modules.methods.base import Method, RewardContext, RewardTerm, Scores, _flag
 from lightning_modules.models.rollout import Rollout
 
 
@@ -28,7 +28,7 @@ def accuracy_reward(ctx: RewardContext, threshold: float | None = None) -> list[
                 where = getattr(s, "source", "") or s.sample_id
                 raise ValueError(
                     f"{where}: a no-target query ({s.query!r}, solution []) reached the GRPO accuracy reward, which "
-                    "needs a box; no-target queries train with --model.method cycle_grpo (as grounding groups): drop "
+                    "needs a box; no-target queries train with --model.method CycleGRPO (as grounding groups): drop "
                     "them from --data.train_files (the toy world's train_nt / val_nt splits hold them)"
                 )
         gts = [s.boxes[0] for s in ctx.samples]
@@ -37,12 +37,10 @@ def accuracy_reward(ctx: RewardContext, threshold: float | None = None) -> list[
     return rewards.ovd_reward(ctx.texts, [s.boxes for s in ctx.samples], input_wh=ctx.input_wh, orig_wh=orig)
 
 
-def accuracy_term(hp) -> RewardTerm:
-    """The ``accuracy`` reward term of the GRPO family: ``--model.accuracy_weight`` x R_acc, binary at
-    ``--model.accuracy_threshold`` when it is set."""
-    threshold = getattr(hp, "accuracy_threshold", None)
+def accuracy_term(weight: float, threshold: float | None = None) -> RewardTerm:
+    """The ``accuracy`` reward term of the GRPO family: ``weight`` x R_acc, binary at ``threshold`` when it is set."""
     fn = accuracy_reward if threshold is None else functools.partial(accuracy_reward, threshold=threshold)
-    return RewardTerm("accuracy", hp.accuracy_weight, fn)
+    return RewardTerm("accuracy", weight, fn)
 
 
 def format_reward(fmt: str):
@@ -55,15 +53,42 @@ def format_reward(fmt: str):
 
 
 class GRPO(Method):
-    def __init__(self, hparams: Any) -> None:
-        super().__init__(hparams)
-        self.smoother = rewards.DiversitySmoother(beta=hparams.diversity_beta)
+    """Plain GRPO (``lightning_modules.methods.grpo.GRPO``).
+
+    Args:
+        accuracy_weight: weight of R_acc.
+        accuracy_threshold: REC only. ``None`` (default): R_acc is the IoU itself (VLM-R1's). A number t in (0, 1]:
+            R_acc is 1 when the IoU is >= t, else 0 (a binary outcome reward: the G completions of a group tie more
+            often, the reward convergence EvolvedGRPO is about; docs/evolved_grpo.md).
+        format: which parts R_format requires: ``syn_grpo`` (think, diversity, description, answer) or
+            ``think_answer`` (VLM-R1's format, for the GRPO baselines).
+        format_weight: weight of R_format.
+        diversity_beta: EMA beta of the ground-truth diversity V(q) (Syn-GRPO's R_diversity target; the paper's best:
+            0.7). GRPO only logs it (``train/diversity/*``), so its collapse curves sit beside Syn-GRPO's.
+    """
+
+    def __init__(
+        self,
+        accuracy_weight: float = 1.0,
+        accuracy_threshold: float | None = None,
+        format: str = "syn_grpo",
+        format_weight: float = 1.0,
+        diversity_beta: float = 0.7,
+    ) -> None:
+        super().__init__()
+        if accuracy_threshold is not None and not 0.0 < accuracy_threshold <= 1.0:
+            raise ValueError(f"{_flag('accuracy_threshold')} must be in (0, 1] or null, got {accuracy_threshold}")
+        if format not in rewards.FORMATS:
+            raise ValueError(f"{_flag('format')} must be one of {sorted(rewards.FORMATS)}, got {format!r}")
+        self.accuracy_weight, self.accuracy_threshold = accuracy_weight, accuracy_threshold
+        self.format, self.format_weight, self.diversity_beta = format, format_weight, diversity_beta
+        self.smoother = rewards.DiversitySmoother(beta=diversity_beta)
         """EMA of the ground-truth diversity V(q) (Syn-GRPO's target; GRPO only logs it)."""
 
     def reward_terms(self) -> list[RewardTerm]:
         return [
-            accuracy_term(self.hp),
-            RewardTerm("format", self.hp.format_weight, format_reward(self.hp.format)),
+            accuracy_term(self.accuracy_weight, self.accuracy_threshold),
+            RewardTerm("format", self.format_weight, format_reward(self.format)),
         ]
 
     def score(self, batch, ro: Rollout) -> Scores:

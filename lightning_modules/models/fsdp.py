@@ -9,7 +9,7 @@ the module apply ``fully_shard`` itself in ``configure_model`` and saves distrib
 per rank). `FSDP2Strategy` is that strategy with the whole world as the data-parallel (sharding) dimension and no
 tensor parallelism; ``--trainer.strategy fsdp2`` selects it.
 
-Numerics (what ``--model.dtype bf16`` means under FSDP2): the policy is loaded in **fp32** and its fp32 shards are
+Numerics (what ``--model.policy.dtype bf16`` means under FSDP2): the policy is loaded in **fp32** and its fp32 shards are
 the master weights the optimizer steps (AdamW state fp32); ``MixedPrecisionPolicy(param_dtype=bf16,
 reduce_dtype=fp32)`` all-gathers bf16 copies for every forward and backward and reduce-scatters gradients in fp32.
 So ``precision.MasterWeightOptimizer`` is not used (nothing is below fp32), and ``--trainer.precision`` must be
@@ -21,7 +21,7 @@ holds the rest (embeddings and the tied LM head, the final norm, the patch embed
 reference is sharded the same way with its parameters stored in the compute dtype (they are never stepped), or with
 its shards offloaded to CPU (``CPUOffloadPolicy``: gathered to the GPU layer by layer at each reference forward).
 
-Rollouts (``--model.rollout_gather``): ``once`` (`gathered`) gathers the full compute-dtype parameters once per
+Rollouts (``--model.engines.rollout_gather``): ``once`` (`gathered`) gathers the full compute-dtype parameters once per
 rollout and keeps them for all its decode steps, then frees them: nothing collective runs during generation, so ranks
 may stop at different lengths and every rollout engine (``hf``, ``fast``) runs unchanged; the price is one full bf16
 copy of the policy during the rollout (7B: ~17 GB). ``per_layer`` gathers only the root unit for the rollout and each

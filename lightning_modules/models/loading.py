@@ -8,7 +8,9 @@ is built by ``models/tiny_model.py``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -28,8 +30,50 @@ def dtype_from_name(name: str | torch.dtype | None) -> torch.dtype | None:
     if name == "auto":
         return torch.bfloat16 if torch.cuda.is_available() else torch.float32
     if name not in table:
-        raise ValueError(f"--model.dtype must be one of auto, {', '.join(table)}; got {name!r}")
+        raise ValueError(f"--model.policy.dtype must be one of auto, {', '.join(table)}; got {name!r}")
     return table[name]
+
+
+@dataclass(frozen=True)
+class PolicyArgs:
+    """The policy and how it is loaded (``--model.policy.*``; `GRPOModule` and `SFTModule` alike).
+
+    Args:
+        model_name_or_path: local directory (``save_pretrained`` output) or hub id of the policy.
+        dtype: ``auto`` (bf16 on CUDA, fp32 on CPU), ``bf16``, ``fp16`` or ``fp32``.
+        attn_implementation: ``sdpa``, ``eager`` or ``flash_attention_2``.
+        local_files_only: never download weights (set false only where the hub is reachable).
+        gradient_checkpointing: trade compute for memory in the policy forward (each decoder layer and vision block
+            recomputes its activations in backward).
+        freeze_vision: keep the vision tower's weights fixed (no gradient, no optimizer state; Generalized CycleGRPO
+            freezes it).
+    """
+
+    model_name_or_path: str = "checkpoints/toy-qwen2.5-vl"
+    dtype: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] | None = "sdpa"
+    local_files_only: bool = True
+    gradient_checkpointing: bool = False
+    freeze_vision: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("auto", "bf16", "fp16", "fp32"):
+            raise ValueError(f"--model.policy.dtype must be auto, bf16, fp16 or fp32, got {self.dtype!r}")
+
+
+def prepare_policy(model, p: PolicyArgs) -> None:
+    """What ``p`` asks of a loaded policy beyond loading: a frozen vision tower, gradient checkpointing."""
+    if p.freeze_vision:
+        vision = getattr(getattr(model, "model", model), "visual", None)
+        if vision is None:
+            raise ValueError(
+                f"--model.policy.freeze_vision: {type(model).__name__} has no model.visual (a Qwen2-VL-family vision "
+                "tower)"
+            )
+        vision.requires_grad_(False)
+    if p.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
 
 
 def load_policy(
@@ -42,8 +86,8 @@ def load_policy(
 ):
     """Load ``(model, processor)`` with ``from_pretrained`` from a local directory or a hub id.
 
-    ``local_files_only=True`` keeps a run from downloading: point ``--model.model_name_or_path`` at a local copy, or
-    set ``--model.local_files_only false`` where the hub is reachable.
+    ``local_files_only=True`` keeps a run from downloading: point ``--model.policy.model_name_or_path`` at a local copy, or
+    set ``--model.policy.local_files_only false`` where the hub is reachable.
     """
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -51,7 +95,7 @@ def load_policy(
     looks_local = name_or_path.startswith((".", "/", "~")) or path.exists()
     if looks_local and not (path / "config.json").exists():
         raise FileNotFoundError(
-            f"--model.model_name_or_path={name_or_path!r}: no config.json there. Point it at a directory written by "
+            f"--model.policy.model_name_or_path={name_or_path!r}: no config.json there. Point it at a directory written by "
             "save_pretrained (e.g. a downloaded Qwen/Qwen2.5-VL-7B-Instruct), or rebuild the toy checkpoint with "
             "`python train.py fit --config configs/toy_sft.yaml`."
         )
@@ -69,7 +113,7 @@ def load_policy(
         )
     except OSError as err:
         raise OSError(
-            f"could not load --model.model_name_or_path={name_or_path!r} ({err}). With local_files_only=True the "
+            f"could not load --model.policy.model_name_or_path={name_or_path!r} ({err}). With local_files_only=True the "
             "weights must already be on disk: download them on a machine with internet access and point the flag at "
             "that directory."
         ) from err

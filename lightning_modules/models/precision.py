@@ -123,7 +123,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         if len(masters) != len(self._low):
             raise ValueError(
                 f"checkpoint holds {len(masters)} fp32 master tensors, this model has {len(self._low)} low-precision "
-                "trainable parameters: resume with the same --model.dtype and trainable parameters"
+                "trainable parameters: resume with the same --model.policy.dtype and trainable parameters"
             )
         for (_, m), saved in zip(self._low, masters):
             m.copy_(saved)
@@ -159,7 +159,7 @@ def build_optimizer(
     if master_weights == "none" or all(p.dtype == torch.float32 for p in params):
         return factory(params)
     if master_weights != "fp32":
-        raise ValueError(f"--model.master_weights must be 'fp32' or 'none', got {master_weights!r}")
+        raise ValueError(f"--model.optimisation.master_weights must be 'fp32' or 'none', got {master_weights!r}")
     return MasterWeightOptimizer(params, factory, accumulate_in_fp32=not distributed)
 
 

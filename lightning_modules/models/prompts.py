@@ -111,7 +111,9 @@ def build_prompt_text(
     A chat template without video items (the toy checkpoint's, made for images) renders the image placeholder, which
     is then swapped for the video one: the video sits where the model's template puts its visual input."""
     if template not in PROMPT_TEMPLATES:
-        raise ValueError(f"--model.prompt_template must be one of {sorted(PROMPT_TEMPLATES)}; got {template!r}")
+        raise ValueError(
+            f"--model.sampling.prompt_template must be one of {sorted(PROMPT_TEMPLATES)}; got {template!r}"
+        )
     question = PROMPT_TEMPLATES[template][task].format(query=query)
 
     def render(kind: str) -> str:

@@ -127,7 +127,7 @@ def processor_inputs(processor, prompts: Sequence[str], visuals: Sequence[Image.
                 raise ValueError(
                     f"video clips through {type(processor).__name__}: it gives no second_per_grid_ts and does not "
                     "write timestamps (Qwen2-VL: a t axis of one position per temporal patch), a layout the "
-                    "project's rollout and update paths do not implement: set --model.init_args.model_name_or_path "
+                    "project's rollout and update paths do not implement: set --model.init_args.policy.model_name_or_path "
                     "to a Qwen2.5-VL or Qwen3-VL checkpoint for video configs, or use images with this model"
                 )
             # Qwen3-VL: the time is in the text; the project's key marks the batch as clips (`model_inputs` drops it)
@@ -199,8 +199,8 @@ def model_parts(model: torch.nn.Module) -> ModelParts:
     if model_type not in FAST_MODEL_TYPES:
         raise TypeError(
             f"the fast rollout / packed update engines implement Qwen2-VL, Qwen2.5-VL and Qwen3-VL (their mRoPE, "
-            f"vision merger and DeepStack), not {model_type!r} ({type(m).__name__}): set --model.rollout_engine "
-            "hf_shared (or hf) --model.update_engine hf, which run the model's own transformers code"
+            f"vision merger and DeepStack), not {model_type!r} ({type(m).__name__}): set --model.engines.rollout_engine "
+            "hf_shared (or hf) --model.engines.update_engine hf, which run the model's own transformers code"
         )
     inner = m.model
     text = getattr(inner, "language_model", None)

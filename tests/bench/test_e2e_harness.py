@@ -26,9 +26,9 @@ def test_harness_smoke_runs_a_config_with_synthesis(tmp_path):
     assert fit["steps"] >= 2 and fit["median_step_s"] > 0
     assert fit["swaps"] > 0 and fit["failures"] == 0
     changed = " ".join(fit["overridden"])
-    for key in ("model.model_name_or_path", "data.data_root", "trainer.max_epochs"):
+    for key in ("model.policy.model_name_or_path", "data.data_root", "trainer.max_epochs"):
         assert key in changed  # the synthesis mode is listed only when the run's differs from the config's (async here)
-    assert "model.group_size" not in changed and "optimizer" not in changed  # only paths and lengths
+    assert "model.sampling.group_size" not in changed and "optimizer" not in changed  # only paths and lengths
 
 
 @pytest.mark.slow
@@ -55,5 +55,6 @@ def test_run_overlays_come_from_baselines_or_overlays():
         _overlay_path("nope")
     base = compose([REPO / "configs/cycle_4b.yaml"])["model"]["init_args"]
     both = compose([REPO / "configs/cycle_4b.yaml", _overlay_path("hf_engines")])["model"]["init_args"]
+    base, both = base["engines"], both["engines"]
     assert (base["rollout_engine"], base["update_engine"]) == ("fast", "packed")
     assert (both["rollout_engine"], both["update_engine"]) == ("hf_shared", "hf")

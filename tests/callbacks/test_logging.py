@@ -64,14 +64,14 @@ def tiny_fit_config(
         "model": {
             "class_path": "lightning_modules.grpo.GRPOModule",
             "init_args": {
-                "model_name_or_path": str(model_dir),
-                "dtype": "fp32",
-                "prompt_template": "toy",
-                "group_size": 3,
-                "max_new_tokens": 12,
-                "micro_batch_size": 6,
-                "kl_coef": 0.04,
-                "diversity_beta": 0.5,
+                "policy": {"model_name_or_path": str(model_dir), "dtype": "fp32"},
+                "sampling": {"prompt_template": "toy", "group_size": 3, "max_new_tokens": 12},
+                "engines": {"micro_batch_size": 6},
+                "kl": {"coef": 0.04},
+                "method": {
+                    "class_path": "lightning_modules.methods.syn_grpo.SynGRPO",
+                    "init_args": {"diversity_beta": 0.5},
+                },
             },
         },
         "data": {
@@ -137,7 +137,7 @@ def test_tiny_fit_writes_wandb_offline_run_metrics_jsonl_and_gallery(tiny_model_
         time.sleep(0.2)  # the W&B service may still be flushing the run log after finish()
     rows, config, name = read_wandb_offline(run_dirs[0])
     assert name == "syn-grpo-tiny"
-    assert config["diversity_beta"] == 0.5
+    assert config["method"]["init_args"]["diversity_beta"] == 0.5
     # the full resolved config, not only the module's hparams: trainer, data, seed, callbacks, optimizer
     assert config["trainer"]["max_epochs"] == 2 and config["data"]["init_args"]["batch_size"] == 2
     assert config["seed_everything"] == 0 and "optimizer" in config["model"]["init_args"]
@@ -166,7 +166,7 @@ def test_tiny_fit_writes_wandb_offline_run_metrics_jsonl_and_gallery(tiny_model_
     assert lines[-1]["status"] == "finished" and lines[-1]["error"] is None
     start = lines[0]
     assert start["run"] == "syn-grpo-tiny" and start["stage"] == "fit" and not start["resumed"]
-    assert start["hparams"]["diversity_beta"] == 0.5
+    assert start["hparams"]["method"]["init_args"]["diversity_beta"] == 0.5
     train = [r for r in lines if r["event"] == "train"]
     assert [r["step"] for r in train] == [1, 2] and [r["epoch"] for r in train] == [0, 1]
     for key in CURVE_KEYS:
@@ -380,7 +380,7 @@ def test_resumed_fit_continues_its_wandb_run(tiny_model_dir, rec_dir, tmp_path, 
     with pytest.raises(Exception):  # noqa: B017 - whatever transformers raises; what matters is what is left behind
         cli_main(
             ["fit", "--config", str(cfg), "--trainer.default_root_dir", str(bad), "--trainer.logger.init_args.save_dir"]
-            + [str(bad), "--model.init_args.model_name_or_path", str(broken)]
+            + [str(bad), "--model.init_args.policy.model_name_or_path", str(broken)]
         )
     assert not (bad / "wandb").exists()
 

@@ -41,13 +41,13 @@ def _tiny_fit(model_dir: Path, data_root: Path, out: Path, run_name: str) -> Pat
         "model": {
             "class_path": "lightning_modules.grpo.GRPOModule",
             "init_args": {
-                "model_name_or_path": str(model_dir),
-                "dtype": "fp32",
-                "prompt_template": "toy",
-                "group_size": 3,
-                "max_new_tokens": 12,
-                "micro_batch_size": 6,
-                "diversity_beta": 0.7,
+                "policy": {"model_name_or_path": str(model_dir), "dtype": "fp32"},
+                "sampling": {"prompt_template": "toy", "group_size": 3, "max_new_tokens": 12},
+                "engines": {"micro_batch_size": 6},
+                "method": {
+                    "class_path": "lightning_modules.methods.syn_grpo.SynGRPO",
+                    "init_args": {"diversity_beta": 0.7},
+                },
             },
         },
         "data": {
@@ -136,7 +136,9 @@ def test_beta_ablation_reads_hparams_and_skips_grpo_baselines():
     table = A.beta_table(runs)
     assert table[["beta", "acc50"]].values.tolist() == [[0.1, 0.4], [0.7, 0.6]]  # final value; GRPO left out
     assert A.Run(name="syn-grpo-beta0.9").beta == 0.9  # from the name when the hparams lack it
-    assert A.Run(name="x", hparams={"model.init_args.diversity_beta": 0.5}).beta == 0.5  # W&B sweep config
+    assert (
+        A.Run(name="x", hparams={"model.init_args.method.init_args.diversity_beta": 0.5}).beta == 0.5
+    )  # W&B sweep config
 
 
 @pytest.mark.parametrize("spec,expected", [("a.jsonl,b", ["a.jsonl", "b"]), (" a \n b ", ["a", "b"]), (None, [])])

@@ -18,7 +18,8 @@ WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
 
 def _model_path(config: Path) -> str | None:
     model = (yaml.safe_load(config.read_text()) or {}).get("model") or {}
-    return (model.get("init_args") or {}).get("model_name_or_path")
+    init = model.get("init_args") or {}
+    return (init.get("policy") or init).get("model_name_or_path")
 
 
 def test_git_keeps_the_three_toy_checkpoints_and_no_other_weights():
@@ -63,7 +64,7 @@ def test_the_message_names_the_build_of_a_missing_toy_checkpoint(tmp_path):
     gone = tmp_path / "checkpoints/toy-qwen2.5-vl-evolved-anchors"
     msg = missing_checkpoint_message(gone)
     assert msg == (
-        f"--model.init_args.model_name_or_path {gone} is not in git: build it with "
+        f"--model.init_args.policy.model_name_or_path {gone} is not in git: build it with "
         "`make toy-model-evolved-long toy-model-evolved-anchors TOY_PRECISION=32` (about 8 min on one H200, fp32)"
     )
     kept = missing_checkpoint_message(tmp_path / "checkpoints/toy-qwen2.5-vl-cycle-video")

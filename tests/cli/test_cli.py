@@ -39,18 +39,30 @@ def test_flags_are_never_abbreviated(capsys):
 
 
 def test_unknown_model_flag_suggests_the_module_argument(capsys):
-    err = _error(["fit", "--config", TINY, "--model.init_args.diversity_betta", "0.5"], capsys)
-    assert "did you mean --model.init_args.diversity_beta?" in err
+    err = _error(["fit", "--config", TINY, "--model.method.init_args.diversity_betta", "0.5"], capsys)
+    assert "did you mean --model.init_args.method.init_args.diversity_beta?" in err
+    err = _error(["fit", "--config", TINY, "--model.kl.coeff", "0.5"], capsys)  # a typed group's key
+    assert "unknown flag --model.kl.coeff (did you mean --model.kl.coef?)" in err
+
+
+def test_a_flag_of_the_flat_arguments_names_where_it_moved(capsys):
+    err = _error(["fit", "--config", TINY, "--model.init_args.kl_coef", "0.1"], capsys)
+    assert "unknown flag --model.init_args.kl_coef (it moved to --model.init_args.kl.coef" in err
+    assert "python -m cli.migrate_config" in err
 
 
 def test_bad_choice_names_the_flag_and_the_choices(capsys):
-    err = _error(["fit", "--config", TINY, "--model.init_args.aggregation", "token_mean"], capsys)
-    assert "--model.init_args.aggregation" in err and "token-mean" in err and "seq-mean-token-sum-norm" in err
+    err = _error(["fit", "--config", TINY, "--model.init_args.optimisation.aggregation", "token_mean"], capsys)
+    assert (
+        "--model.init_args.optimisation.aggregation" in err and "token-mean" in err and "seq-mean-token-sum-norm" in err
+    )
 
 
 def test_missing_model_path_names_the_flag_before_anything_starts(capsys, tmp_path):
-    err = _error(["fit", "--config", TINY, "--model.init_args.model_name_or_path", str(tmp_path / "nope")], capsys)
-    assert "--model.init_args.model_name_or_path" in err and "config.json" in err
+    err = _error(
+        ["fit", "--config", TINY, "--model.init_args.policy.model_name_or_path", str(tmp_path / "nope")], capsys
+    )
+    assert "--model.init_args.policy.model_name_or_path" in err and "config.json" in err
     assert not (tmp_path / "nope").exists()
 
 
@@ -66,8 +78,8 @@ def test_missing_checkpoint_says_where_checkpoints_are(capsys, tmp_path):
 
 
 def test_module_value_errors_are_one_line(capsys):
-    err = _error(["fit", "--config", TINY, "--model.init_args.group_size", "1"], capsys)
-    assert "--model.group_size must be >= 2" in err
+    err = _error(["fit", "--config", TINY, "--model.init_args.sampling.group_size", "1"], capsys)
+    assert "--model.sampling.group_size must be >= 2" in err
 
 
 def test_short_class_names_and_help(capsys):
@@ -75,7 +87,7 @@ def test_short_class_names_and_help(capsys):
         cli_main(["fit", "--model.help", "GRPOModule"])
     assert exc.value.code in (None, 0)
     out = capsys.readouterr().out
-    assert "--model.aggregation {token-mean,seq-mean-token-mean,seq-mean-token-sum-norm}" in out
+    assert "--model.optimisation.aggregation {token-mean,seq-mean-token-mean,seq-mean-token-sum-norm}" in out
     cli = cli_main(["--config", TINY, "--model", "GRPOModule", "--data", "SyntheticDataModule"], run=False)
     assert type(cli.model).__name__ == "GRPOModule"
 
@@ -112,7 +124,7 @@ def test_one_folder_and_one_name_per_run(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # outside the repository, the configs' relative model path names no folder: one line
     err = _error(["fit", "--config", TINY, "--trainer.max_steps", "1"], capsys)
     assert "relative to the working directory" in err and str(REPO / "checkpoints/toy-qwen2.5-vl") in err
-    model = ["--model.init_args.model_name_or_path", str(REPO / "checkpoints/toy-qwen2.5-vl")]
+    model = ["--model.init_args.policy.model_name_or_path", str(REPO / "checkpoints/toy-qwen2.5-vl")]
     overlay = str(REPO / "configs/baselines/syn_grpo_wo_rdiv.yaml")
     cli = cli_main(["--config", TINY, "--config", overlay, *model], run=False)
     t = cli.trainer

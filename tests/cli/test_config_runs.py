@@ -132,17 +132,19 @@ def cpu_swap(cfg: dict, toy: dict[str, Path], root: Path, qwen3_vl: Path | None 
                 task = cfg["model"]["init_args"].get("task", "rec")
                 a["offline_descriptions"] = str(next(toy[task].glob("*offline_descriptions.jsonl")))
     m = cfg["model"]["init_args"]
-    qwen3 = "qwen3-vl" in str(m["model_name_or_path"]).lower()
+    p = m.setdefault("policy", {})
+    qwen3 = "qwen3-vl" in str(p["model_name_or_path"]).lower()
     if qwen3 and qwen3_vl is None:
-        raise ValueError(f"{m['model_name_or_path']} is a Qwen3-VL: pass cpu_swap(..., qwen3_vl=<tiny Qwen3-VL>)")
-    m["model_name_or_path"] = str(qwen3_vl if qwen3 else TOY_CKPT)
+        raise ValueError(f"{p['model_name_or_path']} is a Qwen3-VL: pass cpu_swap(..., qwen3_vl=<tiny Qwen3-VL>)")
+    p["model_name_or_path"] = str(qwen3_vl if qwen3 else TOY_CKPT)
     if sft:
         m.update(build_tiny=None, export_dir=str(root / "export"), eval_max_new_tokens=16)
     else:
+        s = m.setdefault("sampling", {})
         # the toy model's whole Syn-GRPO completion (tiny.yaml's length); a random Qwen3-VL never stops: 24 tokens
-        m["max_new_tokens"] = 24 if qwen3 else 96
-        if m.get("prompt_template") == "syn_grpo":  # the toy checkpoint learnt Syn-GRPO's format under its own prompt
-            m["prompt_template"] = "toy"
+        s["max_new_tokens"] = 24 if qwen3 else 96
+        if s.get("prompt_template") == "syn_grpo":  # the toy checkpoint learnt Syn-GRPO's format under its own prompt
+            s["prompt_template"] = "toy"
     d = cfg["data"]["init_args"]
     d.update(
         data_root=str(_data_dir(cfg, toy, root / "data")),

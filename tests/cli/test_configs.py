@@ -59,7 +59,7 @@ def test_toy_sft_stages_continue_the_previous_one(stage):
     assert exc.value.code in (None, 0)
     args = yaml.safe_load(buf.getvalue())["model"]["init_args"]
     n = int(stage.stem.rsplit("stage", 1)[1])
-    assert args["build_tiny"] is None and args["model_name_or_path"] == f"outputs/toy_sft/stage{n - 1}"
+    assert args["build_tiny"] is None and args["policy"]["model_name_or_path"] == f"outputs/toy_sft/stage{n - 1}"
     last = n == len(TOY_STAGES) + 1
     assert args["export_dir"] == ("checkpoints/toy-qwen2.5-vl" if last else f"outputs/toy_sft/stage{n}")
 
@@ -72,7 +72,7 @@ def test_the_evolved_sft_stage_continues_the_toy_checkpoint():
         cli_main(["fit", "--config", str(REPO / "configs/toy_sft.yaml"), "--config", str(stage), "--print_config"])
     cfg = yaml.safe_load(buf.getvalue())
     args = cfg["model"]["init_args"]
-    assert args["model_name_or_path"] == "checkpoints/toy-qwen2.5-vl" and args["build_tiny"] is None
+    assert args["policy"]["model_name_or_path"] == "checkpoints/toy-qwen2.5-vl" and args["build_tiny"] is None
     assert args["export_dir"] == "checkpoints/toy-qwen2.5-vl-evolved" and args["target"] == "toy_steps"
     assert cfg["data"]["init_args"]["toy"]["evolve"] > 0
 
@@ -86,7 +86,12 @@ def test_the_evolved_syn_overlay_puts_both_evolutions_on_one_pool(base):
     cfg = yaml.safe_load(buf.getvalue())
     synth = cfg["callbacks"]["synthesis"]["init_args"]
     assert synth["strategy"] == "instruction_and_image_evolution" and synth["source"] == "original"
-    assert cfg["model"]["init_args"]["method"] == "evolved_syn_grpo" and cfg["method"] == "evolved_syn"
+    method = cfg["model"]["init_args"]["method"]
+    assert (
+        method["class_path"] == "lightning_modules.methods.evolved_grpo.EvolvedSynGRPO"
+        and cfg["method"] == "evolved_syn"
+    )
+    assert method["init_args"]["process_weight"] == 0.5  # the base's method arguments carry over to the new class
     assert cfg["callbacks"]["metrics"] is not None  # the base's other callbacks stay
 
 
@@ -109,12 +114,14 @@ def test_baseline_overlays_compose_with_every_base(base, overlay):
     assert named["checkpoint"]["init_args"]["every_n_epochs"] in (None, 1) and named["results"] is not None
     synth = named["synthesis"]
     if overlay.stem.startswith("grpo"):
-        assert args["method"] == "grpo" and synth["init_args"]["mode"] == "off"  # the plain GRPO plug-in
+        assert args["method"]["class_path"] == "lightning_modules.methods.grpo.GRPO"  # the plain GRPO plug-in
+        assert synth["init_args"]["mode"] == "off"
         assert named["checkpoint"]["init_args"]["save_last"] is True  # the base's setting survives the patch
     if overlay.stem == "offline_generation":
         assert synth["init_args"]["offline_descriptions"] and synth["init_args"]["source"] == "original"
     if overlay.stem == "syn_grpo_wo_rdiv":
-        assert args["description_selection"] == "random" and args["diversity_weight"] == 0.0
+        method = args["method"]["init_args"]
+        assert method["description_selection"] == "random" and method["diversity_weight"] == 0.0
 
 
 def test_baselines_cover_every_method_row_of_table_1():
@@ -146,5 +153,7 @@ def test_engine_overlays_change_only_the_rollout_engine(base, overlay):
         pytest.skip("not a GRPO config")
     with_overlay = printed(base, overlay)
     m, p = with_overlay["model"]["init_args"], plain["model"]["init_args"]
-    assert {k for k in set(m) | set(p) if m.get(k) != p.get(k)} == {"rollout_engine", "rollout_engine_args"}
+    assert {k for k in set(m) | set(p) if m.get(k) != p.get(k)} == {"engines"}
+    m, p = m["engines"], p["engines"]
+    assert {k for k in set(m) | set(p) if m.get(k) != p.get(k)} == {"rollout_engine", "rollout_args"}
     assert {k: v for k, v in with_overlay.items() if k != "model"} == {k: v for k, v in plain.items() if k != "model"}

@@ -24,8 +24,10 @@ def _one_line(args: list[str], capsys, code: int) -> str:
 
 
 def test_a_type_error_names_the_flag_the_type_and_the_value(capsys):
-    err = _one_line(["fit", "--config", TINY, "--model.init_args.group_size", "abc"], capsys, EXIT_CODES["config"])
-    assert "--model.init_args.group_size: expected an int, got 'abc'" in err and "--model.help" in err
+    err = _one_line(
+        ["fit", "--config", TINY, "--model.init_args.sampling.group_size", "abc"], capsys, EXIT_CODES["config"]
+    )
+    assert "--model.init_args.sampling.group_size: expected an int, got 'abc'" in err and "--model.help" in err
 
 
 def _bad_data(tmp_path: Path) -> list[str]:
@@ -34,7 +36,7 @@ def _bad_data(tmp_path: Path) -> list[str]:
         "fit",
         "--config",
         str(REPO / "configs/rec_3b_1gpu.yaml"),
-        "--model.init_args.model_name_or_path",
+        "--model.init_args.policy.model_name_or_path",
         TOY,
         "--data.init_args.data_root",
         str(tmp_path),
@@ -53,7 +55,7 @@ def test_a_data_error_is_one_line_with_file_and_line_and_its_own_status(tmp_path
 
 
 def test_a_model_that_cannot_be_loaded_is_one_line_and_debug_shows_the_traceback(tmp_path, capsys):
-    hub = ["fit", "--config", TINY, "--model.init_args.model_name_or_path", "Qwen/Qwen2.5-VL-7B-Instruct"]
+    hub = ["fit", "--config", TINY, "--model.init_args.policy.model_name_or_path", "Qwen/Qwen2.5-VL-7B-Instruct"]
     hub += ["--trainer.default_root_dir", str(tmp_path / "run")]
     err = _one_line(hub, capsys, EXIT_CODES["model"])
     assert "Qwen/Qwen2.5-VL-7B-Instruct" in err and "local" in err

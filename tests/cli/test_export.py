@@ -2,7 +2,7 @@
 
 One short GRPO fit of the embedded toy checkpoint on a few toy scenes writes ``last.ckpt``; the test metrics of that
 checkpoint are the reference. The exported HF directory loads with ``from_pretrained`` (the same weights), tests to
-the same metrics through ``--model.init_args.model_name_or_path``, and ``predict`` writes the same answers as JSONL.
+the same metrics through ``--model.init_args.policy.model_name_or_path``, and ``predict`` writes the same answers as JSONL.
 """
 
 from __future__ import annotations
@@ -56,13 +56,10 @@ def _config(tmp: Path, data: Path) -> Path:
         "model": {
             "class_path": "GRPOModule",
             "init_args": {
-                "model_name_or_path": str(TOY_CKPT),
-                "dtype": "fp32",
-                "prompt_template": "toy",
-                "group_size": 2,
-                "max_new_tokens": 96,
-                "micro_batch_size": 4,
-                "kl_coef": 0.04,
+                "policy": {"model_name_or_path": str(TOY_CKPT), "dtype": "fp32"},
+                "sampling": {"prompt_template": "toy", "group_size": 2, "max_new_tokens": 96},
+                "engines": {"micro_batch_size": 4},
+                "kl": {"coef": 0.04},
                 "optimizer": {"class_path": "torch.optim.AdamW", "init_args": {"lr": 1e-3}},
             },
         },
@@ -111,7 +108,7 @@ def test_export_from_pretrained_predict_reproduce_the_checkpoint(toy_rec, tmp_pa
     for name, p in loaded.state_dict().items():
         assert torch.equal(p, state[f"policy.{name}"]), name
 
-    hf = ["--model.init_args.model_name_or_path", str(out)]
+    hf = ["--model.init_args.policy.model_name_or_path", str(out)]
     again = cli_main(["test", "--config", cfg, *hf])
     got = {k: float(v) for k, v in again.trainer.callback_metrics.items() if k.startswith("test/toy_val/")}
     assert got == pytest.approx(ref)
@@ -151,7 +148,7 @@ def test_cycle_predict_records_reproduce_its_test_metrics(config, splits, sets, 
         "--trainer.logger=false",
         "--trainer.enable_progress_bar=false",
         f"--trainer.default_root_dir={tmp_path / 'run'}",
-        "--model.init_args.max_new_tokens=48",
+        "--model.init_args.sampling.max_new_tokens=48",
     ]
     test = cli_main(["test", *args])
     cli_main(["predict", *args])

@@ -89,8 +89,8 @@ def test_sharded_checkpoint_resumes_and_exports(tiny_model_dir, rec_dir, tmp_pat
     model_data = [
         "--config", str(REPO / "configs/tiny.yaml"),
         "--trainer.accelerator", ACCELERATOR,
-        "--model.init_args.model_name_or_path", str(tiny_model_dir),
-        "--model.init_args.dtype", "bf16",
+        "--model.init_args.policy.model_name_or_path", str(tiny_model_dir),
+        "--model.init_args.policy.dtype", "bf16",
         "--data.init_args.data_root", str(rec_dir),
         "--data.init_args.toy", "null",
         "--data.init_args.train_files", "[train.jsonl]",
@@ -107,8 +107,8 @@ def test_sharded_checkpoint_resumes_and_exports(tiny_model_dir, rec_dir, tmp_pat
              "--trainer.limit_val_batches", "0", "--trainer.default_root_dir", str(run),
              "--callbacks.synthesis", json.dumps(synthesis), "--callbacks.probe", json.dumps(rank_probe),
              "--callbacks.gallery", "null", "--callbacks.completions", "null",
-             "--model.init_args.max_new_tokens", "4", "--model.init_args.group_size", "2",
-             "--model.init_args.reference_offload", "true", "--model.init_args.freeze_vision", "true",
+             "--model.init_args.sampling.max_new_tokens", "4", "--model.init_args.sampling.group_size", "2",
+             "--model.init_args.kl.reference_offload", "true", "--model.init_args.policy.freeze_vision", "true",
              "--data.init_args.batch_size", "2", *extra],
             tmp_path,
         )  # fmt: skip
@@ -119,7 +119,7 @@ def test_sharded_checkpoint_resumes_and_exports(tiny_model_dir, rec_dir, tmp_pat
     saved = tmp_path / "epoch0.ckpt"
     ckpt.rename(saved)
     # resumed with rollouts on the shards (each layer gathered per decode step, the ranks in lockstep)
-    fit(2, "resumed", "--ckpt_path", str(saved), "--model.init_args.rollout_gather", "per_layer")
+    fit(2, "resumed", "--ckpt_path", str(saved), "--model.init_args.engines.rollout_gather", "per_layer")
     for r in (0, 1):
         before = json.loads((tmp_path / f"first/rank{r}.json").read_text())
         after = json.loads((tmp_path / f"resumed/start_rank{r}.json").read_text())
@@ -132,7 +132,7 @@ def test_sharded_checkpoint_resumes_and_exports(tiny_model_dir, rec_dir, tmp_pat
 
     out = tmp_path / "export"
     _fit(
-        ["export", *model_data, "--model.init_args.dtype", "fp32", "--ckpt_path", str(saved), "--out", str(out)],
+        ["export", *model_data, "--model.init_args.policy.dtype", "fp32", "--ckpt_path", str(saved), "--out", str(out)],
         tmp_path,
     )
     dcp_to_torch_save(saved, tmp_path / "full.pt")

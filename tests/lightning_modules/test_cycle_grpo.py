@@ -6,9 +6,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import torch
+from method_util import build_test_method  # tests/lightning_modules is on sys.path under pytest
 from test_methods import Sample  # the same stand-in sample (tests/lightning_modules is on sys.path)
 
-from lightning_modules.methods.base import build_method
 from lightning_modules.models.rollout import Rollout, concat_rollouts
 
 
@@ -44,7 +44,7 @@ def test_cycle_rewards_by_hand():
         "???",  # caption 1, grounding 0: unreadable: s 0, Phi_loc -1
         "<answer>[0, 0, 10, 10]</answer>",  # caption 1, grounding 1: IoU 1
     ]
-    m = build_method("cycle_grpo", _hp(), {"n_captions": 2, "k_groundings": 2, "alpha": 1.0})
+    m = build_test_method("cycle_grpo", _hp(), {"n_captions": 2, "k_groundings": 2, "alpha": 1.0})
     batch = [Sample("s0", "q", [[0, 0, 10, 10]])]
     ro = _rollout(texts, [0, 0, 1, 1, 2, 2])  # captions of sample 0 | groundings of caption 0 | of caption 1
     s = m.score(batch, ro)
@@ -57,9 +57,9 @@ def test_cycle_rewards_by_hand():
     h = 2**-0.5
     assert torch.allclose(adv, torch.tensor([h, -h, h, -h, -h, h]))
     # the ablations zero the other direction's advantages
-    cap = build_method("cycle_grpo", _hp(), {"n_captions": 2, "k_groundings": 2, "mode": "caption"})
+    cap = build_test_method("cycle_grpo", _hp(), {"n_captions": 2, "k_groundings": 2, "mode": "caption"})
     assert cap.advantages(cap.score(batch, ro), ro)[2:].abs().sum() == 0
-    loc = build_method("cycle_grpo", _hp(), {"n_captions": 2, "k_groundings": 2, "mode": "localization"})
+    loc = build_test_method("cycle_grpo", _hp(), {"n_captions": 2, "k_groundings": 2, "mode": "localization"})
     assert loc.advantages(loc.score(batch, ro), ro)[:2].abs().sum() == 0
 
 
@@ -162,7 +162,7 @@ def test_no_target_images_score_gres_metrics_and_are_refused_by_the_grpo_reward(
     assert out["val/nt/n_acc"] == 0.5 and out["val/nt/t_acc"] == 1.0
     assert "val/nt/giou" not in ev.detection(trainer, "val")  # reset
 
-    m = build_method("cycle_grpo", _hp(), {"n_captions": 2, "k_groundings": 2})
+    m = build_test_method("cycle_grpo", _hp(), {"n_captions": 2, "k_groundings": 2})
     batch = [samples[1], samples[0]]
     assert m.layout(batch) == ([1], [0])
     ro = _rollout(["c0", "c1"] + [texts[0]] * 4 + [texts[1], texts[2]], [0, 0, 2, 2, 3, 3, 4, 4])
@@ -171,7 +171,7 @@ def test_no_target_images_score_gres_metrics_and_are_refused_by_the_grpo_reward(
     assert s.parts["consistency"].tolist()[-2:] == [1.0, 0.0]
 
     ctx = RewardContext([samples[1]], ["x"], [rewards.parse_completion("x")], [(100, 100)], 1)
-    with pytest.raises(ValueError, match="no-target query.*cycle_grpo"):
+    with pytest.raises(ValueError, match="no-target query.*CycleGRPO"):
         accuracy_reward(ctx)
 
 

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from method_util import build_test_method  # tests/lightning_modules is on sys.path under pytest
 from PIL import Image
 from test_cycle_grpo import _rollout  # the stand-in rollout (tests/lightning_modules is on sys.path)
 from test_methods import Sample  # the image stand-in sample
@@ -18,7 +19,6 @@ from datamodules.rec import Sample as RecSample
 from datamodules.toy_video import make_clip
 from datamodules.video import VideoSample
 from lightning_modules.engines.base import build_rollout_engine
-from lightning_modules.methods.base import build_method
 from lightning_modules.models.loading import load_policy
 
 
@@ -48,7 +48,7 @@ def test_temporal_rewards_by_hand():
         "<answer>no target</answer>",  # a miss: 0
         "<answer>[2.0, 4.0], [9.0, 10.0]</answer>",  # tIoU 1, [9, 10] starts after the 8 s clip: gate 0.5
     ]
-    m = build_method("cycle_grpo", _hp(), {"n_captions": 2, "k_groundings": 2, "region_space": "interval"})
+    m = build_test_method("cycle_grpo", _hp(), {"n_captions": 2, "k_groundings": 2, "region_space": "interval"})
     batch = [_sample(intervals=[(2.0, 4.0)])]
     ro = _rollout(texts, [0, 0, 1, 1, 2, 2])
     s = m.score(batch, ro)
@@ -69,7 +69,7 @@ def test_spatio_temporal_rewards_by_hand():
         "<answer>1.5s: [0, 0, 20, 20]</answer>",  # matches the 1.0 s anchor (0.5 s <= tau): S = 1 / 2
         "garbage",  # unreadable: S 0, Phi -1
     ]
-    m = build_method(
+    m = build_test_method(
         "cycle_grpo",
         _hp(),
         {"n_captions": 2, "k_groundings": 2, "region_space": "anchor", "tau": 0.5, "proximity_weight": 0.5},
@@ -95,7 +95,7 @@ def test_no_target_samples_are_grounding_groups_rewarded_for_rejecting():
         "<answer>no target</answer>",  # the no-target sample's groundings: a rejection (1), a false alarm (0)
         "<answer>[2.0, 4.0]</answer>",
     ]
-    m = build_method("cycle_grpo", _hp(), {"n_captions": 2, "k_groundings": 2, "region_space": "interval"})
+    m = build_test_method("cycle_grpo", _hp(), {"n_captions": 2, "k_groundings": 2, "region_space": "interval"})
     batch = [_sample(), _sample(intervals=[(2.0, 4.0)])]  # the no-target sample first: the layout is by kind
     assert m.layout(batch) == ([1], [0])
     ro = _rollout(texts, [1, 1, 2, 2, 3, 3, 4, 4])
@@ -109,18 +109,18 @@ def test_no_target_samples_are_grounding_groups_rewarded_for_rejecting():
     adv = m.advantages(s, ro)
     assert adv[-2] > 0 > adv[-1] and adv[-2] == -adv[-1]  # its own group: (r - mean) / std over its two rows
     for mode, trained in (("caption", False), ("localization", True), ("cycle", True)):
-        mm = build_method(
+        mm = build_test_method(
             "cycle_grpo", _hp(), {"n_captions": 2, "k_groundings": 2, "region_space": "interval", "mode": mode}
         )
         assert bool(mm.advantages(mm.score(batch, ro), ro)[-2:].abs().sum() > 0) == trained
-    wide = build_method(  # a no-target group of its own size (N x K: as many grounding rows as a cycled sample)
+    wide = build_test_method(  # a no-target group of its own size (N x K: as many grounding rows as a cycled sample)
         "cycle_grpo", _hp(), {"n_captions": 2, "k_groundings": 2, "region_space": "interval", "no_target_groundings": 4}
     )
     ro4 = _rollout(texts + texts[-2:], [1, 1, 2, 2, 3, 3, 4, 4, 4, 4])
     assert wide.sample_index(batch, ro4) == [1] * 6 + [0] * 4
     assert wide.score(batch, ro4).total.tolist()[-4:] == [1.0, 0.0, 1.0, 0.0]
     with pytest.raises(ValueError, match="no_target_groundings must be >= 2"):
-        build_method("cycle_grpo", _hp(), {"region_space": "interval", "no_target_groundings": 1})
+        build_test_method("cycle_grpo", _hp(), {"region_space": "interval", "no_target_groundings": 1})
     only = m.score([batch[0]], _rollout(texts[-2:], [1, 1]))  # a step of no-target samples only
     logs = m.train_logs(only, ro)
     assert only.total.tolist() == [1.0, 0.0] and logs["train/cycle/no_target_acc"] == 0.5
@@ -131,11 +131,11 @@ def test_no_target_samples_are_grounding_groups_rewarded_for_rejecting():
 
 
 def test_region_space_must_match_the_samples():
-    m = build_method("cycle_grpo", _hp(), {"n_captions": 2, "k_groundings": 2, "region_space": "interval"})
+    m = build_test_method("cycle_grpo", _hp(), {"n_captions": 2, "k_groundings": 2, "region_space": "interval"})
     with pytest.raises(ValueError, match="needs video samples"):
         m.rollout(SimpleNamespace(processor=None), [Sample("s0", "q", [[0, 0, 10, 10]])])
     with pytest.raises(ValueError, match="'box' \\(images\\) or 'interval' / 'anchor'"):
-        build_method("cycle_grpo", _hp(), {"region_space": "moments"})
+        build_test_method("cycle_grpo", _hp(), {"region_space": "moments"})
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +182,7 @@ def _toy_samples(n: int = 2) -> list[VideoSample]:
 @pytest.mark.parametrize("space", ["interval", "anchor"])
 def test_video_rollout_prompts_and_two_level_groups(module, space):
     torch.manual_seed(0)
-    m = build_method(
+    m = build_test_method(
         "cycle_grpo",
         module.hparams,
         {"n_captions": 2, "k_groundings": 3, "region_space": space, "caption_template": "toy_caption"},
@@ -207,7 +207,7 @@ def test_no_target_clips_are_grounded_from_their_query(module, space):
     """On the tiny model and toy clips: the caption call holds only the clips with a target; the grounding call holds
     their captions' groundings and then the no-target clip's own query, K rows in its own group, no parent."""
     torch.manual_seed(0)
-    m = build_method("cycle_grpo", module.hparams, {"n_captions": 2, "k_groundings": 2, "region_space": space})
+    m = build_test_method("cycle_grpo", module.hparams, {"n_captions": 2, "k_groundings": 2, "region_space": space})
     clips = _toy_samples(12)
     target = next(s for s in clips if s.intervals)
     none = next(s for s in clips if not s.intervals)
@@ -223,10 +223,12 @@ def test_no_target_clips_are_grounded_from_their_query(module, space):
     module.calls.clear()
     ro = m.rollout(module, [none])  # no target in the step: one call, the grounding group alone
     assert len(module.calls) == 1 and len(ro.texts) == 2 and ro.group_ids.tolist() == [1, 1]
-    wide = build_method(  # N x K rows per no-target clip: a grounding call of its own, after the cycle's, same rows
-        "cycle_grpo",
-        module.hparams,
-        {"n_captions": 2, "k_groundings": 2, "region_space": space, "no_target_groundings": 4},
+    wide = (
+        build_test_method(  # N x K rows per no-target clip: a grounding call of its own, after the cycle's, same rows
+            "cycle_grpo",
+            module.hparams,
+            {"n_captions": 2, "k_groundings": 2, "region_space": space, "no_target_groundings": 4},
+        )
     )
     module.calls.clear()
     ro = wide.rollout(module, [none, target, none])
@@ -251,7 +253,7 @@ def test_no_target_clips_are_grounded_from_their_query(module, space):
     ],
 )
 def test_validation_logs_the_video_metrics(module, space, keys):
-    m = build_method("cycle_grpo", module.hparams, {"n_captions": 2, "k_groundings": 2, "region_space": space})
+    m = build_test_method("cycle_grpo", module.hparams, {"n_captions": 2, "k_groundings": 2, "region_space": space})
     samples = _toy_samples(2)
     assert m.evaluate(module, "val", "toy_video_val", samples[:1])
     assert m.evaluate(module, "val", "toy_video_val", samples[1:])
@@ -259,7 +261,7 @@ def test_validation_logs_the_video_metrics(module, space, keys):
     assert {k.rsplit("/", 1)[1] for k in logs} >= keys and all(k.startswith("val/toy_video_val/") for k in logs)
     assert all(0.0 <= v <= 1.0 for v in logs.values())
     assert m.eval_logs("val") == {}  # reset after logging
-    image = build_method("cycle_grpo", module.hparams, {"n_captions": 2, "k_groundings": 2})
+    image = build_test_method("cycle_grpo", module.hparams, {"n_captions": 2, "k_groundings": 2})
     still = RecSample("s0", Image.new("RGB", (112, 112)), "the red square", [[0, 0, 10, 10]])
     assert not image.evaluate(module, "val", "x", [still])  # grounding: the module's evaluator; captions: locatability
     assert set(image.eval_logs("val")) == {"val/x/locatability", "val/x/confusion"}

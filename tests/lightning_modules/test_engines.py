@@ -38,7 +38,7 @@ def _requests(processor, n, parents=None):
 
 def test_registry_names_the_built_in_engines_and_rejects_unknown_ones():
     assert {"hf", "fast"} <= set(ROLLOUT_ENGINES) and {"hf", "packed"} <= set(UPDATE_ENGINES)
-    with pytest.raises(ValueError, match=r"--model.rollout_engine 'vllm2' is not a registered rollout engine"):
+    with pytest.raises(ValueError, match=r"--model.engines.rollout_engine 'vllm2' is not a registered rollout engine"):
         build_rollout_engine("vllm2")
     assert not UPDATE_ENGINES["packed"].distributed_ok and UPDATE_ENGINES["hf"].distributed_ok
 

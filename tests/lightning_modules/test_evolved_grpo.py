@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 import torch
+from method_util import build_test_method  # tests/lightning_modules is on sys.path under pytest
 from test_methods import _hp, _rollout  # tests/lightning_modules is on sys.path under pytest
 
 from lightning_modules import objective
-from lightning_modules.methods.base import build_method
 
 # a hand-made scene (100 x 100): a red square at the top left, a blue circle below it, a blue circle at the right
 OBJECTS = [
@@ -45,7 +45,7 @@ def test_process_reward_credits_the_correct_prefix_and_ties_break_by_it():
     # second step and answer; no step right, wrong answer; no steps at all, wrong answer.
     sample = Sample("s0", META["query"], [[10, 60, 30, 80]], {**META, "level": 3})
     texts = [_text([ANCHOR, TARGET], TARGET), _text([ANCHOR, MISS], MISS), _text([MISS, MISS], MISS), _text([], MISS)]
-    m = build_method("evolved_grpo", _hp(group_size=4, format="think_answer"), {"process_weight": 0.5})
+    m = build_test_method("evolved_grpo", _hp(group_size=4, format="think_answer"), {"process_weight": 0.5})
     s = m.score([sample], _rollout(texts, 4))
     assert s.parts["accuracy"].tolist() == [1.0, 0.0, 0.0, 0.0]
     assert s.parts["process"].tolist() == [1.0, 0.5, 0.0, 0.0]  # prefix credit: 2/2, 1/2, 0, 0
@@ -64,15 +64,15 @@ def test_one_step_questions_and_non_toy_samples_get_no_process_term():
     one_step = Sample("s1", "the red square", [[10, 10, 30, 30]], {**META, "query": "the red square"})
     plain = Sample("s2", "the dog", [[0, 0, 5, 5]])
     texts = [_text([ANCHOR], ANCHOR), _text([], MISS)] * 2
-    m = build_method("evolved_grpo", _hp(format="think_answer"), {"process_weight": 1.0})
+    m = build_test_method("evolved_grpo", _hp(format="think_answer"), {"process_weight": 1.0})
     s = m.score([one_step, plain], _rollout(texts, 2))
     assert s.parts["process"].tolist() == [0.0] * 4
     logs = m.train_logs(s, _rollout(texts, 2))
     assert logs["train/level/multi_step_frac"] == 0.0 and logs["train/level/mean"] == 0.0
 
     # weight 0 is GRPO's total exactly
-    g = build_method("grpo", _hp(format="think_answer")).score([one_step, plain], _rollout(texts, 2))
-    z = build_method("evolved_grpo", _hp(format="think_answer"), {"process_weight": 0.0}).score(
+    g = build_test_method("grpo", _hp(format="think_answer")).score([one_step, plain], _rollout(texts, 2))
+    z = build_test_method("evolved_grpo", _hp(format="think_answer"), {"process_weight": 0.0}).score(
         [one_step, plain], _rollout(texts, 2)
     )
     assert z.total.tolist() == g.total.tolist()
@@ -81,7 +81,7 @@ def test_one_step_questions_and_non_toy_samples_get_no_process_term():
 def test_guided_sub_problem_questions_use_their_chain_and_count_as_sub():
     guided = "the small blue circle below the red square (step 1: the red square; then the answer)"
     sample = Sample("s3", guided, [[10, 60, 30, 80]], {**META, "level": 2})
-    m = build_method("evolved_grpo", _hp(format="think_answer"))
+    m = build_test_method("evolved_grpo", _hp(format="think_answer"))
     texts = [_text([ANCHOR, TARGET], TARGET), _text([ANCHOR], MISS)]
     s = m.score([sample], _rollout(texts, 2))
     assert s.parts["process"].tolist() == [1.0, 0.5]
@@ -97,7 +97,7 @@ def test_all_wrong_groups_are_logged_by_the_version_they_are_on():
     zoomed = {**one, "edits": [{"kind": "declutter"}, {"kind": "zoom"}]}
     easier = Sample("e", "the red square", [[10, 10, 30, 30]], zoomed)
     texts = [_text([], MISS)] * 2 + [_text([], ANCHOR), _text([], MISS)] + [_text([], MISS)] * 2
-    m = build_method("evolved_grpo", _hp(format="think_answer"))
+    m = build_test_method("evolved_grpo", _hp(format="think_answer"))
     logs = m.train_logs(m.score([question, sub, easier], _rollout(texts, 2)), _rollout(texts, 2))
     for name, groups, wrong in [("question", 1, 1), ("sub", 1, 0), ("easier", 1, 1)]:
         assert logs[f"train/level/groups/{name}"] == pytest.approx(groups / 3)
@@ -107,9 +107,9 @@ def test_all_wrong_groups_are_logged_by_the_version_they_are_on():
 
 def test_bad_method_args_are_clear():
     with pytest.raises(ValueError, match="process_weight must be >= 0"):
-        build_method("evolved_grpo", _hp(), {"process_weight": -1})
+        build_test_method("evolved_grpo", _hp(), {"process_weight": -1})
     with pytest.raises(ValueError, match="step_iou"):
-        build_method("evolved_grpo", _hp(), {"step_iou": 0})
+        build_test_method("evolved_grpo", _hp(), {"step_iou": 0})
 
 
 @pytest.mark.parametrize("target", ["toy_steps", "toy_steps_named"])
@@ -122,7 +122,7 @@ def test_the_sft_stage_target_earns_the_full_process_reward(target):
     toy_steps_target = TARGETS[target]
 
     ds = ToySceneDataset("train", 200, seed=0, evolve=0.75)
-    m = build_method("evolved_grpo", _hp(format="syn_grpo"))
+    m = build_test_method("evolved_grpo", _hp(format="syn_grpo"))
     multi = 0
     for i in range(60):
         s = ds[i]
@@ -151,11 +151,11 @@ def test_padding_repeats_the_last_request_with_a_group_to_drop():
 
 def test_bad_in_step_args_are_clear():
     with pytest.raises(ValueError, match="reroll must be one of"):
-        build_method("evolved_grpo", _hp(), {"reroll": "always"})
+        build_test_method("evolved_grpo", _hp(), {"reroll": "always"})
     with pytest.raises(ValueError, match="sub_levels"):
-        build_method("evolved_grpo", _hp(), {"reroll": "evolve", "sub_levels": 3})
+        build_test_method("evolved_grpo", _hp(), {"reroll": "evolve", "sub_levels": 3})
     with pytest.raises(ValueError, match="correct_iou"):
-        build_method("evolved_grpo", _hp(), {"correct_iou": 0})
+        build_test_method("evolved_grpo", _hp(), {"correct_iou": 0})
 
 
 def test_next_version_follows_the_level_rule_on_the_original_scene():
@@ -166,7 +166,7 @@ def test_next_version_follows_the_level_rule_on_the_original_scene():
     from datamodules import evolve
     from datamodules.toy import ToySceneDataset
 
-    m = build_method("evolved_grpo", _hp(), {"reroll": "evolve"})
+    m = build_test_method("evolved_grpo", _hp(), {"reroll": "evolve"})
     ds = ToySceneDataset("train", 16, seed=0)
     for i in range(16):
         s = ds[i]
@@ -207,11 +207,12 @@ def test_in_step_evolution_regenerates_converged_groups_on_their_next_version(ti
     batch = [ToySceneDataset("train", 4, seed=0, size=112)[i] for i in range(4)]
     for mode in ("evolve", "resample"):
         module = GRPOModule(
-            model_name_or_path=str(tiny_model_dir), method="evolved_grpo", method_args={"reroll": mode},
-            prompt_template="toy", group_size=2, max_new_tokens=6, dtype="fp32",
-        )  # fmt: skip
+            policy={"model_name_or_path": str(tiny_model_dir), "dtype": "fp32"},
+            method={"class_path": "evolved_grpo", "init_args": {"reroll": mode}},
+            sampling={"prompt_template": "toy", "group_size": 2, "max_new_tokens": 6},
+        )
         module.configure_model()
-        ro = module.method.rollout(module, batch)
+        ro = module.method.rollout(module.host(), batch)
         assert len(ro.texts) == 8 and ro.group_size == 2 and ro.group_ids.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
         assert ro.info["rerolled"] == [0, 1, 2, 3] and all(a == 0.0 for a in ro.info["first_accuracy"])
         prompts = module.processor.tokenizer.batch_decode(ro.prompt_ids, skip_special_tokens=True)

@@ -17,13 +17,13 @@ def _args(tiny_model_dir: Path, data_root: Path, out: Path, *extra: str) -> list
     return [
         "--config",
         str(REPO / "configs/tiny.yaml"),
-        "--model.init_args.model_name_or_path",
+        "--model.init_args.policy.model_name_or_path",
         str(tiny_model_dir),
-        "--model.init_args.max_new_tokens",
+        "--model.init_args.sampling.max_new_tokens",
         "12",
-        "--model.init_args.group_size",
+        "--model.init_args.sampling.group_size",
         "3",
-        "--model.init_args.micro_batch_size",
+        "--model.init_args.engines.micro_batch_size",
         "4",
         "--data.init_args.data_root",
         str(data_root),
@@ -134,6 +134,34 @@ def test_fit_runs_grpo_steps_and_resumes_with_smoother_state(tiny_model_dir, rec
         expected = sm.beta * saved["global_avg"] + (1 - sm.beta) * sm.batch_avg
     assert sm.global_avg == pytest.approx(expected)
 
+    # a checkpoint of the flat arguments (before the typed groups) resumes too: its hyperparameters are read through
+    # cli.migrate_config, so the method and its EMA come back as they were trained
+    from lightning_modules.grpo.args import MOVED, flat_hparams
+
+    hp = ckpt["hyper_parameters"]
+    flat = {k: v for k, v in flat_hparams(hp).items() if k in MOVED or k in ("_class_path", "task")}
+    flat.update(method="syn_grpo", method_args=None, diversity_beta=0.5)
+    assert not {"policy", "sampling", "kl", "engines", "optimisation"} & set(flat)
+    torch.save({**ckpt, "hyper_parameters": flat}, tmp_path / "flat.ckpt")
+    cli3 = cli_main(
+        [
+            "fit",
+            *_args(
+                tiny_model_dir,
+                rec_dir,
+                tmp_path / "run3",
+                "--trainer.max_steps",
+                "3",
+                "--trainer.limit_val_batches",
+                "0",
+            ),
+            "--ckpt_path",
+            str(tmp_path / "flat.ckpt"),
+        ]
+    )
+    assert cli3.trainer.global_step == 3 and cli3.model.smoother.steps == 3
+    assert type(cli3.model.method).__name__ == "SynGRPO" and cli3.model.method.diversity_beta == 0.5
+
 
 def test_policy_changes_and_reference_stays(tiny_model_dir, rec_dir, tmp_path):
     # A random model earns zero reward everywhere, so every group has zero advantage and GRPO alone gives no
@@ -149,7 +177,7 @@ def test_policy_changes_and_reference_stays(tiny_model_dir, rec_dir, tmp_path):
                 "1",
                 "--trainer.limit_val_batches",
                 "0",
-                "--model.init_args.entropy_coef",
+                "--model.init_args.optimisation.entropy_coef",
                 "0.1",
                 "--model.init_args.optimizer.init_args.lr",
                 "1e-2",
@@ -175,7 +203,7 @@ def test_no_reference_when_kl_is_zero(tiny_model_dir, rec_dir, tmp_path):
                 "1",
                 "--trainer.limit_val_batches",
                 "0",
-                "--model.init_args.kl_coef",
+                "--model.init_args.kl.coef",
                 "0.0",
             ),
         ]
@@ -193,8 +221,8 @@ def test_validate_logs_named_sets(tiny_model_dir, rec_dir, tmp_path):
 def test_bad_group_size_names_the_flag(tiny_model_dir):
     from lightning_modules.grpo import GRPOModule
 
-    with pytest.raises(ValueError, match="--model.group_size"):
-        GRPOModule(model_name_or_path=str(tiny_model_dir), group_size=1)
+    with pytest.raises(ValueError, match="--model.sampling.group_size"):
+        GRPOModule(policy={"model_name_or_path": str(tiny_model_dir)}, sampling={"group_size": 1})
 
 
 def test_packed_update_engine_matches_the_hf_forward(tiny_model_dir, rec_dir, tmp_path):
@@ -210,11 +238,11 @@ def test_packed_update_engine_matches_the_hf_forward(tiny_model_dir, rec_dir, tm
                 "1",
                 "--trainer.limit_val_batches",
                 "0",
-                "--model.init_args.entropy_coef",
+                "--model.init_args.optimisation.entropy_coef",
                 "0.1",
-                "--model.init_args.update_engine",
+                "--model.init_args.engines.update_engine",
                 engine,
-                "--model.init_args.kl_coef",
+                "--model.init_args.kl.coef",
                 "0.0",
                 "--model.init_args.optimizer.class_path",
                 "torch.optim.SGD",
@@ -240,7 +268,7 @@ def test_fast_rollout_engine_runs_a_grpo_step(tiny_model_dir, rec_dir, tmp_path)
             "1",
             "--trainer.limit_val_batches",
             "0",
-            "--model.init_args.rollout_engine",
+            "--model.init_args.engines.rollout_engine",
             "fast",
         )
     )
@@ -260,9 +288,9 @@ def test_entropy_adv_baseline_step(tiny_model_dir, rec_dir, tmp_path, engine):
                 "1",
                 "--trainer.limit_val_batches",
                 "0",
-                "--model.init_args.entropy_adv_coef",
+                "--model.init_args.optimisation.entropy_adv_coef",
                 "0.4",
-                "--model.init_args.update_engine",
+                "--model.init_args.engines.update_engine",
                 engine,
             ),
         ]
@@ -281,7 +309,7 @@ def test_baseline_is_scored_in_its_own_answer_format(tmp_path, monkeypatch):
             str(REPO / "configs/tiny.yaml"),
             "--config",
             str(REPO / "configs/baselines/grpo.yaml"),
-            "--model.init_args.model_name_or_path",
+            "--model.init_args.policy.model_name_or_path",
             str(REPO / "checkpoints/toy-qwen2.5-vl"),
             "--data.init_args.data_root",
             str(tmp_path / "toy"),
@@ -300,7 +328,7 @@ def test_baseline_is_scored_in_its_own_answer_format(tmp_path, monkeypatch):
         ]
     )
     fmt = float(cli.trainer.callback_metrics["val/toy_val/format"])
-    assert cli.model.hparams.format == "think_answer"
+    assert cli.model.method.format == cli.model.eval_format == "think_answer"
     assert fmt > 0.5, fmt
 
 
@@ -322,11 +350,11 @@ def test_gpu_step_with_the_one_gpu_configs_engines_and_precision(tiny_model_dir,
             "gpu",
             "--trainer.precision",
             "bf16-true",
-            "--model.init_args.dtype",
+            "--model.init_args.policy.dtype",
             "bf16",
-            "--model.init_args.rollout_engine",
+            "--model.init_args.engines.rollout_engine",
             "fast",
-            "--model.init_args.update_engine",
+            "--model.init_args.engines.update_engine",
             "packed",
             "--model.init_args.optimizer.init_args.lr",
             "1e-6",

@@ -8,11 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from method_util import build_test_method  # tests/lightning_modules is on sys.path under pytest
 from PIL import Image
 from test_grpo import _args  # the tiny GRPO run's flags (tests/lightning_modules is on sys.path under pytest)
 
 from lightning_modules import objective
-from lightning_modules.methods.base import METHODS, Method, RewardTerm, build_method, register_method
+from lightning_modules.methods.base import METHODS, Method, RewardTerm, register_method
 from lightning_modules.models.rollout import Rollout
 
 
@@ -41,7 +42,7 @@ def _hp(**kw):
         description_selection="diversity",
         advantage_scale="group",
         advantage_eps=1e-4,
-        seed=0,
+        selection_seed=0,
     )
     base.update(kw)
     return SimpleNamespace(**base)
@@ -76,7 +77,7 @@ def test_syn_grpo_reward_is_the_weighted_sum_of_its_terms_by_hand():
     # V(q) = var([1, 0]) / 0.25 = 1; the EMA's first value is V itself, so R_div = 1 - |0.5 - 1| = 0.5 for both.
     batch = [Sample("s0", "the red square", [[0, 0, 10, 10]])]
     ro = _rollout([_completion("[0, 0, 10, 10]"), _completion("[50, 50, 60, 60]")], 2)
-    m = build_method("syn_grpo", _hp(accuracy_weight=2.0, format_weight=1.0, diversity_weight=0.5))
+    m = build_test_method("syn_grpo", _hp(accuracy_weight=2.0, format_weight=1.0, diversity_weight=0.5))
     s = m.score(batch, ro)
     assert s.parts["accuracy"].tolist() == [1.0, 0.0]
     assert s.parts["format"].tolist() == [1.0, 1.0]
@@ -84,7 +85,7 @@ def test_syn_grpo_reward_is_the_weighted_sum_of_its_terms_by_hand():
     assert s.total.tolist() == [2 * 1 + 1 + 0.5 * 0.5, 0 + 1 + 0.5 * 0.5]  # 3.25, 1.25
     assert s.extras["gt_diversity"].tolist() == [1.0]
     # the plain GRPO method: accuracy + format only, no diversity term and no evolution requests
-    g = build_method("grpo", _hp(accuracy_weight=2.0))
+    g = build_test_method("grpo", _hp(accuracy_weight=2.0))
     sg = g.score(batch, ro)
     assert set(sg.parts) == {"accuracy", "format", "total"} and sg.total.tolist() == [3.0, 1.0]
     assert g.evolution(batch, ro, sg, step=0, epoch=0) == []
@@ -95,9 +96,9 @@ def test_accuracy_threshold_makes_the_accuracy_reward_binary(method):
     # IoU of [0, 0, 10, 10] with [0, 0, 10, 6] is 0.6, with [0, 0, 10, 4] 0.4: 0.6 / 0.4 as IoU, 1 / 0 at t = 0.5
     batch = [Sample("s0", "the red square", [[0, 0, 10, 10]])]
     ro = _rollout([_completion("[0, 0, 10, 6]"), _completion("[0, 0, 10, 4]")], 2)
-    iou = build_method(method, _hp()).score(batch, ro).parts["accuracy"]
+    iou = build_test_method(method, _hp()).score(batch, ro).parts["accuracy"]
     assert iou.tolist() == pytest.approx([0.6, 0.4])
-    binary = build_method(method, _hp(accuracy_threshold=0.5)).score(batch, ro).parts["accuracy"]
+    binary = build_test_method(method, _hp(accuracy_threshold=0.5)).score(batch, ro).parts["accuracy"]
     assert binary.tolist() == [1.0, 0.0]
 
 
@@ -110,15 +111,15 @@ def test_selection_takes_the_highest_diversity_reward_among_parsed_descriptions(
         _completion("[0, 0, 10, 10]", 0.0, "only"),  # sample b: V = 0, R_div 1 - |0 - 0| = 1
     ]
     ro = _rollout(texts, 2)
-    m = build_method("syn_grpo", _hp())
+    m = build_test_method("syn_grpo", _hp())
     s = m.score(batch, ro)
     sel = m.evolution(batch, ro, s, step=3, epoch=1)
     assert [(x.sample_id, x.description, x.index) for x in sel] == [("a", "best", 1), ("b", "only", 1)]
     assert sel[0].step == 3 and sel[0].epoch == 1 and sel[0].gt_diversity == 1.0
-    none = build_method("syn_grpo", _hp(description_selection="none"))
+    none = build_test_method("syn_grpo", _hp(description_selection="none"))
     assert none.evolution(batch, ro, none.score(batch, ro), step=0, epoch=0) == []
     # random selection is reproducible from the seed, and its RNG state round-trips through the checkpoint
-    r1, r2 = (build_method("syn_grpo", _hp(description_selection="random", seed=5)) for _ in range(2))
+    r1, r2 = (build_test_method("syn_grpo", _hp(description_selection="random", selection_seed=5)) for _ in range(2))
     r2.load_state_dict(r1.state_dict())
     picks = [r1.evolution(batch, ro, s, step=0, epoch=0)[0].index for _ in range(8)]
     assert picks == [r2.evolution(batch, ro, s, step=0, epoch=0)[0].index for _ in range(8)]
@@ -144,18 +145,18 @@ def test_two_level_groups_never_mix_and_contiguous_groups_match_group_advantages
 
 
 def test_unknown_method_and_bad_method_args_are_clear_errors():
-    with pytest.raises(ValueError, match="not a registered method"):
-        build_method("cycle", _hp())
-    with pytest.raises(ValueError, match="method_args .* do not fit method 'grpo'"):
-        build_method("grpo", _hp(), {"n_captions": 4})
+    with pytest.raises(ValueError, match="neither a registered method"):
+        build_test_method("cycle", _hp())
+    with pytest.raises(ValueError, match="init_args .* do not fit method 'grpo'"):
+        build_test_method("grpo", _hp(), {"n_captions": 4})
 
 
 @register_method("short_answers_test")
 class ShortAnswers(Method):
     """A method in a dozen lines: reward short completions, one group per prompt (GRPOModule runs it unchanged)."""
 
-    def __init__(self, hparams, target_chars: int = 20):
-        super().__init__(hparams)
+    def __init__(self, target_chars: int = 20):
+        super().__init__()
         self.target_chars = target_chars
 
     def reward_terms(self):
@@ -166,7 +167,7 @@ def test_a_new_method_runs_through_grpo_module(tiny_model_dir, rec_dir, tmp_path
     from train import cli_main
 
     assert "short_answers_test" in METHODS
-    extra = ["--model.init_args.method", "short_answers_test", "--model.init_args.method_args", "{target_chars: 8}"]
+    extra = ["--model.init_args.method", "ShortAnswers", "--model.init_args.method.init_args.target_chars", "8"]
     cli = cli_main(
         [
             "fit",

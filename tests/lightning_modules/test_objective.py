@@ -197,11 +197,11 @@ def test_zero_variance_group_is_exactly_zero():
 
 
 def test_group_advantages_validation_names_the_flag():
-    with pytest.raises(ValueError, match="--model.group_size"):
+    with pytest.raises(ValueError, match="--model.sampling.group_size"):
         group_advantages(torch.ones(6), 1)
-    with pytest.raises(ValueError, match="--model.group_size"):
+    with pytest.raises(ValueError, match="--model.sampling.group_size"):
         group_advantages(torch.ones(7), 6)
-    with pytest.raises(ValueError, match="--model.advantage_scale"):
+    with pytest.raises(ValueError, match="--model.optimisation.advantage_scale"):
         group_advantages(torch.ones(6), 6, scale="global")
 
 
@@ -221,7 +221,7 @@ def test_kl_estimators_hand_worked():
     assert close(kl_penalty(torch.tensor([0.0, 0.0]), torch.tensor([30.0, -30.0]), "k3"), [10.0, 10.0])
     # k3 is never negative and is 0 at equality.
     assert close(kl_penalty(torch.zeros(3), torch.zeros(3), "k3"), [0.0, 0.0, 0.0])
-    with pytest.raises(ValueError, match="--model.kl_estimator"):
+    with pytest.raises(ValueError, match="--model.kl.estimator"):
         kl_penalty(logp, ref, "k4")
 
 
@@ -247,7 +247,7 @@ def test_aggregations_hand_worked():
     # An all-padding sequence contributes 0 to seq-mean-token-mean but still counts (TRL clamps its length to 1).
     assert close(aggregate(loss_tok, torch.tensor([[1, 1, 1], [0, 0, 0]]), "seq-mean-token-mean"), 1.0)
     assert close(masked_mean(loss_tok, torch.zeros(2, 3)), 0.0)
-    with pytest.raises(ValueError, match="--model.aggregation"):
+    with pytest.raises(ValueError, match="--model.optimisation.aggregation"):
         aggregate(loss_tok, mask, "sum")
 
 
@@ -295,7 +295,7 @@ def test_policy_loss_dual_clip_hand_worked():
     # Below the cap (ratio e = 2.718 < 3) the dual clip does not bind.
     loss, stats = policy_loss(torch.ones(1, 2), torch.zeros(1, 2), -torch.ones(1), torch.ones(1, 2), dual_clip=3.0)
     assert close(loss, math.e) and close(stats["dual_clip_frac"], 0.0)
-    with pytest.raises(ValueError, match="--model.dual_clip"):
+    with pytest.raises(ValueError, match="--model.optimisation.dual_clip"):
         policy_loss(logp, old, torch.ones(2), mask, dual_clip=1.0)
 
 

@@ -102,7 +102,7 @@ def test_fp32_parameters_need_no_masters_and_mismatch_is_a_clear_error():
     with pytest.raises(ValueError, match="master_weights"):
         build_optimizer(bf.parameters(), _adamw, master_weights="fp16", distributed=False)
     other = MasterWeightOptimizer(nn.Linear(4, 4, bias=False).to(torch.bfloat16).parameters(), _adamw)
-    with pytest.raises(ValueError, match="same --model.dtype"):
+    with pytest.raises(ValueError, match="same --model.policy.dtype"):
         other.load_state_dict(opt.state_dict())
 
 
@@ -128,13 +128,13 @@ def test_grpo_fit_bf16_true_fast_engines_moves_the_policy_at_lr_1e6(tiny_model_d
             tiny_model_dir,
             rec_dir,
             out,
-            "--model.init_args.dtype",
+            "--model.init_args.policy.dtype",
             "bf16",
             "--trainer.precision",
             "bf16-true",
-            "--model.init_args.rollout_engine",
+            "--model.init_args.engines.rollout_engine",
             "fast",
-            "--model.init_args.update_engine",
+            "--model.init_args.engines.update_engine",
             "packed",
             "--model.init_args.optimizer.init_args.lr",
             str(LR),

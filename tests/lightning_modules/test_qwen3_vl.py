@@ -54,7 +54,7 @@ def test_cycle_captioning_prompt_shows_the_box_on_the_grid(qwen3_dir):
     class Sample:
         boxes, size = [[20, 10, 120, 60]], (200, 100)
 
-    method = CycleGRPO(hparams=None, n_captions=2, k_groundings=2)
+    method = CycleGRPO(n_captions=2, k_groundings=2)
     region = method._prompt_region(processor, Sample())
     assert method.space.serialize(region) == "[100, 100, 600, 600]"
 
@@ -215,7 +215,9 @@ def test_own_engines_refuse_other_architectures_and_name_the_flag():
     from lightning_modules.models.qwen_vl import model_parts
 
     cfg = LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2)
-    with pytest.raises(TypeError, match=r"not 'llama'.*rollout_engine hf_shared \(or hf\) --model.update_engine hf"):
+    with pytest.raises(
+        TypeError, match=r"not 'llama'.*rollout_engine hf_shared \(or hf\) --model.engines.update_engine hf"
+    ):
         model_parts(LlamaForCausalLM(cfg))
 
 
@@ -224,7 +226,9 @@ def test_sft_writes_targets_on_the_grid(qwen3_dir):
     from datamodules.rec import Sample
     from lightning_modules.sft import SFTModule
 
-    module = SFTModule(model_name_or_path=str(qwen3_dir), target="answer", dtype="fp32", caption_frac=1.0)
+    module = SFTModule(
+        policy={"model_name_or_path": str(qwen3_dir), "dtype": "fp32"}, target="answer", caption_frac=1.0
+    )
     module.policy, module.processor = load_policy(str(qwen3_dir), dtype="fp32")
     im = Image.new("RGB", (200, 100), "white")
     ImageDraw.Draw(im).rectangle([20, 10, 119, 59], fill="red")
@@ -253,7 +257,9 @@ def test_sft_steps_on_qwen3_vl_clips_lower_the_loss(qwen3_dir):
 
     ds = ToyClipDataset("train", 4, seed=0, num_frames=12)
     batch = [ds[i] for i in range(2)]
-    module = SFTModule(model_name_or_path=str(qwen3_dir), dtype="fp32", caption_frac=0.0, video_spaces=["interval"])
+    module = SFTModule(
+        policy={"model_name_or_path": str(qwen3_dir), "dtype": "fp32"}, caption_frac=0.0, video_spaces=["interval"]
+    )
     model, module.processor = load_policy(str(qwen3_dir), dtype="fp32")
     module.policy = model
     enc = dict(module.encode(batch))

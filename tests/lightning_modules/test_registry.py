@@ -55,16 +55,16 @@ def test_describe_lists_every_entry_and_document_fills_the_docstring():
 
 
 def test_grpo_module_help_names_every_registered_method_and_engine():
-    doc = GRPOModule.__doc__
-    methods = ("syn_grpo", "grpo", "cycle_grpo", "evolved_grpo", "evolved_syn_grpo")
-    for reg, names in (
-        (METHODS, methods),
-        (ROLLOUT_ENGINES, ("hf", "hf_shared", "fast", "vllm")),
-        (UPDATE_ENGINES, ("hf", "packed")),
-    ):
+    from lightning_modules.grpo.args import EngineArgs
+
+    doc, engines = GRPOModule.__doc__, EngineArgs.__doc__
+    classes = ("SynGRPO", "GRPO", "CycleGRPO", "EvolvedGRPO", "EvolvedSynGRPO")
+    assert set(METHODS) >= {"syn_grpo", "grpo", "cycle_grpo", "evolved_grpo", "evolved_syn_grpo"}
+    assert all(f"``{c}`` (``" in doc for c in classes)  # the class a config names, and the registered name
+    for reg, names in ((ROLLOUT_ENGINES, ("hf", "hf_shared", "fast", "vllm")), (UPDATE_ENGINES, ("hf", "packed"))):
         assert set(names) <= set(reg)  # tests may register more after the module was documented
-        assert all(f"``{n}`` (" in doc for n in names)
-    assert "{methods}" not in doc and "{rollout_engines}" not in doc
+        assert all(f"``{n}`` (" in engines for n in names)
+    assert "{methods" not in doc and "{rollout_engines}" not in engines
 
 
 def test_every_built_in_entry_resolves_to_its_kind():

@@ -581,7 +581,7 @@ def test_ground_truth_diversity_hand_worked():
     assert torch.allclose(ground_truth_diversity(acc, 6), torch.tensor([1.0, 0.0, 5 / 9]))
     # continuous IoU rewards: [0.8, 0.6] -> variance 0.01 -> 0.04
     assert torch.allclose(ground_truth_diversity(torch.tensor([0.8, 0.6]), 2), torch.tensor([0.04]))
-    with pytest.raises(ValueError, match="--model.group_size"):
+    with pytest.raises(ValueError, match="--model.sampling.group_size"):
         ground_truth_diversity([1.0, 0.0, 1.0], 2)
 
 
@@ -591,7 +591,7 @@ def test_diversity_reward_forms_hand_worked():
     assert diversity_reward([0.3], [0.5], form="squared") == [pytest.approx(0.96)]
     assert diversity_reward([0.3], [0.5], form="gaussian") == [pytest.approx(math.exp(-2))]
     assert diversity_reward([None, 0.5], torch.tensor([0.5, 0.5])) == [0.0, 1.0]  # unreadable prediction earns 0
-    with pytest.raises(ValueError, match="--model.diversity_reward_form"):
+    with pytest.raises(ValueError, match="--model.method.init_args.diversity_reward_form"):
         diversity_reward([0.3], [0.5], form="cosine")
 
 
@@ -636,7 +636,7 @@ def test_smoother_state_dict_round_trip():
 
 def test_smoother_validates_beta():
     for bad in (1.0, -0.1, 1.5):
-        with pytest.raises(ValueError, match="--model.diversity_beta"):
+        with pytest.raises(ValueError, match="--model.method.init_args.diversity_beta"):
             DiversitySmoother(beta=bad)
     DiversitySmoother(beta=0.0)  # no inertia: global_avg == batch_avg, V~ = V
 

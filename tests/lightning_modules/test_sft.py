@@ -40,7 +40,7 @@ def test_sft_builds_trains_and_exports(tmp_path):
         [
             "--config",
             str(REPO / "configs/toy_sft.yaml"),
-            "--model.init_args.model_name_or_path",
+            "--model.init_args.policy.model_name_or_path",
             str(tmp_path / "init"),
             "--model.init_args.build_tiny",
             json.dumps(spec),
@@ -107,7 +107,7 @@ def test_encode_labels_are_exactly_the_targets(tiny_model_dir):
     from lightning_modules.models.qwen_vl import model_input_size
     from lightning_modules.sft import SFTModule
 
-    m = SFTModule(model_name_or_path=str(tiny_model_dir), target="toy", dtype="fp32")
+    m = SFTModule(policy={"model_name_or_path": str(tiny_model_dir), "dtype": "fp32"}, target="toy")
     m.policy, m.processor = load_policy(str(tiny_model_dir), dtype="fp32")
     batch = [ToySceneDataset("train", 3, seed=0)[i] for i in range(3)]
     enc = m.encode(batch)
@@ -156,7 +156,9 @@ def test_the_evolved_stage_batches_give_a_finite_loss_and_gradients():
     from lightning_modules.sft import SFTModule
 
     ckpt = str(REPO / "checkpoints/toy-qwen2.5-vl")
-    m = SFTModule(model_name_or_path=ckpt, target="toy_steps", prompt_template=["toy", "vlm_r1"], dtype="fp32")
+    m = SFTModule(
+        policy={"model_name_or_path": ckpt, "dtype": "fp32"}, target="toy_steps", prompt_template=["toy", "vlm_r1"]
+    )
     m.policy, m.processor = load_policy(ckpt, dtype="fp32")
     ds = ToySceneDataset("train", 64, seed=0, mix={"varied": 0.25}, evolve=0.75)
     batch = [ds[i] for i in range(16)]

@@ -12,12 +12,12 @@ import lightning as L
 import pytest
 import torch
 import yaml
+from method_util import build_test_method  # tests/lightning_modules is on sys.path under pytest
 from test_cycle_grpo import _rollout  # the stand-in rollout (tests/lightning_modules is on sys.path)
 
 from core.regions import NO_TARGET, caption_phi, region_space
 from datamodules.toy import ToySceneDataset
 from datamodules.video import MixedBatches, ToyClipDataset
-from lightning_modules.methods.base import build_method
 from lightning_modules.methods.cycle_grpo import caption_text, raw_caption
 from lightning_modules.models.loading import load_policy
 from lightning_modules.models.prompts import build_prompt_text
@@ -43,14 +43,14 @@ def test_the_stage_teaches_the_prompts_of_the_cycle_video_configs():
     captioning template, tau."""
     stage = _stage()
     cycle = yaml.safe_load((CONFIGS / "toy_sft_stage_cycle.yaml").read_text())["model"]["init_args"]
-    assert stage["model_name_or_path"] == cycle["export_dir"] == "checkpoints/toy-qwen2.5-vl-cycle"
+    assert stage["policy"]["model_name_or_path"] == cycle["export_dir"] == "checkpoints/toy-qwen2.5-vl-cycle"
     assert stage["export_dir"] == "checkpoints/toy-qwen2.5-vl-cycle-video" and stage["build_tiny"] is None
     for space in ("interval", "anchor"):
         rl = _rl(space)
-        assert rl["method_args"]["region_space"] == space
-        assert stage["video_templates"][space] == rl["prompt_template"]
-        assert stage["caption_template"] == rl["method_args"]["caption_template"]
-    assert stage["video_tau"] == _rl("anchor")["method_args"]["tau"]
+        assert rl["method"]["init_args"]["region_space"] == space
+        assert stage["video_templates"][space] == rl["sampling"]["prompt_template"]
+        assert stage["caption_template"] == rl["method"]["init_args"]["caption_template"]
+    assert stage["video_tau"] == _rl("anchor")["method"]["init_args"]["tau"]
     assert stage["video_spaces"] == ["interval", "anchor"]
 
 
@@ -73,14 +73,14 @@ def test_clip_samples_are_what_cycle_grpo_asks_and_scores_right(tiny_model_dir, 
     stage, rl = _stage(), _rl(space)
     _, processor = load_policy(str(tiny_model_dir), dtype="fp32")
     args = dict(video_spaces=[space], video_templates=stage["video_templates"], video_tau=stage["video_tau"])
-    captioner = SFTModule(model_name_or_path=str(tiny_model_dir), caption_frac=1.0, **args)
-    grounder = SFTModule(model_name_or_path=str(tiny_model_dir), caption_frac=0.0, **args)
+    captioner = SFTModule(policy={"model_name_or_path": str(tiny_model_dir)}, caption_frac=1.0, **args)
+    grounder = SFTModule(policy={"model_name_or_path": str(tiny_model_dir)}, caption_frac=0.0, **args)
     captioner.processor = grounder.processor = processor
-    hp = SimpleNamespace(prompt_template=rl["prompt_template"], advantage_scale="group", advantage_eps=0.0)
-    method_args = {k: v for k, v in rl["method_args"].items() if k != "mode"}
-    m = build_method("cycle_grpo", hp, dict(method_args, n_captions=2, k_groundings=2))
+    hp = SimpleNamespace(prompt_template=rl["sampling"]["prompt_template"], advantage_scale="group", advantage_eps=0.0)
+    method_args = {k: v for k, v in rl["method"]["init_args"].items() if k != "mode"}
+    m = build_test_method("cycle_grpo", hp, dict(method_args, n_captions=2, k_groundings=2))
     space_obj = region_space(space)
-    grounding_template = rl["prompt_template"]
+    grounding_template = rl["sampling"]["prompt_template"]
     for clip in clips:
         g_prompt, g_target = grounder.clip_example(clip)
         assert g_prompt == build_prompt_text(processor, clip.query, template=grounding_template, video=True)
@@ -89,7 +89,10 @@ def test_clip_samples_are_what_cycle_grpo_asks_and_scores_right(tiny_model_dir, 
             assert g_target == "<answer>no target</answer>" and captioner.clip_example(clip) == (g_prompt, g_target)
             # not cycled: its query grounded in a group of the config's no_target_groundings rows
             s = m.score([clip], _rollout([g_target] * m.K0, [1] * m.K0, (112, 112)))
-            assert s.parts["consistency"].tolist() == [1.0] * m.K0 and m.K0 == rl["method_args"]["no_target_groundings"]
+            assert (
+                s.parts["consistency"].tolist() == [1.0] * m.K0
+                and m.K0 == rl["method"]["init_args"]["no_target_groundings"]
+            )
             continue
         c_prompt, c_target = captioner.clip_example(clip)
         # the clip's frames are 112 px at their native size: the model reads and writes boxes in the frame's pixels
@@ -105,14 +108,14 @@ def test_clip_samples_are_what_cycle_grpo_asks_and_scores_right(tiny_model_dir, 
 
 
 def test_clips_pick_a_space_and_a_direction_by_id(tiny_model_dir, clips):
-    m = SFTModule(model_name_or_path=str(tiny_model_dir), caption_frac=0.5)
+    m = SFTModule(policy={"model_name_or_path": str(tiny_model_dir)}, caption_frac=0.5)
     _, m.processor = load_policy(str(tiny_model_dir), dtype="fp32")
     spaces = [m.space_for(c) for c in clips]
     assert set(spaces) == {"interval", "anchor"} and spaces == [m.space_for(c) for c in clips]
     prompts = [m.clip_example(c)[0] for c in clips]
     assert any("Describe: " in p for p in prompts) and any("When: " in p for p in prompts)
     assert any("Track: " in p for p in prompts)
-    every = SFTModule(model_name_or_path=str(tiny_model_dir), caption_frac=1.0)
+    every = SFTModule(policy={"model_name_or_path": str(tiny_model_dir)}, caption_frac=1.0)
     images = ToySceneDataset("train_nt", 40, seed=0, size=112)
     none = next(images[i] for i in range(40) if not images[i].boxes)  # a no-target image query: never captioned
     assert every.is_caption(images[0] if images[0].boxes else images[1]) and not every.is_caption(none)
@@ -136,7 +139,7 @@ def test_batches_are_all_images_or_all_clips(tiny_model_dir, clips):
         batch = mixed[j]
         assert len(batch) == (3 if kinds[j] else 2)
         assert all(hasattr(s, "clip") == kinds[j] for s in batch)
-    m = SFTModule(model_name_or_path=str(tiny_model_dir))
+    m = SFTModule(policy={"model_name_or_path": str(tiny_model_dir)})
     m.policy, m.processor = load_policy(str(tiny_model_dir), dtype="fp32")
     with pytest.raises(ValueError, match="images or clips, not both"):
         m.encode([images[0], clips[0]])
@@ -169,7 +172,7 @@ def test_clip_fit_steps_lower_the_loss_and_log_the_clip_metrics(tiny_model_dir, 
             str(CONFIGS / "toy_sft.yaml"),
             "--config",
             str(CONFIGS / "toy_sft_stage_cycle_video.yaml"),
-            "--model.init_args.model_name_or_path",
+            "--model.init_args.policy.model_name_or_path",
             str(tiny_model_dir),
             "--model.init_args.export_dir",
             str(tmp_path / "export"),

@@ -63,7 +63,7 @@ def test_per_layer_rollouts_need_the_hf_engine():
     from lightning_modules.grpo import GRPOModule
 
     with pytest.raises(ValueError, match="rollout_engine hf"):
-        GRPOModule(model_name_or_path="unused", rollout_engine="fast", rollout_gather="per_layer")
+        GRPOModule(engines={"rollout_engine": "fast", "rollout_gather": "per_layer"})
 
 
 def test_shard_refuses_a_model_without_decoder_layers(mesh):
@@ -84,7 +84,7 @@ def test_strategy_misuse_gets_a_clear_error(strategy, devices, precision, match)
 
     from lightning_modules.grpo import GRPOModule
 
-    module = GRPOModule(model_name_or_path="unused")  # __init__ loads nothing
+    module = GRPOModule(policy={"model_name_or_path": "unused"})  # __init__ loads nothing
     strategy = ModelParallelStrategy() if strategy == "model_parallel" else strategy
     module.trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, precision=precision, logger=False)
     with pytest.raises(ValueError, match=match):

@@ -65,7 +65,7 @@ def test_missing_vllm_names_the_venv_to_build():
 
 
 def test_server_mode_needs_a_url():
-    with pytest.raises(ValueError, match="rollout_engine_args.url"):
+    with pytest.raises(ValueError, match="rollout_args.url"):
         build_rollout_engine("vllm", mode="server")
     with pytest.raises(ValueError, match="mode"):
         build_rollout_engine("vllm", mode="remote")
@@ -531,15 +531,15 @@ def _tiny_fit_args(tmp_path: Path, *extra: str) -> list[str]:
         "fit",
         "--config",
         str(REPO / "configs/tiny.yaml"),
-        "--model.init_args.rollout_engine",
+        "--model.init_args.engines.rollout_engine",
         "vllm",
-        "--model.init_args.model_name_or_path",
+        "--model.init_args.policy.model_name_or_path",
         str(TOY),
-        "--model.init_args.max_new_tokens",
+        "--model.init_args.sampling.max_new_tokens",
         "32",
-        "--model.init_args.group_size",
+        "--model.init_args.sampling.group_size",
         "3",
-        "--model.init_args.micro_batch_size",
+        "--model.init_args.engines.micro_batch_size",
         "6",
         "--data.init_args.data_root",
         str(tmp_path / "toy"),
@@ -577,7 +577,7 @@ def test_tiny_fit_colocate(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cli = cli_main(_tiny_fit_args(tmp_path))
     assert cli.trainer.global_step == 2
-    eng = cli.model.rollout_engine
+    eng = cli.model.engines.rollout_engine
     assert isinstance(eng, VLLMRolloutEngine) and eng.mode == "colocate"
     checks = [s["max_abs_logp_diff"] for s in eng.backend(cli.model.policy).syncs[-3:]]
     print(f"[colocate fit] checks after the first push and the 2 steps: {checks}")
@@ -598,7 +598,7 @@ def test_tiny_fit_server(server, tmp_path):
         [
             sys.executable,
             "train.py",
-            *_tiny_fit_args(tmp_path, "--model.init_args.rollout_engine_args", json.dumps(args)),
+            *_tiny_fit_args(tmp_path, "--model.init_args.engines.rollout_args", json.dumps(args)),
         ],
         cwd=REPO,
         env=env,
@@ -627,7 +627,7 @@ def test_tiny_fit_server_two_ranks(server, tmp_path):
         [
             sys.executable,
             "train.py",
-            *_tiny_fit_args(tmp_path, "--model.init_args.rollout_engine_args", json.dumps(args), *ddp),
+            *_tiny_fit_args(tmp_path, "--model.init_args.engines.rollout_args", json.dumps(args), *ddp),
         ],
         cwd=REPO,
         env=env,
@@ -654,8 +654,10 @@ def test_vllm_overlay_on_the_gpu_config_runs_on_cpu(tmp_path, monkeypatch):
     composed = compose((base, overlay))
     plain = compose((base,))
     m, p = composed["model"]["init_args"], plain["model"]["init_args"]
+    assert {k for k in set(m) | set(p) if m.get(k) != p.get(k)} == {"engines"}
+    m, p = m["engines"], p["engines"]
     changed = {k for k in set(m) | set(p) if m.get(k) != p.get(k)}
-    assert changed == {"rollout_engine", "rollout_engine_args"}, changed  # switching engines changes nothing else
+    assert changed == {"rollout_engine", "rollout_args"}, changed  # switching engines changes nothing else
 
     from datamodules.toy import export_jsonl
 
@@ -672,7 +674,7 @@ def test_vllm_overlay_on_the_gpu_config_runs_on_cpu(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cli = cli_main(["fit", "--config", str(path)])
     assert cli.trainer.global_step >= 2
-    eng = cli.model.rollout_engine
+    eng = cli.model.engines.rollout_engine
     syncs = eng.backend(cli.model.policy).syncs
     print(f"[overlay, bf16] checks: {[s['max_abs_logp_diff'] for s in syncs]}")
     assert all(s["max_abs_logp_diff"] is None or s["max_abs_logp_diff"] < eng.sync_atol for s in syncs)

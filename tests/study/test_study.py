@@ -106,11 +106,11 @@ def test_table1_plans_every_row_times_three_seeds_and_the_beta_ablation(tmp_path
         assert tr[1:3] == ["train.py", "fit"] and f"--seed_everything={r.seed}" in tr
         assert f"--trainer.default_root_dir={r.work}" in tr and f"--data.init_args.data_root={data_root}" in tr
         if r.row.name == "sft":  # trained by SFTModule, evaluated by the GRPO module through its exported policy
-            assert r.export is not None and f"--model.init_args.model_name_or_path={r.work / 'export'}" in ev
+            assert r.export is not None and f"--model.init_args.policy.model_name_or_path={r.work / 'export'}" in ev
         else:
             assert r.export is None and f"--ckpt_path={r.work / 'checkpoints/last.ckpt'}" in ev
         if r.row.ablation == "beta":
-            assert any(a.startswith("--model.init_args.diversity_beta=") for a in tr)
+            assert any(a.startswith("--model.init_args.method.init_args.diversity_beta=") for a in tr)
         if r.row.name == "offline_generation":
             assert (
                 f"--callbacks.synthesis.init_args.offline_descriptions={data_root}/train_offline_descriptions.jsonl"
@@ -153,8 +153,10 @@ def test_the_cli_accepts_one_run_of_every_row(path, tmp_path, monkeypatch):
             assert cfg["seed_everything"] == r.seed and cfg["trainer"]["default_root_dir"] == str(r.work)
             if path in EVOLVED:  # the two methods differ only in the method and the data evolution
                 model, synth = cfg["model"]["init_args"], cfg["callbacks"]["synthesis"]["init_args"]
-                method = "grpo" if r.row.name == "grpo" else "evolved_grpo"
-                assert model["method"] == method and (synth["mode"] == "off") == (r.row.name == "grpo")
+                method = "grpo.GRPO" if r.row.name == "grpo" else "evolved_grpo.EvolvedGRPO"
+                assert model["method"]["class_path"] == f"lightning_modules.methods.{method}" and (
+                    synth["mode"] == "off"
+                ) == (r.row.name == "grpo")
                 back = {"evolved_back2": 2, "evolved_back3": 3}.get(r.row.name, 1)  # the step-back rule's rows
                 assert synth["strategy_args"].get("step_back_after", 1) == back and synth["strategy_args"]["seed"] == 0
                 subs = 2 if r.row.name in ("evolved_isolate", "evolved_zoom") else 1  # the isolate and zoom rows
@@ -167,7 +169,9 @@ def test_the_cli_accepts_one_run_of_every_row(path, tmp_path, monkeypatch):
             if path in EVOLVED and path.stem != "evolved_toy":  # a small pool, seen 12 times
                 assert cfg["data"]["init_args"]["toy"]["splits"]["train"] == 16 and cfg["trainer"]["max_epochs"] == 12
                 binary = path.stem not in ("evolved_toy", "evolved_toy_revisit")  # R_acc 1 / 0
-                assert cfg["model"]["init_args"]["accuracy_threshold"] == (0.5 if binary else None)
+                assert cfg["model"]["init_args"]["method"]["init_args"]["accuracy_threshold"] == (
+                    0.5 if binary else None
+                )
         ev = [a for a in r.evaluate.argv[2:] if not a.startswith(("--ckpt_path", "--model.init_args.model_name"))]
         cfg = _print_config(ev)
         data = cfg["data"]["init_args"]
@@ -204,8 +208,8 @@ def test_a_video_study_plans_cycle_runs_on_the_toy_video_world(path, tmp_path, m
     for r in runs:
         if r.train is not None and r.row.name not in modes:
             cfg = _print_config(r.train.argv[2:])
-            modes[r.row.name] = cfg["model"]["init_args"]["method_args"]["mode"]
-            assert cfg["model"]["init_args"]["method_args"]["region_space"] == VIDEO_ABLATIONS[path]
+            modes[r.row.name] = cfg["model"]["init_args"]["method"]["init_args"]["mode"]
+            assert cfg["model"]["init_args"]["method"]["init_args"]["region_space"] == VIDEO_ABLATIONS[path]
             assert cfg["trainer"]["limit_val_batches"] == 0
     assert modes == {"caption_only": "caption", "localization_only": "localization", "cycle": "cycle"}
     ev = [a for a in runs[0].evaluate.argv[2:] if not a.startswith("--ckpt_path")]
@@ -393,10 +397,10 @@ def test_eval_flags_of_a_call_reach_every_evaluation_and_no_fit(tmp_path, capsys
 
 def test_fit_flags_of_a_call_reach_every_fit_last_and_no_evaluation(tmp_path, capsys):
     """``--fit-flag`` says where this call's fits run; it comes after the rows' overrides, so it wins over them."""
-    flags = ["--fit-flag=--trainer.accelerator=gpu", "--fit-flag=--model.init_args.rollout_engine=fast"]
+    flags = ["--fit-flag=--trainer.accelerator=gpu", "--fit-flag=--model.init_args.engines.rollout_engine=fast"]
     fits, evals = _dry_run_fits_and_evaluations(tmp_path, capsys, flags)
     for line in fits:
-        assert "--trainer.accelerator=gpu --model.init_args.rollout_engine=fast --seed_everything=" in line
+        assert "--trainer.accelerator=gpu --model.init_args.engines.rollout_engine=fast --seed_everything=" in line
     assert not any("rollout_engine=fast" in line or "accelerator=gpu" in line for line in evals)
 
 
@@ -566,13 +570,15 @@ def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatc
     runs, _ = plan(study, tmp_path / "out")
     run = next(r for r in runs if r.row.name == row and r.train is not None)
     argv = list(run.train.argv)
-    start = [a.split("=", 1)[1] for a in argv if a.startswith("--model.init_args.model_name_or_path=")]
+    start = [a.split("=", 1)[1] for a in argv if a.startswith("--model.init_args.policy.model_name_or_path=")]
     if start and missing_checkpoint_message(start[-1]):
         # a toy checkpoint git does not keep (built by its make target): the row's command line runs from the kept
         # checkpoint of the same family (the same architecture and format); this test checks that it runs, not its
         # numbers
-        kept = "checkpoints/toy-qwen2.5-vl-cycle-video" if "cycle" in start[-1] else "checkpoints/toy-qwen2.5-vl-evolved"
-        argv.append(f"--model.init_args.model_name_or_path={kept}")
+        kept = (
+            "checkpoints/toy-qwen2.5-vl-cycle-video" if "cycle" in start[-1] else "checkpoints/toy-qwen2.5-vl-evolved"
+        )
+        argv.append(f"--model.init_args.policy.model_name_or_path={kept}")
     prepare_data([run], evaluation=False)  # the training splits only: the fit reads no test split
     extra = []
     # the _long studies' steps of 16 questions x 6 (8 scenes x 12) run on the device's GPU; here 4 per step

@@ -81,8 +81,8 @@ def _print_config(args: list[str]) -> dict:
 def test_the_two_sweeps_exist_with_the_papers_grids():
     beta = yaml.safe_load((REPO / "configs/sweeps/beta.yaml").read_text())
     kl = yaml.safe_load((REPO / "configs/sweeps/kl_beta.yaml").read_text())
-    assert beta["parameters"]["model.init_args.diversity_beta"]["values"] == [0.1, 0.3, 0.5, 0.7, 0.9]
-    assert kl["parameters"]["model.init_args.kl_coef"]["values"] == [0.0, 0.01, 0.04, 0.1]
+    assert beta["parameters"]["model.init_args.method.init_args.diversity_beta"]["values"] == [0.1, 0.3, 0.5, 0.7, 0.9]
+    assert kl["parameters"]["model.init_args.kl.coef"]["values"] == [0.0, 0.01, 0.04, 0.1]
 
 
 def test_render_follows_wandb_macros():
@@ -141,7 +141,10 @@ def test_only_runs_a_subset_of_the_points(capsys):
 
     assert sweep_main([str(REPO / "configs/sweeps/beta.yaml"), "--dry-run", "--only", "diversity_beta=0.[15]"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [ln.split("--model.init_args.diversity_beta=")[1].split()[0] for ln in lines] == ["0.1", "0.5"]
+    assert [ln.split("--model.init_args.method.init_args.diversity_beta=")[1].split()[0] for ln in lines] == [
+        "0.1",
+        "0.5",
+    ]
     assert sweep_main([str(REPO / "configs/sweeps/beta.yaml"), "--dry-run", "--only", "beta=2"]) == 2
     err = capsys.readouterr().err
     assert "matches no point" in err and "diversity_beta=0.9" in err  # the names to choose from
@@ -164,8 +167,8 @@ SHORT_POINT = [  # one GRPO step on 4 toy scenes, a 4-sample validation; no data
     "--data.init_args.toy.splits.train=4",
     "--data.init_args.max_eval_samples=4",
     "--data.init_args.val_files={toy_val: val.jsonl}",
-    "--model.init_args.group_size=2",
-    "--model.init_args.max_new_tokens=48",
+    "--model.init_args.sampling.group_size=2",
+    "--model.init_args.sampling.max_new_tokens=48",
     "--callbacks.synthesis=null",
     "--callbacks.gallery=null",
     "--callbacks.checkpoint=null",
