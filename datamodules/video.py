@@ -1,5 +1,5 @@
 """Temporal / spatio-temporal grounding data: the toy video world's JSONL (``datamodules/toy_video.py``), served as
-`VideoSample`s to CycleGRPO's video path (``--model.method_args.region_space interval | anchor``).
+`VideoSample`s to CycleGRPO's video path (``--model.method.init_args.region_space interval | anchor``).
 
 A line (what ``python -m datamodules.toy_video`` writes)::
 
