@@ -1,0 +1,187 @@
+"""The toy world's fixed yardstick (issue 40): what a toy checkpoint scores, and how much room RL has above it.
+
+    python bench/toy_yardstick.py [CHECKPOINT ...] [--scenes 512] [--group 6] [--probe 128] [--out result.json]
+
+Fixed once and not tuned afterwards (experiments/toy_yardstick.md says why each choice):
+
+* **Splits**: the toy world's in-domain ``val`` and out-of-domain ``ood`` splits, ``--scenes`` (512) scenes each at
+  seed 0 (the first 64 are the scenes ``configs/tiny.yaml`` validates on; the train split is drawn from another seed
+  stream, so none of them is trained on).
+* **Primary metric**: greedy Acc@0.5 (IoU of the answer's first box with the target >= 0.5), mIoU beside it, under the
+  toy prompt at the tiny configs' length limit (96 new tokens).
+* **Headroom**: ``--group`` (G = 6, the tiny configs' G) completions per scene at temperature 1: pass@G (any of the G
+  at IoU >= 0.5) against greedy. If pass@G is not far above greedy, a group rarely holds a better answer than the
+  policy's usual one and GRPO has little to find.
+* **Response diversity**: over the first ``--probe`` (128) ``val`` scenes, the variance of correctness (IoU >= 0.5) of
+  the G sampled answers of each scene, averaged over scenes: 0 when every group agrees (all right or all wrong: zero
+  advantage, the paper's "diversity collapse"), 0.25 at most.
+* **Answer-span entropy**: the mean token entropy (temperature 1) of the sampled completions over the tokens inside
+  ``<answer>...</answer>`` only, so the Syn-GRPO prompt's extra fields (diversity, description) do not inflate it.
+
+A component measurement of checkpoints (not a training figure). It prints one table and, with ``--out``, writes the
+figures as JSON (the checkpoint, date, machine and command with them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from datamodules import toy  # noqa: E402
+from datamodules.rec import load_sample, read_jsonl  # noqa: E402
+from lightning_modules import rewards  # noqa: E402
+from lightning_modules.engines.base import rollout  # noqa: E402
+from lightning_modules.engines.hf import completion_logps  # noqa: E402
+from lightning_modules.models.loading import load_policy  # noqa: E402
+
+_ANSWER = re.compile(r"<answer>.*?(?:</answer>|$)", re.S)
+
+
+def answer_span_mask(tokenizer, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[N, T] bool: the completion tokens whose characters fall inside the first ``<answer>...</answer>`` span."""
+    out = torch.zeros_like(mask, dtype=torch.bool)
+    for r in range(ids.shape[0]):
+        n = int(mask[r].sum())
+        pieces = [tokenizer.decode([int(t)]) for t in ids[r, :n]]
+        ends = np.cumsum([len(p) for p in pieces])
+        m = _ANSWER.search("".join(pieces))
+        if m is None:
+            continue
+        starts = ends - np.array([len(p) for p in pieces])
+        inside = (ends > m.start()) & (starts < m.end())
+        out[r, :n] = torch.from_numpy(inside)
+    return out
+
+
+def _iou(texts, samples, input_wh, k: int) -> np.ndarray:
+    gts = [s.boxes[0] for s in samples for _ in range(k)]
+    orig = [s.size for s in samples for _ in range(k)]
+    return np.array(rewards.rec_accuracy_reward(texts, gts, input_wh=input_wh, orig_wh=orig))
+
+
+@torch.no_grad()
+def measure(model, processor, samples, *, group: int, probe: int, batch: int, max_new_tokens: int) -> dict:
+    """Greedy Acc@0.5 / mIoU, pass@G, the sampled Acc@0.5, response diversity and answer-span entropy of ``samples``
+    (``probe``: how many of them the diversity is averaged over; 0: all)."""
+    device = next(model.parameters()).device
+    greedy, sampled, ent_sum, ent_n = [], [], 0.0, 0
+    kw = dict(template="toy", max_new_tokens=max_new_tokens)
+    for i in range(0, len(samples), batch):
+        b = samples[i : i + batch]
+        ims, qs, tasks = [s.image for s in b], [s.query for s in b], [s.task for s in b]
+        g = rollout(model, processor, ims, qs, group_size=1, do_sample=False, task=tasks, **kw)
+        greedy.append(_iou(g.texts, b, g.input_wh, 1))
+        sm = rollout(model, processor, ims, qs, group_size=group, do_sample=True, temperature=1.0, task=tasks, **kw)
+        sampled.append(_iou(sm.texts, b, sm.input_wh, group).reshape(len(b), group))
+        span = answer_span_mask(processor.tokenizer, sm.completion_ids, sm.completion_mask)
+        for r0 in range(0, len(sm.texts), 4 * group):
+            rows = list(range(r0, min(r0 + 4 * group, len(sm.texts))))
+            inputs = {k: v.to(device) for k, v in sm.rows(rows).items()}
+            cmask = sm.completion_mask[rows].to(device)
+            _, ent = completion_logps(model, inputs, sm.completion_ids[rows].to(device), cmask, with_entropy=True)
+            sel = span[rows].to(device) & cmask.bool()
+            ent_sum += float(ent[sel].sum())
+            ent_n += int(sel.sum())
+    g_ = np.concatenate(greedy)
+    s_ = np.concatenate(sampled)
+    right = (s_ >= 0.5).astype(float)
+    probe_rows = right[: probe or len(right)]
+    return {
+        "scenes": len(samples),
+        "greedy_acc50": float((g_ >= 0.5).mean()),
+        "greedy_miou": float(g_.mean()),
+        "pass_at_g": float(right.max(1).mean()),
+        "sampled_acc50": float(right.mean()),
+        "response_diversity": float(probe_rows.var(1).mean()),
+        "zero_variance_frac": float((probe_rows.var(1) == 0).mean()),
+        "answer_entropy": ent_sum / max(ent_n, 1),
+    }
+
+
+def evaluate(path: str, *, scenes: int, group: int, probe: int, batch: int, max_new_tokens: int, device: str) -> dict:
+    torch.manual_seed(0)
+    model, proc = load_policy(path, dtype="fp32")
+    model.to(device).eval()
+    data = Path(tempfile.mkdtemp(prefix="toy-yardstick-"))
+    out: dict = {"checkpoint": path}
+    for split in ("val", "ood"):
+        samples = [load_sample(r) for r in read_jsonl(toy.export_jsonl(data, split, scenes, seed=0))]
+        out[split] = measure(
+            model,
+            proc,
+            samples,
+            group=group,
+            probe=probe if split == "val" else 0,
+            batch=batch,
+            max_new_tokens=max_new_tokens,
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("checkpoints", nargs="*", default=["checkpoints/toy-qwen2.5-vl"])
+    ap.add_argument("--scenes", type=int, default=512)
+    ap.add_argument("--group", type=int, default=6)
+    ap.add_argument("--probe", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--out", help="also write the figures as JSON here")
+    args = ap.parse_args(argv)
+    t0 = time.time()
+    results = [
+        evaluate(
+            c,
+            scenes=args.scenes,
+            group=args.group,
+            probe=args.probe,
+            batch=args.batch,
+            max_new_tokens=args.max_new_tokens,
+            device=args.device,
+        )
+        for c in args.checkpoints
+    ]
+    print(
+        f"{'checkpoint':<40} {'split':>4} {'greedy':>7} {'mIoU':>6} {'pass@G':>7} {'sampled':>8} {'div':>6} {'H_ans':>6}"
+    )
+    for r in results:
+        for split in ("val", "ood"):
+            m = r[split]
+            print(
+                f"{Path(r['checkpoint']).name:<40} {split:>4} {m['greedy_acc50']:7.3f} {m['greedy_miou']:6.3f} "
+                f"{m['pass_at_g']:7.3f} {m['sampled_acc50']:8.3f} {m['response_diversity']:6.3f} "
+                f"{m['answer_entropy']:6.3f}"
+            )
+    if args.out:
+        record = {
+            "what": "toy yardstick (bench/toy_yardstick.py; a component measurement of checkpoints)",
+            "date": time.strftime("%Y-%m-%d"),
+            "machine": f"{platform.node()} {args.device} "
+            + (
+                torch.cuda.get_device_name(0)
+                if args.device.startswith("cuda")
+                else f"{torch.get_num_threads()} threads"
+            ),
+            "command": "python bench/toy_yardstick.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "seconds": round(time.time() - t0, 1),
+            "results": results,
+        }
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main()
