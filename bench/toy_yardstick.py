@@ -1,6 +1,7 @@
 """The toy world's fixed yardstick (issue 40): what a toy checkpoint scores, and how much room RL has above it.
 
-    python bench/toy_yardstick.py [CHECKPOINT ...] [--scenes 512] [--group 6] [--probe 128] [--out result.json]
+    python bench/toy_yardstick.py [CHECKPOINT ...] [--scenes 512] [--group 6] [--probe 128] [--template toy]
+                                  [--out result.json]
 
 Fixed once and not tuned afterwards (experiments/toy_yardstick.md says why each choice):
 
@@ -8,7 +9,8 @@ Fixed once and not tuned afterwards (experiments/toy_yardstick.md says why each 
   seed 0 (the first 64 are the scenes ``configs/tiny.yaml`` validates on; the train split is drawn from another seed
   stream, so none of them is trained on).
 * **Primary metric**: greedy Acc@0.5 (IoU of the answer's first box with the target >= 0.5), mIoU beside it, under the
-  toy prompt at the tiny configs' length limit (96 new tokens).
+  toy prompt at the tiny configs' length limit (96 new tokens); ``--template vlm_r1`` for a checkpoint trained under
+  VLM-R1's prompt (the GRPO baselines), compared with the start under the same prompt.
 * **Headroom**: ``--group`` (G = 6, the tiny configs' G) completions per scene at temperature 1: pass@G (any of the G
   at IoU >= 0.5) against greedy. If pass@G is not far above greedy, a group rarely holds a better answer than the
   policy's usual one and GRPO has little to find.
@@ -71,12 +73,14 @@ def _iou(texts, samples, input_wh, k: int) -> np.ndarray:
 
 
 @torch.no_grad()
-def measure(model, processor, samples, *, group: int, probe: int, batch: int, max_new_tokens: int) -> dict:
+def measure(
+    model, processor, samples, *, group: int, probe: int, batch: int, max_new_tokens: int, template: str = "toy"
+) -> dict:
     """Greedy Acc@0.5 / mIoU, pass@G, the sampled Acc@0.5, response diversity and answer-span entropy of ``samples``
     (``probe``: how many of them the diversity is averaged over; 0: all)."""
     device = next(model.parameters()).device
     greedy, sampled, ent_sum, ent_n = [], [], 0.0, 0
-    kw = dict(template="toy", max_new_tokens=max_new_tokens)
+    kw = dict(template=template, max_new_tokens=max_new_tokens)
     for i in range(0, len(samples), batch):
         b = samples[i : i + batch]
         ims, qs, tasks = [s.image for s in b], [s.query for s in b], [s.task for s in b]
@@ -109,12 +113,14 @@ def measure(model, processor, samples, *, group: int, probe: int, batch: int, ma
     }
 
 
-def evaluate(path: str, *, scenes: int, group: int, probe: int, batch: int, max_new_tokens: int, device: str) -> dict:
+def evaluate(
+    path: str, *, scenes: int, group: int, probe: int, batch: int, max_new_tokens: int, device: str, template: str
+) -> dict:
     torch.manual_seed(0)
     model, proc = load_policy(path, dtype="fp32")
     model.to(device).eval()
     data = Path(tempfile.mkdtemp(prefix="toy-yardstick-"))
-    out: dict = {"checkpoint": path}
+    out: dict = {"checkpoint": path, "template": template}
     for split in ("val", "ood"):
         samples = [load_sample(r) for r in read_jsonl(toy.export_jsonl(data, split, scenes, seed=0))]
         out[split] = measure(
@@ -125,6 +131,7 @@ def evaluate(path: str, *, scenes: int, group: int, probe: int, batch: int, max_
             probe=probe if split == "val" else 0,
             batch=batch,
             max_new_tokens=max_new_tokens,
+            template=template,
         )
     return out
 
@@ -138,6 +145,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--template", default="toy", help="the prompt template: toy, or vlm_r1 for the GRPO baselines")
     ap.add_argument("--out", help="also write the figures as JSON here")
     args = ap.parse_args(argv)
     t0 = time.time()
@@ -150,6 +158,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             batch=args.batch,
             max_new_tokens=args.max_new_tokens,
             device=args.device,
+            template=args.template,
         )
         for c in args.checkpoints
     ]
