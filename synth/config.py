@@ -83,7 +83,8 @@ class ServerConfig(BaseModel):
     painter: BlockConfig = Field(default_factory=lambda: BlockConfig(name="procedural"))
     """``name`` (procedural | diffusers | module:Class) and the painter's arguments (see ``synth.painters``)."""
     foreground: BlockConfig = Field(default_factory=lambda: BlockConfig(name="box"))
-    """``name`` (box | grabcut | ben2) and the masker's arguments (see ``synth.foreground``)."""
+    """``name`` (box | grabcut | sam2 | ben2) and the masker's arguments (see ``synth.foreground``); sam2 and ben2 run
+    on the worker's device unless ``device`` is given."""
 
     @field_validator("devices")
     @classmethod

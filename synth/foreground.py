@@ -8,9 +8,13 @@ exactly after painting (``synth.compose``). Backends, picked by name in the serv
 - ``grabcut``: OpenCV GrabCut seeded by each box (no weights). Falls back to the whole box when GrabCut degenerates:
   a box too small, too close to the full image to leave background samples, or a result covering less than
   ``min_fraction`` or more than ``max_fraction`` of the box.
-- ``ben2``: the BEN2 segmentation model (the paper's choice), loaded from local files; see :class:`Ben2Masker`.
+- ``sam2``: SAM 2 through transformers' ``Sam2Model``, prompted with the boxes, from a local weights folder; see
+  :class:`Sam2Masker` (the default of ``configs/synth/sdxl.yaml``).
+- ``ben2``: the BEN2 segmentation model (the paper's choice), loaded from files copied by hand; see :class:`Ben2Masker`.
 
-Register another backend with ``@register_masker("name")``; the worker process builds it with ``build_masker``.
+Register another backend with ``@register_masker("name")``; the worker process builds it with ``build_masker`` and
+then calls its ``load()``, when it has one, before it reports ready (so a masker's constructor only checks its
+arguments, and missing weights fail the worker's start, not its first job).
 """
 
 from __future__ import annotations
@@ -51,6 +55,14 @@ def build_masker(name: str = "box", **kwargs: Any) -> ForegroundMasker:
     if name not in MASKERS:
         raise ValueError(f"foreground.name must be one of {sorted(MASKERS)}, got {name!r}")
     return MASKERS[name](**kwargs)
+
+
+def load_masker(masker: ForegroundMasker) -> ForegroundMasker:
+    """Load the masker's weights now, when it has any (a ``load()`` method); returns the masker."""
+    load = getattr(masker, "load", None)
+    if callable(load):
+        load()
+    return masker
 
 
 def keep_mask(masker: ForegroundMasker, image: np.ndarray, boxes: Sequence[Box]) -> np.ndarray:
@@ -142,6 +154,103 @@ class GrabCutMasker:
             return None
         out = np.zeros((h, w), dtype=bool)
         out[y0:y1, x0:x1] = fg
+        return out
+
+
+@register_masker("sam2")
+class Sam2Masker:
+    """SAM 2 (Meta, 2024) through transformers' ``Sam2Model`` / ``Sam2Processor``, prompted with the job's boxes.
+
+    All boxes of an image go through one forward (one image encoding, one box prompt each); each box's best mask
+    (``multimask_output=False``) is clipped to its box, and the image's mask is their union. A box whose mask covers
+    less than ``min_fraction`` of it (SAM found nothing there) is kept whole, as GrabCut's fallback does: the labelled
+    object must never be repainted.
+
+    Weights are read from a local folder only (``from_pretrained(path, local_files_only=True)``); get them on a machine
+    with internet, ``huggingface-cli download facebook/sam2.1-hiera-large --local-dir <dir>``, and set
+    ``foreground.path: <dir>`` in the server config. The model loads in ``load()`` (the worker calls it at start).
+
+    Args:
+        path: folder holding ``config.json``, the weights and the processor config of a transformers SAM 2 checkpoint.
+        device: torch device; the worker fills in its own device when this is None.
+        dtype: ``float32``, ``bfloat16`` or ``float16``; None: ``bfloat16`` on CUDA, ``float32`` elsewhere.
+        threshold: logit above which a pixel is foreground (0: SAM's own threshold).
+        min_fraction: a box's mask covering less than this fraction of the box falls back to the whole box.
+    """
+
+    DTYPES = ("float32", "bfloat16", "float16")
+
+    def __init__(
+        self,
+        path: str | None = None,
+        device: str | None = None,
+        dtype: str | None = None,
+        threshold: float = 0.0,
+        min_fraction: float = 0.02,
+    ):
+        if dtype is not None and dtype not in self.DTYPES:
+            raise ValueError(f"foreground.dtype must be one of {list(self.DTYPES)} or null, got {dtype!r}")
+        if not 0.0 <= min_fraction < 1.0:
+            raise ValueError(f"foreground.min_fraction must be in [0, 1), got {min_fraction}")
+        self.path, self.device, self.dtype = path, device, dtype
+        self.threshold, self.min_fraction = threshold, min_fraction
+        self.fallbacks = 0
+        """How many boxes fell back to the whole box (for logs and tests)."""
+        self._model = self._processor = None
+
+    def check_files(self) -> None:
+        """Raise one clear error when ``path`` is no SAM 2 weights folder."""
+        if not self.path or not os.path.isfile(os.path.join(self.path, "config.json")):
+            raise FileNotFoundError(
+                f"SAM 2 weights not found: no config.json in foreground.path={self.path!r}; on a machine with internet "
+                "run `huggingface-cli download facebook/sam2.1-hiera-large --local-dir <dir>`, copy <dir> here and set "
+                "foreground.path: <dir> in the server config (or use foreground.name: grabcut / box, which need no "
+                "weights)"
+            )
+
+    def load(self) -> None:
+        if self._model is not None:
+            return
+        self.check_files()
+        import torch
+        from transformers import Sam2Model, Sam2Processor
+
+        device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = self.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+        self._torch_dtype = getattr(torch, dtype)
+        self._device = device
+        self._processor = Sam2Processor.from_pretrained(self.path, local_files_only=True)
+        model = Sam2Model.from_pretrained(self.path, local_files_only=True, dtype=self._torch_dtype)
+        self._model = model.to(device).eval()
+
+    def __call__(self, image: np.ndarray, boxes: Sequence[Box]) -> np.ndarray:
+        import torch
+
+        self.load()
+        h, w = image.shape[:2]
+        out = np.zeros((h, w), dtype=bool)
+        bounds = [box_pixel_bounds(b, w, h) for b in boxes]
+        bounds = [b for b in bounds if b[2] > b[0] and b[3] > b[1]]
+        if not bounds:
+            return out
+        prompts = [[[float(c0), float(r0), float(c1), float(r1)] for c0, r0, c1, r1 in bounds]]
+        inputs = self._processor(images=image, input_boxes=prompts, return_tensors="pt")
+        with torch.inference_mode():
+            pred = self._model(
+                pixel_values=inputs["pixel_values"].to(self._device, self._torch_dtype),
+                input_boxes=inputs["input_boxes"].to(self._device, self._torch_dtype),
+                multimask_output=False,
+            ).pred_masks
+        masks = self._processor.post_process_masks(
+            [pred[0].float().cpu()], inputs["original_sizes"], mask_threshold=self.threshold
+        )[0][:, 0].numpy()  # [boxes, H, W] bool
+        for m, (c0, r0, c1, r1) in zip(masks, bounds):
+            inside = m[r0:r1, c0:c1]
+            if inside.sum() < self.min_fraction * inside.size:
+                self.fallbacks += 1
+                out[r0:r1, c0:c1] = True
+            else:
+                out[r0:r1, c0:c1] |= inside
         return out
 
 

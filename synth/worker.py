@@ -37,7 +37,7 @@ from synth.compose import (
     paste_back,
     place_image,
 )
-from synth.foreground import build_masker, keep_mask
+from synth.foreground import build_masker, keep_mask, load_masker
 from synth.inputs import open_input
 from synth.painters import PaintJob, build_painter
 
@@ -68,12 +68,12 @@ def worker_main(
             cv2.setNumThreads(threads)
         painter = build_painter(**{"device": device, **painter_cfg})  # painter.device in the config wins
         painter.load()
-        if threads is not None and "torch" in sys.modules:
-            sys.modules["torch"].set_num_threads(threads)  # oversubscribed CPU threads spin: 20x slower here
         fg_cfg = dict(foreground_cfg)
-        if fg_cfg.get("name") == "ben2" and fg_cfg.get("device") is None:
-            fg_cfg["device"] = device
-        masker = build_masker(**fg_cfg)
+        if fg_cfg.get("name") in ("ben2", "sam2") and fg_cfg.get("device") is None:
+            fg_cfg["device"] = device  # the model maskers run on the worker's device unless the config names one
+        masker = load_masker(build_masker(**fg_cfg))  # weights load now: a missing folder fails the start
+        if threads is not None and "torch" in sys.modules:  # after the masker: it may be what imported torch
+            sys.modules["torch"].set_num_threads(threads)  # oversubscribed CPU threads spin: 20x slower here
     except BaseException as e:  # report why, then exit: the server decides whether to try again
         _send(conn, ("error", f"worker {index} on {device} could not start: {type(e).__name__}: {e}"))
         conn.close()

@@ -1,0 +1,152 @@
+"""The ``sam2`` foreground masker: transformers' SAM 2 built from a tiny config with random weights, saved to a folder
+and loaded exactly as the server loads it (``foreground.path``), then run through the real data server.
+
+Random weights make arbitrary masks; what is tested is the plumbing: one forward for all of a job's boxes, a mask of
+the image's shape inside the boxes, the server keeping exactly the masked pixels, and the missing-weights error.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw
+
+from synth.api import ImageRef, JobRequest, JobState
+from synth.client import LocalServer
+from synth.foreground import Sam2Masker, build_masker, keep_mask, load_masker
+
+SIZE = 128  # the tiny model's input side (the real checkpoints use 1024)
+
+
+@pytest.fixture(scope="module")
+def sam2_dir(tmp_path_factory) -> Path:
+    """A transformers SAM 2 checkpoint folder (config, weights, processor) with ~120k random parameters."""
+    import torch
+    from transformers import Sam2Config, Sam2ImageProcessor, Sam2Model, Sam2Processor
+
+    backbone = dict(
+        model_type="sam2_hiera_det_model",
+        hidden_size=8,
+        image_size=[SIZE, SIZE],
+        blocks_per_stage=[1, 1, 2, 1],
+        embed_dim_per_stage=[8, 16, 32, 64],
+        num_attention_heads_per_stage=[1, 1, 1, 1],
+        window_size_per_stage=[4, 4, 4, 4],
+        global_attention_blocks=[3],  # not a stage's first block (those pool their queries with the window)
+        window_positional_embedding_background_size=[2, 2],
+    )
+    config = Sam2Config(
+        vision_config=dict(
+            backbone_config=backbone,
+            backbone_channel_list=[64, 32, 16, 8],
+            backbone_feature_sizes=[[SIZE // 4] * 2, [SIZE // 8] * 2, [SIZE // 16] * 2],
+            fpn_hidden_size=32,
+        ),
+        prompt_encoder_config=dict(hidden_size=32, image_size=SIZE, patch_size=16),
+        mask_decoder_config=dict(hidden_size=32, mlp_dim=64, num_attention_heads=2, iou_head_hidden_dim=32),
+    )
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("sam2-tiny")
+    Sam2Model(config).eval().save_pretrained(path)
+    size = {"height": SIZE, "width": SIZE}
+    Sam2Processor(Sam2ImageProcessor(size=size, mask_size={"height": SIZE // 4, "width": SIZE // 4})).save_pretrained(
+        path
+    )
+    return path
+
+
+def make_image(path: Path, w: int, h: int, i: int) -> list[list[float]]:
+    """Noise (so a repainted background differs) with two filled shapes; returns their boxes."""
+    rng = np.random.default_rng(i)
+    im = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+    d = ImageDraw.Draw(im)
+    b1 = [4 + i % 5, 5, 4 + i % 5 + w // 3, 5 + h // 3]
+    b2 = [w // 2, h // 2, w - 3, h - 2.5]  # a fractional edge
+    d.ellipse([b1[0], b1[1], b1[2] - 1, b1[3] - 1], fill=(220, 40, 40))
+    d.rectangle([b2[0], b2[1], math.ceil(b2[2]) - 1, math.ceil(b2[3]) - 1], fill=(40, 80, 220))
+    im.save(path)
+    return [[float(v) for v in b1], [float(v) for v in b2]]
+
+
+def test_sam2_masks_every_box_in_one_forward_inside_the_boxes(sam2_dir):
+    masker = load_masker(build_masker("sam2", path=str(sam2_dir), device="cpu", min_fraction=0.0))
+    calls = []
+    masker._model.register_forward_hook(lambda mod, args, out: calls.append(out.pred_masks.shape))
+    image = np.random.default_rng(0).integers(0, 256, (70, 90, 3), dtype=np.uint8)
+    boxes = [[3.0, 4.0, 40.0, 30.0], [50.5, 20.0, 88.0, 69.0], [10.0, 40.0, 30.0, 60.0]]
+    mask = masker(image, boxes)
+    assert mask.shape == (70, 90) and mask.dtype == bool
+    assert calls == [(1, 3, 1, SIZE // 4, SIZE // 4)]  # one forward, one mask per box
+    assert not masker(image, []).any()  # no boxes, nothing kept, no forward
+    assert len(calls) == 1
+    assert np.array_equal(keep_mask(masker, image, boxes), mask)  # already inside the boxes
+    assert mask.any() and not mask.all()
+
+
+def test_sam2_falls_back_to_the_whole_box_when_it_finds_nothing(sam2_dir):
+    masker = Sam2Masker(path=str(sam2_dir), threshold=1e9)  # nothing passes the threshold
+    image = np.zeros((40, 50, 3), np.uint8)
+    mask = masker(image, [[5.0, 6.0, 20.0, 30.0]])
+    assert mask.sum() == 15 * 24 and mask[6:30, 5:20].all() and masker.fallbacks == 1
+
+
+def test_sam2_without_weights_says_how_to_get_them(tmp_path):
+    masker = build_masker("sam2", path=str(tmp_path / "sam2.1-hiera-large"))  # checks nothing until it loads
+    with pytest.raises(FileNotFoundError, match=r"foreground\.path=.*huggingface-cli download facebook/sam2\.1"):
+        masker.load()
+    with pytest.raises(ValueError, match="foreground.dtype"):
+        Sam2Masker(path=str(tmp_path), dtype="int8")
+
+
+def test_server_with_sam2_keeps_exactly_the_masked_pixels(sam2_dir, tmp_path):
+    root = tmp_path / "data"
+    root.mkdir()
+    items = []
+    for i, (w, h) in enumerate([(64, 48), (50, 70), (80, 60)]):
+        p = root / f"{i}.png"
+        items.append((p, make_image(p, w, h, i)))
+    local = Sam2Masker(path=str(sam2_dir), device="cpu")
+    over = {"foreground": {"name": "sam2", "path": str(sam2_dir)}}
+    extends = [0.0, 0.5, 0.25]
+    with LocalServer(roots=[root], output_dir=tmp_path / "out", overrides=over, startup_timeout=60) as s:
+        with s.client(timeout=20) as c:
+            for i, (p, b) in enumerate(items):
+                req = JobRequest(
+                    job_id=f"sam2-{i}",
+                    sample_id=f"s{i}",
+                    image=ImageRef(path=str(p)),
+                    boxes=b,
+                    description="a striped blue and white background",
+                    seed=i,
+                    canvas={"extend": extends[i]},
+                )
+                c.submit(req)
+            done = c.wait([f"sam2-{i}" for i in range(len(items))], timeout=60)
+    for i, (p, boxes) in enumerate(items):
+        st = done[f"sam2-{i}"]
+        assert st.state == JobState.done, st.error
+        r = st.result
+        assert r.foreground == "sam2" and r.audit.passed and r.audit.mismatched_pixels == 0
+        src = np.asarray(Image.open(p).convert("RGB"))
+        h, w = src.shape[:2]
+        mask = keep_mask(local, src, boxes)  # the same weights on the same CPU: the worker's mask
+        assert mask.shape == (h, w) and r.audit.foreground_pixels == int(mask.sum()) > 0
+        out = np.asarray(Image.open(r.output_path).convert("RGB"))
+        cw, ch = w + round(w * extends[i]), h + round(h * extends[i])
+        ox, oy = (cw - w) // 2, (ch - h) // 2
+        assert out.shape == (ch, cw, 3)
+        region = out[oy : oy + h, ox : ox + w]
+        np.testing.assert_array_equal(region[mask], src[mask])  # the segmented foreground, bit for bit
+        assert (region[~mask] != src[~mask]).any(
+            axis=-1
+        ).mean() > 0.5  # the rest, boxes' background included, repainted
+
+
+def test_server_without_sam2_weights_fails_to_start_naming_the_folder(tmp_path):
+    over = {"foreground": {"name": "sam2", "path": str(tmp_path / "missing")}, "max_restarts": 0}
+    with pytest.raises(RuntimeError, match=r"workers cannot start.*SAM 2 weights not found.*missing"):
+        with LocalServer(output_dir=tmp_path / "out", overrides=over, startup_timeout=60):
+            pass
