@@ -21,12 +21,8 @@ from synth.foreground import Sam2Masker, build_masker, keep_mask, load_masker
 SIZE = 128  # the tiny model's input side (the real checkpoints use 1024)
 
 
-@pytest.fixture(scope="module")
-def sam2_dir(tmp_path_factory) -> Path:
-    """A transformers SAM 2 checkpoint folder (config, weights, processor) with ~120k random parameters."""
-    import torch
-    from transformers import Sam2Config, Sam2ImageProcessor, Sam2Model, Sam2Processor
-
+def tiny_parts() -> dict:
+    """Sub-configs of a SAM 2 with ~120k parameters at a SIZE x SIZE input."""
     backbone = dict(
         model_type="sam2_hiera_det_model",
         hidden_size=8,
@@ -38,7 +34,7 @@ def sam2_dir(tmp_path_factory) -> Path:
         global_attention_blocks=[3],  # not a stage's first block (those pool their queries with the window)
         window_positional_embedding_background_size=[2, 2],
     )
-    config = Sam2Config(
+    return dict(
         vision_config=dict(
             backbone_config=backbone,
             backbone_channel_list=[64, 32, 16, 8],
@@ -48,6 +44,15 @@ def sam2_dir(tmp_path_factory) -> Path:
         prompt_encoder_config=dict(hidden_size=32, image_size=SIZE, patch_size=16),
         mask_decoder_config=dict(hidden_size=32, mlp_dim=64, num_attention_heads=2, iou_head_hidden_dim=32),
     )
+
+
+@pytest.fixture(scope="module")
+def sam2_dir(tmp_path_factory) -> Path:
+    """A transformers SAM 2 checkpoint folder (config, weights, processor) with ~120k random parameters."""
+    import torch
+    from transformers import Sam2Config, Sam2ImageProcessor, Sam2Model, Sam2Processor
+
+    config = Sam2Config(**tiny_parts())
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("sam2-tiny")
     Sam2Model(config).eval().save_pretrained(path)
@@ -84,6 +89,31 @@ def test_sam2_masks_every_box_in_one_forward_inside_the_boxes(sam2_dir):
     assert len(calls) == 1
     assert np.array_equal(keep_mask(masker, image, boxes), mask)  # already inside the boxes
     assert mask.any() and not mask.all()
+
+
+def test_sam2_loads_the_published_checkpoint_layout(tmp_path):
+    """facebook/sam2.1-hiera-* hold a ``sam2_video`` config and a ``Sam2VideoProcessor``: the masker's ``Sam2Model``
+    and ``Sam2Processor`` read that folder, every weight included."""
+    import torch
+    from transformers import (
+        Sam2ImageProcessor,
+        Sam2VideoConfig,
+        Sam2VideoModel,
+        Sam2VideoProcessor,
+        Sam2VideoVideoProcessor,
+    )
+
+    torch.manual_seed(1)
+    video = Sam2VideoModel(Sam2VideoConfig(**tiny_parts(), image_size=SIZE)).eval()
+    video.save_pretrained(tmp_path)
+    size = {"height": SIZE, "width": SIZE}
+    images = Sam2ImageProcessor(size=size, mask_size={"height": SIZE // 4, "width": SIZE // 4})
+    Sam2VideoProcessor(images, Sam2VideoVideoProcessor(size=size)).save_pretrained(tmp_path)
+    masker = load_masker(Sam2Masker(path=str(tmp_path), device="cpu"))
+    loaded, saved = masker._model.state_dict(), video.state_dict()
+    assert loaded.keys() <= saved.keys() and all(torch.equal(loaded[k], saved[k]) for k in loaded)
+    image = np.random.default_rng(1).integers(0, 256, (50, 60, 3), dtype=np.uint8)
+    assert masker(image, [[5.0, 5.0, 40.0, 45.0]]).shape == (50, 60)
 
 
 def test_sam2_falls_back_to_the_whole_box_when_it_finds_nothing(sam2_dir):
