@@ -510,53 +510,90 @@ def test_smoke_study_end_to_end(tmp_path):
     assert A.save_figure(fig, tmp_path / "fig", "collapse_by_method").stat().st_size > 1000
 
 
+# Each study's own fit command line of one row, two real steps. The default suite runs the rows whose overrides take a
+# path no other test takes (the crowded mix, the step-back rule, the doubled clips, in-step evolution, the long runs'
+# batch, the no-target group size); the others are `slow` (`make test-slow`): their command lines are still parsed in
+# the default suite (test_the_cli_accepts_one_run_of_every_row), and experiments/ is not the product (issue 39).
 @pytest.mark.parametrize(
     "path,row",
     [
-        (CROWDED, "cycle"),
-        (REPO / "experiments/study/evolved_toy_stepback.yaml", "evolved_back2"),
-        (REPO / "experiments/study/cycle_ablation_toy_st.yaml", "cycle"),
-        (REPO / "experiments/study/evolved_toy_isolate.yaml", "evolved_isolate"),
-        (REPO / "experiments/study/evolved_toy_zoom.yaml", "evolved_zoom"),
-        (REPO / "experiments/study/evolved_toy_in_step.yaml", "evolved_in_step"),
-        (REPO / "experiments/study/evolved_toy_in_step.yaml", "grpo_resample"),
-        (REPO / "experiments/study/cycle_ablation_toy_temporal_5seeds.yaml", "localization_only"),
-        (REPO / "experiments/study/cycle_ablation_toy_temporal_long.yaml", "cycle"),
-        (REPO / "experiments/study/cycle_ablation_toy_temporal_no_target.yaml", "cycle"),
-        (REPO / "experiments/study/cycle_ablation_toy_temporal_no_target_nk.yaml", "localization_only"),
-        (IMAGE_PREDICT, "caption_only"),
-        (REPO / "experiments/study/evolved_toy_multihop.yaml", "evolved_in_step"),
-        (REPO / "experiments/study/evolved_toy_multihop_anchors.yaml", "grpo_resample"),
-        (REPO / "experiments/study/evolved_toy_multihop_chains.yaml", "evolved_in_step"),
-        (REPO / "experiments/study/evolved_toy_multihop_chains_gentle.yaml", "evolved_lr5e6"),
-        (REPO / "experiments/study/evolved_toy_multihop_chains_pool192.yaml", "evolved_in_step"),
-        (REPO / "experiments/study/evolved_toy_multihop_chains_long.yaml", "evolved_in_step"),
-        (REPO / "experiments/study/evolved_toy_multihop_anchors_long.yaml", "grpo"),
-        (REPO / "experiments/study/cycle_ablation_toy_long.yaml", "cycle"),
-        (REPO / "experiments/study/cycle_ablation_toy_temporal_long_gpu.yaml", "cycle"),
-    ],
-    ids=[
-        "crowded",
-        "stepback",
-        "st",
-        "isolate",
-        "zoom",
-        "in_step",
-        "resample",
-        "temporal_5seeds",
-        "temporal_long",
-        "temporal_no_target",
-        "temporal_no_target_nk",
-        "predict",
-        "multihop",
-        "multihop_anchors",
-        "multihop_chains",
-        "multihop_chains_gentle",
-        "multihop_chains_pool192",
-        "multihop_chains_long",
-        "multihop_anchors_long",
-        "cycle_long",
-        "temporal_long_gpu",
+        pytest.param(*(CROWDED, "cycle"), id="crowded"),
+        pytest.param(*(REPO / "experiments/study/evolved_toy_stepback.yaml", "evolved_back2"), id="stepback"),
+        pytest.param(
+            *(REPO / "experiments/study/cycle_ablation_toy_st.yaml", "cycle"), id="st", marks=pytest.mark.slow
+        ),
+        pytest.param(
+            *(REPO / "experiments/study/evolved_toy_isolate.yaml", "evolved_isolate"),
+            id="isolate",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            *(REPO / "experiments/study/evolved_toy_zoom.yaml", "evolved_zoom"), id="zoom", marks=pytest.mark.slow
+        ),
+        pytest.param(*(REPO / "experiments/study/evolved_toy_in_step.yaml", "evolved_in_step"), id="in_step"),
+        pytest.param(
+            *(REPO / "experiments/study/evolved_toy_in_step.yaml", "grpo_resample"),
+            id="resample",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            *(REPO / "experiments/study/cycle_ablation_toy_temporal_5seeds.yaml", "localization_only"),
+            id="temporal_5seeds",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(*(REPO / "experiments/study/cycle_ablation_toy_temporal_long.yaml", "cycle"), id="temporal_long"),
+        pytest.param(
+            *(REPO / "experiments/study/cycle_ablation_toy_temporal_no_target.yaml", "cycle"),
+            id="temporal_no_target",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            *(REPO / "experiments/study/cycle_ablation_toy_temporal_no_target_nk.yaml", "localization_only"),
+            id="temporal_no_target_nk",
+        ),
+        pytest.param(*(IMAGE_PREDICT, "caption_only"), id="predict", marks=pytest.mark.slow),
+        pytest.param(
+            *(REPO / "experiments/study/evolved_toy_multihop.yaml", "evolved_in_step"),
+            id="multihop",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            *(REPO / "experiments/study/evolved_toy_multihop_anchors.yaml", "grpo_resample"),
+            id="multihop_anchors",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            *(REPO / "experiments/study/evolved_toy_multihop_chains.yaml", "evolved_in_step"),
+            id="multihop_chains",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            *(REPO / "experiments/study/evolved_toy_multihop_chains_gentle.yaml", "evolved_lr5e6"),
+            id="multihop_chains_gentle",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            *(REPO / "experiments/study/evolved_toy_multihop_chains_pool192.yaml", "evolved_in_step"),
+            id="multihop_chains_pool192",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            *(REPO / "experiments/study/evolved_toy_multihop_chains_long.yaml", "evolved_in_step"),
+            id="multihop_chains_long",
+        ),
+        pytest.param(
+            *(REPO / "experiments/study/evolved_toy_multihop_anchors_long.yaml", "grpo"),
+            id="multihop_anchors_long",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            *(REPO / "experiments/study/cycle_ablation_toy_long.yaml", "cycle"), id="cycle_long", marks=pytest.mark.slow
+        ),
+        pytest.param(
+            *(REPO / "experiments/study/cycle_ablation_toy_temporal_long_gpu.yaml", "cycle"),
+            id="temporal_long_gpu",
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatch):
