@@ -626,6 +626,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "painter.vae": None,
             "painter.resolution": args.synth_resolution if not args.smoke else 64,
             "startup_timeout_s": 900,
+            # configs/synth/sdxl.yaml's SAM 2 needs its weights, which the device cannot download: GrabCut (no
+            # weights) stands in; SDXL + SAM 2 timing needs a SAM 2 folder there (issue 41, a named gap)
+            "foreground.name": "grabcut",
         }
     size = 448 if not args.smoke else 112
     n_train = max(ctx["train_samples"], 32)
