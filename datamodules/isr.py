@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -169,7 +170,8 @@ def read_view(json_path: str | Path, root: str | Path) -> View:
         objects.append(ViewObject(normalise_category(cat), _box(json_path, i, o.get("bbox"), w, h)))
     meta = {k: obj[k] for k in ("scene", "room", "view", "camera") if k in obj}
     try:
-        image_rel = image_path.relative_to(root).as_posix()
+        # absolute, unresolved: a relative render folder and an absolute --image-root (or the reverse) still match
+        image_rel = Path(os.path.abspath(image_path)).relative_to(os.path.abspath(root)).as_posix()
     except ValueError:
         raise DataError(
             f"{json_path}: its image {image_path} lies outside the image root {root}; pass --image-root a folder that "

@@ -73,7 +73,7 @@ def test_a_perfect_answer_to_a_converted_sample_earns_the_full_ovd_reward(tmp_pa
     assert ovd_reward([perfect, extra], [chairs.boxes] * 2) == pytest.approx([1.0, 2 / 3])
 
 
-def test_splits_share_one_image_root(tmp_path):
+def test_splits_share_one_image_root(tmp_path, monkeypatch):
     renders = tmp_path / "renders"
     _render(renders / "train", {"s1/0000": VIEWS["scene_b/0000"]})
     _render(renders / "val", {"s2/0000": VIEWS["scene_b/0000"]})
@@ -84,6 +84,9 @@ def test_splits_share_one_image_root(tmp_path):
     dm.setup("fit")
     assert [s.image_path for s in dm.train_samples()] == [str(renders / "train/s1/0000.png")]
     assert dm.eval_sets["val"]["isr_val"][0].sample_id == "isr-val-s2-0000-bed"
+    monkeypatch.chdir(tmp_path)  # a relative render folder under an absolute image root
+    convert("renders/train", tmp_path / "rel.jsonl", image_root=renders)
+    assert (tmp_path / "rel.jsonl").read_text() == (tmp_path / "isr_train.jsonl").read_text()
     with pytest.raises(DataError, match="lies outside the image root"):
         convert(renders / "train", tmp_path / "x.jsonl", image_root=renders / "val")
 
