@@ -88,7 +88,8 @@ class OptimArgs:
     (``--model.optimisation.*``; the optimizer itself is ``--model.optimizer``).
 
     Args:
-        num_iterations: policy updates per rollout (mu); >1 computes old log-probs.
+        num_iterations: policy updates per rollout (mu); >1 computes old log-probs. 1 is our choice (TRL's
+            default): the paper is silent on mu.
         clip_low: lower clip epsilon of the ratio.
         clip_high: upper clip epsilon of the ratio (DAPO clip-higher when > clip_low).
         dual_clip: verl's ``clip_ratio_c`` (e.g. 3.0) for negative advantages; ``None`` disables.

@@ -18,8 +18,9 @@ How this departs from textbook GRPO (DeepSeekMath), and why:
   reference model is built when ``kl.coef == 0``.
 * **Clipping** is asymmetric when ``clip_high != clip_low`` (DAPO's clip-higher) and an optional dual-clip bounds the
   loss of negative-advantage tokens (verl ``clip_ratio_c``).
-* With ``num_iterations == 1`` (the paper) the ratio is exactly 1 and ``old_logp`` is the detached current log-prob;
-  with ``num_iterations > 1`` old log-probs are computed once per rollout before the first update.
+* With ``num_iterations == 1`` (our choice, TRL's default: the paper is silent on mu) the ratio is exactly 1 and
+  ``old_logp`` is the detached current log-prob; with ``num_iterations > 1`` old log-probs are computed once per
+  rollout before the first update.
 * **Selection**: after each batch, per prompt, the description of the completion with the highest ``R_diversity``
   (among completions whose description parses) is returned in the step's ``outputs["evolution"]`` for the
   synthesis callback.
