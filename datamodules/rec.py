@@ -135,8 +135,20 @@ def read_jsonl(
     return records
 
 
-def load_sample(rec: Record) -> Sample:
-    """Open the record's image and check its boxes against the image size."""
+def cap_pixels(image: Image.Image, boxes: list[list[float]], max_pixels: int | None):
+    """Downscale ``image`` (aspect kept) to at most ``max_pixels`` pixels and its boxes with it; else unchanged."""
+    w, h = image.size
+    if max_pixels is None or w * h <= max_pixels:
+        return image, boxes
+    s = math.sqrt(max_pixels / (w * h))
+    w2, h2 = max(1, math.floor(w * s)), max(1, math.floor(h * s))
+    sx, sy = w2 / w, h2 / h
+    return image.resize((w2, h2), Image.BICUBIC), [[b[0] * sx, b[1] * sy, b[2] * sx, b[3] * sy] for b in boxes]
+
+
+def load_sample(rec: Record, max_pixels: int | None = None) -> Sample:
+    """Open the record's image and check its boxes against the image size; with ``max_pixels``, downscale an image
+    larger than that (and its boxes, so they stay exact) before the processor sees it."""
     if not rec.image_path.exists():
         raise DataError(
             f"{rec.source}: image {rec.image_path} not found; set --data.image_root to the folder that holds the images"
@@ -147,11 +159,12 @@ def load_sample(rec: Record) -> Sample:
     for b in rec.boxes:
         if b[0] < 0 or b[1] < 0 or b[2] > w + 0.5 or b[3] > h + 0.5:
             raise DataError(f"{rec.source}: box {b} lies outside the {w}x{h} image {rec.image_path}")
+    image, boxes = cap_pixels(image, [list(b) for b in rec.boxes], max_pixels)
     return Sample(
         sample_id=rec.sample_id,
         image=image,
         query=rec.query,
-        boxes=[list(b) for b in rec.boxes],
+        boxes=boxes,
         task=rec.task,
         image_path=str(rec.image_path),
         source=rec.source,
@@ -162,14 +175,15 @@ def load_sample(rec: Record) -> Sample:
 class GroundingDataset(Dataset):
     """Records of one or more JSONL files; images load on access."""
 
-    def __init__(self, records: Sequence[Record]):
+    def __init__(self, records: Sequence[Record], max_pixels: int | None = None):
         self.records = list(records)
+        self.max_pixels = max_pixels
 
     def __len__(self) -> int:
         return len(self.records)
 
     def __getitem__(self, i: int) -> Sample:
-        return load_sample(self.records[i])
+        return load_sample(self.records[i], self.max_pixels)
 
 
 def collate_samples(batch: list[Sample]) -> list[Sample]:
@@ -209,7 +223,13 @@ class RECDataModule(L.LightningDataModule):
         image_root: where image paths in the JSONL are relative to (default: each file's folder).
         batch_size: prompts per training step (the paper's 20).
         eval_batch_size: prompts per validation / test batch.
-        max_train_samples: cap the training set (the paper samples 2,000 RefCOCO examples).
+        max_train_samples: cap the training set: a random sample drawn with ``seed`` over the union of
+            ``train_files`` (the paper, after VLM-R1: 2,000 from RefCOCO, RefCOCO+ and RefCOCOg together). The drawn
+            ids go to ``<run folder>/data/train_sample_ids.json`` at setup (rank 0). An example in two files counts
+            once; another example under an id an earlier file has becomes ``<file stem>:<id>``.
+        max_pixels: downscale any image above this many pixels (aspect kept, boxes scaled with it) before the
+            processor sees it: bounds the vision tokens of extended canvases (Qwen2.5-VL: one token per 28 x 28 px,
+            so 1,003,520 px = 1,280 tokens). None: no cap here (the processor's own max_pixels still applies).
         toy: generate the procedural toy world into ``data_root`` first (the embedded default).
         resumable: serve training batches through ``datamodules.resumable.ResumableLoader``: the order depends only on
             ``seed`` and the epoch, and a run resumed from a mid-epoch checkpoint sees exactly the batches an
@@ -233,6 +253,7 @@ class RECDataModule(L.LightningDataModule):
         seed: int = 0,
         toy: ToySpec | None = None,
         resumable: bool = False,
+        max_pixels: int | None = None,
     ):
         super().__init__()
         self.data_root = Path(data_root)
@@ -249,6 +270,9 @@ class RECDataModule(L.LightningDataModule):
         self.seed = seed
         self.toy = toy
         self.resumable = resumable
+        if max_pixels is not None and max_pixels < 28 * 28 * 4:
+            raise DataError(f"--data.max_pixels must be at least {28 * 28 * 4} (4 vision tokens); got {max_pixels}")
+        self.max_pixels = max_pixels
         self.train_set: GroundingDataset | None = None
         self.train_collate = collate_samples
         """Set by a module that prepares its inputs in the loader workers (``SFTModule``)."""
@@ -271,8 +295,15 @@ class RECDataModule(L.LightningDataModule):
 
     def _records(self, files: Sequence[str], limit: int | None) -> list[Record]:
         out: list[Record] = []
+        seen: dict[str, Record] = {}
         for f in files:  # read everything, then sample: the paper's 2,000 are a random sample, not the first lines
-            out += read_jsonl(self._path(f), self.image_root)
+            for r in read_jsonl(self._path(f), self.image_root):
+                if (first := seen.get(r.sample_id)) is not None:
+                    if (first.image_path, first.query, first.boxes) == (r.image_path, r.query, r.boxes):
+                        continue  # the same example in two files: once
+                    r.sample_id = f"{Path(f).stem}:{r.sample_id}"  # another example under an id an earlier file has
+                seen.setdefault(r.sample_id, r)
+                out.append(r)
         if limit is not None and len(out) > limit:
             out = random.Random(self.seed).sample(out, limit)
         return out
@@ -288,12 +319,37 @@ class RECDataModule(L.LightningDataModule):
                 "train", n, self.toy.seed, self.toy.size, self.toy.task, mix=self.toy.mix, evolve=self.toy.evolve
             )
         elif stage in (None, "fit") and self.train_set is None and self.train_files:
-            self.train_set = GroundingDataset(self._records(self.train_files, self.max_train_samples))
+            self.train_set = GroundingDataset(self._records(self.train_files, self.max_train_samples), self.max_pixels)
+            self._write_sample_ids()
         for kind, files in (("val", self.val_files), ("test", self.test_files)):
             if stage is None or stage in {"val": ("fit", "validate"), "test": ("test", "predict")}[kind]:
                 for name, f in files.items():
                     if name not in self.eval_sets[kind]:
-                        self.eval_sets[kind][name] = GroundingDataset(self._records([f], self.max_eval_samples))
+                        self.eval_sets[kind][name] = GroundingDataset(
+                            self._records([f], self.max_eval_samples), self.max_pixels
+                        )
+
+    def _write_sample_ids(self) -> Path | None:
+        """Write the drawn training ids, per file, to ``<run folder>/data/train_sample_ids.json`` (rank 0, once)."""
+        trainer = self.trainer
+        if trainer is None or not trainer.is_global_zero or self.train_set is None:
+            return None
+        out = Path(trainer.default_root_dir) / "data" / "train_sample_ids.json"
+        if out.exists():  # a resumed run: the draw is the same (same files, seed and cap); keep the first record
+            return out
+        per_file: dict[str, list[str]] = {f: [] for f in self.train_files}
+        for r in self.train_set.records:
+            per_file[next(f for f in self.train_files if r.source.startswith(f"{self._path(f)}:"))].append(r.sample_id)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        doc = {
+            "seed": self.seed,
+            "max_train_samples": self.max_train_samples,
+            "num_samples": len(self.train_set.records),
+            "ids": [r.sample_id for r in self.train_set.records],
+            "per_file": {f: {"count": len(v), "ids": v} for f, v in per_file.items()},
+        }
+        out.write_text(json.dumps(doc, indent=1) + "\n")
+        return out
 
     def _train_set(self):
         if self.train_set is None:

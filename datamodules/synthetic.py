@@ -184,14 +184,15 @@ class DataPool:
 class PoolDataset(Dataset):
     """Reads each sample's *current* version at access time."""
 
-    def __init__(self, pool: DataPool):
+    def __init__(self, pool: DataPool, max_pixels: int | None = None):
         self.pool = pool
+        self.max_pixels = max_pixels
 
     def __len__(self) -> int:
         return len(self.pool)
 
     def __getitem__(self, i: int):
-        return load_sample(self.pool.record(i))
+        return load_sample(self.pool.record(i), self.max_pixels)
 
 
 class SyntheticDataModule(RECDataModule):
@@ -225,9 +226,11 @@ class SyntheticDataModule(RECDataModule):
         if self.pool is None:
             raise DataError("no training data: set --data.train_files (or --data.toy for the toy world)")
         if self.resumable:
-            return self._resumable_loader(PoolDataset(self.pool), collate_samples, persistent_workers=False)
+            return self._resumable_loader(
+                PoolDataset(self.pool, self.max_pixels), collate_samples, persistent_workers=False
+            )
         return DataLoader(
-            PoolDataset(self.pool),
+            PoolDataset(self.pool, self.max_pixels),
             batch_size=self.batch_size,
             shuffle=self.shuffle,
             num_workers=self.num_workers,
