@@ -20,6 +20,8 @@ from conftest import write_rec_jsonl
 from analysis import read_metrics_jsonl
 from core.records import DataError
 from datamodules.resumable import EpochSampler, ResumableLoader
+from synth import client as synth_client
+from synth.client import AsyncSubmitter
 from train import cli_main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -257,11 +259,20 @@ def test_a_description_over_the_api_limit_is_cut_and_training_goes_on(tiny_model
         assert v1.description == long_text[:4000]
 
 
-def test_server_and_worker_killed_while_training_lose_nothing(tiny_model_dir, reference, tmp_path):
+class _QuickGiveUp(AsyncSubmitter):
+    """The callback's submitter with a short retry budget: with the default (20 retries, backoff up to 5 s) step 3's
+    ``sync`` wait on a dead server lasts about a minute before its jobs are given up; the path is the same."""
+
+    def __init__(self, client, **kwargs):
+        super().__init__(client, **{**kwargs, "max_retries": 5, "backoff": 0.05, "max_backoff": 0.5})
+
+
+def test_server_and_worker_killed_while_training_lose_nothing(tiny_model_dir, reference, tmp_path, monkeypatch):
     """SIGKILL a painter worker after step 1 and the whole data server after step 2 (its jobs of steps 1-2 and the
     ones step 3 sends while it is down are gone with it): the run finishes, the server is restarted at the epoch
     boundary, the outstanding jobs are resubmitted under their ids, and the pool and the per-step metrics are the
     uninterrupted run's (the painter is deterministic)."""
+    monkeypatch.setattr(synth_client, "AsyncSubmitter", _QuickGiveUp)  # callbacks.synthesis imports it per connect
     out = tmp_path / "run"
     faults = _Faults(kill_worker_at=1, kill_server_at=2)
     cli = _fit(tiny_model_dir, reference["data"], out, extra=[faults])
