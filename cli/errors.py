@@ -54,12 +54,10 @@ def init_flags(classes: Iterable[type], prefix: str) -> list[str]:
 def moved_flag(flag: str) -> str | None:
     """Where a flat ``GRPOModule`` flag of before the typed groups lives now (``--model.kl_coef`` ->
     ``--model.kl.coef``), or None."""
-    from lightning_modules.grpo.args import MOVED
+    from cli.migrate_config import migrate_flag
 
-    m = re.fullmatch(r"(-*model\.)(init_args\.)?([a-z_]+)", flag)
-    if not m or m[3] not in MOVED:
-        return None
-    return f"{m[1]}{m[2] or ''}{MOVED[m[3]]}"
+    new = migrate_flag(flag)
+    return new if new != flag else None
 
 
 def _moved_hint(flag: str) -> str:

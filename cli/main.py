@@ -448,7 +448,8 @@ class SynGRPOCLI(LightningCLI):
         ckpt = self.config[sub].get("ckpt_path") if sub else None
         if not ckpt or not Path(ckpt).is_file():
             return
-        hparams = dict(torch.load(ckpt, weights_only=True, map_location="cpu").get("hyper_parameters") or {})
+        # memory-mapped: only the hyperparameters are read, not a multi-GB state dict
+        hparams = dict(torch.load(ckpt, weights_only=True, map_location="cpu", mmap=True).get("hyper_parameters") or {})
         hparams.pop("_instantiator", None)
         class_path = hparams.pop("_class_path", None)
         if not hparams or class_path is None:

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from lightning_modules.grpo.args import MOVED
-from lightning_modules.methods.base import METHODS, build_method
+from lightning_modules.methods.base import METHODS
 
 __all__ = ["migrate_flag", "migrate_init_args", "migrate_text"]
 
@@ -33,14 +33,14 @@ SFT_ONLY = {"build_tiny", "target", "export_dir", "eval_max_new_tokens", "warmup
 
 def method_class_path(name: str) -> str:
     """The class path of registered method ``name`` (``grpo`` -> ``lightning_modules.methods.grpo.GRPO``)."""
-    return build_method(name).config()["class_path"]
+    cls = METHODS[name]
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _method_keys(class_path: str | None) -> set[str] | None:
-    if class_path is None:
-        return None
+    """The arguments the registered method at ``class_path`` takes (None: not a registered one)."""
     name = next((n for n in METHODS if method_class_path(n) == class_path), None)
-    return set(build_method(name).config()["init_args"]) if name else None
+    return set(METHODS[name].argument_defaults()) if name else None
 
 
 def migrate_flag(flag: str) -> str:

@@ -122,6 +122,15 @@ def _box(json_path: Path, i: int, raw: Any, w: int, h: int) -> tuple[float, floa
     return x1, y1, x2, y2
 
 
+def _check_fields(obj: dict, allowed, where: str, what: str) -> None:
+    unknown = sorted(set(obj) - set(allowed))
+    if unknown:
+        raise DataError(
+            f"{where} unknown field(s) {unknown}; {what} may hold {list(allowed)} "
+            "(rename the field, or drop it from the export)"
+        )
+
+
 def read_view(json_path: str | Path, root: str | Path) -> View:
     """Parse and check one view JSON of the layout above; ``root`` is what the image path is made relative to."""
     json_path, root = Path(json_path), Path(root)
@@ -133,12 +142,7 @@ def read_view(json_path: str | Path, root: str | Path) -> View:
         raise DataError(f"{json_path}: not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
     if not isinstance(obj, dict):
         raise DataError(f"{json_path}: expected a JSON object with an 'objects' list")
-    unknown = sorted(set(obj) - set(VIEW_FIELDS))
-    if unknown:
-        raise DataError(
-            f"{json_path}: unknown field(s) {unknown}; a view JSON may hold {list(VIEW_FIELDS)} "
-            "(rename the field, or drop it from the export)"
-        )
+    _check_fields(obj, VIEW_FIELDS, f"{json_path}:", "a view JSON")
     image_path = _image_for(json_path, obj)
     try:
         with Image.open(image_path) as im:
@@ -158,12 +162,7 @@ def read_view(json_path: str | Path, root: str | Path) -> View:
     for i, o in enumerate(objects_raw):
         if not isinstance(o, dict):
             raise DataError(f"{json_path}: objects[{i}] must be an object with 'category' and 'bbox'")
-        unknown = sorted(set(o) - set(OBJECT_FIELDS))
-        if unknown:
-            raise DataError(
-                f"{json_path}: objects[{i}] has unknown field(s) {unknown}; an object may hold "
-                f"{list(OBJECT_FIELDS)} (rename the field, or drop it from the export)"
-            )
+        _check_fields(o, OBJECT_FIELDS, f"{json_path}: objects[{i}] has", "an object")
         cat = o.get("category")
         if not isinstance(cat, str) or not normalise_category(cat):
             raise DataError(f"{json_path}: objects[{i}] needs a 'category' name (e.g. \"chair\"); got {cat!r}")

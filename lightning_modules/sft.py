@@ -29,7 +29,7 @@ import torch
 from lightning_modules import rewards
 from lightning_modules.engines.base import build_rollout_engine, rollout
 from lightning_modules.evaluation.evaluator import Evaluator, eval_set_name, format_for_template, greedy_answers
-from lightning_modules.models.loading import PolicyArgs, load_policy, prepare_policy
+from lightning_modules.models.loading import PolicyArgs, as_group, load_policy, prepare_policy
 from lightning_modules.models.prompts import CHAT_TEMPLATE, PROMPT_TEMPLATES, build_prompt_text
 from lightning_modules.models.qwen_vl import box_frame, box_frame_wh, model_input_size, model_inputs, processor_inputs
 from lightning_modules.models.tiny_model import build_tiny_qwen2_5_vl
@@ -233,7 +233,7 @@ class SFTModule(L.LightningModule):
                 )
         if not video_tau >= 0:
             raise ValueError(f"--model.video_tau is a time gate in seconds and must be >= 0, got {video_tau}")
-        self.policy_args = policy if isinstance(policy, PolicyArgs) else PolicyArgs(**(policy or {}))
+        self.policy_args = as_group(PolicyArgs, policy, "policy")
         self.save_hyperparameters(ignore=["optimizer", "policy"])
         self.hparams.policy = asdict(self.policy_args)  # a plain dict: checkpoints load with weights_only
         self.hparams.video_spaces, self.hparams.video_templates = video_spaces, video_templates

@@ -12,12 +12,12 @@ place when an old config or flag uses one (docs/interfaces.md, "Migrating a conf
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from lightning_modules import rewards
 from lightning_modules.engines.base import ROLLOUT_ENGINES, UPDATE_ENGINES
-from lightning_modules.models.loading import PolicyArgs
+from lightning_modules.models.loading import PolicyArgs, as_group
 from lightning_modules.models.prompts import PROMPT_TEMPLATES
 from lightning_modules.registry import document
 
@@ -226,22 +226,6 @@ class EvalArgs:
             _choice("evaluation.prompt_template", self.prompt_template, PROMPT_TEMPLATES, " (models/prompts.py)")
         if self.format is not None:
             _choice("evaluation.format", self.format, rewards.FORMATS)
-
-
-def as_group(cls, value: Any, flag: str):
-    """``value`` as group ``cls``: an instance passes, a mapping (a checkpoint's hyperparameters, a test's dict) is
-    built into one, anything else is an error naming ``--model.<flag>``."""
-    if isinstance(value, cls):
-        return value
-    if value is None:
-        return cls()
-    if isinstance(value, dict):
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"--model.{flag}: unknown key(s) {unknown}; the keys are {sorted(known)}")
-        return cls(**value)
-    raise TypeError(f"--model.{flag} must be a mapping of {sorted(f.name for f in fields(cls))}, got {value!r}")
 
 
 # where each argument of the flat GRPOModule signature (before the groups) lives now

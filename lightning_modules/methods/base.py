@@ -171,17 +171,22 @@ class Method:
         for name, p in inspect.signature(cls.__init__).parameters.items():
             if p.kind is inspect.Parameter.VAR_KEYWORD:
                 given.update(given.pop(name, {}))
-        args_: dict[str, Any] = {}
+        self._init_args = {**cls.argument_defaults(), **given}
+        return self
+
+    @classmethod
+    def argument_defaults(cls) -> dict[str, Any]:
+        """Every argument of the class's ``__init__`` chain with its default (that of the first class in the MRO that
+        takes it): the method's own settings."""
+        out: dict[str, Any] = {}
         for klass in cls.__mro__:
             init = klass.__dict__.get("__init__")
             if init is None or klass is object:
                 continue
             for name, p in inspect.signature(init).parameters.items():
-                if p.default is not inspect.Parameter.empty and name not in args_:
-                    args_[name] = p.default
-        args_.update(given)
-        self._init_args = args_
-        return self
+                if p.default is not inspect.Parameter.empty and name not in out:
+                    out[name] = p.default
+        return out
 
     def __init__(self) -> None:
         self.ctx = MethodContext()

@@ -8,9 +8,9 @@ is built by ``models/tiny_model.py``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -59,6 +59,22 @@ class PolicyArgs:
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "bf16", "fp16", "fp32"):
             raise ValueError(f"--model.policy.dtype must be auto, bf16, fp16 or fp32, got {self.dtype!r}")
+
+
+def as_group(cls, value: Any, flag: str):
+    """``value`` as group ``cls``: an instance passes, a mapping (a checkpoint's hyperparameters, a test's dict) is
+    built into one, anything else is an error naming ``--model.<flag>``."""
+    if isinstance(value, cls):
+        return value
+    if value is None:
+        return cls()
+    if isinstance(value, dict):
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"--model.{flag}: unknown key(s) {unknown}; the keys are {sorted(known)}")
+        return cls(**value)
+    raise TypeError(f"--model.{flag} must be a mapping of {sorted(f.name for f in fields(cls))}, got {value!r}")
 
 
 def prepare_policy(model, p: PolicyArgs) -> None:
