@@ -577,7 +577,7 @@ def test_tiny_fit_colocate(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cli = cli_main(_tiny_fit_args(tmp_path))
     assert cli.trainer.global_step == 2
-    eng = cli.model.engines.rollout_engine
+    eng = cli.model.rollout_engine
     assert isinstance(eng, VLLMRolloutEngine) and eng.mode == "colocate"
     checks = [s["max_abs_logp_diff"] for s in eng.backend(cli.model.policy).syncs[-3:]]
     print(f"[colocate fit] checks after the first push and the 2 steps: {checks}")
@@ -674,7 +674,7 @@ def test_vllm_overlay_on_the_gpu_config_runs_on_cpu(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cli = cli_main(["fit", "--config", str(path)])
     assert cli.trainer.global_step >= 2
-    eng = cli.model.engines.rollout_engine
+    eng = cli.model.rollout_engine
     syncs = eng.backend(cli.model.policy).syncs
     print(f"[overlay, bf16] checks: {[s['max_abs_logp_diff'] for s in syncs]}")
     assert all(s["max_abs_logp_diff"] is None or s["max_abs_logp_diff"] < eng.sync_atol for s in syncs)
