@@ -1,0 +1,209 @@
+"""The question generator's reward (lightning_modules/question_rewards.py): each term with hand-worked numbers, the
+gate case by case, and the CLIP similarity on a tiny random CLIP saved to tmp_path."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from lightning_modules.question_rewards import (
+    ClipSimilarity,
+    QuestionOutput,
+    answer_success_rate,
+    image_step_probability,
+    majority_vote,
+    parse_question_output,
+    question_reward,
+    score_image_edit,
+    score_text_edit,
+    text_step_probability,
+)
+
+FOLLOW = '{"follow_up_problem": "What is x + 3?"}'
+EDIT = '{"edit_instruction": "Add a light paper texture to the background."}'
+
+
+def boxed(answer: str) -> str:
+    return f"<think>...</think>\\boxed{{{answer}}}"
+
+
+# --- Q's output ------------------------------------------------------------------------------------------------------
+
+
+def test_parse_question_output_accepts_exactly_one_expected_key():
+    assert parse_question_output(FOLLOW) == QuestionOutput("follow_up_problem", "What is x + 3?")
+    assert parse_question_output(f"  {EDIT}\n") == QuestionOutput(
+        "edit_instruction", "Add a light paper texture to the background."
+    )
+    assert parse_question_output(FOLLOW, "follow_up_problem") is not None
+
+
+@pytest.mark.parametrize(
+    ("text", "expected_key"),
+    [
+        ('{"follow_up_problem": "What is x + 3?", "answer": "7"}', None),  # an extra key
+        ('{"follow_up_problem": "a", "follow_up_problem": "b"}', None),  # a repeated key is a second key
+        ('{"follow_up_problem": "What is x + 3?"', None),  # malformed JSON
+        ('```json\n{"follow_up_problem": "What is x + 3?"}\n```', None),  # fenced: not salvaged
+        ('Sure! {"follow_up_problem": "What is x + 3?"}', None),  # prose around it
+        ('{"follow_up_question": "What is x + 3?"}', None),  # another key
+        ('{"follow_up_problem": ""}', None),  # empty
+        ('{"follow_up_problem": "   "}', None),
+        ('{"follow_up_problem": 3}', None),  # not a string
+        ('["follow_up_problem"]', None),  # not an object
+        ("{}", None),
+        ("", None),
+        (None, None),
+        (FOLLOW, "edit_instruction"),  # the partition asked for an image edit
+        (EDIT, "follow_up_problem"),
+        ("[" * 100_000, None),  # deep nesting
+    ],
+)
+def test_parse_question_output_gate(text, expected_key):
+    assert parse_question_output(text, expected_key) is None
+
+
+# --- the vote --------------------------------------------------------------------------------------------------------
+
+
+def test_majority_vote_groups_equivalent_answers():
+    vote = majority_vote(["7", "7.0", "\\frac{14}{2}", "8", None])
+    assert (vote.answer, vote.winning, vote.total, vote.label) == ("7", 3, 5, "7")
+    assert vote.counts == [("7", 3), ("8", 1)]
+    assert text_step_probability(vote) == pytest.approx(0.6)
+
+
+def test_majority_vote_needs_two_agreeing():
+    assert majority_vote(["1", "2", "3", "4", "5"]).label is None  # five different answers: winner has 1 vote
+    assert text_step_probability(majority_vote(["1", "2", "3", "4", "5"])) is None
+    two = majority_vote(["4", "4", None, None, None])  # 2 of 5 is enough: p_step = 0.4
+    assert (two.label, text_step_probability(two)) == ("4", 0.4)
+    none = majority_vote([None] * 5)
+    assert (none.answer, none.winning, none.total, none.label) == (None, 0, 5, None)
+
+
+def test_majority_vote_tie_does_not_depend_on_order():
+    assert majority_vote(["9", "9", "3", "3", None]).label == "3"  # 2-2: the smaller normalised text wins
+    assert majority_vote(["3", None, "9", "3", "9"]).label == "3"
+    with pytest.raises(ValueError, match="smaller than"):
+        majority_vote(["1", "1"], total=1)
+
+
+# --- the terms -------------------------------------------------------------------------------------------------------
+
+
+def test_image_step_probability_gate():
+    assert image_step_probability(0.83) == 0.83
+    assert image_step_probability(0.2) == 0.2  # at the threshold: kept
+    assert image_step_probability(1.0000001) == 1.0  # round-off above 1 is clipped
+    for bad in (0.19, -0.5, float("nan"), float("inf"), None, "high"):
+        assert image_step_probability(bad) is None
+
+
+def test_answer_success_rate():
+    completions = [boxed("7"), boxed("7.0"), boxed("8"), "no box, 7", None]
+    assert answer_success_rate(completions, "7") == pytest.approx(2 / 5)  # no box counts as wrong
+    assert answer_success_rate([], "7") == 0.0
+    assert answer_success_rate(completions, None) == 0.0
+
+
+def test_question_reward_hand_worked():
+    # all 5 votes agree and A then always fails: log 1 - log 0.2 + log 5 = log 25
+    assert question_reward(1.0, 0.0) == pytest.approx(math.log(25))
+    # 2 of 5 agree and A always succeeds: log 0.4 - log 1 + log 5 = log 2
+    assert question_reward(0.4, 1.0) == pytest.approx(math.log(2))
+    # 3 of 5 agree, A succeeds 2 times in 5: log 0.6 - log 0.4 + log 5 = log 7.5
+    assert question_reward(0.6, 0.4) == pytest.approx(math.log(7.5))
+    # p_answer below the floor counts as 0.2: log 1 - log 0.2 + log 5
+    assert question_reward(1.0, 0.1) == pytest.approx(math.log(25))
+    # the lowest valid case, CLIP 0.2 and A always right: log 0.2 + log 5 = 0 (never a round-off negative)
+    assert question_reward(0.2, 1.0) == 0.0
+    # CLIP 0.1 cannot reach here (gated), but the formula alone would be negative: clamped at 0
+    assert question_reward(0.1, 1.0) == 0.0
+    for gated in (None, 0.0, -0.1, 1.5, float("nan")):
+        assert question_reward(gated, 0.0) == 0.0
+    assert question_reward(1.0, float("nan")) == pytest.approx(math.log(5))  # an unreadable p_answer: as if 1
+
+
+# --- the gate, case by case ------------------------------------------------------------------------------------------
+
+
+def test_text_edit_score_and_gates():
+    hard = [boxed("8")] * 5  # A fails the edited problem every time
+    ok = score_text_edit(FOLLOW, ["10", "10", "10", "10", "11"], hard)
+    assert (ok.gate, ok.label, ok.p_step, ok.p_answer) == ("ok", "10", 0.8, 0.0)
+    assert ok.reward == pytest.approx(math.log(0.8) - math.log(0.2) + math.log(5))  # log 20
+    easy = score_text_edit(FOLLOW, ["10"] * 5, [boxed("10")] * 5)
+    assert easy.reward == pytest.approx(math.log(5))  # reliable but A always solves it: log 1 - log 1 + log 5
+
+    malformed = score_text_edit('{"follow_up_problem": "x + 3", "answer": 10}', ["10"] * 5, hard)
+    assert (malformed.reward, malformed.gate) == (0.0, "malformed")
+    wrong_kind = score_text_edit(EDIT, ["10"] * 5, hard)  # the partition asked for a text edit
+    assert (wrong_kind.reward, wrong_kind.gate) == (0.0, "malformed")
+    no_consensus = score_text_edit(FOLLOW, [None] * 5, hard)
+    assert (no_consensus.reward, no_consensus.gate) == (0.0, "no_consensus")
+    few = score_text_edit(FOLLOW, ["1", "2", "3", "4", None], hard)
+    assert (few.reward, few.gate) == (0.0, "few_votes")
+    assert not few.valid and ok.valid
+
+
+def test_image_edit_score_and_gates():
+    ok = score_image_edit(EDIT, 0.9, [boxed("12")] * 2 + [boxed("13")] * 3, "12")
+    assert (ok.gate, ok.p_step, ok.p_answer, ok.label) == ("ok", 0.9, 0.4, "12")
+    assert ok.reward == pytest.approx(math.log(0.9) - math.log(0.4) + math.log(5))
+    low = score_image_edit(EDIT, 0.19, [boxed("13")] * 5, "12")
+    assert (low.reward, low.gate) == (0.0, "low_clip")
+    malformed = score_image_edit("Add a paper texture.", 0.9, [boxed("13")] * 5, "12")
+    assert (malformed.reward, malformed.gate) == (0.0, "malformed")
+    wrong_kind = score_image_edit(FOLLOW, 0.9, [boxed("13")] * 5, "12")
+    assert wrong_kind.gate == "malformed"
+
+
+# --- CLIP ------------------------------------------------------------------------------------------------------------
+
+
+def _tiny_clip(path, vision_only: bool):
+    import torch
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPVisionConfig, CLIPVisionModelWithProjection
+
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=32,
+                  patch_size=8, projection_dim=8)  # fmt: skip
+    torch.manual_seed(0)
+    if vision_only:
+        model = CLIPVisionModelWithProjection(CLIPVisionConfig(**vision))
+    else:
+        text = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=64,
+                    max_position_embeddings=16, projection_dim=8)  # fmt: skip
+        model = CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=8))
+    model.save_pretrained(path)
+    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(path)
+    return model
+
+
+def _image(seed: int) -> Image.Image:
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (48, 64, 3), dtype=np.uint8))
+
+
+@pytest.mark.parametrize("vision_only", [False, True], ids=["CLIPModel", "CLIPVisionModelWithProjection"])
+def test_clip_similarity_from_a_local_random_clip(tmp_path, vision_only):
+    import torch
+
+    model = _tiny_clip(tmp_path, vision_only)
+    sim = ClipSimilarity(tmp_path)
+    a, b = _image(0), _image(1)
+    assert sim(a, a) == pytest.approx(1.0, abs=1e-5)  # an image against itself
+    got = sim(a, b)
+    assert -1.0 <= got < 1.0
+    # the same number computed by hand from the saved model: projection of the pooled vision output, cosine
+    pixels = sim._processor(images=[a, b], return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        emb = model.visual_projection(model.vision_model(pixel_values=pixels).pooler_output)
+    assert got == pytest.approx(float(torch.nn.functional.cosine_similarity(emb[0], emb[1], dim=0)), abs=1e-5)
+
+
+def test_clip_similarity_without_a_checkpoint_names_the_folder(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no CLIP checkpoint"):
+        ClipSimilarity(tmp_path / "missing")(_image(0), _image(1))
