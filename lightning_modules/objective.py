@@ -22,7 +22,7 @@ Where this departs from the textbook (and from the peers it stays comparable wit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -36,6 +36,7 @@ __all__ = [
     "masked_mean",
     "policy_loss",
     "selective_log_softmax",
+    "side_row_weights",
     "token_entropy",
     "zero_variance_groups",
 ]
@@ -267,6 +268,7 @@ def policy_loss(
     kl_estimator: str = "k3",
     aggregation: str = "token-mean",
     max_length: int | None = None,
+    row_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped-surrogate GRPO loss with an optional per-token KL penalty.
 
@@ -283,6 +285,9 @@ def policy_loss(
         kl_coef: weight of the KL term (used only when ``ref_logp`` is given and ``kl_coef > 0``).
         kl_estimator: see :func:`kl_penalty`.
         aggregation, max_length: see :func:`aggregate`.
+        row_weights: [N] or None: each row's per-token loss (surrogate and KL) is multiplied by its weight before
+            aggregation (`side_row_weights`: a method whose rows form sides with losses of their own). None (every
+            method but CycleGRPO) leaves the loss untouched; the statistics are never weighted.
 
     Returns:
         ``(loss, stats)``: scalar loss; ``stats`` holds detached scalars ``kl`` (masked token mean, 0 without a
@@ -348,6 +353,10 @@ def policy_loss(
             raise ValueError(f"--model.kl.estimator must be one of {'|'.join(KL_ESTIMATORS)}, got {kl_estimator!r}")
         kl_stat = logp.new_zeros(())
 
+    if row_weights is not None:
+        if row_weights.shape != logp.shape[:1]:
+            raise ValueError(f"row_weights must be [N] = [{logp.shape[0]}], got {tuple(row_weights.shape)}")
+        loss_tok = loss_tok * row_weights.to(loss_tok.dtype)[:, None]
     loss = aggregate(loss_tok, m, aggregation, max_length)
     with torch.no_grad():
         r = ratio.detach()
@@ -360,6 +369,48 @@ def policy_loss(
             "pg_loss": aggregate(pg_tok.detach(), m, aggregation, max_length),
         }
     return loss, stats
+
+
+def side_row_weights(
+    row_counts: torch.Tensor,
+    side_ids: torch.Tensor,
+    side_weights: Sequence[float],
+    denom: torch.Tensor,
+    rank_mean: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Row weights that turn one aggregation over all rows into ``sum_s w_s * L_s``, each side's loss ``L_s`` an
+    aggregation over its own rows across the ranks (CycleGRPO: caption rows and grounding rows, paper 004's equal-
+    weight objective).
+
+    The step's loss divides each rank's sum over (weighted) row losses by ``denom``, the ranks' mean count (of tokens
+    under token-mean, of rows otherwise), and DDP averages the ranks' gradients. Weighting row r of side s by
+    ``w_s * denom / c_s``, with ``c_s`` the ranks' mean count of side s, gives ``sum_s w_s * (sum of side s's row
+    losses over all ranks) / (its count over all ranks)``: side s's global mean, weighted ``w_s``, whatever each
+    rank holds of it.
+
+    Args:
+        row_counts: [N] what each row adds to ``denom`` on this rank (its completion tokens; 1 per row when the
+            aggregation counts rows).
+        side_ids: [N] long, each row's side in ``0 .. S-1``.
+        side_weights: [S] the sides' weights ``w_s`` (>= 0; a side of weight 0 adds nothing, KL included).
+        denom: the scalar the step divides by (the ranks' mean of ``row_counts.sum()``).
+        rank_mean: the mean over the ranks of an [S] tensor (the step's own reduction); None on one process.
+
+    Returns:
+        [N] float32 weights (0 for the rows of a side of weight 0).
+    """
+    w = torch.as_tensor(side_weights, dtype=torch.float32, device=row_counts.device)  # [S]
+    ids = side_ids.to(row_counts.device).long()
+    if ids.shape != row_counts.shape:
+        raise ValueError(f"side_ids {tuple(ids.shape)} and row_counts {tuple(row_counts.shape)} must both be [N]")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= w.numel()):
+        raise ValueError(f"side ids must lie in [0, {w.numel()}) (one weight per side), got {ids.unique().tolist()}")
+    local = torch.zeros_like(w).index_add_(0, ids, row_counts.detach().float())  # [S] this rank's count per side
+    counts = rank_mean(local) if rank_mean is not None else local  # [S] the ranks' mean count per side
+    counts = counts.float()
+    # a side with no rows anywhere has no row to weigh: any positive divisor will do
+    scale = denom.detach().float().to(w.device) / torch.where(counts > 0, counts, torch.ones_like(counts))  # [S]
+    return (w * scale)[ids]  # [N]
 
 
 def _upcast_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -17,9 +17,13 @@ temporal-proximity shaping term. The papers give neither the weights nor the for
   penalty: it is what gives "right object, time off by more than tau" a gradient, since Eq. 15 scores it 0.
 
 Leakage detection is a list of patterns, not a proof: the paper notes that rules cannot enumerate every implicit
-shortcut. It catches numeric lists in brackets, ``x=``/``y1:`` coordinates, pixel amounts, mask bands, frame
-numbers, clock times, and seconds (``3 s``, ``at 2.5 seconds``, ``from 2 to 4 seconds``, ``1.5-3.0s``). Counts and
+shortcut. It catches numeric lists in brackets, ``x=``/``y1:`` coordinates, pixel amounts, mask bands, mask tokens
+(``<|mt_start|>``, ``<|mt_0017|>``, ``<|mt_end|>``: any of them, well-formed span or not, ``core/regions/mask_tokens.py``),
+frame numbers, clock times, and seconds (``3 s``, ``at 2.5 seconds``, ``from 2 to 4 seconds``, ``1.5-3.0s``). Counts and
 ordinals in words ("three circles", "the second time") are content and stay.
+
+Mask-token answers have one more check, the released repository's: ``mask_token_repetition`` (a span written more
+than 3 times: a degenerate answer that loops on one mask).
 """
 
 from __future__ import annotations
@@ -29,16 +33,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from core.regions.base import NO_TARGET, RegionSpace
+from core.regions.mask_tokens import parse_masks
 
 __all__ = [
     "caption_phi",
     "cycle_rewards",
     "find_leaks",
     "has_leak",
+    "has_mask_token_leak",
     "invalid_interval_gate",
     "localization_phi",
     "localization_reward",
     "caption_reward",
+    "mask_token_repetition",
     "repetition_rate",
     "strip_leaks",
     "temporal_proximity",
@@ -50,6 +57,8 @@ _SEC = r"(?:s|sec|secs|second|seconds)\b"
 _PREP = r"(?:(?:at|from|between|around|about|until|till|by|after|before|near|in|on|to|during)\s+)?"
 _D = r"(?<!\d)\d{1,6}(?!\d)"
 _BAND = rf"{_D}(?:\s*-\s*{_D})?\s*:\s*{_D}(?:\.\d{{1,6}})?(?:\s*-\s*{_D})?(?:\s*,\s*{_D}(?:\s*-\s*{_D})?)*(?::{_D}(?:\.\d{{1,6}})?)?"
+_MASK_TOKEN = r"<\|mt_(?:start|end|\d{1,6})\|>"
+_MASK_TOKEN_RE = re.compile(_MASK_TOKEN)
 _LEAK_PATTERNS = [
     # [12, 40, 96, 120], (0.3, 0.5), {1, 2}: two or more numbers in brackets
     rf"{_PREP}[\[({{]\s*{_U}\s*(?:[,;\s]\s*{_U}\s*)+[\])}}]",
@@ -68,6 +77,8 @@ _LEAK_PATTERNS = [
     # frame 12, frames 3-5, frame #4, t=3
     rf"{_PREP}\bframes?\s*#?\s*\d+(?:\s*(?:-|to|and)\s*\d+)?",
     rf"{_PREP}\bt\s*=\s*{_U}",
+    # mask tokens, any of the 514 (a caption that writes the answer's codes: core/regions/mask_tokens.py)
+    _MASK_TOKEN,
     # Open-o3-Video's time tags: at<t>2.5</t>s
     rf"{_PREP}(?:\bat\s*)?<(?:t|time)>\s*{_U}\s*</(?:t|time)>\s*(?:{_SEC})?",
     # (words alone, "left", "top", "second", are content and never leaks)
@@ -86,6 +97,29 @@ def find_leaks(caption: str) -> list[tuple[int, int]]:
 
 def has_leak(caption: str) -> bool:
     return bool(find_leaks(caption))
+
+
+def has_mask_token_leak(text: str) -> bool:
+    """Whether ``text`` writes any mask token (``<|mt_start|>``, ``<|mt_end|>``, ``<|mt_NNNN|>``), well-formed span or
+    not: in a caption it is the answer's code (a leak, counted by ``has_leak`` and removed by ``strip_leaks``); the
+    released repository's no-target reward also reads any mask token as "answered a region"."""
+    return isinstance(text, str) and _MASK_TOKEN_RE.search(text[:_MAX_CHARS]) is not None
+
+
+def mask_token_repetition(text: str, max_repeats: int = 3) -> bool:
+    """Whether one well-formed mask-token span occurs more than ``max_repeats`` times in ``text`` (the released
+    repository's ``non_repeat_reward`` is 0 exactly then). Malformed spans are not counted; a text without spans
+    never repeats."""
+    if max_repeats < 1:
+        raise ValueError(f"max_repeats must be >= 1, got {max_repeats}")
+    if not isinstance(text, str):
+        return False
+    counts: dict[tuple[int, int], int] = {}
+    for codes in parse_masks(text[:_MAX_CHARS]):
+        counts[codes] = counts.get(codes, 0) + 1
+        if counts[codes] > max_repeats:
+            return True
+    return False
 
 
 def strip_leaks(caption: str) -> str:
@@ -135,12 +169,19 @@ def caption_phi(
 
 
 def localization_phi(
-    answer: str, space: RegionSpace, format_weight: float = 1.0, repetition_weight: float = 0.0
+    answer: str,
+    space: RegionSpace,
+    format_weight: float = 1.0,
+    repetition_weight: float = 0.0,
+    mask_repetition_weight: float = 1.0,
 ) -> float:
     """Phi_loc <= 0: ``-format_weight`` when ``space.parse(answer)`` reads nothing (a no-target answer is a valid
-    serialization), ``-repetition_weight * repetition_rate`` (off by default: serializations repeat by nature)."""
+    serialization), ``-repetition_weight * repetition_rate`` (off by default: serializations repeat by nature),
+    ``-mask_repetition_weight`` when a mask-token span is written more than 3 times (``mask_token_repetition``; an
+    answer without mask tokens never pays it)."""
     unreadable = space.parse(answer) is None
-    return -(format_weight * float(unreadable)) - repetition_weight * repetition_rate(answer)
+    looped = mask_repetition_weight * float(mask_token_repetition(answer)) if mask_repetition_weight else 0.0
+    return -(format_weight * float(unreadable)) - repetition_weight * repetition_rate(answer) - looped
 
 
 def invalid_interval_gate(n_invalid: int, gamma: float = 0.5) -> float:

@@ -45,7 +45,7 @@ import lightning as L
 import torch
 from torch import nn
 
-from lightning_modules import rewards
+from lightning_modules import objective, rewards
 from lightning_modules.engines.base import Sampling, build_rollout_engine, build_update_engine
 from lightning_modules.evaluation.evaluator import Evaluator, eval_set_name, greedy_answers, rec_records
 from lightning_modules.grpo.args import EngineArgs, EvalArgs, KLArgs, OptimArgs, PolicyArgs, SamplingArgs, as_group
@@ -321,13 +321,19 @@ class GRPOModule(L.LightningModule):
         count = mask.sum().clamp(min=1) if o.aggregation == "token-mean" else torch.tensor(float(mask.shape[0]))
         self.policy.train()
         prepared = engine.prepare(self.policy, self.processor, ro, self.device)
+        denom = self._rank_mean(count.to(self.device))
+        row_weights = None  # one aggregation over all rows, unless the method's rows form sides (CycleGRPO)
+        if (sides := self.method.loss_sides(scores, ro)) is not None:
+            per_row = mask.sum(1) if o.aggregation == "token-mean" else torch.ones(mask.shape[0], device=self.device)
+            row_weights = objective.side_row_weights(per_row, sides[0], sides[1], denom, self._rank_mean)
         loss = StepLoss(
             o,
             self.kl_args,
             self.sampling_args.max_new_tokens,
             adv=adv,
             mask=mask,
-            denom=self._rank_mean(count.to(self.device)),
+            denom=denom,
+            row_weights=row_weights,
             ref_logp=engine.logprobs(self.reference, prepared) if self.reference is not None else None,
             old_logp=engine.logprobs(self.policy, prepared) if o.num_iterations > 1 else None,
         )
@@ -347,7 +353,7 @@ class GRPOModule(L.LightningModule):
         return step_output(self.method, batch, ro, scores, evolution)
 
     def _rank_mean(self, count: torch.Tensor) -> torch.Tensor:
-        """The mean of ``count`` (a scalar tensor) over the ranks; ``count`` itself on one process."""
+        """The mean of ``count`` (a tensor) over the ranks; ``count`` itself on one process."""
         trainer = self._trainer
         if trainer is None or trainer.world_size == 1:
             return count

@@ -62,9 +62,12 @@ class StepLoss:
     (``denom``: the ranks' mean count of tokens under ``token-mean``, of rows otherwise). The first iteration also
     accumulates this rank's logged statistics (``stats``) and its entropy sum."""
 
-    def __init__(self, optim: OptimArgs, kl: KLArgs, max_length: int, *, adv, mask, denom, old_logp, ref_logp):
+    def __init__(
+        self, optim: OptimArgs, kl: KLArgs, max_length: int, *, adv, mask, denom, old_logp, ref_logp, row_weights=None
+    ):
         self.optim, self.kl, self.max_length = optim, kl, max_length
         self.adv, self.mask, self.denom, self.old_logp, self.ref_logp = adv, mask, denom, old_logp, ref_logp
+        self.row_weights = row_weights  # [N] or None (`Method.loss_sides`)
         self.token_mean = optim.aggregation == "token-mean"
         self.total = mask.sum().clamp(min=1) if self.token_mean else torch.tensor(float(mask.shape[0]))
         self.first = True
@@ -74,7 +77,7 @@ class StepLoss:
     def __call__(self, logp: torch.Tensor, ent: torch.Tensor, rows) -> torch.Tensor:
         loss, stats = micro_batch_loss(
             self.optim, self.kl, self.max_length, logp, ent, rows,
-            adv=self.adv, mask=self.mask, old_logp=self.old_logp, ref_logp=self.ref_logp,
+            adv=self.adv, mask=self.mask, old_logp=self.old_logp, ref_logp=self.ref_logp, row_weights=self.row_weights,
         )  # fmt: skip
         m = self.mask[rows]
         share = m.sum() if self.token_mean else torch.tensor(float(len(rows)), device=m.device)
@@ -112,13 +115,14 @@ class PhaseTimer:
 
 
 def micro_batch_loss(
-    o: OptimArgs, kl: KLArgs, max_length: int, logp, ent, rows, *, adv, mask, old_logp, ref_logp
+    o: OptimArgs, kl: KLArgs, max_length: int, logp, ent, rows, *, adv, mask, old_logp, ref_logp, row_weights=None
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """The clipped surrogate (+ KL, + the entropy baselines) of rows ``rows``, aggregated over them.
 
     ``o`` / ``kl``: the module's optimisation and KL settings; ``max_length``: ``sampling.max_new_tokens`` (Dr. GRPO's
     normaliser); ``logp`` / ``ent`` [n, T]: the rows' log-probs and entropies; ``adv`` [N], ``mask`` [N, T],
-    ``old_logp`` / ``ref_logp`` [N, T] (or None): the whole step's, indexed by ``rows``."""
+    ``old_logp`` / ``ref_logp`` [N, T] (or None), ``row_weights`` [N] (or None): the whole step's, indexed by
+    ``rows``."""
     m = mask[rows]
     a = adv[rows]
     if o.entropy_adv_coef > 0:
@@ -138,9 +142,11 @@ def micro_batch_loss(
         kl_estimator=kl.estimator,
         aggregation=o.aggregation,
         max_length=max_length,
+        row_weights=row_weights[rows] if row_weights is not None else None,
     )
     if o.entropy_coef > 0:  # "GRPO + Entropy Loss": maximise the mean token entropy
-        loss = loss - o.entropy_coef * objective.aggregate(ent, m, o.aggregation, max_length)
+        e = ent if row_weights is None else ent * row_weights[rows][:, None]
+        loss = loss - o.entropy_coef * objective.aggregate(e, m, o.aggregation, max_length)
     return loss, stats
 
 

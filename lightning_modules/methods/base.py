@@ -259,6 +259,13 @@ class Method:
             scores.total, ro.group_ids, scale=self.ctx.advantage_scale, eps=self.ctx.advantage_eps
         )
 
+    def loss_sides(self, scores: Scores, ro: Rollout) -> tuple[torch.Tensor, Sequence[float]] | None:
+        """None (the default): one aggregation over all the step's rows. A method whose rows form sides with losses
+        of their own (CycleGRPO: captions and groundings) returns ``(side_ids [N] long, side_weights [S])``: each
+        side's loss, surrogate and KL, is aggregated over its own rows across the ranks and weighted
+        (`objective.side_row_weights`)."""
+        return None
+
     # ------------------------------------------------------------------------------------------------ evaluation
     def evaluate(self, module: MethodHost, kind: str, name: str, batch: Sequence[Any]) -> bool:
         """Score a validation / test batch of eval set ``name`` with the method's own metrics and return True, or

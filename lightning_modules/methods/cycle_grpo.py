@@ -41,7 +41,6 @@ image (or clip) is encoded once per level, not once for both.
 from __future__ import annotations
 
 import itertools
-import re
 from typing import Any
 
 import torch
@@ -53,55 +52,38 @@ from core.regions import (
     IntervalSpace,
     caption_phi,
     cycle_rewards,
+    has_mask_token_leak,
     invalid_interval_gate,
     localization_phi,
     localization_reward,
-    strip_leaks,
     temporal_proximity,
 )
 from lightning_modules import rewards
 from lightning_modules.engines.base import RolloutRequest, Sampling
 from lightning_modules.evaluation.evaluator import answered_region
 from lightning_modules.methods.base import Method, MethodHost, Scores
+from lightning_modules.methods.cycle_rewards import (
+    COMPOSITIONS,
+    MODES,
+    caption_text,
+    check_side_weights,
+    image_lookalikes,
+    loss_side_weights,
+    raw_caption,
+    released_cycle_rewards,
+    released_no_target_rewards,
+    side_ids,
+)
 from lightning_modules.models.prompts import build_prompt_text
 from lightning_modules.models.qwen_vl import box_frame_wh, video_input_wh
 from lightning_modules.models.rollout import Rollout, concat_rollouts
 
-_ANSWER_RE = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.S)
-_TAG_RE = re.compile(r"</?[a-z_]+>")
-MAX_CAPTION_CHARS = 300
 VIDEO_SPACES = ("interval", "anchor")
-
-
-def raw_caption(completion: str) -> str:
-    """The caption a completion writes: its ``<answer>`` part when it has one, else the text, without tags."""
-    m = _ANSWER_RE.search(completion)
-    return _TAG_RE.sub(" ", m.group(1) if m else completion).strip()
-
-
-def caption_text(completion: str) -> str:
-    """What the grounding prompt may see: the caption with explicit coordinates stripped, at most
-    ``MAX_CAPTION_CHARS``."""
-    return strip_leaks(raw_caption(completion))[:MAX_CAPTION_CHARS].strip()
 
 
 def _greedy(max_new_tokens: int):
     """Greedy sampling of up to ``max_new_tokens``: how every evaluation of the method answers."""
     return Sampling(max_new_tokens=max_new_tokens, greedy=True)
-
-
-def image_lookalikes(sample) -> list[tuple[float, ...]]:
-    """The boxes (original pixels) of the scene's other objects that share the target's shape or colour: what a
-    caption naming only the kind would also fit. From the toy world's ``meta.objects``; none for data without them."""
-    objects = (getattr(sample, "meta", None) or {}).get("objects") or []
-    target = next((o for o in objects if o.get("role") == "target"), None)
-    if target is None:
-        return []
-    return [
-        tuple(float(v) for v in o["box"])
-        for o in objects
-        if o is not target and (o.get("shape") == target.get("shape") or o.get("colour") == target.get("colour"))
-    ]
 
 
 class CycleGRPO(Method):
@@ -118,6 +100,10 @@ class CycleGRPO(Method):
         gate_gamma: temporal: ``alpha * s_ik`` is multiplied by ``gate_gamma ** n_invalid_intervals``.
         proximity_weight: spatio-temporal: ``+ proximity_weight * temporal_proximity`` on ``r_loc``.
         no_target_groundings: the grounding group size of a no-target sample (default: K).
+        lambda_cap: the caption side's loss weight (its rows' token-mean loss, surrogate and KL), full cycle only.
+        lambda_loc: the grounding side's loss weight (the cycle's and the no-target queries' groundings).
+        reward_composition: ``seed`` (``alpha * s + Phi``, papers 002 / 004) or ``released`` (the public
+            repository's ``text2mask.py``; images only). docs/cycle_grpo.md, "Rewards".
     """
 
     def __init__(
@@ -132,6 +118,9 @@ class CycleGRPO(Method):
         gate_gamma: float = 0.5,
         proximity_weight: float = 0.5,
         no_target_groundings: int | None = None,
+        lambda_cap: float = 0.5,
+        lambda_loc: float = 0.5,
+        reward_composition: str = "seed",
     ) -> None:
         super().__init__()
         if no_target_groundings is not None and no_target_groundings < 2:
@@ -143,14 +132,28 @@ class CycleGRPO(Method):
             raise ValueError(
                 f"--model.method.init_args: n_captions and k_groundings must be >= 2 (groups), got {n_captions}, {k_groundings}"
             )
-        if mode not in ("cycle", "caption", "localization"):
+        if mode not in MODES:
             raise ValueError(f"--model.method.init_args.mode must be cycle, caption or localization, got {mode!r}")
+        check_side_weights(lambda_cap, lambda_loc, mode)
+        if reward_composition not in COMPOSITIONS:
+            raise ValueError(
+                f"--model.method.init_args.reward_composition must be one of {COMPOSITIONS} (seed: alpha * s + Phi; "
+                f"released: the public repository's), got {reward_composition!r}"
+            )
+        if reward_composition == "released" and region_space in VIDEO_SPACES:
+            raise ValueError(
+                "--model.method.init_args.reward_composition released is the repository's image composition; "
+                f"region_space {region_space!r} (video) takes reward_composition seed"
+            )
         if region_space not in ("box", *VIDEO_SPACES):
             raise ValueError(
                 f"--model.method.init_args.region_space {region_space!r}: 'box' (images) or 'interval' / 'anchor' (video "
                 "samples, datamodules/video.py) are wired; the mask space exists in core/regions/"
             )
         self.N, self.K, self.alpha, self.mode = n_captions, k_groundings, alpha, mode
+        self.side_weights = loss_side_weights(mode, lambda_cap, lambda_loc)
+        """(caption side, grounding side) weights of the loss (`loss_sides`)."""
+        self.composition = reward_composition
         self.K0 = no_target_groundings or k_groundings
         """Groundings per no-target sample (its group's size)."""
         self.video = region_space in VIDEO_SPACES
@@ -220,17 +223,22 @@ class CycleGRPO(Method):
         n_cap = len(targets) * N
         parsed = [rewards.parse_completion(t) for t in ro.texts]
 
-        def groundings(sample, gt, first: int, k: int) -> tuple[list[float], ...]:
-            """(consistency, Phi_loc, gate, shaping) of the k grounding rows from ``first``, against ``gt``."""
+        def groundings(sample, gt, first: int, k: int) -> tuple[list, ...]:
+            """(consistency, Phi_loc, gate, shaping, answer text, holds a region) of the k grounding rows from
+            ``first``, against ``gt``."""
             space = self._space_for(sample)
-            preds = [
-                self._predicted_region(sample, ro.texts[j], parsed[j], ro.input_wh[j]) for j in range(first, first + k)
-            ]
+            rows = range(first, first + k)
+            preds = [self._predicted_region(sample, ro.texts[j], parsed[j], ro.input_wh[j]) for j in rows]
             return (
                 [space.consistency(gt, p) for p in preds],
-                [localization_phi(ro.texts[j], space) for j in range(first, first + k)],
+                [localization_phi(ro.texts[j], space) for j in rows],
                 [self._gate(space, p) for p in preds],
                 [self._shaping(gt, p) for p in preds],
+                [raw_caption(ro.texts[j]) for j in rows],
+                [
+                    (p is not None and p is not NO_TARGET) or has_mask_token_leak(ro.texts[j])
+                    for j, p in zip(rows, preds)
+                ],
             )
 
         # the cycle: caption i's K groundings against its sample's region
@@ -241,11 +249,16 @@ class CycleGRPO(Method):
         # the no-target samples: their K0 groundings against NO_TARGET (no caption level)
         nt = [groundings(batch[b], NO_TARGET, n_cap * (1 + K) + u * K0, K0) for u, b in enumerate(rejects)]
         phi_cap = [caption_phi(raw_caption(ro.texts[i])) for i in range(n_cap)]  # the leak is judged before stripping
-        s, phi_loc, gate, shaping = ([row[f] for row in cyc] for f in range(4))
-        r_cap, r_loc = cycle_rewards(s, phi_cap, phi_loc, alpha=self.alpha, gate=gate, shaping=shaping)
-        r_nt = [
-            [localization_reward(v, ph, self.alpha, g, sh) for v, ph, g, sh in zip(*row)] for row in nt
-        ]  # r_loc without a caption level
+        s, phi_loc, gate, shaping, answers, has_region = ([row[f] for row in cyc] for f in range(6))
+        if self.composition == "released":
+            captions = [raw_caption(ro.texts[i]) for i in range(n_cap)]
+            r_cap, r_loc = released_cycle_rewards(s, captions, answers, has_region)
+            r_nt = [released_no_target_rewards(row[4], row[5]) for row in nt]
+        else:
+            r_cap, r_loc = cycle_rewards(s, phi_cap, phi_loc, alpha=self.alpha, gate=gate, shaping=shaping)
+            r_nt = [
+                [localization_reward(v, ph, self.alpha, g, sh) for v, ph, g, sh in zip(*row[:4])] for row in nt
+            ]  # r_loc without a caption level
         rows = cyc + nt
         consistency = [sum(r) / K for r in s] + [v for row in rows for v in row[0]]
         phi = phi_cap + [v for row in rows for v in row[1]]
@@ -333,6 +346,12 @@ class CycleGRPO(Method):
         if self.space.name != "anchor":
             return 0.0
         return self.proximity_weight * temporal_proximity(gt, pred, self.tau)
+
+    def loss_sides(self, scores: Scores, ro: Rollout) -> tuple[torch.Tensor, tuple[float, float]]:
+        """The captions (side 0) and the groundings (side 1, no-target queries included), each side's loss a token
+        mean over its own rows, weighted ``(lambda_cap, lambda_loc)``; an ablation's dropped side weighs 0 (no
+        surrogate, no KL). `objective.side_row_weights` turns them into row weights."""
+        return side_ids(len(ro.texts), scores.extras["n_captions"]), self.side_weights
 
     def advantages(self, scores: Scores, ro: Rollout) -> torch.Tensor:
         adv = super().advantages(scores, ro)  # by group ids: caption groups and grounding groups never mix
