@@ -1,0 +1,175 @@
+"""The reasoning rows' reader (datamodules/reasoning.py): JSON, JSONL and parquet fixtures made in tmp_path, embedded
+image bytes, and an error naming the file and line / row for each defect."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from PIL import Image
+
+from core.records import DataError
+from datamodules.reasoning import (
+    ANSWER_FORMAT,
+    ReasoningDataset,
+    answer_prompt,
+    load_reasoning_sample,
+    read_rows,
+    write_jsonl,
+)
+
+
+def _png(path, colour=(200, 30, 30)) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (16, 12), colour).save(path)
+
+
+def _png_bytes(colour=(30, 200, 30)) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), colour).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+ROWS = [
+    {"id": "a", "image": "images/a.png", "problem": "<image>How many red shapes?", "answer": "3"},
+    {"id": 7, "image": ["images/b.png"], "problem": "AB = 3; find BC.", "answer": 1.5, "source": "mmk12"},
+]
+
+
+@pytest.fixture
+def folder(tmp_path):
+    _png(tmp_path / "images" / "a.png")
+    _png(tmp_path / "images" / "b.png", (0, 0, 255))
+    return tmp_path
+
+
+def _check(records, folder):
+    assert [r.sample_id for r in records] == ["a", "7"]  # ids as text
+    assert [r.answer for r in records] == ["3", "1.5"]  # a number answer kept as its text
+    assert records[0].problem == "<image>How many red shapes?"
+    assert records[1].meta == {"source": "mmk12"}  # other keys kept
+    samples = list(ReasoningDataset(records))
+    assert samples[1].image.size == (16, 12) and samples[1].image.getpixel((0, 0)) == (0, 0, 255)
+    assert samples[0].image_path == str(folder / "images" / "a.png")
+    assert samples[0].prompt == f"How many red shapes? {ANSWER_FORMAT}"  # <image> removed, the format appended
+
+
+def test_jsonl(folder):
+    path = write_jsonl(folder / "rows.jsonl", ROWS)
+    assert path.read_text().splitlines()[0].startswith('{"id": "a", "image"')
+    _check(read_rows(path), folder)
+
+
+def test_json_list_and_data_object(folder):
+    (folder / "rows.json").write_text(json.dumps(ROWS))
+    _check(read_rows(folder / "rows.json"), folder)
+    (folder / "data.json").write_text(json.dumps({"data": ROWS}))
+    _check(read_rows(folder / "data.json"), folder)
+
+
+def test_parquet_with_paths_and_embedded_bytes(folder):
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    frame = pd.DataFrame(
+        {
+            "id": ["p0", "p1", "p2"],
+            "image": [
+                {"bytes": _png_bytes(), "path": "x.png"},  # Hugging Face datasets' Image feature
+                {"bytes": None, "path": "images/a.png"},  # a path only
+                {"bytes": _png_bytes((1, 2, 3)), "path": None},
+            ],
+            "problem": ["P0", "P1", "P2"],
+            "answer": [4, 5, 6],  # int64 column
+        }
+    )
+    frame.to_parquet(folder / "rows.parquet")
+    records = read_rows(folder / "rows.parquet")
+    assert [r.answer for r in records] == ["4", "5", "6"]
+    assert records[0].image_bytes is not None and records[1].image_path == folder / "images" / "a.png"
+    samples = [load_reasoning_sample(r) for r in records]
+    assert samples[0].image.getpixel((0, 0)) == (30, 200, 30)
+    assert samples[2].image.getpixel((0, 0)) == (1, 2, 3) and samples[2].image_path is None
+    assert samples[1].image.size == (16, 12)
+
+
+def test_image_root_and_max_samples(folder, tmp_path_factory):
+    other = tmp_path_factory.mktemp("rows")
+    path = write_jsonl(other / "rows.jsonl", ROWS)
+    records = read_rows(path, image_root=folder, max_samples=1)
+    assert len(records) == 1 and load_reasoning_sample(records[0]).image.size == (16, 12)
+
+
+def test_answer_prompt():
+    assert answer_prompt("  What is 2 + 3?\n") == (
+        "What is 2 + 3? You FIRST think about the reasoning process as an internal monologue and then provide the "
+        "final answer. The reasoning process MUST BE enclosed within <think> </think> tags. The final answer MUST BE "
+        "put in \\boxed{}."
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"id": "x", "image": "images/a.png", "problem": "P"}', "missing 'answer'"),
+        ('{"id": "x", "image": "images/a.png", "problem": "  ", "answer": "1"}', "'problem' must be a non-empty"),
+        ('{"id": "x", "problem": "P", "answer": "1"}', "missing 'image'"),
+        ('{"id": "x", "image": ["a.png", "b.png"], "problem": "P", "answer": "1"}', "one image a row, got 2"),
+        ('{"id": "x", "image": "images/a.png", "problem": "P", "answer": true}', "missing 'answer'"),
+        ('{"id": "x", "image": "images/a.png", "problem": "P", "answer": ["1"]}', "'answer' must be a non-empty"),
+        ('{"id": "x", "image": "images/a.png", "problem": "P", "answer": "1"', "not valid JSON"),
+        ('["id", "image"]', "expected an object"),
+        ('{"id": "a", "image": "images/a.png", "problem": "P", "answer": "1"}', "duplicate id 'a'"),
+    ],
+)
+def test_bad_jsonl_rows_name_the_file_and_line(folder, line, message):
+    path = folder / "bad.jsonl"
+    path.write_text(json.dumps(ROWS[0]) + "\n\n" + line + "\n")
+    with pytest.raises(DataError, match=message) as err:
+        read_rows(path)
+    assert f"{path}:3" in str(err.value)  # the blank line 2 is skipped but counted
+
+
+def test_bad_json_rows_name_the_row(folder):
+    path = folder / "bad.json"
+    path.write_text(json.dumps([ROWS[0], {"id": "b", "image": "images/b.png", "answer": "2"}]))
+    with pytest.raises(DataError, match=r"bad.json\[row 1\]: missing 'problem'"):
+        read_rows(path)
+    path.write_text('[{"id": "a",\n  "image": }]')
+    with pytest.raises(DataError, match=r"bad.json:2: not valid JSON"):
+        read_rows(path)
+    path.write_text('{"id": "a"}')
+    with pytest.raises(DataError, match="expected a JSON list"):
+        read_rows(path)
+
+
+def test_bad_files_and_images(folder):
+    with pytest.raises(DataError, match="no such data file"):
+        read_rows(folder / "missing.jsonl")
+    (folder / "rows.csv").write_text("id,image\n")
+    with pytest.raises(DataError, match="unknown format '.csv'"):
+        read_rows(folder / "rows.csv")
+    (folder / "empty.jsonl").write_text("\n")
+    with pytest.raises(DataError, match="no rows"):
+        read_rows(folder / "empty.jsonl")
+    (folder / "latin1.jsonl").write_bytes(b'{"id": "caf\xe9"}\n')
+    with pytest.raises(DataError, match="latin1.jsonl:1: not UTF-8"):
+        read_rows(folder / "latin1.jsonl")
+    rows = [dict(ROWS[0], id="m", image="images/missing.png"), dict(ROWS[0], id="n", image="images/broken.png")]
+    (folder / "images" / "broken.png").write_bytes(b"not a png")
+    records = read_rows(write_jsonl(folder / "imgs.jsonl", rows))
+    with pytest.raises(DataError, match=r"imgs.jsonl:1: image .*missing.png not found"):
+        load_reasoning_sample(records[0])
+    with pytest.raises(DataError, match=r"imgs.jsonl:2: the image cannot be read"):
+        load_reasoning_sample(records[1])
+    (folder / "bad.parquet").write_bytes(b"PAR1 nope")
+    with pytest.raises(DataError, match="bad.parquet: not a readable parquet file"):
+        read_rows(folder / "bad.parquet")
+
+
+def test_parquet_missing_columns(folder):
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    pd.DataFrame({"id": ["a"], "problem": ["P"]}).to_parquet(folder / "cols.parquet")
+    with pytest.raises(DataError, match=r"cols.parquet: parquet columns \['image', 'answer'\] missing"):
+        read_rows(folder / "cols.parquet")
