@@ -291,7 +291,7 @@ class SFTModule(L.LightningModule):
             from lightning_modules.engines.packing import enable_fast_vision_attention
 
             enable_fast_vision_attention(self.policy)
-        prepare_policy(self.policy, p)
+        prepare_policy(self.policy, p, self.processor)
 
     def on_fit_start(self) -> None:
         # from_pretrained returns the model in eval mode; the fit loop checks the modes before on_train_start

@@ -175,7 +175,7 @@ class GRPOModule(L.LightningModule):
             attn_implementation=p.attn_implementation,
             local_files_only=p.local_files_only,
         )
-        prepare_policy(model, p)
+        prepare_policy(model, p, processor)
         if self.rollout_engine.own_kernels or self.update_engine.own_kernels:
             # the vision tower's window attention as one batched SDPA call per layer instead of HF's loop over
             # windows (exact; the loop runs ~16 x 20 small kernels per layer for 20 images, in the prefill, the

@@ -47,6 +47,9 @@ class PolicyArgs:
             recomputes its activations in backward).
         freeze_vision: keep the vision tower's weights fixed (no gradient, no optimizer state; Generalized CycleGRPO
             freezes it).
+        mask_tokens: add CycleGRPO's 514 mask tokens (``<|mt_start|>``, ``<|mt_end|>``, ``<|mt_0000|>``..
+            ``<|mt_0511|>``) to the tokenizer and the embeddings, new rows at the mean of the old ones
+            (``models/mask_tokenizer/vocab.py``; a no-op for a checkpoint that already has them).
     """
 
     model_name_or_path: str = "checkpoints/toy-qwen2.5-vl"
@@ -55,6 +58,7 @@ class PolicyArgs:
     local_files_only: bool = True
     gradient_checkpointing: bool = False
     freeze_vision: bool = False
+    mask_tokens: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "bf16", "fp16", "fp32"):
@@ -77,8 +81,15 @@ def as_group(cls, value: Any, flag: str):
     raise TypeError(f"--model.{flag} must be a mapping of {sorted(f.name for f in fields(cls))}, got {value!r}")
 
 
-def prepare_policy(model, p: PolicyArgs) -> None:
-    """What ``p`` asks of a loaded policy beyond loading: a frozen vision tower, gradient checkpointing."""
+def prepare_policy(model, p: PolicyArgs, processor=None) -> None:
+    """What ``p`` asks of a loaded policy beyond loading: mask tokens (which need the ``processor``), a frozen vision
+    tower, gradient checkpointing."""
+    if p.mask_tokens:
+        if processor is None:
+            raise ValueError("--model.policy.mask_tokens: prepare_policy(model, p, processor) needs the processor")
+        from lightning_modules.models.mask_tokenizer.vocab import add_mask_tokens
+
+        add_mask_tokens(model, processor)
     if p.freeze_vision:
         vision = getattr(getattr(model, "model", model), "visual", None)
         if vision is None:

@@ -119,7 +119,9 @@ class ToyVQNet(nn.Module):
         self.film = nn.Linear(d, 2 * c * 3)
         self.ref_out = nn.Conv2d(c, 1, 3, padding=1)
         coords = torch.linspace(-1, 1, r)
-        self.register_buffer("coords", torch.stack(torch.meshgrid(coords, coords, indexing="ij"))[None], persistent=False)
+        self.register_buffer(
+            "coords", torch.stack(torch.meshgrid(coords, coords, indexing="ij"))[None], persistent=False
+        )
 
     # --- encoder ------------------------------------------------------------------------------------------------
 
@@ -245,7 +247,9 @@ class ToyMaskTokenizer(MaskTokenizer):
     @torch.no_grad()
     def decode_batch(self, codes, images) -> list[np.ndarray]:
         if len(codes) != len(images):
-            raise ValueError(f"decode_batch takes one image per code pair, got {len(codes)} codes, {len(images)} images")
+            raise ValueError(
+                f"decode_batch takes one image per code pair, got {len(codes)} codes, {len(images)} images"
+            )
         out = []
         for c, im in zip(codes, self._images(images)):
             q = self.net.quantizer.lookup(torch.tensor([self.check_codes(c)]))
@@ -261,4 +265,3 @@ def mask_iou(a: np.ndarray, b: np.ndarray) -> float:
     """Pixel IoU of two bool masks (1.0 when both are empty)."""
     union = np.count_nonzero(a | b)
     return 1.0 if union == 0 else np.count_nonzero(a & b) / union
-
