@@ -7,6 +7,8 @@ import time
 from fractions import Fraction
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from core.math_grading import (
     accuracy_reward,
@@ -190,3 +192,19 @@ def test_answer_reward_is_point_nine_accuracy_plus_point_one_format():
         accuracy_reward(completions, ["7"] * 3)
     with pytest.raises(ValueError, match="format_weight"):
         answer_reward(completions, "7", format_weight=2.0)
+
+
+# --- fuzz: nothing raises on any text --------------------------------------------------------------------------------
+
+_PIECES = ["\\boxed{", "\\frac{", "\\sqrt[", "}", "{", "<think>", "</think>", "^", "**", "9", "x", "%", ",", ".",
+           "(", ")", "\\{", "\\}", "A", "$", "\\text{", "cm", "/", "-", " ", "\\pi", "e", "1e5"]  # fmt: skip
+_answer_text = st.one_of(st.text(max_size=60), st.lists(st.sampled_from(_PIECES), max_size=25).map("".join))
+
+
+@settings(max_examples=150, deadline=None)
+@given(_answer_text, _answer_text)
+def test_grading_never_raises(a, b):
+    assert isinstance(answers_match(a, b), bool)
+    assert extract_boxed(a) is None or isinstance(extract_boxed(a), str)
+    assert isinstance(format_ok(a), bool)
+    assert 0.0 <= answer_reward([a], b)[0] <= 1.0

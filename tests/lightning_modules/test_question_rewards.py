@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from lightning_modules.question_rewards import (
@@ -207,3 +209,11 @@ def test_clip_similarity_from_a_local_random_clip(tmp_path, vision_only):
 def test_clip_similarity_without_a_checkpoint_names_the_folder(tmp_path):
     with pytest.raises(FileNotFoundError, match="no CLIP checkpoint"):
         ClipSimilarity(tmp_path / "missing")(_image(0), _image(1))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.one_of(st.text(max_size=80), st.sampled_from([FOLLOW, EDIT]).map(lambda s: s[: len(s) // 2])))
+def test_parse_and_scores_never_raise(text):
+    assert parse_question_output(text) is None or isinstance(parse_question_output(text), QuestionOutput)
+    assert score_text_edit(text, [text] * 5, [text]).reward >= 0.0
+    assert score_image_edit(text, 0.5, [text], text).reward >= 0.0
