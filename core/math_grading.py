@@ -155,7 +155,7 @@ _MAX_DIGITS = 60
 
 
 def _plain_number(s: str) -> Fraction | None:
-    s = s.strip().replace(" ", "")
+    s = re.sub(r"^([+-])\s+", r"\1", s.strip())  # "- 3"; but "1 1/2" is no number here
     if _THOUSANDS.match(s):
         s = s.replace(",", "")
     if len(s) > _MAX_DIGITS or not _DECIMAL.match(s):
@@ -268,8 +268,8 @@ def _latex_to_plain(s: str) -> str | None:
 def _sympy_expr(answer: Any):
     """A sympy expression for a short, whitelisted answer; None for anything else (never raises)."""
     s = _clean(answer)
-    if not s or len(s) > _MAX_EXPR:
-        return None
+    if not s or len(s) > _MAX_EXPR or re.search(r"\d\s+\d", s):
+        return None  # "1 1/2" is a mixed number, not 1 * 1/2: refused rather than misread
     plain = _latex_to_plain(s)
     if plain is None:
         return None

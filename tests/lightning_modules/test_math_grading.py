@@ -103,6 +103,8 @@ def test_answers_that_match(pred, gold):
         ("3.14159", "\\pi"),
         ("12", "120"),
         ("1,000", "1"),
+        ("1 1/2", "0.5"),  # a mixed number is refused, not read as 1 * 1/2 ...
+        ("1 1/2", "5.5"),  # ... nor as 11/2
         ("25%", "0.5"),
         ("B", "A"),
         ("a", "A"),  # a lower-case letter is no choice
