@@ -72,6 +72,18 @@ def test_equal_weight_loss_by_hand_with_kl_and_micro_batches():
     assert logp.grad[:2].abs().sum() == 0 and logp.grad[2:].abs().sum() > 0  # the dropped captions get no gradient
 
 
+def test_no_row_weights_leave_the_loss_as_it_was():
+    """Every method but CycleGRPO passes no row weights: the same numbers, bit for bit (and weights of 1 change
+    nothing either)."""
+    g = torch.Generator().manual_seed(0)
+    logp = torch.randn(6, 4, generator=g)
+    old, ref, adv = logp + 0.1 * torch.randn(6, 4, generator=g), logp - 0.2, torch.randn(6, generator=g)
+    kw = dict(ref_logp=ref, kl_coef=0.04, dual_clip=3.0)
+    plain, _ = objective.policy_loss(logp, old, adv, _mask(LENGTHS), **kw)
+    ones, _ = objective.policy_loss(logp, old, adv, _mask(LENGTHS), row_weights=torch.ones(6), **kw)
+    assert torch.equal(plain, ones)
+
+
 def test_each_side_is_normalised_over_all_ranks():
     """Two ranks: rank 0 holds the two captions and one grounding, rank 1 three groundings (the same 6 rows). The
     step divides by the ranks' mean token count and DDP averages the ranks' losses: the average must equal the
