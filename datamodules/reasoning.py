@@ -24,17 +24,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import lightning as L
+import torch
 from PIL import Image
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from core.records import DataError
+from datamodules.toy_math import ToyMathSpec
 
 __all__ = [
     "ANSWER_FORMAT",
+    "ReasoningDataModule",
     "ReasoningDataset",
     "ReasoningRecord",
     "ReasoningSample",
     "answer_prompt",
+    "collate_reasoning",
     "load_reasoning_sample",
     "read_rows",
     "write_jsonl",
@@ -267,3 +272,109 @@ def write_jsonl(path: str | Path, rows: list[dict[str, Any]]) -> Path:
     tmp.write_text("".join(lines), encoding="utf-8")
     tmp.replace(path)
     return path
+
+
+def collate_reasoning(batch: list[ReasoningSample]) -> list[ReasoningSample]:
+    """Keep PIL images and texts as they are: the processor does the tensor work at rollout time."""
+    return list(batch)
+
+
+class ReasoningDataModule(L.LightningDataModule):
+    """Reasoning rows: a train set and named validation / test sets (one metric prefix each).
+
+    Args:
+        data_root: folder the file names below are relative to.
+        train_files: files read as one training set (ids must not repeat across them).
+        val_files: name -> file, e.g. ``{toy_math_val: val.jsonl, mmk12_test: test.parquet}``.
+        test_files: as ``val_files``, for ``train.py test``.
+        image_root: where image paths are relative to (default: each file's folder).
+        batch_size: prompts per training step; eval_batch_size: per validation / test batch.
+        max_train_samples / max_eval_samples: read at most this many rows of each file (the first ones).
+        toy: generate the toy visual-math world into ``data_root`` first (the embedded default); with no files
+            given, ``train.jsonl`` trains and every other split validates.
+    """
+
+    def __init__(
+        self,
+        data_root: str = "data/toy_math",
+        train_files: list[str] | None = None,
+        val_files: dict[str, str] | None = None,
+        test_files: dict[str, str] | None = None,
+        image_root: str | None = None,
+        batch_size: int = 8,
+        eval_batch_size: int = 8,
+        max_train_samples: int | None = None,
+        max_eval_samples: int | None = None,
+        num_workers: int = 0,
+        shuffle: bool = True,
+        seed: int = 0,
+        toy: ToyMathSpec | None = None,
+    ):
+        super().__init__()
+        self.data_root = Path(data_root)
+        self.toy = toy
+        if toy is not None and not train_files and not val_files:
+            train_files = ["train.jsonl"] if "train" in toy.splits else []
+            val_files = {f"toy_math_{s}": f"{s}.jsonl" for s in toy.splits if s != "train"}
+        self.train_files = list(train_files or [])
+        self.val_files = dict(val_files or {})
+        self.test_files = dict(test_files or {})
+        self.image_root = image_root
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
+        self.max_train_samples, self.max_eval_samples = max_train_samples, max_eval_samples
+        self.num_workers, self.shuffle, self.seed = num_workers, shuffle, seed
+        self.train_set: ReasoningDataset | None = None
+        self.eval_sets: dict[str, dict[str, ReasoningDataset]] = {"val": {}, "test": {}}
+
+    def prepare_data(self) -> None:
+        if self.toy is not None:
+            self.toy.export(self.data_root)
+
+    def _records(self, files: list[str], limit: int | None) -> list[ReasoningRecord]:
+        records: list[ReasoningRecord] = []
+        seen: dict[str, str] = {}
+        for f in files:
+            path = Path(f) if Path(f).is_absolute() else self.data_root / f
+            for rec in read_rows(path, self.image_root, limit):
+                if rec.sample_id in seen:
+                    raise DataError(f"{rec.source}: id {rec.sample_id!r} also at {seen[rec.sample_id]}")
+                seen[rec.sample_id] = rec.source
+                records.append(rec)
+        return records
+
+    def setup(self, stage: str | None = None) -> None:
+        if stage in (None, "fit") and self.train_set is None and self.train_files:
+            self.train_set = ReasoningDataset(self._records(self.train_files, self.max_train_samples))
+        for kind, files in (("val", self.val_files), ("test", self.test_files)):
+            if stage is None or stage in {"val": ("fit", "validate"), "test": ("test", "predict")}[kind]:
+                for name, f in files.items():
+                    if name not in self.eval_sets[kind]:
+                        self.eval_sets[kind][name] = ReasoningDataset(self._records([f], self.max_eval_samples))
+
+    def train_dataloader(self):
+        if self.train_set is None:
+            raise DataError("no training data: set --data.train_files (or --data.toy for the toy math world)")
+        generator = torch.Generator().manual_seed(self.seed)
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=self.shuffle, generator=generator,
+                          num_workers=self.num_workers, collate_fn=collate_reasoning)  # fmt: skip
+
+    def _eval_loaders(self, kind: str):
+        return [
+            DataLoader(
+                ds,
+                batch_size=self.eval_batch_size,
+                shuffle=False,
+                num_workers=self.num_workers,
+                collate_fn=collate_reasoning,
+            )  # fmt: skip
+            for ds in self.eval_sets[kind].values()
+        ]
+
+    def eval_names(self, kind: str) -> list[str]:
+        return list(self.eval_sets[kind])
+
+    def val_dataloader(self):
+        return self._eval_loaders("val")
+
+    def test_dataloader(self):
+        return self._eval_loaders("test")

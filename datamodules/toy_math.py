@@ -28,7 +28,6 @@ import numpy as np
 from core.toy_math import KINDS, ToyProblem, exact_answer, follow_up, make_query, make_scene, random_follow_up, render
 from core.toy_math.follow_up import FollowUp
 from core.toy_math.world import SCENE_OF
-from datamodules.reasoning import write_jsonl
 from datamodules.toy import atomic_write, reusable
 
 TOY_MATH_VERSION = 1
@@ -149,7 +148,7 @@ def export_split(out_dir: str | Path, split: str, n: int, seed: int, size: int =
         rel = f"images/{row['id']}.png"
         atomic_write(out_dir / rel, lambda p, im=row["image"]: im.save(p, format="PNG"))
         rows.append({**row, "image": rel})
-    write_jsonl(path, rows)
+    atomic_write(path, lambda p: p.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)))
     atomic_write(manifest, lambda p: p.write_text(json.dumps(params, indent=1) + "\n"))
     return path
 

@@ -173,3 +173,38 @@ def test_parquet_missing_columns(folder):
     pd.DataFrame({"id": ["a"], "problem": ["P"]}).to_parquet(folder / "cols.parquet")
     with pytest.raises(DataError, match=r"cols.parquet: parquet columns \['image', 'answer'\] missing"):
         read_rows(folder / "cols.parquet")
+
+
+def test_data_module_on_the_toy_math_world(tmp_path):
+    from datamodules.reasoning import ReasoningDataModule, ReasoningSample
+    from datamodules.toy_math import ToyMathSpec
+
+    dm = ReasoningDataModule(data_root=str(tmp_path), toy=ToyMathSpec(splits={"train": 6, "val": 3, "ood": 2}),
+                             batch_size=4, eval_batch_size=2)  # fmt: skip
+    dm.prepare_data()
+    dm.setup("fit")
+    assert dm.train_files == ["train.jsonl"] and dm.eval_names("val") == ["toy_math_val", "toy_math_ood"]
+    batches = list(dm.train_dataloader())
+    assert [len(b) for b in batches] == [4, 2] and isinstance(batches[0][0], ReasoningSample)
+    assert sorted(s.sample_id for b in batches for s in b) == [f"toymath-train-s0-{i:06d}" for i in range(6)]
+    assert [s.sample_id for s in next(iter(dm.train_dataloader()))] == [s.sample_id for s in batches[0]]  # seeded
+    val, ood = dm.val_dataloader()
+    assert [len(b) for b in val] == [2, 1] and len(list(ood)) == 1
+    assert next(iter(val))[0].prompt.endswith(ANSWER_FORMAT)
+
+
+def test_data_module_files_and_errors(folder):
+    from datamodules.reasoning import ReasoningDataModule
+
+    write_jsonl(folder / "a.jsonl", ROWS)
+    write_jsonl(folder / "b.jsonl", [dict(ROWS[0], problem="another problem")])  # id "a" again
+    dm = ReasoningDataModule(data_root=str(folder), train_files=["a.jsonl"], test_files={"mmk": "a.jsonl"})
+    dm.setup("test")
+    assert dm.train_set is None and dm.eval_names("test") == ["mmk"]
+    with pytest.raises(DataError, match="no training data"):
+        dm.train_dataloader()
+    dm.setup("fit")
+    assert len(dm.train_set) == 2
+    clash = ReasoningDataModule(data_root=str(folder), train_files=["a.jsonl", "b.jsonl"])
+    with pytest.raises(DataError, match=r"b.jsonl:1: id 'a' also at .*a.jsonl:1"):
+        clash.setup("fit")
