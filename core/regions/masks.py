@@ -20,18 +20,50 @@ Rasterisation (``from_pixels``): a pixel belongs to the cell its centre falls in
 its pixels are on; a non-empty mask that turns on no cell keeps its best-covered cell, so a present object never
 becomes "no target". ``to_pixels`` is the inverse lattice map (nearest cell), for scoring against full-resolution
 masks. The reward compares grid masks: it measures what the model can express.
+
+**Mask tokens** (``MaskSpace(codec=...)``, CycleGRPO's own form, docs/mask_tokens.md). Given a mask tokenizer (any
+object with ``encode(image, mask, box=None) -> (c1, c2)`` and ``decode(codes, image) -> bool [H, W]``, the
+``MaskCodec`` protocol; ``lightning_modules.models.mask_tokenizer`` has two), a region is a bool *pixel* mask of the
+image and its text is mask tokens (``core.regions.mask_tokens``): ``<|mt_start|><|mt_0017|><|mt_0300|><|mt_end|>``.
+Encoding and decoding need the image, so a token-mode space is bound to one sample's image with
+``space.for_image(image)`` (a cheap copy with its own decode cache: the K groundings of one caption often repeat
+codes). Then
+
+- ``serialize(mask)`` is one span (the tokenizer's two codes for the mask, prompted with its tight box);
+  ``serialize_objects([m1, m2])`` one span per object, as the released model answers multi-object queries;
+- ``parse(text)`` decodes every well-formed span (``mask_tokens.parse_masks``: malformed spans are skipped) and
+  returns the union of the decoded masks; no span: ``NO_TARGET`` for a no-target phrase, else None; spans that
+  decode to nothing are an empty region, i.e. ``NO_TARGET`` (as every empty region);
+- ``codes(text)`` is the raw code pairs, for rewards that compare codes rather than masks;
+- consistency is pixel IoU; ``from_pixels`` / ``to_pixels`` are the identity on pixel masks.
+
+The reward's ceiling in this mode is the tokenizer's round-trip IoU (a perfect grounder writes the ground truth's own
+codes, which decode to an approximation of it): experiments/mask_tokenizer.md measures it for the toy tokenizer.
 """
 
 from __future__ import annotations
 
+import copy
 import re
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from core.regions.base import NO_TARGET, RegionSpace
+from core.regions.mask_tokens import format_mask, parse_masks
 
-__all__ = ["MaskSpace"]
+__all__ = ["MaskCodec", "MaskSpace"]
+
+
+@runtime_checkable
+class MaskCodec(Protocol):
+    """What the token mode needs of a mask tokenizer (``lightning_modules.models.mask_tokenizer.base``)."""
+
+    def encode(self, image: Any, mask: Any, box: Sequence[float] | None = None) -> tuple[int, int]: ...
+
+    def decode(self, codes: Sequence[int], image: Any) -> np.ndarray: ...
+
 
 _RANGE = r"\d{1,6}(?:\s*-\s*\d{1,6})?"
 _BAND_RE = re.compile(rf"(\d{{1,6}})(?:\s*-\s*(\d{{1,6}}))?\s*:\s*({_RANGE}(?:\s*,\s*{_RANGE})*)")
@@ -50,20 +82,58 @@ def _fmt(a: int, b: int) -> str:
 
 
 class MaskSpace(RegionSpace):
-    """A mask region is a read-only bool array ``[grid, grid]`` (row = y). See the module docstring for the text."""
+    """A mask region is a read-only bool array: ``[grid, grid]`` (row = y) in grid mode, ``[H, W]`` pixels of the
+    bound image in token mode (``codec`` given). See the module docstring for both texts."""
 
     name = "mask"
+    DECODE_CACHE = 4096
+    """Decoded masks a bound token-mode space keeps (by code pair)."""
 
-    def __init__(self, grid: int = 32):
+    def __init__(self, grid: int = 32, codec: MaskCodec | None = None, image: Any = None):
         if not 2 <= grid <= 256:
             raise ValueError(f"MaskSpace(grid=...) must lie in [2, 256] cells per side, got {grid}")
+        if codec is not None and not isinstance(codec, MaskCodec):
+            raise TypeError(
+                f"MaskSpace(codec=...) needs encode(image, mask, box) and decode(codes, image), got {codec!r}"
+            )
+        if image is not None and codec is None:
+            raise ValueError("MaskSpace(image=...) binds an image for the token mode: give codec= too")
         self.grid = grid
+        self.codec = codec
+        self.image = None if image is None else np.asarray(image.convert("RGB") if hasattr(image, "convert") else image)
+        self._decoded: dict[tuple[int, int], np.ndarray] = {}
+
+    @property
+    def tokens(self) -> bool:
+        """Whether regions are written as mask tokens (a codec is set)."""
+        return self.codec is not None
+
+    def for_image(self, image: Any) -> MaskSpace:
+        """This token-mode space bound to ``image`` (uint8 ``[H, W, 3]`` or PIL), with an empty decode cache."""
+        if self.codec is None:
+            raise ValueError("MaskSpace.for_image: only the token mode (MaskSpace(codec=...)) reads images")
+        bound = copy.copy(self)
+        bound.image = np.asarray(image.convert("RGB") if hasattr(image, "convert") else image)
+        bound._decoded = {}
+        return bound
+
+    def _need_image(self, what: str) -> np.ndarray:
+        if self.image is None:
+            # RuntimeError, not ValueError: parse() turns ValueErrors into "unreadable"; this is a wiring bug
+            raise RuntimeError(f"MaskSpace(codec=...).{what} needs the sample's image: call space.for_image(image)")
+        return self.image
 
     def normalize(self, region: Any) -> Any:
         if region is NO_TARGET:
             return region
         arr = np.asarray(region)
-        if arr.shape != (self.grid, self.grid):
+        if self.tokens:
+            if arr.ndim != 2 or (self.image is not None and arr.shape != self.image.shape[:2]):
+                want = "[H, W]" if self.image is None else f"{list(self.image.shape[:2])}"
+                raise ValueError(
+                    f"a mask region of a token-mode MaskSpace is a bool {want} pixel mask, got {arr.shape}"
+                )
+        elif arr.shape != (self.grid, self.grid):
             raise ValueError(
                 f"a mask region of MaskSpace(grid={self.grid}) is a [{self.grid}, {self.grid}] array, got shape "
                 f"{arr.shape}; rasterise pixel masks with MaskSpace.from_pixels"
@@ -74,7 +144,35 @@ class MaskSpace(RegionSpace):
         arr.setflags(write=False)
         return arr
 
+    # --- token mode -----------------------------------------------------------------------------------------------
+
+    def codes(self, text: Any) -> list[tuple[int, int]]:
+        """The raw code pairs of every well-formed mask-token span of ``text`` (``[]`` in grid mode or for junk)."""
+        if not self.tokens or not isinstance(text, str):
+            return []
+        return parse_masks(text[:20_000])
+
+    def decode(self, codes: Sequence[int]) -> np.ndarray:
+        """The bound image's pixel mask of one code pair (cached)."""
+        key = (int(codes[0]), int(codes[1]))
+        if key not in self._decoded:
+            if len(self._decoded) >= self.DECODE_CACHE:
+                self._decoded.clear()
+            mask = np.asarray(self.codec.decode(key, self._need_image("parse")), dtype=bool)
+            mask.setflags(write=False)
+            self._decoded[key] = mask
+        return self._decoded[key]
+
+    def serialize_objects(self, masks: Sequence[Any]) -> str:
+        """One mask-token span per (non-empty) object mask, concatenated; ``no target`` when all are empty."""
+        spans = [self.serialize(m) for m in masks]
+        spans = [s for s in spans if s != "no target"]
+        return "".join(spans) if spans else "no target"
+
     def _serialize(self, region: np.ndarray) -> str:
+        if self.tokens:
+            image = self._need_image("serialize")
+            return format_mask(tuple(self.codec.encode(image, region, None)))
         bands: list[str] = []
         prev: tuple | None = None
         start = 0
@@ -87,6 +185,14 @@ class MaskSpace(RegionSpace):
         return ";".join(bands)
 
     def _parse(self, text: str) -> np.ndarray | None:
+        if self.tokens:
+            found = self.codes(text)
+            if not found:
+                return None
+            out = np.zeros(self._need_image("parse").shape[:2], dtype=bool)
+            for pair in found:
+                out |= self.decode(pair)
+            return out
         out = np.zeros((self.grid, self.grid), dtype=bool)
         found = False
         top = self.grid - 1
@@ -108,7 +214,10 @@ class MaskSpace(RegionSpace):
     # --- pixels <-> grid ------------------------------------------------------------------------------------------
 
     def from_pixels(self, mask: Any) -> Any:
-        """Rasterise a pixel mask ``[H, W]`` to the grid (module docstring); an empty mask is ``NO_TARGET``."""
+        """Rasterise a pixel mask ``[H, W]`` to the grid (module docstring); an empty mask is ``NO_TARGET``. In
+        token mode regions are pixel masks already: the mask itself."""
+        if self.tokens:
+            return self.normalize(mask)
         mask = np.asarray(mask, dtype=bool)
         if mask.ndim != 2 or min(mask.shape) < 1:
             raise ValueError(f"from_pixels takes a 2-D [H, W] mask, got shape {mask.shape}")
@@ -132,6 +241,10 @@ class MaskSpace(RegionSpace):
         region = self.normalize(region)
         if region is NO_TARGET:
             return np.zeros((height, width), dtype=bool)
+        if self.tokens:
+            if region.shape != (height, width):
+                raise ValueError(f"a token-mode mask is {list(region.shape)} pixels, not [{height}, {width}]")
+            return region
         rows = (np.arange(height) * 2 + 1) * self.grid // (2 * height)
         cols = (np.arange(width) * 2 + 1) * self.grid // (2 * width)
         return region[rows[:, None], cols[None, :]]
@@ -142,3 +255,8 @@ class MaskSpace(RegionSpace):
         mask = np.zeros((height, width), dtype=bool)
         mask[max(y1, 0) : max(y2, 0), max(x1, 0) : max(x2, 0)] = True
         return self.from_pixels(mask)
+
+    def __getstate__(self) -> dict:  # DataLoader workers / checkpoints: no decode cache
+        state = dict(self.__dict__)
+        state["_decoded"] = {}
+        return state

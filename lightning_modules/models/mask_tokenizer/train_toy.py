@@ -160,10 +160,10 @@ def train_toy(args: ToyTrainArgs, log=print) -> tuple[ToyMaskTokenizer, dict[str
         opt.step()
         sched.step()
         if args.log_every and (step % args.log_every == 0 or step == args.steps - 1):
-            used = [int(torch.count_nonzero(net.quantizer.cluster_size[k] > 0.5)) for k in range(2)]
+            used = [int(torch.count_nonzero(net.quantizer.idle[k] < 10)) for k in range(net.quantizer.depth)]
             log(
                 f"step {step:5d}  loss {loss.item():.4f}  mask {parts['mask']:.4f}  box {parts['box']:.4f}  "
-                f"commit {parts['commit']:.4f}  codes in use {used}  ({time.perf_counter() - t0:.0f} s)"
+                f"commit {parts['commit']:.4f}  codes used in the last 10 steps {used}  ({time.perf_counter() - t0:.0f} s)"
             )
     net.eval()
     tok = ToyMaskTokenizer(net)
