@@ -60,7 +60,6 @@ from core.regions import (
     IntervalSpace,
     caption_phi,
     cycle_rewards,
-    has_mask_token_leak,
     invalid_interval_gate,
     localization_phi,
     localization_reward,
@@ -243,10 +242,7 @@ class CycleGRPO(Method):
                 [self._gate(space, p) for p in preds],
                 [self._shaping(gt, p) for p in preds],
                 [raw_caption(ro.texts[j]) for j in rows],
-                [
-                    (p is not None and p is not NO_TARGET) or has_mask_token_leak(ro.texts[j])
-                    for j, p in zip(rows, preds)
-                ],
+                [p is not None and p is not NO_TARGET for p in preds],
             )
 
         # the cycle: caption i's K groundings against its sample's region
@@ -259,8 +255,7 @@ class CycleGRPO(Method):
         phi_cap = [caption_phi(raw_caption(ro.texts[i])) for i in range(n_cap)]  # the leak is judged before stripping
         s, phi_loc, gate, shaping, answers, has_region = ([row[f] for row in cyc] for f in range(6))
         if self.composition == "released":
-            captions = [raw_caption(ro.texts[i]) for i in range(n_cap)]
-            r_cap, r_loc = released_cycle_rewards(s, captions, answers, has_region)
+            r_cap, r_loc = released_cycle_rewards(s, [raw_caption(t) for t in ro.texts[:n_cap]], answers, has_region)
             r_nt = [released_no_target_rewards(row[4], row[5]) for row in nt]
         else:
             r_cap, r_loc = cycle_rewards(s, phi_cap, phi_loc, alpha=self.alpha, gate=gate, shaping=shaping)

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
-from core.regions import strip_leaks
+from core.regions import has_mask_token_leak, strip_leaks
 from core.regions.mask_rewards import (
     released_caption_reward,
     released_grounding_reward,
@@ -42,6 +42,7 @@ __all__ = [
     "loss_side_weights",
     "raw_caption",
     "released_cycle_rewards",
+    "released_no_target_rewards",
     "side_ids",
 ]
 
@@ -96,8 +97,9 @@ def released_cycle_rewards(
 
 
 def released_no_target_rewards(answers: Sequence[str], has_region: Sequence[bool]) -> list[float]:
-    """The released composition of a no-target query's groundings."""
-    return [released_no_target_reward(a, h) for a, h in zip(answers, has_region, strict=True)]
+    """The released composition of a no-target query's groundings (``has_region``: the answer parses to a region);
+    an answer that writes any mask token also answered a region (the repository's ``no_target_check``)."""
+    return [released_no_target_reward(a, h or has_mask_token_leak(a)) for a, h in zip(answers, has_region, strict=True)]
 
 
 def check_side_weights(lambda_cap: float, lambda_loc: float, mode: str) -> None:

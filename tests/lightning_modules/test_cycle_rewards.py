@@ -129,6 +129,13 @@ def test_released_grounding_and_no_target_rewards():
     assert released_no_target_reward("No target.", False) == 2.0
     assert released_no_target_reward("hmm", False) == pytest.approx(1.2)
     assert released_no_target_reward(M17 * 4, True) == 0.0
+    from lightning_modules.methods.cycle_rewards import released_no_target_rewards
+
+    # any mask token, even a broken span, answers a region (the repository's no_target_check): 0 + no_mask_repeat 1
+    assert released_no_target_rewards(["No target. <|mt_start|><|mt_0017|>", "No target."], [False, False]) == [
+        1.0,
+        2.0,
+    ]
 
 
 def test_cycle_grpo_scores_with_either_composition():
