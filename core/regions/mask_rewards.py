@@ -46,8 +46,11 @@ from core.regions.checks import mask_token_repetition
 
 __all__ = [
     "FIRST_CODE_CREDIT",
+    "MASK_CONSISTENCIES",
+    "NO_TARGET_PARTIAL",
     "RELEASED_IOU_WEIGHT",
     "decoded_mask_iou",
+    "mask_consistency",
     "mask_iou",
     "mask_token_consistency",
     "mask_token_match",
@@ -119,6 +122,29 @@ def decoded_mask_iou(
     ious = [[mask_iou(g, d) for d in decoded] for g in gt_masks]  # [gt, pred]
     matched = sum(ious[i][j] for i, j in max_weight_matching(ious))
     return matched / max(len(pred), len(gt_masks))
+
+
+MASK_CONSISTENCIES = ("tokens", "iou")
+
+
+def mask_consistency(
+    pred: Sequence[Codes],
+    gt: Sequence[Codes],
+    mode: str = "tokens",
+    decode: Callable[[Codes], np.ndarray] | None = None,
+    gt_masks: Sequence[np.ndarray] | None = None,
+) -> float:
+    """The consistency of an answer's masks with the target's, either way paper 004 allows: ``tokens``
+    (`mask_token_consistency` on the codes) or ``iou`` (`decoded_mask_iou`: ``pred`` decoded by ``decode`` against
+    ``gt_masks``, the exact masks when known, else ``gt`` decoded too)."""
+    if mode == "tokens":
+        return mask_token_consistency(pred, gt)
+    if mode != "iou":
+        raise ValueError(f"mask consistency must be one of {MASK_CONSISTENCIES}, got {mode!r}")
+    if decode is None:
+        raise ValueError("mask consistency 'iou' decodes the predicted codes: pass decode=<tokenizer's codes -> mask>")
+    masks = list(gt_masks) if gt_masks is not None else [decode(tuple(g)) for g in gt]
+    return decoded_mask_iou(pred, masks, decode)
 
 
 def no_target_reward(answer: str, has_region: bool) -> float:

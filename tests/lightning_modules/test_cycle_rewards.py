@@ -22,6 +22,7 @@ from core.regions import (
 )
 from core.regions.mask_rewards import (
     decoded_mask_iou,
+    mask_consistency,
     mask_iou,
     mask_token_consistency,
     mask_token_match,
@@ -68,6 +69,12 @@ def test_decoded_mask_iou_matches_decoded_masks_one_to_one():
     assert decoded_mask_iou([(1, 5), (4, 9)], gt, decode) == pytest.approx((1.0 + 0.5) / 2)
     assert decoded_mask_iou([(4, 0)], gt, decode) == pytest.approx(1.0 / 2)  # one target unmatched
     assert decoded_mask_iou([], [], decode) == 1.0 and decoded_mask_iou([(4, 0)], [], decode) == 0.0
+    # either consistency through one entry point (paper 004 allows both); the targets' exact masks or their codes
+    assert mask_consistency([(1, 5), (4, 9)], [(4, 0), (2, 0)], "iou", decode=decode) == pytest.approx(0.75)
+    assert mask_consistency([(4, 9)], [], "iou", decode=decode, gt_masks=gt) == pytest.approx(0.5)
+    assert mask_consistency([(4, 9)], [(4, 0)]) == 0.4  # tokens: the first code only
+    with pytest.raises(ValueError, match="decode"):
+        mask_consistency([(4, 9)], [(4, 0)], "iou")
     assert mask_iou(np.zeros((2, 2)), np.zeros((2, 2))) == 0.0
     with pytest.raises(ValueError, match="shape"):
         mask_iou(np.zeros((2, 2)), np.zeros((3, 3)))
