@@ -458,3 +458,92 @@ def test_parse_never_raises_hypothesis(text):
         s = space.consistency(example_region(space), space.parse(text))
         assert 0.0 <= s <= 1.0
     strip_leaks(text), caption_phi(text)  # never raise on any text
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Mask tokens: MaskSpace(codec=...) with a stand-in codec (the real tokenizers: test_mask_tokenizer.py)
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+class _BoxCodec:
+    """Stand-in mask tokenizer on a 16 x 16 image of four 8 px cells numbered ``row * 2 + col``: the codes are the
+    mask's (top-left cell, bottom-right cell); decode fills the cells between them."""
+
+    def __init__(self):
+        self.decodes = 0
+
+    def encode(self, image, mask, box=None):
+        rows, cols = np.flatnonzero(mask.any(1)), np.flatnonzero(mask.any(0))
+        return (int(rows[0] // 8 * 2 + cols[0] // 8), int(rows[-1] // 8 * 2 + cols[-1] // 8))
+
+    def decode(self, codes, image):
+        self.decodes += 1
+        out = np.zeros(image.shape[:2], dtype=bool)
+        (r1, c1), (r2, c2) = divmod(codes[0], 2), divmod(codes[1], 2)
+        out[r1 * 8 : (r2 + 1) * 8, c1 * 8 : (c2 + 1) * 8] = True
+        return out
+
+
+def _cells(*cells):
+    m = np.zeros((16, 16), dtype=bool)
+    for c in cells:
+        r, k = divmod(c, 2)
+        m[r * 8 : r * 8 + 8, k * 8 : k * 8 + 8] = True
+    return m
+
+
+def test_mask_token_mode_serialize_parse_and_iou():
+    codec = _BoxCodec()
+    space = region_space("mask", codec=codec).for_image(np.zeros((16, 16, 3), dtype=np.uint8))
+    top_left, right_column = _cells(0), _cells(1, 3)
+    # cell 0 -> codes (0, 0) -> both in their codebook's range: <|mt_0000|> and <|mt_0256|>
+    assert space.serialize(top_left) == "<|mt_start|><|mt_0000|><|mt_0256|><|mt_end|>"
+    assert space.serialize(right_column) == "<|mt_start|><|mt_0001|><|mt_0259|><|mt_end|>"
+    assert space.serialize(NO_TARGET) == NO_TARGET_TEXT
+    text = "It is " + space.serialize(right_column) + "."
+    assert space.codes(text) == [(1, 3)]
+    assert np.array_equal(space.parse(text), right_column)
+    # two spans are one region, their union; the IoU is in pixels: the column's 128 of the union's 192 -> 2/3
+    both = space.parse(space.serialize_objects([top_left, right_column]))
+    assert np.array_equal(both, top_left | right_column)
+    assert space.consistency(right_column, top_left | right_column) == pytest.approx(128 / 192)
+    assert space.overlap(top_left, right_column) == (0.0, 192.0)  # disjoint: nothing shared, 64 + 128 in the union
+    # repeated codes decode once (the bound space caches by code pair)
+    n = codec.decodes
+    space.parse(text + text)
+    assert codec.decodes == n
+
+
+def test_mask_token_mode_unreadable_and_no_target():
+    space = MaskSpace(codec=_BoxCodec()).for_image(np.zeros((16, 16, 3), dtype=np.uint8))
+    assert space.parse("no target") is NO_TARGET
+    assert space.parse("[1, 2, 3, 4]") is None  # a box is not a mask-token answer
+    assert space.parse("<|mt_start|><|mt_0300|><|mt_0001|><|mt_end|>") is None  # codes in the wrong codebooks
+    assert space.parse("<|mt_start|><|mt_0001|><|mt_end|>") is None  # one code missing
+    assert space.parse("no target <|mt_start|><|mt_0000|><|mt_0256|><|mt_end|>") is not NO_TARGET  # region wins
+    assert space.serialize_objects([np.zeros((16, 16), bool)]) == NO_TARGET_TEXT
+    rng = random.Random(1)
+    for _ in range(200):
+        assert 0.0 <= space.consistency(_cells(0), space.parse(_fuzz(rng) + "<|mt_0001|>")) <= 1.0
+
+
+def test_mask_token_mode_needs_a_bound_image_and_pixel_masks():
+    space = MaskSpace(codec=_BoxCodec())
+    with pytest.raises(RuntimeError, match="for_image"):
+        space.parse("<|mt_start|><|mt_0000|><|mt_0256|><|mt_end|>")
+    with pytest.raises(RuntimeError, match="for_image"):
+        space.serialize(_cells(0))
+    bound = space.for_image(np.zeros((16, 16, 3), dtype=np.uint8))
+    with pytest.raises(ValueError, match=r"\[16, 16\] pixel mask"):
+        bound.normalize(np.ones((8, 8), bool))
+    assert np.array_equal(bound.from_pixels(_cells(2)), _cells(2))  # regions are pixel masks already
+    assert np.array_equal(bound.to_pixels(_cells(2), 16, 16), _cells(2))
+    with pytest.raises(ValueError, match="only the token mode"):
+        MaskSpace().for_image(np.zeros((4, 4, 3), np.uint8))
+    with pytest.raises(TypeError, match="encode"):
+        MaskSpace(codec=object())
+    assert MaskSpace().codes("<|mt_start|><|mt_0000|><|mt_0256|><|mt_end|>") == []  # grid mode reads no tokens
+    import pickle
+
+    bound.parse("<|mt_start|><|mt_0000|><|mt_0256|><|mt_end|>")
+    assert pickle.loads(pickle.dumps(bound))._decoded == {}
