@@ -331,3 +331,21 @@ def test_mask_tokens_added_to_the_toy_policy_generate_save_reload(tmp_path):
     assert torch.equal(model2.get_input_embeddings().weight, emb)
     assert processor2.tokenizer(text)["input_ids"] == encoded
     assert mask_token_strings()[0] in processor2.tokenizer.get_vocab()
+
+
+def test_grpo_module_loads_the_policy_with_mask_tokens():
+    """``--model.policy.mask_tokens true`` through the module's own loading path: the policy and its frozen reference
+    both have the 514 rows (the reference is copied after the tokens are added)."""
+    from lightning_modules.grpo import GRPOModule
+    from lightning_modules.models.mask_tokenizer.vocab import mask_token_ids
+
+    module = GRPOModule(
+        policy={"model_name_or_path": str(TOY_POLICY), "dtype": "fp32", "mask_tokens": True},
+        sampling={"group_size": 2, "max_new_tokens": 4},
+    )
+    module.configure_model()
+    ids = mask_token_ids(module.processor)
+    rows = module.policy.get_input_embeddings().weight.shape[0]
+    assert rows == len(module.processor.tokenizer) == 1024 + 514 and ids[-1] == rows - 1
+    assert len(module._ref) == 1  # the default objective has a KL term, hence a reference
+    assert module._ref[0].get_input_embeddings().weight.shape[0] == rows
