@@ -5,7 +5,8 @@
 Trains on exact toy-world masks (one CPU thread by default, deterministic for a fixed seed), then encodes and decodes
 ``--eval-masks`` held-out masks and reports their pixel IoU with the exact masks: the ceiling of a mask reward. Writes
 ``config.json`` (architecture, metrics, the command) and ``model.safetensors`` into ``--out``.
-``--measure PATH`` only re-measures a built tokenizer.
+``--measure PATH`` only re-measures a built tokenizer. ``--add-to-policy SRC --out DST`` writes a copy of the policy
+checkpoint SRC with the 514 mask tokens in its tokenizer and embeddings (for engines that load a folder, e.g. vLLM).
 """
 
 from __future__ import annotations
@@ -26,7 +27,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (results depend on it)")
     parser.add_argument("--measure", default=None, metavar="PATH", help="only measure the tokenizer at PATH")
+    parser.add_argument(
+        "--add-to-policy", default=None, metavar="SRC", help="write policy SRC with the mask tokens added to --out"
+    )
     args = parser.parse_args(argv)
+    if args.add_to_policy:
+        from lightning_modules.models.loading import load_policy
+        from lightning_modules.models.mask_tokenizer.vocab import add_mask_tokens
+
+        model, processor = load_policy(args.add_to_policy, dtype="fp32")
+        ids = add_mask_tokens(model, processor)
+        model.save_pretrained(args.out)
+        processor.save_pretrained(args.out)
+        print(f"wrote {args.out}: {args.add_to_policy} with mask tokens at ids {ids[0]}..{ids[-1]}")
+        return 0
 
     import torch
 

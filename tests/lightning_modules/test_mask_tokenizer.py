@@ -329,6 +329,12 @@ def test_mask_tokens_added_to_the_toy_policy_generate_save_reload(tmp_path):
     model2, processor2 = load_policy(str(tmp_path / "policy"), dtype="fp32")
     assert mask_token_ids(processor2) == ids
     assert torch.equal(model2.get_input_embeddings().weight, emb)
+    # the command that writes such a checkpoint (for engines that load a folder) gives the same weights
+    from cli.mask_tokenizer import main
+
+    assert main(["--add-to-policy", str(TOY_POLICY), "--out", str(tmp_path / "policy-cli")]) == 0
+    model3, processor3 = load_policy(str(tmp_path / "policy-cli"), dtype="fp32")
+    assert mask_token_ids(processor3) == ids and torch.equal(model3.get_input_embeddings().weight, emb)
     assert processor2.tokenizer(text)["input_ids"] == encoded
     assert mask_token_strings()[0] in processor2.tokenizer.get_vocab()
 

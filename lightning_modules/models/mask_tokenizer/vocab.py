@@ -10,6 +10,9 @@ broadcast; the mean row's logit is the average logit, so a fresh token is neithe
   ``skip_special_tokens=True`` (``engines/base.py``), which would delete special tokens before the reward reads them.
 - Idempotent: a checkpoint saved after ``add_mask_tokens`` (a cold-start co-SFT policy) already has them, and a second
   call adds nothing and touches no weights.
+- ``python -m cli.mask_tokenizer --add-to-policy SRC --out DST`` writes a checkpoint that has them: what an engine
+  that loads its weights from a folder (vLLM) needs, since it takes the vocabulary size from the folder, not from the
+  module the trainer changed.
 - When the embedding matrix already has spare rows (Qwen2.5-VL pads its 151,665 tokens to 151,936 rows), the new ids
   land in them; those rows are re-initialised to the mean of the rows in use, and the matrix only grows when needed.
 """
