@@ -228,11 +228,13 @@ class VQSam2Net(nn.Module):
         return emb, pe
 
     def encode_latent(self, pixel_values: torch.Tensor, masks: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
-        """``masks [B, 1, H, W]`` float (any size), ``boxes [B, 4]`` in input-square pixels -> ``z [B, C]``."""
+        """``masks [B, 1, h, w]`` float (resampled to the prompt encoder's mask input unless already that size),
+        ``boxes [B, 4]`` in input-square pixels -> ``z [B, C]``."""
         emb, pe = self.features(pixel_values)
         b = pixel_values.shape[0]
-        size = self.sam.prompt_encoder.mask_input_size
-        masks = F.interpolate(masks.float(), size=size, mode="bilinear", align_corners=False, antialias=True)
+        size = tuple(self.sam.prompt_encoder.mask_input_size)
+        if tuple(masks.shape[-2:]) != size:
+            masks = F.interpolate(masks.float(), size=size, mode="bilinear", align_corners=False, antialias=True)
         points = boxes.view(b, 1, 2, 2)
         labels = torch.tensor([2, 3], dtype=torch.int32, device=boxes.device).expand(b, 1, 2)
         sparse, dense = self.sam.prompt_encoder(
@@ -417,15 +419,16 @@ class VQSam2MaskTokenizer(MaskTokenizer):
         pixels, sizes = self._pixels(images)
         boxes = list(boxes) if boxes is not None else [None] * len(images)
         s = self.net.input_size
+        size = tuple(self.net.sam.prompt_encoder.mask_input_size)
         ms, bs = [], []
         for (h, w), m, b in zip(sizes, masks, boxes):
             mask = as_mask(m, (h, w))
             box = tight_box(mask) if b is None else tuple(float(v) for v in b)
             if box is None:
                 raise ValueError("an empty mask has no tokens: it is NO_TARGET")
-            ms.append(
-                F.interpolate(torch.from_numpy(mask.astype(np.float32))[None, None], size=(s, s), mode="bilinear")
-            )
+            # straight from the image's pixels to the prompt encoder's mask input (antialiased, as the release)
+            m = torch.from_numpy(mask.astype(np.float32))[None, None]
+            ms.append(F.interpolate(m, size=size, mode="bilinear", align_corners=False, antialias=True))
             bs.append([box[0] * s / w, box[1] * s / h, box[2] * s / w, box[3] * s / h])
         z = self.net.encode_latent(pixels, torch.cat(ms), torch.tensor(bs, dtype=torch.float32))
         return [(int(a), int(b)) for a, b in self.net.quantizer.encode(z).tolist()]
