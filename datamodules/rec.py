@@ -273,6 +273,12 @@ class RECDataModule(L.LightningDataModule):
         if max_pixels is not None and max_pixels < 28 * 28 * 4:
             raise DataError(f"--data.max_pixels must be at least {28 * 28 * 4} (4 vision tokens); got {max_pixels}")
         self.max_pixels = max_pixels
+        if toy is not None and not toy.render_train and (toy.mix or toy.evolve):
+            key = "mix" if toy.mix else "evolve"
+            raise DataError(
+                f"--data.init_args.toy.{key} applies to a rendered train split only: the exported train.jsonl is "
+                f"one split, and {key} would be ignored; add --data.init_args.toy.render_train=true"
+            )
         self.train_set: GroundingDataset | None = None
         self.train_collate = collate_samples
         """Set by a module that prepares its inputs in the loader workers (``SFTModule``)."""

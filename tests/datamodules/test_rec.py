@@ -91,3 +91,14 @@ def test_datamodule_named_eval_sets(rec_dir):
     assert len(batch) == 3 and batch[0].image.mode == "RGB"
     with pytest.raises(DataError, match="no such data file"):
         RECDataModule(data_root=str(rec_dir), train_files=["missing.jsonl"]).setup("fit")
+
+
+def test_toy_mix_without_rendered_train_split_is_refused(tmp_path):
+    """The exported train.jsonl is one split: a mix (or evolve) there would be ignored, so the data module says so."""
+    from datamodules.rec import ToySpec
+
+    with pytest.raises(DataError, match="render_train=true"):
+        RECDataModule(data_root=str(tmp_path), toy=ToySpec(splits={"train": 8}, mix={"crowded": 0.5}))
+    with pytest.raises(DataError, match="toy.evolve"):
+        RECDataModule(data_root=str(tmp_path), toy=ToySpec(splits={"train": 8}, evolve=0.5))
+    RECDataModule(data_root=str(tmp_path), toy=ToySpec(splits={"train": 8}, mix={"crowded": 0.5}, render_train=True))

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Issue 40, step 3 probe: which RL setting moves the toy checkpoint's greedy Acc@0.5 on the yardstick's VALIDATION
+# splits (bench/toy_yardstick.py: 512 val + 512 ood; the study's test splits are not read). One device call, fits on
+# the GPU side by side, each exported and read by the yardstick.
+#   bash experiments/sweeps/toy_rl_probe.sh OUT_DIR [STEPS] [ACCEL]     (STEPS 64 prompts-of-16 steps; ACCEL gpu|cpu)
+# Variants: NAME|overlay configs|flags (see the list below). Each run trains on fresh scenes seen once.
+set -u
+PY=${PY:-python}
+OUT=${1:?out dir}; STEPS=${2:-64}; ACCEL=${3:-gpu}; BATCH=${BATCH:-16}
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+mkdir -p "$OUT"
+# a machine without wandb (the device): the base config without its W&B logger (the runs log metrics.jsonl only)
+BASE=configs/tiny.yaml
+if ! $PY -c "import wandb" 2>/dev/null; then
+  BASE=/tmp/tiny_nowandb.yaml
+  $PY - <<'PYEOF'
+import re
+s = open("configs/tiny.yaml").read()
+s = re.sub(r"  logger:.*\n(    .*\n)+", "  logger: false\n", s, count=1)
+open("/tmp/tiny_nowandb.yaml", "w").write(s)
+PYEOF
+fi
+N=$((STEPS * BATCH))
+ENG=""; [ "$ACCEL" = gpu ] && ENG="--model.init_args.engines.rollout_engine=fast"
+GRPO="--config configs/baselines/grpo.yaml"
+SFT="--config configs/baselines/sft.yaml"
+VARIANTS=(
+  "start_vlm_r1|-|"
+  "start_toy|-|"
+  "grpo_t10|$GRPO|"
+  "grpo_t07|$GRPO|--model.init_args.sampling.temperature=0.7"
+  "grpo_t05|$GRPO|--model.init_args.sampling.temperature=0.5"
+  "grpo_t07_lr1e4|$GRPO|--model.init_args.sampling.temperature=0.7 --model.init_args.optimizer.init_args.lr=1e-4"
+  "grpo_t07_g12|$GRPO|--model.init_args.sampling.temperature=0.7 --model.init_args.sampling.group_size=12 --data.init_args.batch_size=8"
+  "grpo_t07_crowded|$GRPO|--model.init_args.sampling.temperature=0.7 --data.init_args.toy.mix={\"crowded\":0.5}"
+  "syn_t07|-|--model.init_args.sampling.temperature=0.7"
+  "sft|$SFT|"
+  "grpo_t07_g12_s1|$GRPO|--model.init_args.sampling.temperature=0.7 --model.init_args.sampling.group_size=12 --data.init_args.batch_size=8 --seed_everything=1 --data.init_args.seed=1"
+  "grpo_t07_g12_s2|$GRPO|--model.init_args.sampling.temperature=0.7 --model.init_args.sampling.group_size=12 --data.init_args.batch_size=8 --seed_everything=2 --data.init_args.seed=2"
+  "grpo_t10_g12|$GRPO|--model.init_args.sampling.group_size=12 --data.init_args.batch_size=8"
+  "grpo_t07_g24|$GRPO|--model.init_args.sampling.temperature=0.7 --model.init_args.sampling.group_size=24 --data.init_args.batch_size=4"
+)
+run_one() {
+  local name=$1 cfg=$2 flags=$3 tmpl=vlm_r1 ckpt
+  case $name in *toy|syn_*) tmpl=toy;; esac
+  if [[ $name == start_* ]]; then
+    $PY bench/toy_yardstick.py checkpoints/toy-qwen2.5-vl --template $tmpl --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1
+    return
+  fi
+  [ "$cfg" = "-" ] && cfg=""
+  local b=$BATCH eng=$ENG; [[ $flags =~ batch_size=([0-9]+) ]] && b=${BASH_REMATCH[1]}
+  [[ $name == sft* ]] && eng=""   # SFT has no rollout engine
+  local steps=$((N / b))
+  # shellcheck disable=SC2086
+  $PY train.py fit --config $BASE $cfg --name "probe_$name" --trainer.accelerator=$ACCEL $eng \
+    --data.init_args.data_root="/tmp/probe_data_$name" "--data.init_args.toy.splits={\"train\": $N, \"val\": 16, \"ood\": 16}" \
+    --data.init_args.batch_size=$b --trainer.max_epochs=1 --trainer.limit_val_batches=0 \
+    --trainer.logger=false --trainer.enable_progress_bar=false --callbacks.gallery=null --callbacks.completions=null \
+    --callbacks.checkpoint.init_args.every_n_train_steps=null --callbacks.checkpoint.init_args.every_n_epochs=1 $flags > "$OUT/$name.log" 2>&1 || { echo "$name fit failed"; return; }
+  ckpt=$(ls -d outputs/probe_${name}*/checkpoints/last.ckpt | head -1)
+  cp "$(dirname "$ckpt")/../metrics.jsonl" "$OUT/${name}_metrics.jsonl" 2>/dev/null
+  # shellcheck disable=SC2086
+  $PY train.py export --config $BASE $cfg --ckpt_path "$ckpt" --out "/tmp/probe_export_$name" >> "$OUT/$name.log" 2>&1 \
+    || { echo "$name export failed"; return; }
+  $PY bench/toy_yardstick.py "/tmp/probe_export_$name" --template $tmpl --out "$OUT/$name.json" >> "$OUT/$name.log" 2>&1
+}
+for v in "${VARIANTS[@]}"; do
+  IFS='|' read -r name cfg flags <<< "$v"
+  [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]] && continue
+  run_one "$name" "$cfg" "$flags" &
+done
+wait
+$PY - "$OUT" <<'PY'
+import json, sys, pathlib
+for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
+    r = json.loads(f.read_text())["results"][0]
+    print(f"{f.stem:<20}", " ".join(f"{s}: greedy {r[s]['greedy_acc50']*100:5.1f} pass@6 {r[s]['pass_at_g']*100:5.1f} "
+          f"sampled {r[s]['sampled_acc50']*100:5.1f} div {r[s]['response_diversity']:.3f} H {r[s]['answer_entropy']:.3f}" for s in ("val", "ood")))
+PY
