@@ -27,7 +27,7 @@ MKL_NUM_THREADS ?= $(OMP_NUM_THREADS)
 export OMP_NUM_THREADS MKL_NUM_THREADS
 
 train: setup
-	$(PY_RUN) train.py fit --config configs/tiny.yaml
+	$(PY_RUN) train.py fit --config configs/tiny.yaml --config configs/overlays/heldout_summary.yaml
 
 # TEST_JOBS pytest-xdist workers (one per core here; the dev extras install it, an interpreter without it runs the
 # tests in one process), one BLAS thread each
