@@ -162,7 +162,21 @@ def cpu_swap(cfg: dict, toy: dict[str, Path], root: Path, qwen3_vl: Path | None 
         d["max_train_samples"] = 4
     if d.get("video"):  # the video SFT stage's clips (datamodules.video.ImageVideoSFTDataModule): few, rendered
         d["video"] = dict(d["video"], train=4, val=2)
+    method = m.get("method")
+    if isinstance(method, dict) and (method.get("init_args") or {}).get("mask_tokenizer"):  # region_space: mask
+        method["init_args"]["mask_tokenizer"] = str(tiny_mask_tokenizer(root / "mask-tokenizer"))
     return cfg
+
+
+def tiny_mask_tokenizer(out: Path) -> Path:
+    """An untrained tiny toy mask tokenizer saved in ``out`` (milliseconds; seeded, the global RNG untouched): what
+    a config's ``mask_tokenizer`` (checkpoints/toy-mask-tokenizer, not in git) is swapped for."""
+    from lightning_modules.models.mask_tokenizer.toy import ToyMaskTokenizer, ToyVQConfig, ToyVQNet
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        net = ToyVQNet(ToyVQConfig(crop=16, width=8, latent=16))
+    return ToyMaskTokenizer(net).save(out)
 
 
 @pytest.fixture(scope="module")
@@ -212,3 +226,6 @@ def test_config_runs_fit_steps_on_cpu(run, toy_data, tiny_qwen3_vl, tmp_path, mo
             assert synth[0].totals["submitted"] > 0, synth[0].totals
         elif synth and synth[0].mode != "off":  # instruction evolution: every trained sample has a level
             assert synth[0].strategy.state_dict()["levels"]["levels"] and synth[0].history, synth[0].history
+    masks = getattr(getattr(cli.model, "method", None), "masks", None)
+    if masks is not None:  # region_space: mask: samples bound to the tokenizer, the policy holds the mask tokens
+        assert masks._cache and "<|mt_start|>" in cli.model.processor.tokenizer.get_vocab()
