@@ -556,6 +556,29 @@ def reusable(path: Path, manifest: Path, params: dict[str, Any], file_key: str =
     return len(lines) == params["n"] and all((path.parent / rec[file_key]).exists() for rec in lines)
 
 
+def export_rows(path: Path, params: dict[str, Any], rows, *, ensure_ascii: bool = True) -> Path:
+    """Write an image dataset's export: ``rows`` (an iterable of dicts, each with ``id`` and a PIL ``image``) as
+    PNGs under ``path.parent/images/`` and one JSON line per row at ``path`` (``id`` and the relative ``image``
+    first, then the row's other keys), then a manifest of ``params``. Idempotent: with the same ``params`` and every
+    file present it returns at once (``rows`` is not consumed). Every file is written to a temp name and renamed; the
+    manifest goes last."""
+    manifest = path.with_name(path.name + ".manifest.json")
+    if reusable(path, manifest, params):
+        return path
+    (path.parent / "images").mkdir(parents=True, exist_ok=True)
+    if manifest.exists():
+        manifest.unlink()
+    lines = []
+    for row in rows:
+        rest = dict(row)
+        rel, image = f"images/{rest.pop('id')}.png", rest.pop("image")
+        atomic_write(path.parent / rel, lambda p, im=image: im.save(p, format="PNG"))
+        lines.append(json.dumps({"id": row["id"], "image": rel, **rest}, ensure_ascii=ensure_ascii) + "\n")
+    atomic_write(path, lambda p: p.write_text("".join(lines)))
+    atomic_write(manifest, lambda p: p.write_text(json.dumps(params, indent=1) + "\n"))
+    return path
+
+
 def export_jsonl(out_dir: str | Path, split: str, n: int, seed: int, task: str = "rec", size: int = 224) -> Path:
     """Write ``n`` scenes of ``split`` as PNGs under ``out_dir/images/`` and a VLM-R1 JSONL (``jsonl_path``) whose
     image paths are relative to ``out_dir``; returns the JSONL path.
@@ -564,9 +587,6 @@ def export_jsonl(out_dir: str | Path, split: str, n: int, seed: int, task: str =
     files all exist returns at once. Every file is written to a temp name and renamed; the manifest goes last.
     """
     _check_args(split, task, size)
-    out_dir = Path(out_dir)
-    path = jsonl_path(out_dir, split, task)
-    manifest = path.with_name(path.name + ".manifest.json")
     params = {
         "generator": "datamodules.toy",
         "version": TOY_VERSION,
@@ -576,20 +596,7 @@ def export_jsonl(out_dir: str | Path, split: str, n: int, seed: int, task: str =
         "size": size,
         "task": task,
     }
-    if reusable(path, manifest, params):
-        return path
-    (out_dir / "images").mkdir(parents=True, exist_ok=True)
-    if manifest.exists():
-        manifest.unlink()
-    lines = []
-    for rec in iter_split(split, n, seed, size, task):
-        rel = f"images/{rec['id']}.png"
-        image = rec.pop("image")
-        atomic_write(out_dir / rel, lambda p, im=image: im.save(p, format="PNG"))
-        lines.append(json.dumps({"id": rec.pop("id"), "image": rel, **rec}) + "\n")
-    atomic_write(path, lambda p: p.write_text("".join(lines)))
-    atomic_write(manifest, lambda p: p.write_text(json.dumps(params, indent=1) + "\n"))
-    return path
+    return export_rows(jsonl_path(out_dir, split, task), params, iter_split(split, n, seed, size, task))
 
 
 def main(argv: Sequence[str] | None = None) -> list[Path]:

@@ -17,7 +17,6 @@ CLI: ``python -m datamodules.toy_math --out data/toy_math --splits train:512 val
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,7 @@ import numpy as np
 from core.toy_math import KINDS, ToyProblem, exact_answer, follow_up, make_query, make_scene, random_follow_up, render
 from core.toy_math.follow_up import FollowUp
 from core.toy_math.world import SCENE_OF
-from datamodules.toy import atomic_write, reusable
+from datamodules.toy import export_rows
 
 TOY_MATH_VERSION = 1
 """Bump when the generator's output changes, so exported splits with a stale manifest are regenerated."""
@@ -133,24 +132,9 @@ def export_split(out_dir: str | Path, split: str, n: int, seed: int, size: int =
     relative to ``out_dir``); returns the JSONL path. Idempotent: a manifest beside the JSONL records the parameters,
     and a call with the same parameters whose files all exist returns at once."""
     _check(split, size)
-    out_dir = Path(out_dir)
-    path = split_path(out_dir, split)
-    manifest = path.with_name(path.name + ".manifest.json")
     params = {"generator": "datamodules.toy_math", "version": TOY_MATH_VERSION, "split": split, "n": n,
               "seed": seed, "size": size}  # fmt: skip
-    if reusable(path, manifest, params):
-        return path
-    (out_dir / "images").mkdir(parents=True, exist_ok=True)
-    if manifest.exists():
-        manifest.unlink()
-    rows = []
-    for row in iter_split(split, n, seed, size):
-        rel = f"images/{row['id']}.png"
-        atomic_write(out_dir / rel, lambda p, im=row["image"]: im.save(p, format="PNG"))
-        rows.append({**row, "image": rel})
-    atomic_write(path, lambda p: p.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)))
-    atomic_write(manifest, lambda p: p.write_text(json.dumps(params, indent=1) + "\n"))
-    return path
+    return export_rows(split_path(Path(out_dir), split), params, iter_split(split, n, seed, size), ensure_ascii=False)
 
 
 @dataclass
