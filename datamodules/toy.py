@@ -599,6 +599,17 @@ def export_jsonl(out_dir: str | Path, split: str, n: int, seed: int, task: str =
     return export_rows(jsonl_path(out_dir, split, task), params, iter_split(split, n, seed, size, task))
 
 
+def split_counts(parser, items: Sequence[str], splits) -> list[tuple[str, int]]:
+    """A command's ``--splits split:count ...`` as ``(split, count)`` pairs; ``parser.error`` on a bad item."""
+    pairs = []
+    for item in items:
+        split, _, count = item.partition(":")
+        if split not in splits or not count.isdigit():
+            parser.error(f"--splits takes split:count with split in {tuple(splits)}, got {item!r}")
+        pairs.append((split, int(count)))
+    return pairs
+
+
 def main(argv: Sequence[str] | None = None) -> list[Path]:
     parser = argparse.ArgumentParser(prog="python -m datamodules.toy", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("data/toy"), help="output folder (images/ and *.jsonl)")
@@ -613,11 +624,8 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     parser.add_argument("--task", choices=TASKS, default="rec")
     args = parser.parse_args(argv)
     paths = []
-    for item in args.splits:
-        split, _, count = item.partition(":")
-        if split not in SPLITS or not count.isdigit():
-            parser.error(f"--splits takes split:count with split in {tuple(SPLITS)}, got {item!r}")
-        paths.append(export_jsonl(args.out, split, int(count), args.seed, args.task, args.size))
+    for split, count in split_counts(parser, args.splits, SPLITS):
+        paths.append(export_jsonl(args.out, split, count, args.seed, args.task, args.size))
         print(paths[-1])
     return paths
 

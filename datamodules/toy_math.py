@@ -27,7 +27,7 @@ import numpy as np
 from core.toy_math import KINDS, ToyProblem, exact_answer, follow_up, make_query, make_scene, random_follow_up, render
 from core.toy_math.follow_up import FollowUp
 from core.toy_math.world import SCENE_OF
-from datamodules.toy import export_rows
+from datamodules.toy import export_rows, split_counts
 
 TOY_MATH_VERSION = 1
 """Bump when the generator's output changes, so exported splits with a stale manifest are regenerated."""
@@ -158,11 +158,8 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     parser.add_argument("--size", type=int, default=224, help="square image side in pixels")
     args = parser.parse_args(argv)
     paths = []
-    for item in args.splits:
-        split, _, count = item.partition(":")
-        if split not in SPLITS or not count.isdigit():
-            parser.error(f"--splits takes split:count with split in {tuple(SPLITS)}, got {item!r}")
-        paths.append(export_split(args.out, split, int(count), args.seed, args.size))
+    for split, count in split_counts(parser, args.splits, SPLITS):
+        paths.append(export_split(args.out, split, count, args.seed, args.size))
         print(paths[-1])
     return paths
 

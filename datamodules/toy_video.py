@@ -49,7 +49,7 @@ from PIL import Image
 from core.regions import AnchorSpace, IntervalSpace
 from core.toy.grammar import COLOURS, OBJECT_COLOURS, SHAPES, SIZE_FRACTIONS, SIZES, draw_shape
 from core.video import VideoClip, video_processor_kwargs
-from datamodules.toy import atomic_write, reusable
+from datamodules.toy import atomic_write, reusable, split_counts
 
 TOY_VIDEO_VERSION = 1
 """Bump when the generator's output changes, so exported splits with a stale manifest are regenerated."""
@@ -517,11 +517,8 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     parser.add_argument("--fps", type=float, default=2.0, help="frames per second (clip length = num_frames / fps)")
     args = parser.parse_args(argv)
     paths = []
-    for item in args.splits:
-        split, _, count = item.partition(":")
-        if split not in SPLITS or not count.isdigit():
-            parser.error(f"--splits takes split:count with split in {tuple(SPLITS)}, got {item!r}")
-        paths.append(export_jsonl(args.out, split, int(count), args.seed, args.size, args.num_frames, args.fps))
+    for split, count in split_counts(parser, args.splits, SPLITS):
+        paths.append(export_jsonl(args.out, split, count, args.seed, args.size, args.num_frames, args.fps))
         print(paths[-1])
     return paths
 
