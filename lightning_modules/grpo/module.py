@@ -232,7 +232,8 @@ class GRPOModule(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         self._check_strategy()
-        self.evaluator.build(self._trainer, stage)
+        if self.method.grounding:  # a method on other samples (reasoning rows) evaluates with its own metrics
+            self.evaluator.build(self._trainer, stage)
 
     def _check_strategy(self) -> None:
         trainer = self._trainer
@@ -392,6 +393,12 @@ class GRPOModule(L.LightningModule):
         name = eval_set_name(self._trainer, kind, dataloader_idx)
         if self.method.evaluate(self.host(), kind, name, batch):  # the method's own metrics (CycleGRPO on video)
             return
+        if not self.method.grounding:
+            raise NotImplementedError(
+                f"method {type(self.method).__name__!r} trains on samples that are not grounding samples "
+                f"(Method.grounding is False) but left its {kind} batch to the REC / OVD evaluator: its evaluate() "
+                "must score the batch and return True"
+            )
         answers = self._greedy(batch)
         # the method's own answer format (VLM-R1's think + answer for the GRPO baselines), not always Syn-GRPO's
         logs = self.evaluator.update(kind, name, batch, answers, format=self.eval_format)
@@ -403,6 +410,11 @@ class GRPOModule(L.LightningModule):
         (``callbacks.predictions.PredictionsJSONL`` writes them as JSONL); the method's own records when it has them
         (CycleGRPO: `CycleGRPO.predict`)."""
         rows = self.method.predict(self.host(), batch)
+        if rows is None and not self.method.grounding:
+            raise NotImplementedError(
+                f"method {type(self.method).__name__!r} trains on samples that are not grounding samples "
+                "(Method.grounding is False): its predict() must return the records of a batch"
+            )
         return rows if rows is not None else self.rec_predictions(batch)
 
     def rec_predictions(self, batch) -> list[dict]:
@@ -411,7 +423,8 @@ class GRPOModule(L.LightningModule):
         return rec_records(batch, self._greedy(batch), format=self.eval_format)
 
     def _log_detection(self, kind: str) -> None:
-        for k, v in {**self.evaluator.detection(self.trainer, kind), **self.method.eval_logs(kind)}.items():
+        detection = self.evaluator.detection(self.trainer, kind) if self.method.grounding else {}
+        for k, v in {**detection, **self.method.eval_logs(kind)}.items():
             self.log(k, v, add_dataloader_idx=False, sync_dist=False)
 
     def on_validation_epoch_start(self) -> None:

@@ -179,7 +179,7 @@ def train_logs(
         logs["train/peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         torch.cuda.reset_peak_memory_stats(device)
     acc = parts.get("accuracy")
-    if acc is not None and task == "rec":
+    if acc is not None and task == "rec" and method.grounding:
         logs["train/iou"] = float(acc.mean())
         logs["train/acc50"] = float((acc >= 0.5).float().mean())
         # which way tied groups go: every answer right (IoU >= 0.5), every answer wrong
@@ -193,12 +193,12 @@ def train_logs(
 
 def step_output(method: Method, batch, ro: Rollout, scores: Scores, evolution: list[Selection]) -> dict:
     """What ``on_train_batch_end`` callbacks receive: per completion row its text, its parsed boxes in original
-    pixels, its reward parts, the index of its sample in the batch and its advantage group; the samples the rows
+    pixels (none for a method whose samples are not grounding samples, `Method.grounding`), its reward parts, the index of its sample in the batch and its advantage group; the samples the rows
     answer (``samples``: the batch's, or the versions a method re-rolled on); the method's evolution requests and
     its own entries (`Method.step_outputs`)."""
     index = method.sample_index(batch, ro)
     boxes = [
-        [rewards.rescale_box(b, in_wh, batch[i].size) for b in p.boxes]
+        [rewards.rescale_box(b, in_wh, batch[i].size) for b in p.boxes] if method.grounding else []
         for p, in_wh, i in zip(scores.parsed, ro.input_wh, index)
     ]
     return {

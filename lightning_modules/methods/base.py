@@ -159,6 +159,11 @@ class Method:
     the module arrive through `bind`."""
 
     name: ClassVar[str] = ""
+    grounding: ClassVar[bool] = True
+    """Whether the method's samples are grounding samples (boxes, an image size, a task): the module's REC / OVD parts
+    (``train/iou``, the step outputs' boxes, the REC / OVD evaluator and prediction records) apply only then. A method
+    on other samples (``math_answer``, ``question_generator``: reasoning rows) sets it False and evaluates with its own
+    `evaluate` / `eval_logs` / `predict`."""
     format: str = "syn_grpo"
     """The answer format the method's completions follow (``rewards.FORMATS``): what validation's ``format`` rate
     checks unless ``--model.evaluation.format`` says otherwise."""
@@ -332,6 +337,17 @@ METHODS.add(
     "evolved_syn_grpo",
     "lightning_modules.methods.evolved_grpo:EvolvedSynGRPO",
     "Syn-GRPO plus EvolvedGRPO's process reward",
+)
+METHODS.add(
+    "math_answer",
+    "lightning_modules.methods.math_answer:MathAnswer",
+    "EvolvedGRPO's answer model A on reasoning rows: boxed-answer accuracy and think/boxed format (issue 43)",
+)
+METHODS.add(
+    "question_generator",
+    "lightning_modules.methods.question_generator:QuestionGenerator",
+    "EvolvedGRPO's question generator Q on reasoning rows: follow-up or image-edit JSON, rewarded by a frozen answer "
+    "model's votes and success rate (issue 43)",
 )
 register_method = METHODS.register
 """Class decorator: make a `Method` available as ``--model.method <name>``."""

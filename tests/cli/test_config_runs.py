@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from PIL import Image
 
 from train import cli_main
 
@@ -127,7 +128,10 @@ def cpu_swap(cfg: dict, toy: dict[str, Path], root: Path, qwen3_vl: Path | None 
             if a.get("every_n_train_steps"):
                 a["every_n_train_steps"] = 2
         if cb["class_path"].endswith("SynthesisCallback"):
-            a.update(url=None, server_config=str(CONFIGS / "synth/procedural.yaml"), server_overrides={})
+            overrides = {}
+            if str(a.get("server_config", "")).endswith("synth/sdxl.yaml"):  # a paper config: its SAM 2 segmenter
+                overrides = sam2_foreground(root / "sam2-tiny")  # ... random weights, the procedural painter's canvas
+            a.update(url=None, server_config=str(CONFIGS / "synth/procedural.yaml"), server_overrides=overrides)
             if a.get("offline_descriptions"):
                 task = cfg["model"]["init_args"].get("task", "rec")
                 a["offline_descriptions"] = str(next(toy[task].glob("*offline_descriptions.jsonl")))
@@ -165,7 +169,22 @@ def cpu_swap(cfg: dict, toy: dict[str, Path], root: Path, qwen3_vl: Path | None 
     method = m.get("method")
     if isinstance(method, dict) and (method.get("init_args") or {}).get("mask_tokenizer"):  # region_space: mask
         method["init_args"]["mask_tokenizer"] = str(tiny_mask_tokenizer(root / "mask-tokenizer"))
+    if cfg["data"]["class_path"].endswith("ReasoningDataModule"):  # EvolvedGRPO's A and Q: a few toy math rows
+        d.update(toy={"splits": {"train": 4, "val": 2}, "seed": 0}, data_root=str(root / "toy_math"), train_files=None,
+                 val_files=None, test_files=None)  # fmt: skip
+        if isinstance(method, dict) and "answer_model" in (method.get("init_args") or {}):  # Q's frozen A
+            method["init_args"]["answer_model"] = str(TOY_CKPT)
     return cfg
+
+
+def sam2_foreground(out: Path) -> dict:
+    """Server overrides that segment the kept foreground with SAM 2 (``configs/synth/sdxl.yaml``'s masker): a tiny
+    random-weight SAM 2 saved in ``out`` (``synth.random_sam2``), loaded by the worker from that folder."""
+    from synth.random_sam2 import save_random_sam2
+
+    if not (out / "config.json").is_file():
+        save_random_sam2(out, "tiny")
+    return {"foreground.name": "sam2", "foreground.path": str(out), "foreground.device": "cpu"}
 
 
 def tiny_mask_tokenizer(out: Path) -> Path:
@@ -224,6 +243,11 @@ def test_config_runs_fit_steps_on_cpu(run, toy_data, tiny_qwen3_vl, tmp_path, mo
         evolves = synth and "levels" in synth[0].strategy.state_dict()
         if synth and synth[0].mode != "off" and synth[0].strategy.paints and not evolves:
             assert synth[0].totals["submitted"] > 0, synth[0].totals
+            if synth[0].server_overrides.get("foreground.name") == "sam2":  # a paper config: SAM 2 kept the objects
+                assert synth[0].totals["failed"] == 0, synth[0].history  # (the worker loads it at start, or fails)
+            if synth[0].extend_range[1] > 0:  # outpainting: some canvas grew past the toy scene's 224 x 224
+                sizes = [Image.open(f).size for f in out.rglob("*.png") if f.parent.name == "synth"]
+                assert sizes and max(w * h for w, h in sizes) > 224 * 224, sizes
         elif synth and synth[0].mode != "off":  # instruction evolution: every trained sample has a level
             assert synth[0].strategy.state_dict()["levels"]["levels"] and synth[0].history, synth[0].history
     masks = getattr(getattr(cli.model, "method", None), "masks", None)
