@@ -55,6 +55,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +191,17 @@ def build_sdxl(out: Path, size: str, device: str) -> dict[str, Any]:
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
     return {"path": str(out), "size": size, "build_s": time.perf_counter() - t0}
+
+
+def build_sam2(out: Path, size: str) -> dict[str, Any]:
+    """A random-weight SAM 2 folder (``synth.random_sam2``; ``large``: sam2.1-hiera-large's architecture)."""
+    from synth.random_sam2 import save_random_sam2
+
+    t0 = time.perf_counter()
+    if (out / "config.json").exists():
+        return {"path": str(out), "reused": True}
+    save_random_sam2(out, size)
+    return {"path": str(out), "size": size, "build_s": round(time.perf_counter() - t0, 1)}
 
 
 def export_toy(root: Path, task: str, n_train: int, n_val: int, size: int) -> Path:
@@ -466,16 +478,25 @@ def run_trl(ctx: dict[str, Any], steps: int) -> dict[str, Any]:
     return r
 
 
-def run_server(ctx: dict[str, Any], sides: list[int], jobs: int, batch: int) -> dict[str, Any]:
-    """The SDXL data server alone, through its HTTP API, at each long side: images/s over ``jobs`` jobs."""
+SERVER_VARIANTS = ("plain", "sam2_extend")
+"""``plain``: the kept foreground is each box, the canvas the image's; ``sam2_extend``: the paper configs' server, SAM 2
+(``configs/synth/sdxl.yaml``'s masker; random weights of the hiera-large architecture) and the canvas extended by a
+factor drawn per job in [0, 0.5] (the paper configs' ``extend``), centred (placement does not change the work)."""
+
+
+def run_server(
+    ctx: dict[str, Any], sides: list[int], jobs: int, batch: int, variants: Sequence[str] = ("plain",)
+) -> dict[str, Any]:
+    """The SDXL data server alone, through its HTTP API, at each long side and server variant (`SERVER_VARIANTS`):
+    images/s over ``jobs`` jobs, each variant its own server, started in turn on the same GPU."""
     from PIL import Image
 
-    from synth.api import ImageRef, JobRequest
-    from synth.client import LocalServer
-
+    for variant in variants:
+        if variant not in SERVER_VARIANTS:
+            raise ValueError(f"--server-variants: {variant!r} is not one of {SERVER_VARIANTS}")
     toy = ctx["toy"]["rec"]
     recs = [json.loads(x) for x in (toy / "train.jsonl").read_text().splitlines()]
-    descs = [json.loads(x) for x in (toy / "train_offline_descriptions.jsonl").read_text().splitlines()]
+    descs = [json.loads(x)["description"] for x in (toy / "train_offline_descriptions.jsonl").read_text().splitlines()]
     out: dict[str, Any] = {}
     for side in sides:
         # COCO-like canvases: each toy scene resized so its long side is `side` (a 4:3 crop, like a 640 x 480 photo)
@@ -490,61 +511,86 @@ def run_server(ctx: dict[str, Any], sides: list[int], jobs: int, batch: int) -> 
             im.resize((side, h)).save(src / f"{i}.png")
             b = rec["solution"] if isinstance(rec["solution"][0], (int, float)) else rec["solution"][0]
             scenes.append((src / f"{i}.png", [[b[0] * sx, b[1] * sy, b[2] * sx, b[3] * sy]]))
-        over = dict(ctx["server_overrides"], batch_size=batch, max_queued=jobs + 16)
-        over["painter.resolution"] = side
-        over["painter.max_batch"] = batch
-        t_start = time.perf_counter()
-        with LocalServer(
-            REPO / "configs/synth/sdxl.yaml",
-            roots=[src],
-            output_dir=src / "out",
-            overrides=over,
-            startup_timeout=900,
-            log_path=src / "server.log",
-        ) as server:
-            startup = time.perf_counter() - t_start
-            with server.client(timeout=120) as client:
-
-                def req(i: int, prefix: str, scenes=scenes) -> JobRequest:
-                    path, boxes = scenes[i % len(scenes)]
-                    return JobRequest(
-                        job_id=f"{prefix}-{i}",
-                        sample_id=f"s{i % len(scenes)}",
-                        image=ImageRef(path=str(path)),
-                        boxes=boxes,
-                        description=descs[i % len(descs)]["description"],
-                        seed=i,
-                    )
-
-                warm = [req(i, "warm") for i in range(batch)]  # first batch: kernels, allocator
-                for r in warm:
-                    client.submit(r)
-                client.wait([r.job_id for r in warm], timeout=600)
-                reqs = [req(i, "bench") for i in range(jobs)]
-                t0 = time.perf_counter()
-                for r in reqs:
-                    client.submit(r)
-                done = client.wait([r.job_id for r in reqs], timeout=1200, poll_interval=0.05)
-                wall = time.perf_counter() - t0
-        ok = sum(s.state == "done" for s in done.values())
-        audits = [s.result.audit.passed for s in done.values() if s.result is not None and s.result.audit is not None]
-        paint = [s.timings.paint_s for s in done.values() if s.timings.paint_s is not None]
-        run = [s.timings.run_s for s in done.values() if s.timings.run_s is not None]
-        out[str(side)] = {
-            "canvas": [side, h],
-            "working_size_long_side": side,
-            "jobs": jobs,
-            "ok": ok,
-            "audit_passed": sum(audits),
-            "batch": batch,
-            "images_per_s": round(jobs / wall, 3),
-            "wall_s": round(wall, 1),
-            "server_startup_s": round(startup, 1),
-            "median_batch_paint_s": round(statistics.median(paint), 3) if paint else None,
-            "median_batch_run_s": round(statistics.median(run), 3) if run else None,
-        }
-        print(f"[server {side}] {out[str(side)]['images_per_s']} images/s ({ok}/{jobs} ok)", flush=True)
+        for variant in variants:
+            row = _server_variant(ctx, variant, side, src, scenes, descs, jobs, batch)
+            out[f"{side}/{variant}"] = dict(row, canvas=[side, h])
+            print(f"[server {side} {variant}] {row['images_per_s']} images/s ({row['ok']}/{jobs} ok)", flush=True)
     return out
+
+
+def _server_variant(
+    ctx: dict[str, Any], variant: str, side: int, src: Path, scenes: list, descs: list[str], jobs: int, batch: int
+) -> dict[str, Any]:
+    """One server of ``variant`` at long side ``side``: a warm-up batch, then ``jobs`` jobs submitted at once."""
+    import random
+
+    from synth.api import CanvasParams, ImageRef, JobRequest
+    from synth.client import LocalServer
+
+    over = dict(ctx["server_overrides"], batch_size=batch, max_queued=jobs + 16)
+    over["painter.resolution"] = side
+    over["painter.max_batch"] = batch
+    if variant == "plain":
+        over["foreground.name"], extend = "box", (0.0, 0.0)
+    else:
+        over.update({"foreground.name": "sam2", "foreground.path": ctx["sam2_dir"]})
+        extend = (0.0, 0.5)
+    draw = random.Random(0)
+    factors = [round(draw.uniform(*extend), 4) for _ in range(max(jobs, batch))]
+
+    def req(i: int, prefix: str) -> JobRequest:
+        path, boxes = scenes[i % len(scenes)]
+        return JobRequest(
+            job_id=f"{prefix}-{i}",
+            sample_id=f"s{i % len(scenes)}",
+            image=ImageRef(path=str(path)),
+            boxes=boxes,
+            description=descs[i % len(descs)],
+            seed=i,
+            canvas=CanvasParams(extend=factors[i]),
+        )
+
+    t_start = time.perf_counter()
+    with LocalServer(
+        REPO / "configs/synth/sdxl.yaml",
+        roots=[src],
+        output_dir=src / f"out_{variant}",
+        overrides=over,
+        startup_timeout=900,
+        log_path=src / f"server_{variant}.log",
+    ) as server:
+        startup = time.perf_counter() - t_start
+        with server.client(timeout=120) as client:
+            warm = [req(i, "warm") for i in range(batch)]  # first batch: kernels, allocator
+            for r in warm:
+                client.submit(r)
+            client.wait([r.job_id for r in warm], timeout=600)
+            reqs = [req(i, "bench") for i in range(jobs)]
+            t0 = time.perf_counter()
+            for r in reqs:
+                client.submit(r)
+            done = client.wait([r.job_id for r in reqs], timeout=1200, poll_interval=0.05)
+            wall = time.perf_counter() - t0
+    results = [st.result for st in done.values() if st.result is not None]
+    audits = [r.audit.passed for r in results if r.audit is not None]
+    paint = [st.timings.paint_s for st in done.values() if st.timings.paint_s is not None]
+    run = [st.timings.run_s for st in done.values() if st.timings.run_s is not None]
+    return {
+        "variant": variant,
+        "foreground": over["foreground.name"],
+        "extend_range": list(extend),
+        "mean_output_pixels": round(statistics.mean(r.width * r.height for r in results)) if results else None,
+        "working_size_long_side": side,
+        "jobs": jobs,
+        "ok": sum(st.state == "done" for st in done.values()),
+        "audit_passed": sum(audits),
+        "batch": batch,
+        "images_per_s": round(jobs / wall, 3),
+        "wall_s": round(wall, 1),
+        "server_startup_s": round(startup, 1),
+        "median_batch_paint_s": round(statistics.median(paint), 3) if paint else None,
+        "median_batch_run_s": round(statistics.median(run), 3) if run else None,
+    }
 
 
 # ------------------------------------------------------------------------------------------------------------ main
@@ -573,6 +619,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--server", default="", help="comma list of long sides for the data-server-alone bench")
     ap.add_argument("--server-jobs", type=int, default=64)
     ap.add_argument("--server-batch", type=int, default=8)
+    ap.add_argument(
+        "--server-variants", default="plain", help=f"comma list of {', '.join(SERVER_VARIANTS)} (--server runs each)"
+    )
     ap.add_argument("--arch", default="3b", help="3b | 7b (Qwen2.5-VL) | qwen3vl-4b (Qwen3-VL: configs/cycle_4b.yaml)")
     ap.add_argument("--work", default="/tmp/e2e")
     ap.add_argument("--train-samples", type=int, default=60, help="3 steps per epoch at 20 prompts")
@@ -619,6 +668,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             work / f"sdxl-{'tiny' if args.smoke else 'full'}", "tiny" if args.smoke else "full", device
         )
         sd = builds["sdxl"]["path"]
+        builds["sam2"] = build_sam2(
+            work / f"sam2-{'tiny' if args.smoke else 'large'}", "tiny" if args.smoke else "large"
+        )
         ctx["server_overrides"] = {
             "devices": [f"{device}:0" if cuda else "cpu"],
             "painter.model": sd,
@@ -626,10 +678,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "painter.vae": None,
             "painter.resolution": args.synth_resolution if not args.smoke else 64,
             "startup_timeout_s": 900,
-            # configs/synth/sdxl.yaml's SAM 2 needs its weights, which the device cannot download: GrabCut (no
-            # weights) stands in; SDXL + SAM 2 timing needs a SAM 2 folder there (issue 41, a named gap)
-            "foreground.name": "grabcut",
+            # configs/synth/sdxl.yaml's SAM 2 (sam2.1-hiera-large) with random weights: its compute, not its masks
+            "foreground.path": builds["sam2"]["path"],
         }
+        ctx["sam2_dir"] = builds["sam2"]["path"]
     size = 448 if not args.smoke else 112
     n_train = max(ctx["train_samples"], 32)
     ctx["toy"] = {task: export_toy(work, task, n_train, ctx["val_samples"], size) for task in ("rec", "ovd")}
@@ -681,7 +733,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.server:
         sides = [int(s) for s in args.server.split(",")]
         result.setdefault("server", {}).update(
-            {**machine(), **run_server(ctx, sides, args.server_jobs if not args.smoke else 4, args.server_batch)}
+            {
+                **machine(),
+                **run_server(
+                    ctx,
+                    sides,
+                    args.server_jobs if not args.smoke else 4,
+                    args.server_batch,
+                    [v for v in args.server_variants.split(",") if v],
+                ),
+            }
         )
         save()
     print(json.dumps({k: v for k, v in result.items() if k != "calls"}, indent=1, default=str)[:6000])

@@ -17,50 +17,16 @@ from PIL import Image, ImageDraw
 from synth.api import ImageRef, JobRequest, JobState
 from synth.client import LocalServer
 from synth.foreground import Sam2Masker, build_masker, keep_mask, load_masker
+from synth.random_sam2 import sam2_parts, save_random_sam2
 
-SIZE = 128  # the tiny model's input side (the real checkpoints use 1024)
-
-
-def tiny_parts() -> dict:
-    """Sub-configs of a SAM 2 with ~120k parameters at a SIZE x SIZE input."""
-    backbone = dict(
-        model_type="sam2_hiera_det_model",
-        hidden_size=8,
-        image_size=[SIZE, SIZE],
-        blocks_per_stage=[1, 1, 2, 1],
-        embed_dim_per_stage=[8, 16, 32, 64],
-        num_attention_heads_per_stage=[1, 1, 1, 1],
-        window_size_per_stage=[4, 4, 4, 4],
-        global_attention_blocks=[3],  # not a stage's first block (those pool their queries with the window)
-        window_positional_embedding_background_size=[2, 2],
-    )
-    return dict(
-        vision_config=dict(
-            backbone_config=backbone,
-            backbone_channel_list=[64, 32, 16, 8],
-            backbone_feature_sizes=[[SIZE // 4] * 2, [SIZE // 8] * 2, [SIZE // 16] * 2],
-            fpn_hidden_size=32,
-        ),
-        prompt_encoder_config=dict(hidden_size=32, image_size=SIZE, patch_size=16),
-        mask_decoder_config=dict(hidden_size=32, mlp_dim=64, num_attention_heads=2, iou_head_hidden_dim=32),
-    )
+PARTS, SIZE = sam2_parts("tiny")  # ~120k parameters at a 128 x 128 input (the real checkpoints use 1024)
 
 
 @pytest.fixture(scope="module")
 def sam2_dir(tmp_path_factory) -> Path:
-    """A transformers SAM 2 checkpoint folder (config, weights, processor) with ~120k random parameters."""
-    import torch
-    from transformers import Sam2Config, Sam2ImageProcessor, Sam2Model, Sam2Processor
-
-    config = Sam2Config(**tiny_parts())
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("sam2-tiny")
-    Sam2Model(config).eval().save_pretrained(path)
-    size = {"height": SIZE, "width": SIZE}
-    Sam2Processor(Sam2ImageProcessor(size=size, mask_size={"height": SIZE // 4, "width": SIZE // 4})).save_pretrained(
-        path
-    )
-    return path
+    """A transformers SAM 2 checkpoint folder (config, weights, processor) with ~120k random parameters, as the data
+    server's ``foreground.path`` reads it (``synth.random_sam2``)."""
+    return save_random_sam2(tmp_path_factory.mktemp("sam2-tiny"), "tiny")
 
 
 def make_image(path: Path, w: int, h: int, i: int) -> list[list[float]]:
@@ -104,7 +70,7 @@ def test_sam2_loads_the_published_checkpoint_layout(tmp_path):
     )
 
     torch.manual_seed(1)
-    video = Sam2VideoModel(Sam2VideoConfig(**tiny_parts(), image_size=SIZE)).eval()
+    video = Sam2VideoModel(Sam2VideoConfig(**PARTS, image_size=SIZE)).eval()
     video.save_pretrained(tmp_path)
     size = {"height": SIZE, "width": SIZE}
     images = Sam2ImageProcessor(size=size, mask_size={"height": SIZE // 4, "width": SIZE // 4})
