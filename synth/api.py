@@ -161,7 +161,12 @@ class CanvasParams(_Model):
 
 TOY_EDIT_KINDS = ("lookalikes", "clutter", "occlude", "declutter", "isolate", "zoom")
 """Visual edits of a toy-world scene (``core.toy.edits.execute_job``): re-rendered from the scene, exact labels."""
-EDIT_KINDS = TOY_EDIT_KINDS + ("inpaint",)
+INSTRUCTION_KIND = "instruction"
+"""A free-text edit instruction (EvolvedGRPO's ``edit_instruction``): toy math scenes run ``core.toy_math.edits``, real
+images an instruction image-edit painter (``synth.painters.InstructionEditPainter``)."""
+EDIT_KINDS = TOY_EDIT_KINDS + ("inpaint", INSTRUCTION_KIND)
+MAX_INSTRUCTION_CHARS = 1000
+"""Longest ``params.instruction`` (the seed's instructions are one sentence plus a fixed safety suffix)."""
 
 
 class EditStep(_Model):
@@ -171,14 +176,27 @@ class EditStep(_Model):
       maps the boxes: the result's ``boxes`` are where the request's boxes land);
     - ``inpaint`` (real images): ``params = {"description": str, "regions": [[x1, y1, x2, y2], ...]}``: the server's
       painter repaints the regions (input pixels) after the description of the distractors to add there; the boxes'
-      foreground is kept as in any job.
+      foreground is kept as in any job;
+    - ``instruction``: ``params = {"instruction": str}`` (1 to ``MAX_INSTRUCTION_CHARS`` characters, nothing else):
+      the whole image is edited after the instruction (docs/data_server.md, "Instruction edit jobs").
     """
 
-    kind: Literal["lookalikes", "clutter", "occlude", "declutter", "isolate", "zoom", "inpaint"]
+    kind: Literal["lookalikes", "clutter", "occlude", "declutter", "isolate", "zoom", "inpaint", "instruction"]
     params: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _inpaint_params(self) -> EditStep:
+        if self.kind == INSTRUCTION_KIND:
+            extra = sorted(set(self.params) - {"instruction"})
+            if extra:
+                raise ValueError(f"an instruction edit takes only params.instruction; unknown params.{extra[0]}")
+            text = self.params.get("instruction")
+            if not isinstance(text, str) or not text.strip() or len(text) > MAX_INSTRUCTION_CHARS:
+                raise ValueError(
+                    f"an instruction edit needs params.instruction, a non-blank string of at most "
+                    f"{MAX_INSTRUCTION_CHARS} characters"
+                )
+            return self
         if self.kind != "inpaint":
             return self
         desc, regions = self.params.get("description"), self.params.get("regions")
@@ -201,9 +219,28 @@ class VisualEdit(_Model):
 
     steps: list[EditStep] = Field(min_length=1, max_length=8)
     scene: dict[str, Any] | None = None
+    toy_math: dict[str, Any] | None = None
+    """For an instruction edit of a toy visual-math image: the row's ``meta`` (``scene``, ``query``, ``follow_ups``,
+    as ``datamodules.toy_math`` writes it; the problem's answer must survive the edit) or its bare ``scene`` (every
+    count and value must). The result's ``scene`` is the same form, edited."""
 
     @model_validator(mode="after")
     def _scene_for_toy_steps(self) -> VisualEdit:
+        instruction = [s.kind == INSTRUCTION_KIND for s in self.steps]
+        if any(instruction):
+            if len(self.steps) != 1:
+                raise ValueError("an instruction edit is one step per job (chain clauses inside the instruction)")
+            if self.scene is not None:
+                raise ValueError("an instruction edit takes edit.toy_math (a toy math row's meta), not edit.scene")
+            if self.toy_math is not None:
+                inner = self.toy_math.get("scene", self.toy_math)
+                if not isinstance(inner, dict) or inner.get("kind") not in ("shapes", "bars"):
+                    raise ValueError("edit.toy_math must be a toy math row's meta or scene (kind shapes or bars)")
+                if "scene" in self.toy_math and not isinstance(self.toy_math.get("query"), dict):
+                    raise ValueError("edit.toy_math (a row's meta) needs its query, to re-derive the answer")
+            return self
+        if self.toy_math is not None:
+            raise ValueError("edit.toy_math goes with an instruction edit step only")
         toy = [s.kind in TOY_EDIT_KINDS for s in self.steps]
         if any(toy) and self.scene is None:
             raise ValueError(f"toy edit steps ({TOY_EDIT_KINDS}) need edit.scene, the toy scene's meta")
@@ -217,6 +254,10 @@ class VisualEdit(_Model):
     def is_toy(self) -> bool:
         return self.steps[0].kind in TOY_EDIT_KINDS
 
+    @property
+    def is_instruction(self) -> bool:
+        return self.steps[0].kind == INSTRUCTION_KIND
+
 
 class JobRequest(_Model):
     """A synthesis job: repaint everything but the boxes' foreground of ``image`` after ``description``, or, with
@@ -227,9 +268,10 @@ class JobRequest(_Model):
     sample_id: str = Field(min_length=1, max_length=256)
     """The sample this image belongs to (never changes across image versions)."""
     image: ImageRef
-    boxes: list[Annotated[list[float], Field(min_length=4, max_length=4)]] = Field(min_length=1, max_length=256)
+    boxes: list[Annotated[list[float], Field(min_length=4, max_length=4)]] = Field(max_length=256)
     """Ground-truth boxes ``[x1, y1, x2, y2]`` in input pixels, x2 > x1 and y2 > y1, inside the image (up to the
-    server's ``box_tolerance_px``); their contents are kept."""
+    server's ``box_tolerance_px``); their contents are kept. At least one, except for an instruction edit, which may
+    have none (math images; its audit is then on the whole file: docs/data_server.md, "Instruction edit jobs")."""
     description: str = Field(max_length=MAX_DESCRIPTION_CHARS)
     """What the new image should show (the policy's ``<description>``); may be empty."""
     seed: int = Field(0, ge=0, lt=2**63)
@@ -243,6 +285,11 @@ class JobRequest(_Model):
     def _edit_keeps_the_canvas(self) -> JobRequest:
         if self.edit is not None and self.canvas != CanvasParams():
             raise ValueError("an edit job keeps the image's canvas: leave canvas at its defaults")
+        instruction = self.edit is not None and self.edit.is_instruction
+        if not self.boxes and not instruction:
+            raise ValueError("boxes must hold at least one box; only an instruction edit job may have none")
+        if instruction and self.edit.toy_math is not None and self.boxes:
+            raise ValueError("boxes must be empty for a toy math instruction edit (a math image has no boxes)")
         return self
 
     @field_validator("boxes")

@@ -10,7 +10,10 @@ the result afterwards (``synth.compose``), so a painter cannot break a label. Pi
 - ``diffusers`` (:class:`DiffusersOutpainter`): SDXL + ControlNet inpaint or ControlNet-Union (ProMax) inpaint, as
   in the paper. The mask given to the pipeline is everything but the foreground (the old background and the
   extended canvas); the control image is the canvas with that area blacked out (the ProMax "repaint" convention).
-- ``"package.module:Class"``: any importable class with the same ``paint`` / ``load`` methods.
+- ``instruct`` (:class:`InstructionEditPainter`): an instruction image-edit pipeline (Qwen-Image-Edit, the seed's
+  model, or InstructPix2Pix) for instruction edit jobs on real images: ``edit_images`` instead of ``paint``.
+- ``"package.module:Class"``: any importable class with the same ``paint`` / ``load`` methods (and ``edit_images``
+  to serve instruction edit jobs).
 
 torch and diffusers are imported only inside :class:`DiffusersOutpainter`, so this module is cheap to import.
 """
@@ -369,7 +372,162 @@ def _resize(image: np.ndarray, size: tuple[int, int], nearest: bool = False) -> 
     return cv2.resize(np.ascontiguousarray(image), (w, h), interpolation=interp)
 
 
-PAINTERS: dict[str, type] = {"procedural": ProceduralPainter, "diffusers": DiffusersOutpainter}
+INSTRUCTION_PIPELINES = {
+    "qwen_image_edit": "QwenImageEditPipeline",
+    "instruct_pix2pix": "StableDiffusionInstructPix2PixPipeline",
+}
+
+
+class InstructionEditPainter:
+    """An instruction image-edit pipeline (EvolvedGRPO's image edits): the whole image is edited after the job's
+    instruction. Serves instruction edit jobs only (``edit_images``); a repaint job fails with a clear error.
+
+    Weights load with ``from_pretrained(model, local_files_only=True)`` only: never a download at run time.
+
+    Args:
+        model: the pipeline's folder (e.g. a local snapshot of Qwen/Qwen-Image-Edit, or of timbrooks/instruct-pix2pix).
+        pipeline: ``qwen_image_edit`` (the seed's model, 20B MMDiT + Qwen2.5-VL encoder; one image per call) or
+            ``instruct_pix2pix`` (Stable Diffusion 1.5 sized, batched).
+        tiny: build a tiny random-weight InstructPix2Pix instead (tests; ``model`` is ignored).
+        device: torch device; the worker fills in its own.
+        dtype: ``auto`` (bf16 on CUDA, fp32 on CPU), ``bfloat16``, ``float16`` or ``float32``.
+        steps: denoising steps.
+        guidance_scale: text guidance (InstructPix2Pix).
+        image_guidance_scale: image guidance (InstructPix2Pix; higher keeps more of the input).
+        true_cfg_scale: classifier-free guidance of Qwen-Image-Edit (the seed uses 4).
+        negative_prompt: the negative prompt.
+        prompt_suffix: appended to every instruction (the seed appends a "preserve every answer-relevant detail"
+            sentence, see configs/synth/qwen_image_edit.yaml).
+        resolution: long side of the working size (aspect kept, sides multiples of ``multiple_of``); None: the
+            image's own size, rounded. Results are resized back to the input's size.
+        multiple_of: side multiple of the working size.
+        max_batch: most images per pipeline call (Qwen-Image-Edit always 1).
+    """
+
+    name = "instruct"
+
+    def __init__(
+        self,
+        model: str | None = None,
+        pipeline: str = "qwen_image_edit",
+        tiny: bool = False,
+        device: str | None = None,
+        dtype: str = "auto",
+        steps: int = 30,
+        guidance_scale: float = 7.5,
+        image_guidance_scale: float = 1.5,
+        true_cfg_scale: float = 4.0,
+        negative_prompt: str = " ",
+        prompt_suffix: str = "",
+        resolution: int | None = 1024,
+        multiple_of: int = 16,
+        max_batch: int = 4,
+    ):
+        if pipeline not in INSTRUCTION_PIPELINES:
+            raise ValueError(f"painter.pipeline must be one of {sorted(INSTRUCTION_PIPELINES)}, got {pipeline!r}")
+        if tiny and pipeline != "instruct_pix2pix":
+            raise ValueError(
+                "painter.tiny builds a random InstructPix2Pix only: set painter.pipeline: instruct_pix2pix"
+            )
+        if not tiny and not model:
+            raise ValueError(
+                "painter.model is required (a local folder with the pipeline's weights) unless painter.tiny"
+            )
+        if steps < 1 or max_batch < 1 or multiple_of < 8 or multiple_of % 8:
+            raise ValueError("painter.steps and painter.max_batch must be >= 1, painter.multiple_of a multiple of 8")
+        self.model, self.pipeline_kind, self.tiny, self.device, self.dtype_name = model, pipeline, tiny, device, dtype
+        self.steps, self.guidance_scale, self.image_guidance_scale = steps, guidance_scale, image_guidance_scale
+        self.true_cfg_scale, self.negative_prompt, self.prompt_suffix = true_cfg_scale, negative_prompt, prompt_suffix
+        self.resolution, self.multiple_of = resolution, multiple_of
+        self.max_batch = 1 if pipeline == "qwen_image_edit" else max_batch
+        self.pipe = None
+
+    _device = DiffusersOutpainter._device
+    _torch_dtype = DiffusersOutpainter._torch_dtype
+
+    def load(self) -> None:
+        if self.pipe is not None:
+            return
+        import diffusers
+
+        diffusers.utils.logging.set_verbosity_error()
+        dtype = self._torch_dtype()
+        if self.tiny:
+            from synth.random_instruct import build_random_pix2pix_components
+
+            pipe = diffusers.StableDiffusionInstructPix2PixPipeline(
+                **build_random_pix2pix_components(device=self._device(), dtype=dtype)
+            )
+        else:
+            cls = getattr(diffusers, INSTRUCTION_PIPELINES[self.pipeline_kind])
+            try:
+                pipe = cls.from_pretrained(self.model, torch_dtype=dtype, local_files_only=True)
+            except (OSError, ValueError) as e:
+                raise RuntimeError(
+                    f"could not load the {cls.__name__} painter from painter.model={self.model!r} with "
+                    f"local_files_only=True: download it first (configs/synth/qwen_image_edit.yaml) and point "
+                    f"painter.model at the folder: {e}"
+                ) from e
+        self.pipe = pipe.to(self._device())
+        self.pipe.set_progress_bar_config(disable=True)
+
+    def working_size(self, width: int, height: int) -> tuple[int, int]:
+        m = self.multiple_of
+        s = 1.0 if self.resolution is None else self.resolution / max(width, height)
+        return max(m, round(width * s / m) * m), max(m, round(height * s / m) * m)
+
+    def paint(self, jobs: Sequence[PaintJob]) -> list[np.ndarray]:
+        raise RuntimeError(
+            "painter 'instruct' edits images after instructions only (edit.steps = [{kind: instruction}]); a repaint "
+            "or inpaint job needs painter procedural or diffusers"
+        )
+
+    def edit_images(self, jobs: Sequence[PaintJob]) -> list[np.ndarray]:
+        """One edited ``[H, W, 3]`` uint8 image per job (``job.description`` is the instruction), the canvas's size."""
+        if self.pipe is None:
+            self.load()
+        out: list[np.ndarray | None] = [None] * len(jobs)
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, job in enumerate(jobs):
+            h, w = job.canvas.shape[:2]
+            groups.setdefault(self.working_size(w, h), []).append(i)
+        for size, idx in groups.items():
+            for k in range(0, len(idx), self.max_batch):
+                chunk = idx[k : k + self.max_batch]
+                for i, img in zip(chunk, self._edit_batch([jobs[i] for i in chunk], size)):
+                    out[i] = img
+        return out  # type: ignore[return-value]
+
+    def _edit_batch(self, jobs: Sequence[PaintJob], size: tuple[int, int]) -> list[np.ndarray]:
+        import torch
+
+        w, h = size
+        device = self.pipe._execution_device
+        gen_device = "cpu" if getattr(device, "type", str(device)) == "mps" else device
+        kwargs: dict[str, Any] = dict(
+            prompt=[j.description + self.prompt_suffix for j in jobs],
+            negative_prompt=[self.negative_prompt] * len(jobs),
+            image=[Image.fromarray(_resize(j.canvas, size)) for j in jobs],
+            num_inference_steps=self.steps,
+            generator=[torch.Generator(device=gen_device).manual_seed(int(j.seed)) for j in jobs],
+            output_type="np",  # float [B, H, W, 3] in [0, 1]
+        )
+        if self.pipeline_kind == "qwen_image_edit":
+            kwargs.update(prompt=kwargs["prompt"][0], negative_prompt=kwargs["negative_prompt"][0],
+                          image=kwargs["image"][0], height=h, width=w, true_cfg_scale=self.true_cfg_scale)  # fmt: skip
+        else:
+            kwargs.update(guidance_scale=self.guidance_scale, image_guidance_scale=self.image_guidance_scale)
+        with torch.inference_mode():
+            result = self.pipe(**kwargs).images
+        result = (np.clip(np.asarray(result, dtype=np.float32), 0.0, 1.0) * 255).round().astype(np.uint8)
+        return [_resize(img, (j.canvas.shape[1], j.canvas.shape[0])) for img, j in zip(result, jobs)]
+
+
+PAINTERS: dict[str, type] = {
+    "procedural": ProceduralPainter,
+    "diffusers": DiffusersOutpainter,
+    "instruct": InstructionEditPainter,
+}
 
 
 def build_painter(name: str = "procedural", device: str | None = None, **kwargs: Any) -> Painter:

@@ -152,8 +152,11 @@ def run_batch(painter, masker, items: list[dict[str, Any]], pool: Executor | Non
     loaded = list(mapper(_try_load, items))
     for item, image in zip(items, loaded):
         edit = item.get("edit")
-        if edit is not None and edit["scene"] is not None:  # toy edits: rendered from the scene, no painter
+        if edit is not None and edit.get("scene") is not None:  # toy edits: rendered from the scene, no painter
             results[item["uid"]] = _toy_edit(item, image, masker)
+            continue
+        if edit is not None and edit.get("toy_math") is not None:  # toy math instruction edits: the same, no painter
+            results[item["uid"]] = _toy_math_edit(item, image, masker)
             continue
         try:
             if isinstance(image, Exception):
@@ -168,7 +171,9 @@ def run_batch(painter, masker, items: list[dict[str, Any]], pool: Executor | Non
             known = mask_to_canvas(np.ones((geom.img_h, geom.img_w), dtype=bool), geom)
             out_boxes = [geom.transform_box(b) for b in item["boxes"]]
             description = item["description"]
-            if edit is not None:  # inpaint (real images): only the regions are painted, around the kept foreground
+            if _is_instruction(item):  # the painter edits the whole image; the boxes' foreground (if any) is kept
+                description = edit["steps"][0]["params"]["instruction"]
+            elif edit is not None:  # inpaint (real images): only the regions are painted, around the kept foreground
                 params = edit["steps"][0]["params"]
                 keep = keep | ~boxes_mask(params["regions"], geom.canvas_w, geom.canvas_h)
                 description = params["description"]
@@ -180,15 +185,23 @@ def run_batch(painter, masker, items: list[dict[str, Any]], pool: Executor | Non
     painted: list[np.ndarray] = []
     if prepared:
         t_paint = time.perf_counter()
-        try:
-            painted = painter.paint([p[1] for p in prepared])
-            if len(painted) != len(prepared):
-                raise RuntimeError(f"painter returned {len(painted)} images for {len(prepared)} jobs")
-        except Exception as e:
-            msg = f"painter {painter.name!r} failed: {type(e).__name__}: {e}"
-            for item, *_ in prepared:
-                results[item["uid"]] = _failure(item, msg, detail=traceback.format_exc(limit=5))
-            prepared, painted = [], []
+        kept, painted = [], []
+        for group in (
+            [p for p in prepared if not _is_instruction(p[0])],
+            [p for p in prepared if _is_instruction(p[0])],
+        ):
+            if not group:
+                continue
+            try:
+                images = _paint_group(painter, group)
+            except Exception as e:
+                msg = f"painter {painter.name!r} failed: {type(e).__name__}: {e}"
+                for item, *_ in group:
+                    results[item["uid"]] = _failure(item, msg, detail=traceback.format_exc(limit=5))
+                continue
+            kept += group
+            painted += images
+        prepared = kept
         paint_s = time.perf_counter() - t_paint
 
     def finish(args) -> dict[str, Any]:
@@ -207,6 +220,28 @@ def run_batch(painter, masker, items: list[dict[str, Any]], pool: Executor | Non
         r.update(run_s=run_s, paint_s=paint_s)
         out.append(r)
     return out
+
+
+def _is_instruction(item: dict[str, Any]) -> bool:
+    edit = item.get("edit")
+    return edit is not None and edit["steps"][0]["kind"] == "instruction"
+
+
+def _paint_group(painter, group: list) -> list[np.ndarray]:
+    """Paint a group of prepared jobs: repaint / inpaint jobs with ``paint``, instruction edits with ``edit_images``."""
+    jobs = [p[1] for p in group]
+    if _is_instruction(group[0][0]):
+        if not hasattr(painter, "edit_images"):
+            raise RuntimeError(
+                "it cannot follow edit instructions on real images: configure an instruction painter "
+                "(configs/synth/qwen_image_edit.yaml), or send a toy math image with edit.toy_math"
+            )
+        images = painter.edit_images(jobs)
+    else:
+        images = painter.paint(jobs)
+    if len(images) != len(jobs):
+        raise RuntimeError(f"painter returned {len(images)} images for {len(jobs)} jobs")
+    return images
 
 
 def _failure(item: dict[str, Any], error: str, detail: str | None = None) -> dict[str, Any]:
@@ -256,6 +291,51 @@ def _toy_edit(item: dict[str, Any], image: Image.Image | Exception, masker) -> d
         return _failure(item, f"could not write the result: {type(e).__name__}: {e}")
 
 
+def _toy_math_edit(item: dict[str, Any], image: Image.Image | Exception, masker) -> dict[str, Any]:
+    """A toy math instruction edit (``core.toy_math.edits``): the input must be the render of ``edit.toy_math``'s
+    scene; the instruction is executed on the scene, the problem's answer re-derived (an answer-changing or unknown
+    instruction fails the job, so the caller keeps its row), and the edited scene re-rendered. No boxes: the audit
+    checks the file as written against that render, pixel for pixel."""
+    from core.toy_math.edits import edit_problem, render
+
+    try:
+        if isinstance(image, Exception):
+            raise image
+        given = np.asarray(image.convert("RGB"), dtype=np.uint8)
+        problem = item["edit"]["toy_math"]
+        expected = np.asarray(render(problem.get("scene", problem)), dtype=np.uint8)
+        if expected.shape != given.shape or (expected != given).any():
+            differ = (
+                "its size differs"
+                if expected.shape != given.shape
+                else f"{int((expected != given).any(-1).sum())} pixels differ"
+            )
+            raise ValueError(
+                f"edit.toy_math does not describe the input image ({differ}): send the meta of this image's row"
+            )
+        edited = edit_problem(problem, item["edit"]["steps"][0]["params"]["instruction"], seed=int(item["seed"]))
+        final = np.asarray(render(edited.get("scene", edited)).convert("RGB"), dtype=np.uint8)
+    except Exception as e:
+        return _failure(item, f"could not run the instruction edit: {type(e).__name__}: {e}")
+    h, w = final.shape[:2]
+    try:
+        return _write_audited(item, final, final, np.zeros((h, w), bool), [], w, h, "toy-math-edit", masker, 1, edited)
+    except Exception as e:
+        return _failure(item, f"could not write the result: {type(e).__name__}: {e}")
+
+
+def _whole_image_audit(on_disk: np.ndarray, expected: np.ndarray, width: int, height: int) -> Audit:
+    """The audit of a box-less (instruction edit) job: the file as written decodes to the image the edit produced,
+    at the input's size. There is no foreground to keep and no box to check (``boxes_*`` hold vacuously)."""
+    size_ok = on_disk.shape == (height, width, 3) and on_disk.dtype == np.uint8
+    mismatched = int((on_disk != expected).any(-1).sum()) if size_ok and on_disk.shape == expected.shape else -1
+    passed = size_ok and mismatched == 0
+    msg = "ok (no boxes: the file is the edited image)" if passed else (
+        f"output is {on_disk.shape}, expected ({height}, {width}, 3)" if not size_ok
+        else f"{mismatched} pixels of the file differ from the edited image")  # fmt: skip
+    return Audit(passed, 0, max(mismatched, 0), True, True, size_ok, msg)
+
+
 def _finish(item, job: PaintJob, canvas, out_boxes, geom: CanvasGeometry, image, painter, masker, batch_size):
     image = np.asarray(image, dtype=np.uint8)
     if image.shape != canvas.shape:
@@ -286,7 +366,10 @@ def _write_audited(
                 os.fsync(f.fileno())
         with Image.open(tmp) as on_file:
             on_disk = np.asarray(on_file.convert("RGB"), dtype=np.uint8)
-        audit = audit_result(on_disk, reference, keep, out_boxes, width, height)
+        if out_boxes:
+            audit = audit_result(on_disk, reference, keep, out_boxes, width, height)
+        else:  # a box-less instruction edit: the whole file is checked against what the edit produced
+            audit = _whole_image_audit(on_disk, final, width, height)
         if not audit.passed:
             return dict(_failure(item, f"audit failed: {audit.message}"), audit=_audit_dict(audit))
         written = True
