@@ -119,11 +119,15 @@ class MathAnswer(Method):
         return True
 
     def eval_logs(self, kind: str) -> dict[str, float]:
+        """Every set's ``{kind}/{set}/accuracy`` and ``.../format`` of the epoch (a set without rows left out), then
+        reset."""
         out = {}
         for key, mets in self._eval_metrics.items():
             if key.startswith(f"{kind}/"):
                 for metric, m in mets.items():
-                    out[f"{key}/{metric}"] = float(m.compute())
+                    value = float(m.compute())
+                    if value == value:  # nan: no rows this epoch
+                        out[f"{key}/{metric}"] = value
                     m.reset()
         return out
 

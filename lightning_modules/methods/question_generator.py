@@ -510,7 +510,9 @@ class QuestionGenerator(Method):
         out = {}
         for key, m in self._eval_metrics.items():
             if key.startswith(f"{kind}/"):
-                out[f"{key}/valid_json"] = float(m.compute())
+                value = float(m.compute())
+                if value == value:  # nan: no rows this epoch
+                    out[f"{key}/valid_json"] = value
                 m.reset()
         return out
 
