@@ -159,7 +159,8 @@ class CandidateCache:
 class AnswerModel:
     """The frozen answer model A: loaded on first use from a local HF folder (``from_pretrained``, never
     downloading) onto the module's device, sampled through a rollout engine of its own (``engine``, a registered name;
-    None: the kind of the module's engine), ``votes`` completions per prompt, ``batch`` prompts per generate call."""
+    None: a fresh one of the kind of the module's engine), ``votes`` completions per prompt, ``batch`` prompts per
+    generate call."""
 
     def __init__(
         self,
@@ -181,7 +182,9 @@ class AnswerModel:
         self.prompts_sampled = 0
         """Prompts sent to A so far (``votes`` completions each): what the cache saves."""
 
-    def load(self, device: torch.device | str, default_engine: str = "hf") -> AnswerModel:
+    def load(self, device: torch.device | str, like: RolloutEngine | None = None) -> AnswerModel:
+        """Load A onto ``device`` (once) with its engine: ``engine`` by name, else a fresh engine of the kind of
+        ``like`` (the module's; its options and compiled step are not copied), else ``hf``."""
         if self.model is None:
             from lightning_modules.models.loading import load_policy
 
@@ -193,7 +196,10 @@ class AnswerModel:
             model, self.processor = load_policy(self.path, dtype=self.dtype, local_files_only=True)
             model.requires_grad_(False)
             self.model = model.to(device).eval()
-            self.engine = build_rollout_engine(self.engine_name or default_engine)
+            if self.engine_name or like is None:
+                self.engine = build_rollout_engine(self.engine_name or "hf")
+            else:
+                self.engine = type(like)()
         return self
 
     def sample(self, items: Sequence[tuple[Image.Image, str]]) -> list[list[str]]:
@@ -357,7 +363,7 @@ class QuestionGenerator(Method):
     def _judge_pending(self, module: MethodHost, pending: dict[str, _Pending]) -> None:
         """Stage 1: A's votes on text edits, the edits and CLIP of image edits; stage 2: A's success rates on
         every candidate past the gate, in one batched pass."""
-        answer = self.answer.load(module.device, module.rollout_engine.name)
+        answer = self.answer.load(module.device, module.rollout_engine)
         texts = [p for p in pending.values() if p.kind == "text"]
         composed = {id(p): compose_follow_up(p.sample.problem, p.text) for p in texts}
         for p, completions in zip(
@@ -438,7 +444,7 @@ class QuestionGenerator(Method):
             elif key not in todo:
                 todo[key] = s
         if todo:
-            answer = self.answer.load(module.device, module.rollout_engine.name)
+            answer = self.answer.load(module.device, module.rollout_engine)
             samples = list(todo.values())
             for key, s, completions in zip(
                 todo, samples, answer.sample([(s.image, answer_prompt(s.problem)) for s in samples])
