@@ -95,6 +95,12 @@ PROMPT_TEMPLATES = {
         "rec": "Give the start and end time in seconds of the moment this sentence describes: {query}. Output "
         "[start, end] in <answer> </answer> tags, or no target if it never happens."
     },
+    # The released CycleGRPO evaluation's questions (evaluation/gres, evaluation/groundingsuite): answered with mask
+    # tokens; ``python -m cli.evaluate gres | groundingsuite`` (lightning_modules/evaluation/benchmarks.py)
+    "gres": {"rec": "Please segment {query} in this image."},
+    "groundingsuite": {
+        "rec": "Please carefully check the image and detect the object this sentence describes: {query}"
+    },
     "st_grounding": {
         "rec": "Find when and where this happens: {query}. Output the object's box at each key time as "
         "'t s: [x1, y1, x2, y2]', separated by ';', in <answer> </answer> tags, or no target if it never happens."
