@@ -527,14 +527,12 @@ def _server_variant(
     from synth.api import CanvasParams, ImageRef, JobRequest
     from synth.client import LocalServer
 
-    over = dict(ctx["server_overrides"], batch_size=batch, max_queued=jobs + 16)
-    over["painter.resolution"] = side
-    over["painter.max_batch"] = batch
+    over = {k: v for k, v in ctx["server_overrides"].items() if not k.startswith("foreground")}
+    over.update({"batch_size": batch, "max_queued": jobs + 16, "painter.resolution": side, "painter.max_batch": batch})
     if variant == "plain":
-        over["foreground.name"], extend = "box", (0.0, 0.0)
-    else:
-        over.update({"foreground.name": "sam2", "foreground.path": ctx["sam2_dir"]})
-        extend = (0.0, 0.5)
+        over["foreground"], extend = {"name": "box"}, (0.0, 0.0)
+    else:  # dtype null: bfloat16 on the GPU, as configs/synth/sdxl.yaml
+        over["foreground"], extend = {"name": "sam2", "path": ctx["sam2_dir"], "dtype": None}, (0.0, 0.5)
     draw = random.Random(0)
     factors = [round(draw.uniform(*extend), 4) for _ in range(max(jobs, batch))]
 
@@ -577,7 +575,7 @@ def _server_variant(
     run = [st.timings.run_s for st in done.values() if st.timings.run_s is not None]
     return {
         "variant": variant,
-        "foreground": over["foreground.name"],
+        "foreground": over["foreground"]["name"],
         "extend_range": list(extend),
         "mean_output_pixels": round(statistics.mean(r.width * r.height for r in results)) if results else None,
         "working_size_long_side": side,

@@ -44,6 +44,19 @@ def test_harness_smoke_builds_qwen3_vl_and_runs_the_cycle_config(tmp_path):
     assert fit["steps"] >= 2 and fit["median_step_s"] > 0
 
 
+@pytest.mark.slow
+def test_server_variants_run_sam2_and_the_extended_canvas_beside_the_plain_server(tmp_path):
+    """``--server 64 --server-variants plain,sam2_extend`` (issue 41's GPU figure, here on the tiny pipeline): both
+    servers answer every job through the API; the paper one segments with SAM 2 and paints larger canvases."""
+    from bench.e2e_gpu import main
+
+    r = main(["--smoke", "--work", str(tmp_path / "w"), "--server", "64", "--server-variants", "plain,sam2_extend"])
+    plain, paper = r["server"]["64/plain"], r["server"]["64/sam2_extend"]
+    assert plain["ok"] == plain["jobs"] == paper["ok"] and plain["audit_passed"] == paper["audit_passed"] == 4
+    assert (plain["foreground"], paper["foreground"]) == ("box", "sam2")
+    assert paper["mean_output_pixels"] > plain["mean_output_pixels"] == 64 * 48
+
+
 def test_run_overlays_come_from_baselines_or_overlays():
     """``--runs config+overlay``: an overlay is a baseline or one of configs/overlays/ (``cycle_4b+hf_engines`` is the
     transformers-engine comparison of docs/cycle_grpo.md); composed as ``train.py --config A --config B``."""
