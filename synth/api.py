@@ -47,7 +47,8 @@ import re
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 API_VERSION = "1"
 
@@ -95,6 +96,12 @@ def is_client_token(token: str) -> bool:
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _field_error(model: str, loc: tuple[str | int, ...], kind: str, message: str, value: Any) -> ValidationError:
+    """A validation error of a model-level check, located at the field it is about (a 422's ``errors[].field``)."""
+    error = PydanticCustomError(kind, message)  # type: ignore[arg-type]  # message has no {placeholders}
+    return ValidationError.from_exception_data(model, [InitErrorDetails(type=error, loc=loc, input=value)])
 
 
 class ImageRef(_Model):
@@ -189,13 +196,15 @@ class EditStep(_Model):
         if self.kind == INSTRUCTION_KIND:
             extra = sorted(set(self.params) - {"instruction"})
             if extra:
-                raise ValueError(f"an instruction edit takes only params.instruction; unknown params.{extra[0]}")
+                msg = f"an instruction edit takes only params.instruction; unknown params.{extra[0]}"
+                raise _field_error("EditStep", ("params", extra[0]), "extra_forbidden", msg, self.params[extra[0]])
             text = self.params.get("instruction")
             if not isinstance(text, str) or not text.strip() or len(text) > MAX_INSTRUCTION_CHARS:
-                raise ValueError(
+                msg = (
                     f"an instruction edit needs params.instruction, a non-blank string of at most "
                     f"{MAX_INSTRUCTION_CHARS} characters"
                 )
+                raise _field_error("EditStep", ("params", "instruction"), "instruction_invalid", msg, text)
             return self
         if self.kind != "inpaint":
             return self
@@ -235,12 +244,15 @@ class VisualEdit(_Model):
             if self.toy_math is not None:
                 inner = self.toy_math.get("scene", self.toy_math)
                 if not isinstance(inner, dict) or inner.get("kind") not in ("shapes", "bars"):
-                    raise ValueError("edit.toy_math must be a toy math row's meta or scene (kind shapes or bars)")
+                    msg = "edit.toy_math must be a toy math row's meta or its scene (kind shapes or bars)"
+                    raise _field_error("VisualEdit", ("toy_math",), "toy_math_invalid", msg, self.toy_math)
                 if "scene" in self.toy_math and not isinstance(self.toy_math.get("query"), dict):
-                    raise ValueError("edit.toy_math (a row's meta) needs its query, to re-derive the answer")
+                    msg = "edit.toy_math (a row's meta) needs its query, to re-derive the answer"
+                    raise _field_error("VisualEdit", ("toy_math", "query"), "toy_math_invalid", msg, None)
             return self
         if self.toy_math is not None:
-            raise ValueError("edit.toy_math goes with an instruction edit step only")
+            msg = "edit.toy_math goes with an instruction edit step only"
+            raise _field_error("VisualEdit", ("toy_math",), "toy_math_invalid", msg, self.toy_math)
         toy = [s.kind in TOY_EDIT_KINDS for s in self.steps]
         if any(toy) and self.scene is None:
             raise ValueError(f"toy edit steps ({TOY_EDIT_KINDS}) need edit.scene, the toy scene's meta")
@@ -287,9 +299,11 @@ class JobRequest(_Model):
             raise ValueError("an edit job keeps the image's canvas: leave canvas at its defaults")
         instruction = self.edit is not None and self.edit.is_instruction
         if not self.boxes and not instruction:
-            raise ValueError("boxes must hold at least one box; only an instruction edit job may have none")
+            msg = "boxes must hold at least one box; only an instruction edit job may have none"
+            raise _field_error("JobRequest", ("boxes",), "too_short", msg, self.boxes)
         if instruction and self.edit.toy_math is not None and self.boxes:
-            raise ValueError("boxes must be empty for a toy math instruction edit (a math image has no boxes)")
+            msg = "boxes must be empty for a toy math instruction edit (a math image has no boxes)"
+            raise _field_error("JobRequest", ("boxes",), "boxes_not_empty", msg, self.boxes)
         return self
 
     @field_validator("boxes")

@@ -461,7 +461,7 @@ class InstructionEditPainter:
         else:
             cls = getattr(diffusers, INSTRUCTION_PIPELINES[self.pipeline_kind])
             try:
-                pipe = cls.from_pretrained(self.model, torch_dtype=dtype, local_files_only=True)
+                pipe = cls.from_pretrained(self.model, dtype=dtype, local_files_only=True)
             except (OSError, ValueError) as e:
                 raise RuntimeError(
                     f"could not load the {cls.__name__} painter from painter.model={self.model!r} with "
