@@ -184,3 +184,17 @@ def test_errors_exit_with_one_line(gres, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["gres", *gres["flags"], "--split", "testB", "--predictions", str(path), "--out", out])
     assert e.value.code == 3 and "no ref of split 'testB'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(
+    not Path(TOY, "config.json").is_file(), reason="needs the toy checkpoint checkpoints/toy-qwen2.5-vl"
+)
+def test_groundingsuite_with_the_toy_policy(gres, tmp_path):
+    data = write_groundingsuite_fixture(tmp_path)
+    out = tmp_path / "gs.json"
+    flags = ["--policy", TOY, "--mask-tokenizer", str(gres["tok"]), "--max-new-tokens", "4", "--max-samples", "2"]
+    assert main(["groundingsuite", "--data", str(data), *flags, "--device", "cpu", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["template"] == "groundingsuite" and res["max_new_tokens"] == 4  # the release's question by default
+    assert res["n"] == 2 and res["metrics"]["class_counts"] == {"0": 2}
+    assert res["metrics"]["giou"] == 0.0  # no mask tokens written: empty masks against real targets
