@@ -406,7 +406,7 @@ class QuestionGenerator(Method):
                 image=self._source_path(p.sample),
                 instruction=p.text,
                 seed=int(hashlib.sha256(f"{p.sample.sample_id}:{p.text}".encode()).hexdigest()[:8], 16),
-                scene=(p.sample.meta or {}).get("scene"),
+                scene=p.sample.meta if "scene" in (p.sample.meta or {}) else None,  # a toy math row's meta
             )
             for p in images
         ]

@@ -201,3 +201,44 @@ def test_the_real_answer_model_samples_each_candidate_once_through_the_engine():
     assert second["cache"] == {"hits": 3, "misses": 0} and q.answer.prompts_sampled == sampled
     assert second["question_scores"] == first["question_scores"]
     assert (q.cache.hits, q.cache.misses) == (4, 2)
+
+
+def test_image_edits_through_the_editor_and_clip(tmp_path):
+    # The real editor (synth.edit_client, a local procedural server: toy math edits) and a tiny random CLIP; A is
+    # scripted (on the kept problem: three right answers in five). "Add some noise" is in the toy edit
+    # grammar and keeps the answer; "draw a cat" is not (edit_failed). Judged twice: the second time from the cache.
+    from test_question_rewards import _tiny_clip  # tests/lightning_modules is on sys.path under pytest
+
+    from datamodules.reasoning import ReasoningDataModule
+    from datamodules.toy_math import ToyMathSpec
+
+    _tiny_clip(tmp_path / "clip", vision_only=True)
+    dm = ReasoningDataModule(data_root=str(tmp_path / "toy_math"), toy=ToyMathSpec(splits={"train": 1}))
+    dm.prepare_data()
+    dm.setup("fit")
+    row = dm.train_set[0]
+    assert row.answer == "4"  # the toy world's first row (seed 0), which the scripted A answers 3 times in 5
+    editor = {"output_dir": str(tmp_path / "edits"), "timeout_s": 60}
+    q = QuestionGenerator(image_share=1.0, image_editor=editor, clip_model=str(tmp_path / "clip"))
+    q.answer = a = ScriptedAnswers()
+    texts = ['{"edit_instruction": "Add some noise to the background."}', '{"edit_instruction": "draw a cat"}']
+    try:
+        first = q.judge(_host(), [row, row], texts)
+        noisy, cat = first["question_scores"]
+        assert cat.gate == "edit_failed" and cat.reward == 0.0
+        # a noisier background barely moves the (random, tiny) CLIP embedding: p_step ~ 1; A: 3 of 5 right
+        assert noisy.gate == "ok" and noisy.label == row.answer and noisy.p_step > 0.9, noisy
+        assert noisy.p_answer == 0.6
+        assert noisy.reward == pytest.approx(math.log(noisy.p_step) - math.log(0.6) + math.log(5))
+        edited = q.cache.get(
+            candidate_key(row.sample_id, "image", "Add some noise to the background.", image_hash(row.image))
+        )
+        assert edited.edited_image and Path(edited.edited_image).is_file()
+        assert Image.open(edited.edited_image).convert("RGB").tobytes() != row.image.tobytes()
+        sampled = len(a.prompts)
+        again = q.judge(_host(), [row, row], texts)
+        assert again["cache"] == {"hits": 2, "misses": 0} and len(a.prompts) == sampled
+        assert again["question_scores"] == first["question_scores"]
+    finally:
+        if q._editor is not None:
+            q._editor.close()
