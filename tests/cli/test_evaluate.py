@@ -198,3 +198,32 @@ def test_groundingsuite_with_the_toy_policy(gres, tmp_path):
     assert res["template"] == "groundingsuite" and res["max_new_tokens"] == 4  # the release's question by default
     assert res["n"] == 2 and res["metrics"]["class_counts"] == {"0": 2}
     assert res["metrics"]["giou"] == 0.0  # no mask tokens written: empty masks against real targets
+
+
+def test_predictions_decoded_by_a_vq_sam2_tokenizer_in_the_released_layout(gres, tmp_path):
+    """``--mask-tokenizer <release .pth> --sam2 <SAM 2>``: a tiny random VQ-SAM2 written in the released layout
+    decodes the completions' spans (the real weights are not here)."""
+    from lightning_modules.models.mask_tokenizer.vq_sam2 import VQSam2MaskTokenizer, VQSam2Net, released_state_dict
+    from tests.lightning_modules.test_mask_tokenizer import _tiny_sam2_config
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        net = VQSam2Net(_tiny_sam2_config())
+        with torch.no_grad():
+            net.quantizer.embed.normal_()
+            net.quantizer.initted.fill_(True)
+    torch.save(released_state_dict(net), tmp_path / "mask_tokenizer_256x2.pth")
+    net.sam.save_pretrained(tmp_path / "sam2-hf")
+    recs = read_gres(gres["grefs"], gres["instances"], gres["images"], "val")
+    path = tmp_path / "preds.jsonl"
+    spans = [format_mask((i, 255 - i)) for i in range(len(recs))]
+    path.write_text("".join(json.dumps({"id": r.sample_id, "completion": s}) + "\n" for r, s in zip(recs, spans)))
+    out = tmp_path / "scored.json"
+    tok_flags = ["--mask-tokenizer", str(tmp_path / "mask_tokenizer_256x2.pth"), "--sam2", str(tmp_path / "sam2-hf")]
+    assert main(["gres", *gres["flags"], "--predictions", str(path), *tok_flags, "--out", str(out)]) == 0
+    lines = [json.loads(x) for x in Path(json.loads(out.read_text())["predictions"]).read_text().splitlines()]
+    tok = VQSam2MaskTokenizer.from_files(tmp_path / "sam2-hf", tmp_path / "mask_tokenizer_256x2.pth")
+    for r, x, i in zip(recs, lines, range(len(recs))):
+        assert x["codes"] == [[i, 255 - i]]
+        want = tok.decode((i, 255 - i), np.asarray(load_seg_sample(r).image))
+        assert (rle_decode(x["mask"]) == want).all() and x["answer"] == ("region" if want.any() else "empty")
