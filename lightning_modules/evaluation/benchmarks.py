@@ -225,6 +225,25 @@ def read_predictions(path: str | Path) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _from_file(rec: Any, line: dict[str, Any], space: MaskSpace | None) -> MaskPrediction:
+    """One line of a predictions file as a prediction: its RLE ``mask`` as it is, else its ``completion`` decoded
+    on the record's image (``space``: the token-mode space of the mask tokenizer)."""
+    from core.records import DataError
+    from datamodules.gres import load_seg_sample, rle_decode
+
+    if line.get("mask") is not None:
+        try:
+            mask = rle_decode(line["mask"])
+        except ValueError as err:
+            raise DataError(f"{line['where']}: bad 'mask' ({err})") from None
+        codes = [(int(c[0]), int(c[1])) for c in line.get("codes") or []]
+        return MaskPrediction(rec.sample_id, line.get("completion"), line.get("answer", "mask"), codes, mask)
+    if space is None:
+        raise DataError(f"{line['where']}: a completion without a mask needs --mask-tokenizer to decode its spans")
+    answer, codes, mask = read_completion(str(line["completion"]), load_seg_sample(rec).image, space)
+    return MaskPrediction(rec.sample_id, line["completion"], answer, codes, mask)
+
+
 def evaluate_benchmark(
     benchmark: str,
     records: Sequence[Any],
@@ -250,7 +269,7 @@ def evaluate_benchmark(
     import time
 
     from core.records import DataError
-    from datamodules.gres import load_seg_sample, rle_decode, rle_encode
+    from datamodules.gres import load_seg_sample, rle_encode
 
     if benchmark not in SCORERS:
         raise ValueError(f"unknown benchmark {benchmark!r}; choose one of {tuple(SCORERS)}")
@@ -286,29 +305,7 @@ def evaluate_benchmark(
                     engine=engine,
                 )
             else:
-                preds = []
-                for r in recs:
-                    line = predictions[r.sample_id]
-                    if line.get("mask") is not None:
-                        try:
-                            mask = rle_decode(line["mask"])
-                        except ValueError as err:
-                            raise DataError(f"{line['where']}: bad 'mask' ({err})") from None
-                        preds.append(
-                            MaskPrediction(
-                                r.sample_id,
-                                line.get("completion"),
-                                line.get("answer", "mask"),
-                                [tuple(c) for c in line.get("codes", [])],
-                                mask,
-                            )
-                        )
-                    elif space is None:
-                        raise DataError(f"{line['where']}: a completion without a mask needs --mask-tokenizer")
-                    else:
-                        image = load_seg_sample(r).image
-                        answer, codes, mask = read_completion(str(line["completion"]), image, space)
-                        preds.append(MaskPrediction(r.sample_id, line["completion"], answer, codes, mask))
+                preds = [_from_file(r, predictions[r.sample_id], space) for r in recs]
             for r, p in zip(recs, preds):
                 try:
                     iou = scorer.update(r.mask(), p.mask, class_id=r.meta.get("class_id"))
