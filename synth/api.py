@@ -33,7 +33,9 @@ documented: integers as plain decimal digits, booleans as ``true`` or ``false``.
 
 A job either repaints the image's background after ``description`` (Syn-GRPO) or, with ``edit`` (:class:`VisualEdit`),
 edits it (EvolvedGRPO's visual edits: toy-world scene edits, or inpainting of regions on real images); both keep the
-boxes' foreground, audited on the file as written (docs/data_server.md, "Visual edit jobs").
+boxes' foreground, audited on the file as written (docs/data_server.md, "Visual edit jobs"). An ``instruction`` edit
+(EvolvedGRPO's image edits) edits the whole image after a free-text instruction and is the one job that may have no
+boxes: its audit then checks the whole file against the edited image (docs/data_server.md, "Instruction edit jobs").
 """
 
 from __future__ import annotations
@@ -373,7 +375,8 @@ class JobResult(_Model):
     image_b64: str | None = None
     """The output PNG, when the request asked for ``return_bytes`` (or the GET for ``include_image``)."""
     scene: dict[str, Any] | None = None
-    """The edited toy scene (its meta: objects, description, occluders, edits), for a job with toy edit steps."""
+    """The edited toy scene (its meta: objects, description, occluders, edits), for a job with toy edit steps; for a
+    toy math instruction edit, ``edit.toy_math`` edited (the same form as sent)."""
 
 
 class JobStatus(_Model):
