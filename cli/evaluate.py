@@ -5,6 +5,8 @@
     python -m cli.evaluate groundingsuite --data GroundingSuite-Eval.jsonl --policy CKPT --mask-tokenizer TOKENIZER \\
         --out results/groundingsuite.json
     python -m cli.evaluate gres ... --predictions preds.jsonl --out results/gres_val.json     # score made predictions
+    python -m cli.evaluate gres ... --shard 3/8 --out results/gres_val_3.json                 # one GPU's share
+    python -m cli.evaluate gres ... --predictions results/gres_val_*.predictions.jsonl --out results/gres_val.json
 
 Reads the benchmark (``datamodules/gres.py``), answers each expression greedily with the policy under the released
 question (``--template``), decodes the answer's mask tokens with the mask tokenizer and scores the masks
@@ -40,7 +42,12 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--policy", default=None, help="policy checkpoint folder (save_pretrained layout)")
         p.add_argument("--mask-tokenizer", default=None, help="toy tokenizer folder, or the release's .pth with --sam2")
         p.add_argument("--sam2", default=None, help="SAM 2 weights (.pt or a transformers folder) for a VQ-SAM2 .pth")
-        p.add_argument("--predictions", default=None, help="score this predictions JSONL instead of running a policy")
+        p.add_argument(
+            "--predictions", nargs="+", default=None, help="score these predictions JSONL files instead of a policy"
+        )
+        p.add_argument(
+            "--shard", default=None, metavar="I/N", help="only every N-th expression from the I-th (0-based)"
+        )
         p.add_argument("--template", default=None, help="prompt template (default: the benchmark's released question)")
         p.add_argument("--max-new-tokens", type=int, default=None, help="answer budget (default: the release's)")
         p.add_argument("--batch-size", type=int, default=8)
@@ -61,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         fail(f"cli.evaluate {args.benchmark} --policy needs --mask-tokenizer to decode the answers' mask tokens")
     if args.batch_size < 1:
         fail(f"--batch-size must be >= 1, got {args.batch_size}")
+    shard = _shard(args.shard) if args.shard else None
     template, budget = DEFAULTS[args.benchmark]
     template = args.template or template
     from lightning_modules.models.prompts import PROMPT_TEMPLATES
@@ -69,14 +77,28 @@ def main(argv: list[str] | None = None) -> int:
         fail(f"--template {template!r} is not a prompt template; one of {sorted(PROMPT_TEMPLATES)}")
     command = "python -m cli.evaluate " + " ".join(sys.argv[1:] if argv is None else argv)
     try:
-        return _run(args, template, args.max_new_tokens or budget, command)
+        return _run(args, template, args.max_new_tokens or budget, command, shard)
     except DataError as err:
         fail(str(err), 3)
     except FileNotFoundError as err:
         fail(str(err), 2)
 
 
-def _run(args: argparse.Namespace, template: str, max_new_tokens: int, command: str) -> int:
+def _shard(text: str) -> tuple[int, int]:
+    from cli.errors import fail
+
+    try:
+        i, n = (int(v) for v in text.split("/"))
+    except ValueError:
+        fail(f"--shard takes I/N (e.g. 3/8: the 4th of 8 shares), got {text!r}")
+    if not 0 <= i < n:
+        fail(f"--shard {text}: need 0 <= I < N")
+    return i, n
+
+
+def _run(
+    args: argparse.Namespace, template: str, max_new_tokens: int, command: str, shard: tuple[int, int] | None
+) -> int:
     from datamodules.gres import read_gres, read_groundingsuite
     from lightning_modules.evaluation.benchmarks import evaluate_benchmark, load_mask_tokenizer, read_predictions
 
@@ -84,6 +106,8 @@ def _run(args: argparse.Namespace, template: str, max_new_tokens: int, command: 
         records = read_gres(args.grefs, args.instances, args.image_root, args.split, max_samples=args.max_samples)
     else:
         records = read_groundingsuite(args.data, args.image_root, max_samples=args.max_samples)
+    if shard is not None:
+        records = records[shard[0] :: shard[1]]
     tokenizer = load_mask_tokenizer(args.mask_tokenizer, args.sam2) if args.mask_tokenizer else None
     info = {
         "split": getattr(args, "split", None),
@@ -91,12 +115,13 @@ def _run(args: argparse.Namespace, template: str, max_new_tokens: int, command: 
         "mask_tokenizer": args.mask_tokenizer,
         "template": template,
         "max_new_tokens": max_new_tokens,
+        "shard": args.shard,
         "command": command,
     }
     model = processor = predictions = None
     if args.predictions is not None:
         predictions = read_predictions(args.predictions)
-        info["scored_file"] = args.predictions
+        info["scored_files"] = args.predictions
     else:
         import torch
 

@@ -192,36 +192,38 @@ class GroundingSuiteScorer:
 SCORERS = {"gres": GresScorer, "groundingsuite": GroundingSuiteScorer}
 
 
-def read_predictions(path: str | Path) -> dict[str, dict[str, Any]]:
-    """A predictions JSONL by sample id. A line is ``{"id", "mask": RLE}`` (scored as it is), ``{"id",
-    "completion"}`` (decoded by the mask tokenizer on the image), or the released GroundingSuite script's ``{"idx",
-    "predicted_segmentation": RLE}`` (id ``gsuite-<idx>``); `evaluate_benchmark` writes the first two together."""
+def read_predictions(paths: str | Path | Sequence[str | Path]) -> dict[str, dict[str, Any]]:
+    """Predictions JSONL file(s) (e.g. one per shard) by sample id. A line is ``{"id", "mask": RLE}`` (scored as it
+    is), ``{"id", "completion"}`` (decoded by the mask tokenizer on the image), or the released GroundingSuite
+    script's ``{"idx", "predicted_segmentation": RLE}`` (id ``gsuite-<idx>``); `evaluate_benchmark` writes the first
+    two together. A second line for one id, in any file, is an error."""
     import json
 
     from core.records import DataError
 
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such predictions file (--predictions)")
     out: dict[str, dict[str, Any]] = {}
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.pos + 1})") from None
-        if "id" not in obj and "idx" in obj:
-            obj = {"id": f"gsuite-{obj['idx']}", "mask": obj.get("predicted_segmentation"), **obj}
-        if "id" not in obj or not ("mask" in obj or "completion" in obj):
-            raise DataError(f"{where}: a prediction is {{'id', 'mask': RLE}} or {{'id', 'completion': text}}")
-        key = str(obj["id"])
-        if key in out:
-            raise DataError(f"{where}: a second prediction for {key!r}")
-        out[key] = {**obj, "where": where}
+    for path in [paths] if isinstance(paths, str | Path) else paths:
+        path = Path(path)
+        if not path.is_file():
+            raise DataError(f"{path}: no such predictions file (--predictions)")
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.pos + 1})") from None
+            if "id" not in obj and "idx" in obj:
+                obj = {"id": f"gsuite-{obj['idx']}", "mask": obj.get("predicted_segmentation"), **obj}
+            if "id" not in obj or not ("mask" in obj or "completion" in obj):
+                raise DataError(f"{where}: a prediction is {{'id', 'mask': RLE}} or {{'id', 'completion': text}}")
+            key = str(obj["id"])
+            if key in out:
+                raise DataError(f"{where}: a second prediction for {key!r} (the first: {out[key]['where']})")
+            out[key] = {**obj, "where": where}
     if not out:
-        raise DataError(f"{path}: no predictions in the file")
+        raise DataError(f"{paths}: no predictions in the file(s)")
     return out
 
 

@@ -227,3 +227,30 @@ def test_predictions_decoded_by_a_vq_sam2_tokenizer_in_the_released_layout(gres,
         assert x["codes"] == [[i, 255 - i]]
         want = tok.decode((i, 255 - i), np.asarray(load_seg_sample(r).image))
         assert (rle_decode(x["mask"]) == want).all() and x["answer"] == ("region" if want.any() else "empty")
+
+
+@pytest.mark.skipif(
+    not Path(TOY, "config.json").is_file(), reason="needs the toy checkpoint checkpoints/toy-qwen2.5-vl"
+)
+def test_shards_merge_into_the_whole_split(gres, tmp_path, capsys):
+    """``--shard I/N`` runs every N-th expression (one GPU's share); the shards' predictions files score together."""
+    flags = ["--policy", TOY, "--mask-tokenizer", str(gres["tok"]), "--template", "toy", "--max-new-tokens", "4"]
+    files = []
+    for i in range(2):
+        out = tmp_path / f"gres_{i}.json"
+        assert main(["gres", *gres["flags"], *flags, "--device", "cpu", "--shard", f"{i}/2", "--out", str(out)]) == 0
+        res = json.loads(out.read_text())
+        assert res["n"] == 2 and res["shard"] == f"{i}/2"
+        files.append(res["predictions"])
+    ids = [json.loads(x)["id"] for f in files for x in Path(f).read_text().splitlines()]
+    assert sorted(ids) == sorted(r.sample_id for r in read_gres(gres["grefs"], gres["instances"], gres["images"]))
+    merged = tmp_path / "gres.json"
+    assert main(["gres", *gres["flags"], "--predictions", *files, "--out", str(merged)]) == 0
+    res = json.loads(merged.read_text())
+    assert res["n"] == 4 and res["metrics"]["giou"] == pytest.approx(0.25) and res["metrics"]["n_acc"] == 1.0
+    with pytest.raises(SystemExit) as e:
+        main(["gres", *gres["flags"], "--predictions", files[0], files[0], "--out", str(merged)])
+    assert e.value.code == 3 and "a second prediction for" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["gres", *gres["flags"], "--predictions", files[0], "--shard", "2/2", "--out", str(merged)])
+    assert e.value.code == 2 and "need 0 <= I < N" in capsys.readouterr().err
