@@ -388,7 +388,8 @@ class InstructionEditPainter:
         model: the pipeline's folder (e.g. a local snapshot of Qwen/Qwen-Image-Edit, or of timbrooks/instruct-pix2pix).
         pipeline: ``qwen_image_edit`` (the seed's model, 20B MMDiT + Qwen2.5-VL encoder; one image per call) or
             ``instruct_pix2pix`` (Stable Diffusion 1.5 sized, batched).
-        tiny: build a tiny random-weight InstructPix2Pix instead (tests; ``model`` is ignored).
+        tiny: build a tiny random-weight pipeline of the same kind instead (``synth.random_instruct``; tests,
+            ``model`` is ignored).
         device: torch device; the worker fills in its own.
         dtype: ``auto`` (bf16 on CUDA, fp32 on CPU), ``bfloat16``, ``float16`` or ``float32``.
         steps: denoising steps.
@@ -425,10 +426,6 @@ class InstructionEditPainter:
     ):
         if pipeline not in INSTRUCTION_PIPELINES:
             raise ValueError(f"painter.pipeline must be one of {sorted(INSTRUCTION_PIPELINES)}, got {pipeline!r}")
-        if tiny and pipeline != "instruct_pix2pix":
-            raise ValueError(
-                "painter.tiny builds a random InstructPix2Pix only: set painter.pipeline: instruct_pix2pix"
-            )
         if not tiny and not model:
             raise ValueError(
                 "painter.model is required (a local folder with the pipeline's weights) unless painter.tiny"
@@ -453,11 +450,15 @@ class InstructionEditPainter:
         diffusers.utils.logging.set_verbosity_error()
         dtype = self._torch_dtype()
         if self.tiny:
-            from synth.random_instruct import build_random_pix2pix_components
+            from synth import random_instruct
 
-            pipe = diffusers.StableDiffusionInstructPix2PixPipeline(
-                **build_random_pix2pix_components(device=self._device(), dtype=dtype)
+            build = (
+                random_instruct.build_random_qwen_image_edit_components
+                if self.pipeline_kind == "qwen_image_edit"
+                else random_instruct.build_random_pix2pix_components
             )
+            cls = getattr(diffusers, INSTRUCTION_PIPELINES[self.pipeline_kind])
+            pipe = cls(**build(device=self._device(), dtype=dtype))
         else:
             cls = getattr(diffusers, INSTRUCTION_PIPELINES[self.pipeline_kind])
             try:

@@ -363,3 +363,19 @@ def test_tiny_instruct_pix2pix_edits_real_images_through_the_server(rows, tmp_pa
             Image.open(io.BytesIO(base64.b64decode(ed.client.get("photo-boxed", include_image=True).result.image_b64)))
         )
         assert (kept[8:20, 8:24] == np.asarray(image)[8:20, 8:24]).all()
+
+
+@pytest.mark.slow
+def test_tiny_qwen_image_edit_through_the_server(tmp_path):
+    """The seed's pipeline class, random and tiny, in the worker (about 6 s a call on one core: the pipeline encodes
+    its input at a fixed ~1 megapixel)."""
+    image = Image.fromarray(np.random.default_rng(1).integers(0, 256, (40, 56, 3), dtype=np.uint8))
+    path = tmp_path / "page.png"
+    image.save(path)
+    painter = {**TINY_PIX2PIX, "pipeline": "qwen_image_edit", "resolution": 64, "true_cfg_scale": 1.0}
+    overrides = {"painter": painter, "job_timeout_s": 300}
+    with InstructionEditor(output_dir=str(tmp_path / "out"), server_overrides=overrides, timeout_s=300) as ed:
+        (out,) = ed.edit([InstructionEdit("page", str(path), "make the paper look aged", 4)])
+        assert out.error is None, out.error
+        edited = np.asarray(Image.open(out.path).convert("RGB"))
+        assert edited.shape == (40, 56, 3) and not (edited == np.asarray(image)).all()
