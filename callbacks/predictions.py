@@ -132,6 +132,9 @@ def _summarize_boxes(rows: list[dict[str, Any]]) -> dict[str, float]:
     ovd = frame[frame["task"] == "ovd"]
     if len(ovd):
         out["ovd_reward"] = float(ovd["acc"].mean())
+    math_rows = frame[frame["task"] == "math"]  # EvolvedGRPO's answer model (MathAnswer.predict): boxed accuracy
+    if len(math_rows):
+        out["accuracy"] = float(math_rows["acc"].mean())
     steps = [r["steps"] for r in rows if r.get("steps")]
     if steps:  # multi-step questions (`evaluation.evaluator.step_scores`): are the written steps grounded?
         out["prefix_credit"] = sum(st["prefix_credit"] for st in steps) / len(steps)

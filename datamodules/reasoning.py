@@ -378,3 +378,6 @@ class ReasoningDataModule(L.LightningDataModule):
 
     def test_dataloader(self):
         return self._eval_loaders("test")
+
+    def predict_dataloader(self):  # train.py predict answers the test sets (callbacks.predictions writes them)
+        return self._eval_loaders("test")

@@ -101,6 +101,12 @@ def test_validation_logs_accuracy_and_format_per_set_and_predict_records(toy_pol
     records = m.predict(host, batch)
     assert [r["sample_id"] for r in records] == ["a", "b"] and records[1]["gold"] == "7"
     assert set(records[0]["rewards"]) == {"accuracy", "format"}
+    from callbacks.predictions import summarize  # train.py predict's summary of a set: the same two numbers
+
+    assert summarize(records) == {
+        "accuracy": 0.5 * sum(r["rewards"]["accuracy"] for r in records),
+        "format": 0.5 * sum(r["format_ok"] for r in records),
+    }
 
 
 class TextRewarded(MathAnswer):
