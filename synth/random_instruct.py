@@ -91,11 +91,44 @@ def tiny_qwen_tokenizer():
     return tokenizer
 
 
-def build_random_qwen_image_edit_components(seed: int = 0, device: str = "cpu", dtype: Any = None) -> dict[str, Any]:
-    """Random-weight components for ``QwenImageEditPipeline(**components)``: the shapes of diffusers' own fast test
-    (a 2-layer MMDiT, a Qwen2.5-VL of width 16, a 3-level VAE), the tokenizer above, and a VL processor capped at a
-    few vision tokens. The pipeline itself still scales the input to about 1 megapixel for the VAE (Qwen-Image-Edit's
-    fixed conditioning size), so a call costs seconds on a GPU and more on a CPU."""
+# Qwen/Qwen-Image-Edit's text encoder is Qwen2.5-VL-7B-Instruct (its config.json's numbers); the MMDiT (20B) and the
+# VAE are the diffusers classes' defaults, which are Qwen-Image's own.
+FULL_QWEN_TEXT: dict[str, Any] = dict(
+    hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+    rope_scaling={"mrope_section": [16, 24, 24], "rope_type": "default", "type": "default"}, rope_theta=1000000.0,
+    max_position_embeddings=128000, rms_norm_eps=1e-6, vocab_size=152064,
+)  # fmt: skip
+FULL_QWEN_VISION: dict[str, Any] = dict(
+    depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584, window_size=112,
+    fullatt_block_indexes=[7, 15, 23, 31], patch_size=14, spatial_merge_size=2, temporal_patch_size=2, in_chans=3,
+    hidden_act="silu",
+)  # fmt: skip
+TINY_QWEN_TEXT: dict[str, Any] = dict(
+    hidden_size=16, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+    rope_scaling={"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"}, rope_theta=1000000.0,
+)  # fmt: skip
+TINY_QWEN_VISION: dict[str, Any] = dict(depth=2, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=16)
+TINY_QWEN_TRANSFORMER: dict[str, Any] = dict(
+    patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=3,
+    joint_attention_dim=16, guidance_embeds=False, axes_dims_rope=(8, 4, 4),
+)  # fmt: skip
+TINY_QWEN_VAE: dict[str, Any] = dict(
+    base_dim=24, z_dim=4, dim_mult=[1, 2, 4, 4], num_res_blocks=1, temperal_downsample=[False, True, True],
+    latents_mean=[0.0] * 4, latents_std=[1.0] * 4,
+)  # fmt: skip
+
+
+def build_random_qwen_image_edit_components(
+    size: str = "tiny", seed: int = 0, device: str = "cpu", dtype: Any = None
+) -> dict[str, Any]:
+    """Random-weight components for ``QwenImageEditPipeline(**components)`` with the in-memory tokenizer above.
+
+    ``size="tiny"``: the shapes of diffusers' own fast test (a 2-layer MMDiT, a Qwen2.5-VL of width 16, a 4-level
+    VAE) and a VL processor capped at a few vision tokens; the pipeline still scales the input to about 1 megapixel
+    for the VAE (Qwen-Image-Edit's fixed conditioning size), so a call costs seconds. ``size="full"``: the real
+    architectures (20B MMDiT, Qwen2.5-VL-7B, the Qwen-Image VAE), built directly on ``device`` in ``dtype`` (about
+    58 GB in bf16), for timing the painter on a GPU without the weights.
+    """
     import diffusers
     import torch
     from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
@@ -107,35 +140,33 @@ def build_random_qwen_image_edit_components(seed: int = 0, device: str = "cpu", 
         Qwen2VLVideoProcessor,
     )
 
+    if size not in ("tiny", "full"):
+        raise ValueError(f"size must be 'tiny' or 'full', got {size!r}")
+    full = size == "full"
     diffusers.utils.logging.set_verbosity_error()
     tokenizer = tiny_qwen_tokenizer()
-    image_processor = Qwen2VLImageProcessor(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
+    image_processor = Qwen2VLImageProcessor() if full else Qwen2VLImageProcessor(min_pixels=3136, max_pixels=12544)
     video_processor = Qwen2VLVideoProcessor()  # required by the processor's signature; no video is ever sent
     processor = Qwen2VLProcessor(image_processor=image_processor, tokenizer=tokenizer, video_processor=video_processor)
-    z = 4
+    text = FULL_QWEN_TEXT if full else dict(TINY_QWEN_TEXT, vocab_size=len(tokenizer))
     config = Qwen2_5_VLConfig(
-        text_config=dict(
-            hidden_size=16, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-            rope_scaling={"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"},
-            rope_theta=1000000.0, vocab_size=len(tokenizer),
-        ),
-        vision_config=dict(depth=2, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=16),
-        hidden_size=16, vocab_size=len(tokenizer), vision_start_token_id=151652, vision_end_token_id=151653,
-        image_token_id=151655, video_token_id=151656,
+        text_config=text, vision_config=FULL_QWEN_VISION if full else TINY_QWEN_VISION,
+        hidden_size=text["hidden_size"], vocab_size=text["vocab_size"], vision_start_token_id=151652,
+        vision_end_token_id=151653, image_token_id=151655, video_token_id=151656,
     )  # fmt: skip
     torch.manual_seed(seed)
-    with torch.device(device):
-        modules = dict(
-            transformer=QwenImageTransformer2DModel(
-                patch_size=2, in_channels=4 * z, out_channels=z, num_layers=2, attention_head_dim=16,
-                num_attention_heads=3, joint_attention_dim=16, guidance_embeds=False, axes_dims_rope=(8, 4, 4),
-            ),
-            vae=AutoencoderKLQwenImage(
-                base_dim=z * 6, z_dim=z, dim_mult=[1, 2, 4, 4], num_res_blocks=1,
-                temperal_downsample=[False, True, True], latents_mean=[0.0] * z, latents_std=[1.0] * z,
-            ),
-            text_encoder=Qwen2_5_VLForConditionalGeneration(config),
-        )  # fmt: skip
+    default_dtype = torch.get_default_dtype()
+    if full and dtype is not None:
+        torch.set_default_dtype(dtype)  # never materialise 28B parameters in fp32
+    try:
+        with torch.device(device):
+            modules = dict(
+                transformer=QwenImageTransformer2DModel(**({} if full else TINY_QWEN_TRANSFORMER)),
+                vae=AutoencoderKLQwenImage(**({} if full else TINY_QWEN_VAE)),
+                text_encoder=Qwen2_5_VLForConditionalGeneration(config),
+            )
+    finally:
+        torch.set_default_dtype(default_dtype)
     for m in modules.values():
         m.eval().requires_grad_(False)
         if dtype is not None:

@@ -292,6 +292,17 @@ def test_resubmitting_after_a_crash_returns_the_same_jobs(rows, editor):
     assert first.job_id == job.job_id and again.path == out[0].path and Path(again.path).read_bytes() == data
 
 
+def test_an_editor_on_a_url_downloads_its_results(rows, editor, tmp_path, monkeypatch):
+    row, path = rows["rows"][0]
+    monkeypatch.setenv("SYNTH_TOKEN", editor.server.token)  # the secret: the editor acts as its own client
+    with InstructionEditor(url=editor.server.url, output_dir=str(tmp_path / "dl")) as remote:
+        (out,) = remote.edit([InstructionEdit(row["id"], str(path), "add light noise", 2, row["meta"])])
+    assert out.error is None and Path(out.path).parent == tmp_path / "dl"
+    served = rows["root"] / "out" / "instruction-edits" / Path(out.path).name  # the server's copy, client's folder
+    assert Path(out.path).read_bytes() == served.read_bytes()
+    assert out.scene["scene"]["style"] == {"noise": 0.01, "noise_seed": 2}
+
+
 def test_real_image_instruction_on_the_procedural_server_fails_and_keeps_the_row(rows, editor):
     row, path = rows["rows"][0]
     out = editor.edit([InstructionEdit(row["id"], str(path), "make it look like a pencil sketch", 0, None)])[0]
