@@ -166,7 +166,10 @@ def run_batch(painter, masker, items: list[dict[str, Any]], pool: Executor | Non
             sx, sy = geom.img_w / geom.src_w, geom.img_h / geom.src_h
             rows, cols = geom.image_region()
             img_boxes = [[b[0] * sx, b[1] * sy, b[2] * sx, b[3] * sy] for b in item["boxes"]]
-            fg = keep_mask(masker, canvas[rows, cols], img_boxes)
+            if img_boxes:
+                fg = keep_mask(masker, canvas[rows, cols], img_boxes)
+            else:  # a box-less instruction edit: nothing to keep, and no masker is asked about no boxes
+                fg = np.zeros((geom.img_h, geom.img_w), dtype=bool)
             keep = mask_to_canvas(fg, geom)
             known = mask_to_canvas(np.ones((geom.img_h, geom.img_w), dtype=bool), geom)
             out_boxes = [geom.transform_box(b) for b in item["boxes"]]
