@@ -200,6 +200,10 @@ class AnswerModel:
                 self.engine = build_rollout_engine(self.engine_name or "hf")
             else:
                 self.engine = type(like)()
+            if self.engine.own_kernels:  # as the module prepares its policy for such an engine
+                from lightning_modules.engines.packing import enable_fast_vision_attention
+
+                enable_fast_vision_attention(self.model)
         return self
 
     def sample(self, items: Sequence[tuple[Image.Image, str]]) -> list[list[str]]:
@@ -207,11 +211,15 @@ class AnswerModel:
         if self.model is None:
             raise RuntimeError("AnswerModel.sample before load()")
         out: list[list[str]] = []
+        # an engine that keeps a KV cache / CUDA graph per row count (RolloutEngine.fixed_rows) gets full chunks
+        # only, the last one padded with copies: one row count for the run, not one per number of candidates
+        fixed = self.engine.fixed_rows and next(self.model.parameters()).device.type == "cuda"
         for start in range(0, len(items), self.batch):
             chunk = items[start : start + self.batch]
+            padded = list(chunk) + [chunk[-1]] * (self.batch - len(chunk) if fixed else 0)
             requests = [
                 RolloutRequest(chat_prompt(self.processor, text), image, self.votes, i)
-                for i, (image, text) in enumerate(chunk)
+                for i, (image, text) in enumerate(padded)
             ]
             ro = self.engine.generate(self.model, self.processor, requests, self.sampling)
             texts = list(ro.texts)
