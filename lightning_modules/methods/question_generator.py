@@ -384,7 +384,7 @@ class QuestionGenerator(Method):
                 p.score = score_text_edit(p.raw, p.votes, [])
         images = [p for p in pending.values() if p.kind == "image"]
         if images:
-            self._edit_images(images)
+            self._edit_images(images, module.device)
         critic = [p for p in pending.values() if p.score is None]
         items = [
             (p.sample.image, answer_prompt(composed[id(p)]))
@@ -398,7 +398,7 @@ class QuestionGenerator(Method):
             else:
                 p.score = score_image_edit(p.raw, p.clip, completions, p.sample.answer)
 
-    def _edit_images(self, images: list[_Pending]) -> None:
+    def _edit_images(self, images: list[_Pending], device: torch.device) -> None:
         """Draw every image edit through the editor (one call), CLIP each against its source; an editor error gates
         the candidate (``edit_failed``), a low similarity is `score_image_edit`'s gate."""
         from synth.edit_client import InstructionEdit, InstructionEditor  # the data side's editor, only when used
@@ -407,7 +407,7 @@ class QuestionGenerator(Method):
             self._editor = InstructionEditor(**dict(self.image_editor or {}))
             weakref.finalize(self, self._editor.close)
         if self._clip is None:
-            self._clip = ClipSimilarity(self.clip_model)
+            self._clip = ClipSimilarity(self.clip_model, device=str(device))  # fp32, on the trainer's device
         edits = [
             InstructionEdit(
                 row_id=p.sample.sample_id,
