@@ -251,8 +251,10 @@ class QuestionGenerator(Method):
 
     Args:
         answer_model: the frozen answer model A, a local HF folder (the round's A_k; default the toy checkpoint).
-        answer_engine: the rollout engine A samples through (a registered name); null: the kind of the module's.
-        answer_temperature / answer_top_p: A's sampling (the seed's reward server: 0.7 and 0.95).
+        answer_engine: the rollout engine A samples through (a registered name); null: a fresh one of the kind of
+            the module's (set it when the module samples through vLLM).
+        answer_temperature: A's sampling temperature (the seed's reward server: 0.7).
+        answer_top_p: A's nucleus threshold (the seed's reward server: 0.95).
         answer_max_new_tokens: the length limit of A's completions.
         answer_dtype: A's weights' dtype (``auto``: the checkpoint's).
         answer_batch: A's prompts per generate call (each with 5 completions).
@@ -261,7 +263,8 @@ class QuestionGenerator(Method):
             (``no_editor``).
         clip_model: a local CLIP folder (`question_rewards.ClipSimilarity`) for an image edit's ``p_step``; null:
             image-edit rows get the gate's 0 (``no_clip``).
-        partition_seed / image_share: the edit partition (`core.coevolution.edit_kind`; the seed: 2025, 0.1).
+        partition_seed: the edit partition's seed (`core.coevolution.edit_kind`; the seed's 2025).
+        image_share: the expected share of image-edit rows (the seed's 0.1).
         cache_size: candidates (and unedited rows) the cache keeps, least recently used dropped first.
     """
 
@@ -289,6 +292,11 @@ class QuestionGenerator(Method):
         for arg, value in (("answer_max_new_tokens", answer_max_new_tokens), ("answer_batch", answer_batch)):
             if value < 1:
                 raise ValueError(f"{_flag(arg)} must be >= 1, got {value}")
+        if answer_temperature <= 0 or not 0.0 < answer_top_p <= 1.0:
+            raise ValueError(
+                f"{_flag('answer_temperature')} must be > 0 and {_flag('answer_top_p')} in (0, 1] (A samples its votes; "
+                f"the seed: 0.7 and 0.95), got {answer_temperature} and {answer_top_p}"
+            )
         if cache_size < 1:
             raise ValueError(f"{_flag('cache_size')} must be >= 1, got {cache_size}")
         self.answer = AnswerModel(
