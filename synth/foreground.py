@@ -65,10 +65,23 @@ def load_masker(masker: ForegroundMasker) -> ForegroundMasker:
     return masker
 
 
+def keep_masks(
+    masker: ForegroundMasker, images: Sequence[np.ndarray], boxes: Sequence[Sequence[Box]]
+) -> list[np.ndarray]:
+    """`keep_mask` of several images: in one call (``mask_many``) for a masker that batches, else one by one."""
+    many = getattr(masker, "mask_many", None)
+    masks = many(images, boxes) if callable(many) else [masker(im, bs) for im, bs in zip(images, boxes)]
+    return [_inside(masker, m, im, bs) for m, im, bs in zip(masks, images, boxes)]
+
+
 def keep_mask(masker: ForegroundMasker, image: np.ndarray, boxes: Sequence[Box]) -> np.ndarray:
     """The masker's mask, forced to bool and to lie inside the boxes."""
+    return _inside(masker, masker(image, boxes), image, boxes)
+
+
+def _inside(masker: ForegroundMasker, mask: Any, image: np.ndarray, boxes: Sequence[Box]) -> np.ndarray:
     h, w = image.shape[:2]
-    mask = np.asarray(masker(image, boxes), dtype=bool)
+    mask = np.asarray(mask, dtype=bool)
     if mask.shape != (h, w):
         raise ValueError(f"masker {masker.name!r} returned a {mask.shape} mask for a {h} x {w} image")
     return mask & boxes_mask(boxes, w, h)
@@ -229,26 +242,45 @@ class Sam2Masker:
         self._model = model.to(device).eval()
 
     def __call__(self, image: np.ndarray, boxes: Sequence[Box]) -> np.ndarray:
+        return self.mask_many([image], [boxes])[0]
+
+    def mask_many(self, images: Sequence[np.ndarray], boxes: Sequence[Sequence[Box]]) -> list[np.ndarray]:
+        """The masks of several images: images with the same number of boxes share one forward (a server batch's
+        jobs are masked together, not one by one); masks are upsampled on the model's device."""
+        self.load()
+        outs = [np.zeros(im.shape[:2], dtype=bool) for im in images]
+        bounds = []
+        for im, bs in zip(images, boxes):
+            h, w = im.shape[:2]
+            bounds.append([b for b in (box_pixel_bounds(x, w, h) for x in bs) if b[2] > b[0] and b[3] > b[1]])
+        groups: dict[int, list[int]] = {}
+        for i, bb in enumerate(bounds):
+            if bb:
+                groups.setdefault(len(bb), []).append(i)
+        for idx in groups.values():
+            masks = self._forward([images[i] for i in idx], [bounds[i] for i in idx])
+            for i, m in zip(idx, masks):
+                self._clip_to_boxes(outs[i], m, bounds[i])
+        return outs
+
+    def _forward(self, images: list[np.ndarray], bounds: list[list[tuple[int, int, int, int]]]) -> list[np.ndarray]:
+        """bool ``[boxes, H, W]`` per image: one forward for images with equally many boxes."""
         import torch
 
-        self.load()
-        h, w = image.shape[:2]
-        out = np.zeros((h, w), dtype=bool)
-        bounds = [box_pixel_bounds(b, w, h) for b in boxes]
-        bounds = [b for b in bounds if b[2] > b[0] and b[3] > b[1]]
-        if not bounds:
-            return out
-        prompts = [[[float(c0), float(r0), float(c1), float(r1)] for c0, r0, c1, r1 in bounds]]
-        inputs = self._processor(images=image, input_boxes=prompts, return_tensors="pt")
+        prompts = [[[float(c0), float(r0), float(c1), float(r1)] for c0, r0, c1, r1 in bb] for bb in bounds]
+        inputs = self._processor(images=list(images), input_boxes=prompts, return_tensors="pt")
         with torch.inference_mode():
             pred = self._model(
                 pixel_values=inputs["pixel_values"].to(self._device, self._torch_dtype),
                 input_boxes=inputs["input_boxes"].to(self._device, self._torch_dtype),
                 multimask_output=False,
             ).pred_masks
-        masks = self._processor.post_process_masks(
-            [pred[0].float().cpu()], inputs["original_sizes"], mask_threshold=self.threshold
-        )[0][:, 0].numpy()  # [boxes, H, W] bool
+            masks = self._processor.post_process_masks(
+                list(pred.float()), inputs["original_sizes"], mask_threshold=self.threshold
+            )
+        return [m[:, 0].cpu().numpy() for m in masks]
+
+    def _clip_to_boxes(self, out: np.ndarray, masks: np.ndarray, bounds: list[tuple[int, int, int, int]]) -> None:
         for m, (c0, r0, c1, r1) in zip(masks, bounds):
             inside = m[r0:r1, c0:c1]
             if inside.sum() < self.min_fraction * inside.size:
@@ -261,7 +293,6 @@ class Sam2Masker:
                     k = 2 * self.dilate + 1
                     inside = cv2.dilate(inside.astype(np.uint8), np.ones((k, k), np.uint8)) > 0
                 out[r0:r1, c0:c1] |= inside
-        return out
 
 
 @register_masker("ben2")

@@ -16,7 +16,8 @@ from PIL import Image, ImageDraw
 
 from synth.api import ImageRef, JobRequest, JobState
 from synth.client import LocalServer
-from synth.foreground import Sam2Masker, build_masker, keep_mask, load_masker
+from synth.compose import boxes_mask
+from synth.foreground import Sam2Masker, build_masker, keep_mask, keep_masks, load_masker
 from synth.random_sam2 import sam2_parts, save_random_sam2
 
 PARTS, SIZE = sam2_parts("tiny")  # ~120k parameters at a 128 x 128 input (the real checkpoints use 1024)
@@ -55,6 +56,23 @@ def test_sam2_masks_every_box_in_one_forward_inside_the_boxes(sam2_dir):
     assert len(calls) == 1
     assert np.array_equal(keep_mask(masker, image, boxes), mask)  # already inside the boxes
     assert mask.any() and not mask.all()
+
+
+def test_sam2_masks_a_batch_of_images_in_one_forward_per_box_count(sam2_dir):
+    """A server batch is masked together: images with equally many boxes share one forward (sizes may differ), and
+    each mask equals the one the image gets alone (up to the batched kernels' float noise at the threshold)."""
+    masker = load_masker(build_masker("sam2", path=str(sam2_dir), device="cpu", min_fraction=0.0))
+    calls = []
+    masker._model.register_forward_hook(lambda mod, args, out: calls.append(tuple(out.pred_masks.shape[:2])))
+    rng = np.random.default_rng(3)
+    images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in ((70, 90), (64, 64), (50, 120))]
+    boxes = [[[3.0, 4.0, 40.0, 30.0]], [[5.0, 5.0, 30.0, 40.0], [35.0, 10.0, 60.0, 60.0]], [[60.0, 2.0, 118.0, 45.0]]]
+    masks = keep_masks(masker, images, boxes)
+    assert sorted(calls) == [(1, 2), (2, 1)]  # the two one-box images in one forward, the two-box image in another
+    for im, bs, m in zip(images, boxes, masks):
+        alone = keep_mask(masker, im, bs)
+        assert m.shape == im.shape[:2] and (m != alone).mean() < 0.01
+        assert not (m & ~boxes_mask(bs, im.shape[1], im.shape[0])).any()
 
 
 def test_sam2_loads_the_published_checkpoint_layout(tmp_path):
