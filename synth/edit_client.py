@@ -17,15 +17,23 @@ Typical use::
         outcomes = editor.edit([InstructionEdit(row["id"], image_path, text, seed, scene=row["meta"]) ...])
     for row, out in zip(rows, outcomes):
         if out.error is None: row = {**row, "image": out.path, "meta": out.scene or row["meta"]}
+
+CLI (one edit, the outcome printed as JSON; exit code 1 when it failed)::
+
+    python -m synth.edit_client data/toy_math/images/x.png "make the background cream" --meta row.json
+    python -m synth.edit_client photo.jpg "make it snow" --server-config configs/synth/qwen_image_edit.yaml
 """
 
 from __future__ import annotations
 
+import argparse
 import base64
 import hashlib
+import json
 import logging
 import os
 import re
+import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -240,3 +248,31 @@ class InstructionEditor:
 def _short(err: Any, limit: int = 600) -> str:
     text = f"{type(err).__name__}: {err}" if not isinstance(err, SynthError) else str(err)
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m synth.edit_client", description=__doc__.split("\n\n")[0])
+    parser.add_argument("image", help="the image to edit")
+    parser.add_argument("instruction", help="the edit instruction")
+    parser.add_argument("--meta", help="JSON file: a toy math row (its meta is used) or its meta")
+    parser.add_argument("--row-id", default=None, help="row id (default: the image's file name)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--url", default=None, help="a running server ($SYNTH_TOKEN); default: start a local one")
+    parser.add_argument("--server-config", default=None, help="the local server's YAML (default: procedural)")
+    parser.add_argument("--output-dir", default=None)
+    args = parser.parse_args(argv)
+    scene = None
+    if args.meta:
+        loaded = json.loads(Path(args.meta).read_text(encoding="utf-8"))
+        scene = loaded.get("meta", loaded) if isinstance(loaded, dict) else None
+        if not isinstance(scene, dict):
+            parser.error(f"--meta {args.meta}: expected a JSON object (a toy math row or its meta)")
+    edit = InstructionEdit(args.row_id or Path(args.image).name, args.image, args.instruction, args.seed, scene)
+    with InstructionEditor(args.url, args.server_config, output_dir=args.output_dir) as editor:
+        (outcome,) = editor.edit([edit])
+    print(json.dumps({"path": outcome.path, "scene": outcome.scene, "error": outcome.error}, ensure_ascii=False))
+    return 0 if outcome.error is None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -15,7 +15,8 @@ edit             examples                                                       
 background       change the background to light blue / make the background cream    both
 noise            add noise / add some speckles / add heavy grid noise                 both (background only)
 recolour         make the red circles blue / change the colour of the star to green  shapes; bars (one bar)
-enlarge, shrink  make the squares bigger / enlarge the blue shapes by 20% / shrink    shapes
+enlarge, shrink  make the squares bigger / enlarge the blue shapes by 20% / increase  shapes
+                 the size of the stars / shrink the circles slightly
 move             move the red circle left / shift the stars down by 10 pixels         shapes
 bar width        thicken the bars / make the bars narrower                            bars
 grid             darken the grid lines / make the grid darker                         bars
@@ -116,6 +117,7 @@ _PATTERNS: list[tuple[str, re.Pattern]] = [
         ("recolour", rf"^change the color of {_SEL} to (?P<to>{_COL})$"),
         ("resize", rf"^make {_SEL} (?P<slight>slightly |a bit |a little )?(?P<dir>bigger|larger|smaller){_PCT}$"),
         ("resize", rf"^(?P<verb>enlarge|shrink|grow|scale up|scale down) {_SEL}(?P<slight2> slightly)?{_PCT}$"),
+        ("resize", rf"^(?P<verb2>increase|decrease|reduce) the size of {_SEL}(?P<slight3> slightly)?{_PCT}$"),
         ("move", rf"^(?:move|shift) {_SEL} (?:a bit |slightly |a little )?(?:to the |towards the )?"
                  rf"(?P<dir>left|right|up|down|upwards|downwards)(?: by (?P<px>\d{{1,3}}) ?(?:px|pixels?))?$"),
     ]
@@ -163,9 +165,10 @@ def _parse_clause(clause: str) -> Op:
         if kind == "recolour":
             return Op("recolour", g["to"], g["c"], noun, plural)
         if kind == "resize":
-            word = g.get("dir") or g.get("verb")
-            grow = word in ("bigger", "larger", "enlarge", "grow", "scale up")
-            pct = int(g["pct"]) if g.get("pct") else (10 if g.get("slight") or g.get("slight2") else 25)
+            word = g.get("dir") or g.get("verb") or g.get("verb2")
+            grow = word in ("bigger", "larger", "enlarge", "grow", "scale up", "increase")
+            slight = g.get("slight") or g.get("slight2") or g.get("slight3")
+            pct = int(g["pct"]) if g.get("pct") else (10 if slight else 25)
             if not 5 <= pct <= 60:
                 raise InstructionError(f"resize by {pct}% is outside 5-60% in clause {clause!r}")
             return Op("resize", 1 + pct / 100 if grow else 1 - pct / 100, g["c"], noun, plural)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 from pathlib import Path
 
 import httpx
@@ -22,6 +23,7 @@ from synth.api import MAX_INSTRUCTION_CHARS, JobRequest, JobState
 from synth.client import SynthError
 from synth.config import load_config
 from synth.edit_client import InstructionEdit, InstructionEditor, job_id_for
+from synth.edit_client import main as edit_client_main
 from synth.painters import InstructionEditPainter, build_painter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -123,6 +125,7 @@ def test_parse_instruction_literal_cases():
     assert parse_instruction("change the colour of the star to green") == [Op("recolour", "green", None, "star", False)]
     assert parse_instruction("enlarge the blue squares by 20%") == [Op("resize", 1.2, "blue", "square", True)]
     assert parse_instruction("make the shapes slightly smaller") == [Op("resize", 0.9, None, "shape", True)]
+    assert parse_instruction("Increase the size of the stars.") == [Op("resize", 1.25, None, "star", True)]
     assert parse_instruction("move the red circle to the left by 10 pixels") == [
         Op("move", ("left", 10), "red", "circle", False)
     ]
@@ -301,6 +304,20 @@ def test_an_editor_on_a_url_downloads_its_results(rows, editor, tmp_path, monkey
     served = rows["root"] / "out" / "instruction-edits" / Path(out.path).name  # the server's copy, client's folder
     assert Path(out.path).read_bytes() == served.read_bytes()
     assert out.scene["scene"]["style"] == {"noise": 0.01, "noise_seed": 2}
+
+
+def test_the_cli_prints_the_outcome_and_exits_1_on_a_failed_edit(rows, tmp_path, capsys):
+    row, path = rows["rows"][0]
+    meta = tmp_path / "row.json"
+    meta.write_text(json.dumps({k: v for k, v in row.items() if k != "image"}))
+    out_dir = str(tmp_path / "cli")
+    assert edit_client_main([str(path), "make the background cream", "--meta", str(meta), "--output-dir", out_dir]) == 0
+    ok = json.loads(capsys.readouterr().out)
+    assert (
+        ok["error"] is None and ok["scene"]["scene"]["style"] == {"background": "cream"} and Path(ok["path"]).is_file()
+    )
+    assert edit_client_main([str(path), "paint a rainbow", "--meta", str(meta), "--output-dir", out_dir]) == 1
+    assert "outside the toy edit grammar" in json.loads(capsys.readouterr().out)["error"]
 
 
 def test_real_image_instruction_on_the_procedural_server_fails_and_keeps_the_row(rows, editor):
