@@ -296,7 +296,7 @@ class JobRequest(_Model):
     """A visual edit instead of a repaint (``description`` is then unused); the canvas must stay the image's."""
 
     @model_validator(mode="after")
-    def _edit_keeps_the_canvas(self) -> JobRequest:
+    def _edit_canvas_and_boxes(self) -> JobRequest:
         if self.edit is not None and self.canvas != CanvasParams():
             raise ValueError("an edit job keeps the image's canvas: leave canvas at its defaults")
         instruction = self.edit is not None and self.edit.is_instruction

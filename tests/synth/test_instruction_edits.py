@@ -211,6 +211,17 @@ def test_bar_edits_keep_values_and_a_bar_named_by_the_problem():
     assert (pixels(same) == np.asarray(world.render(BARS))).all()
 
 
+def test_edits_compose_across_rounds():
+    """A second round edits the first round's result: the style accumulates and renders as one image."""
+    first = edit_problem(COUNT_RED, "make the background cream")
+    second = edit_problem(first, "add light noise", seed=4)
+    assert second["scene"]["style"] == {"background": "cream", "noise": 0.01, "noise_seed": 4}
+    once = pixels(second["scene"])
+    assert tuple(once[0, 0]) in (BACKGROUNDS["cream"], edits.NOISE_RGB)
+    with pytest.raises(InstructionError, match="changes nothing"):
+        edit_problem(second, "make the background cream")
+
+
 def test_a_bare_scene_keeps_every_count():
     assert edit_problem(SHAPES, "make the shapes bigger")["objects"][0]["box"] == [7, 7, 37, 37]
     with pytest.raises(InstructionError, match="no problem given"):
