@@ -49,7 +49,8 @@ TOY_VERSION = 1
 """Bump when the generator's output changes, so exported splits with a stale manifest are regenerated."""
 
 
-TASKS = ("rec", "ovd")
+TASKS = ("rec", "ovd", "isr")
+"""``isr``: the toy ISR rooms (``core.toy.indoor``): OVD samples, a furniture category and all its boxes."""
 
 
 @dataclass(frozen=True)
@@ -245,6 +246,8 @@ def make_scene(split: str, index: int, seed: int, size: int = 224, task: str = "
     """One scene record: the JSONL keys of docs/interfaces.md with ``image`` a PIL image, and ``meta`` the scene."""
     _check_args(split, task, size)
     levels = SPLITS[split].text_levels
+    if task == "isr":
+        return _isr_scene(split, index, seed, size, _rng(seed, split, task, index))
     if not levels:
         rec = _draw_scene(split, index, seed, size, task, _rng(seed, split, task, index))
         if SPLITS[split].short_query and task == "rec":
@@ -431,6 +434,36 @@ def _draw_scene(split: str, index: int, seed: int, size: int, task: str, rng: np
         ],
         "solution": solution,
         "task": task,
+        "width": size,
+        "height": size,
+        "meta": meta,
+    }
+
+
+def _isr_scene(split: str, index: int, seed: int, size: int, rng: np.random.Generator) -> dict[str, Any]:
+    """A toy ISR room (``core.toy.indoor``): the split is out-of-domain when its backgrounds are textured (``ood``,
+    ``test_ood*``). The record is an OVD sample (``task: ovd``), as ``datamodules.isr`` writes rendered views."""
+    from core.toy.indoor import indoor_scene
+
+    room = indoor_scene(rng, size, ood=set(SPLITS[split].backgrounds) <= set(grammar.TEXTURED_BACKGROUNDS))
+    query, solution = room["query"], room["solution"]
+    objects = [
+        {"role": "target" if o["category"] == query else "object", "shape": o["category"], "size": "medium", **o}
+        for o in room["objects"]
+    ]
+    meta = {"split": split, "index": index, "seed": seed, "task": "ovd", "source": "toy-isr", "width": size,
+            "height": size, "query": query, "objects": objects, "categories": sorted({o["category"] for o in objects}),
+            "description": str(Description("plain", room["wall"])), "wall": room["wall"], "floor": room["floor"]}  # fmt: skip
+    meta["difficulty"] = round(difficulty(meta), 4)
+    return {
+        "id": f"toy-isr-{split}-{index:06d}",
+        "image": room["image"],
+        "conversations": [
+            {"from": "human", "value": f"<image>{query}"},
+            {"from": "gpt", "value": json.dumps(solution)},
+        ],
+        "solution": solution,
+        "task": "ovd",
         "width": size,
         "height": size,
         "meta": meta,

@@ -39,6 +39,7 @@ RUNS = (
     + [(CONFIGS / "cycle_tiny.yaml", o) for o in sorted((CONFIGS / "overlays").glob("cycle_tiny_*.yaml"))]
     + [(CONFIGS / "cycle_4b.yaml", CONFIGS / "overlays/hf_engines.yaml")]  # the transformers engines on Qwen3-VL
     + [(CONFIGS / "cycle_4b_temporal.yaml", CONFIGS / "overlays/hf_engines.yaml")]  # ... and on its clips
+    + [(CONFIGS / "cycle_4b.yaml", CONFIGS / "overlays/cycle_4b_parquet.yaml", CONFIGS / "overlays/hf_engines.yaml")]
 )
 
 
@@ -61,7 +62,7 @@ def toy_data(tmp_path_factory) -> dict[str, Path]:
     from datamodules.toy import export_jsonl, export_offline_descriptions
 
     out = {}
-    for task in ("rec", "ovd"):
+    for task in ("rec", "ovd", "isr"):  # isr: the toy ISR rooms (OVD samples), for the ISR configs
         root = tmp_path_factory.mktemp(f"toy_{task}")
         export_jsonl(root, "train", 8, seed=0, task=task)
         export_jsonl(root, "val", 4, seed=0, task=task)
@@ -83,6 +84,8 @@ def _data_dir(cfg: dict, toy: dict[str, Path], dest: Path) -> Path:
 
     model_args = cfg["model"]["init_args"]
     task = model_args.get("task", "rec")
+    if any("isr" in str(f) for f in cfg["data"]["init_args"].get("train_files") or []):
+        task = "isr"  # ISR's perception stage: OVD samples of the toy ISR rooms
     if cfg["data"]["class_path"].endswith("VideoGroundingDataModule"):
         task = "video"
         jsonl_path = lambda root, split, task: toy_video.jsonl_path(root, split)  # noqa: E731
@@ -169,6 +172,12 @@ def cpu_swap(cfg: dict, toy: dict[str, Path], root: Path, qwen3_vl: Path | None 
     method = m.get("method")
     if isinstance(method, dict) and (method.get("init_args") or {}).get("mask_tokenizer"):  # region_space: mask
         method["init_args"]["mask_tokenizer"] = str(tiny_mask_tokenizer(root / "mask-tokenizer"))
+    if d.get("parquet_files"):  # the released RL parquet (datamodules/cycle_seg.py): toy rows in its schema
+        from datamodules.cycle_seg import export_toy_parquet
+        from lightning_modules.models.mask_tokenizer.toy import ToyMaskTokenizer
+
+        codec = ToyMaskTokenizer.load(tiny_mask_tokenizer(root / "mask-tokenizer"))
+        d.update(parquet_image_root=None, parquet_files=[str(export_toy_parquet(root / "parquet/rl.parquet", codec))])
     if cfg["data"]["class_path"].endswith("ReasoningDataModule"):  # EvolvedGRPO's A and Q: a few toy math rows
         d.update(toy={"splits": {"train": 4, "val": 2}, "seed": 0}, data_root=str(root / "toy_math"), train_files=None,
                  val_files=None, test_files=None)  # fmt: skip
