@@ -143,6 +143,19 @@ TARGETS = {
     "toy_steps_named": toy_steps_named_target,
 }
 
+
+def pair_prompt(processor, pair) -> str:
+    """The chat prompt of a toy math SFT pair (``datamodules.sft_math.MathPair``): A's prompt as ``MathAnswer`` asks
+    it, or Q's as ``QuestionGenerator`` does, so the math stage teaches what the EvolvedGRPO runs ask."""
+    from datamodules.reasoning import answer_prompt
+    from lightning_modules.methods.math_answer import chat_prompt
+    from lightning_modules.methods.question_generator import question_prompt
+
+    if pair.role == "answer":
+        return chat_prompt(processor, answer_prompt(pair.problem))
+    return chat_prompt(processor, question_prompt(pair.problem, pair.answer, pair.kind))
+
+
 VIDEO_TEMPLATES = {"interval": "toy_temporal", "anchor": "toy_st"}
 """The toy checkpoint's grounding prompt of clips in each region space (``SFTModule(video_templates=...)``)."""
 
@@ -385,7 +398,11 @@ class SFTModule(L.LightningModule):
                 "an SFT batch holds images or clips, not both (one processor call, one forward): "
                 "datamodules.video.ImageVideoSFTDataModule makes each batch all images or all clips"
             )
-        if batch and all(clips):
+        if batch and all(hasattr(s, "completion") for s in batch):  # toy math pairs (datamodules.sft_math)
+            p_enc = proc(text=[pair_prompt(proc, s) for s in batch], images=[s.image for s in batch],
+                         return_tensors="pt", padding=True)  # fmt: skip
+            targets = [s.completion + "<|im_end|>" for s in batch]
+        elif batch and all(clips):
             pairs = [self.clip_example(s) for s in batch]
             p_enc = processor_inputs(proc, [p for p, _ in pairs], [s.clip for s in batch])
             targets = [t + "<|im_end|>" for _, t in pairs]
@@ -481,6 +498,9 @@ class SFTModule(L.LightningModule):
         if batch and hasattr(batch[0], "clip"):
             self._eval_clips(batch, kind, name)
             return
+        if batch and hasattr(batch[0], "completion"):
+            self._eval_pairs(batch, kind, name)
+            return
         answers, _ = greedy_answers(
             self.policy, self.processor, batch, template=first, max_new_tokens=self.hparams.eval_max_new_tokens
         )
@@ -527,6 +547,31 @@ class SFTModule(L.LightningModule):
         answers, _ = greedy_answers(self.policy, self.processor, back, template=template, max_new_tokens=n)
         hits = [bool(a.boxes) and rewards.iou(a.boxes[0], s.boxes[0]) >= 0.5 for s, a in zip(batch, answers)]
         return sum(hits) / max(len(batch), 1)
+
+    def _eval_pairs(self, batch, kind: str, name: str) -> None:
+        """Toy math pairs, greedily: A's rows score ``accuracy`` (the box matches the answer) and ``format``
+        (``math_grading.format_ok``), as ``MathAnswer`` validates; Q's rows ``valid_json`` (``QuestionGenerator``'s
+        gate) and ``in_grammar`` (the edit is one the toy world executes: ``sft_math.edit_in_grammar``)."""
+        from core.coevolution import EDIT_KEYS
+        from core.math_grading import answers_match, extract_boxed, format_ok
+        from datamodules.sft_math import edit_in_grammar
+        from lightning_modules.engines.base import RolloutRequest, Sampling
+        from lightning_modules.question_rewards import parse_question_output
+
+        requests = [RolloutRequest(pair_prompt(self.processor, s), s.image, 1, i) for i, s in enumerate(batch)]
+        sampling = Sampling(max_new_tokens=self.hparams.eval_max_new_tokens, greedy=True)
+        texts = build_rollout_engine("hf").generate(self.policy, self.processor, requests, sampling).texts
+        scores: dict[str, list[float]] = {}
+        for s, text in zip(batch, texts):
+            if s.role == "answer":
+                row = {"accuracy": answers_match(extract_boxed(text), s.answer), "format": format_ok(text)}
+            else:
+                out = parse_question_output(text, EDIT_KEYS[s.kind])
+                row = {"valid_json": out is not None, "in_grammar": out is not None and edit_in_grammar(s, out.text)}
+            for k, v in row.items():
+                scores.setdefault(k, []).append(float(v))
+        for k, v in scores.items():
+            self.log(f"{kind}/{name}/{k}", sum(v) / len(v), batch_size=len(v), add_dataloader_idx=False)
 
     def _eval_clips(self, batch, kind: str, name: str) -> None:
         """Clips, greedily, in every region space of ``video_spaces``: CycleGRPO's own clip validation in that space
