@@ -9,10 +9,14 @@ Per sample (`MaskRegions`, cached by the sample object for the step):
 
 - one ``space.for_image(sample.image)``: the token-mode space bound to its image, shared by the captioning prompt,
   the N captions' N x K groundings and the no-target groundings (its decode cache holds the codes they repeat);
-- the ground truth: the toy world's exact visible target mask (``core.toy.masks.target_mask(meta)``, resized to the
-  sample's image when a data module downscaled it); data without object masks in ``meta`` falls back to the filled
-  rectangles of its boxes; a sample without boxes (a no-target query) is ``NO_TARGET``;
-- the captioning prompt shows the ground truth's span (the tokenizer's two codes, prompted with its tight box);
+- the ground truth, first found of: the sample's exact mask (``meta["mask"]``: GRES records,
+  ``datamodules/cycle_seg.py``); its target's mask tokens (``meta["mask_codes"]``: the released RL parquet's rows,
+  decoded on the image; ``[]`` is no target); the toy world's exact visible target mask
+  (``core.toy.masks.target_mask(meta)``, resized to the sample's image when a data module downscaled it); the filled
+  rectangles of its boxes; a sample without any of these (a no-target query) is ``NO_TARGET``;
+- the captioning prompt shows the ground truth's span: the row's own codes when ``meta["mask_codes"]`` holds them
+  (the parquet's prompt and answer are those codes, so the token reward compares against them, not a re-encoding of
+  their decoded mask), else the tokenizer's two codes of the mask, prompted with its tight box;
 - a grounding's region is the union of the decoded spans of its answer part (``raw_caption``); captions lose their
   mask tokens before they are grounded (``caption_text``; a caption that writes one pays the leak in ``Phi_cap``);
 - consistency ``s`` (``mask_reward``, ``core.regions.mask_rewards.mask_consistency``): ``tokens`` (default, the
@@ -28,6 +32,7 @@ a perfect grounder writes the ground truth's own codes, which decode to an appro
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +41,7 @@ from PIL import Image
 
 from core.regions import NO_TARGET, MaskSpace, region_space
 from core.regions.mask_rewards import MASK_CONSISTENCIES, mask_consistency
+from core.regions.mask_tokens import format_mask
 from lightning_modules.methods.cycle_rewards import raw_caption
 
 __all__ = ["MASK_REWARDS", "REBUILD", "MaskRegions", "gt_pixel_mask", "load_mask_codec", "lookalike_masks"]
@@ -65,19 +71,38 @@ def load_mask_codec(path: str | None):
     return ToyMaskTokenizer.load(folder)
 
 
-def gt_pixel_mask(sample) -> np.ndarray:
-    """``sample``'s ground-truth target as a bool ``[H, W]`` mask of its image: the toy scene's exact visible target
-    mask when ``meta`` holds its objects, else its boxes filled; all False without boxes (no target)."""
+def _fit(mask: np.ndarray, w: int, h: int) -> np.ndarray:
+    """``mask`` at the sample's image size (a data module that downscaled the image: nearest, as labels resize)."""
+    if mask.shape != (h, w):
+        mask = np.asarray(Image.fromarray(mask).resize((w, h), Image.NEAREST), dtype=bool)
+    return mask
+
+
+def gt_pixel_mask(sample, decode: Callable[[tuple[int, int]], np.ndarray] | None = None) -> np.ndarray:
+    """``sample``'s ground-truth target as a bool ``[H, W]`` mask of its image (module docstring): ``meta["mask"]``
+    (an exact mask), else the union of ``meta["mask_codes"]`` decoded by ``decode`` (codes -> mask on this image),
+    else the toy scene's exact visible target mask when ``meta`` holds its objects, else its boxes filled; all False
+    without any (no target)."""
     w, h = sample.size
+    meta = getattr(sample, "meta", None) or {}
+    if meta.get("mask") is not None:
+        return _fit(np.asarray(meta["mask"], dtype=bool), w, h)
+    if meta.get("mask_codes") is not None:
+        union = np.zeros((h, w), dtype=bool)
+        if meta["mask_codes"] and decode is None:
+            raise ValueError(
+                f"{getattr(sample, 'source', sample.sample_id)}: the sample's target is given as mask tokens "
+                "(meta['mask_codes']); decoding them needs the mask tokenizer: gt_pixel_mask(sample, decode=...)"
+            )
+        for pair in meta["mask_codes"]:
+            union |= _fit(np.asarray(decode(tuple(pair)), dtype=bool), w, h)
+        return union
     if not len(sample.boxes):
         return np.zeros((h, w), dtype=bool)
-    meta = getattr(sample, "meta", None) or {}
     if meta.get("objects") and "height" in meta and "width" in meta:
         from core.toy.masks import target_mask
 
-        mask = target_mask(meta)
-        if mask.shape != (h, w):  # the data module downscaled the image (max_pixels): nearest, as labels resize
-            mask = np.asarray(Image.fromarray(mask).resize((w, h), Image.NEAREST), dtype=bool)
+        mask = _fit(target_mask(meta), w, h)
         if mask.any():
             return mask
     mask = np.zeros((h, w), dtype=bool)
@@ -168,7 +193,7 @@ class MaskRegions:
         """The ground-truth region: a read-only bool pixel mask, or ``NO_TARGET``."""
         entry = self._entry(sample)
         if entry.gt is None:
-            entry.gt = entry.space.normalize(gt_pixel_mask(sample))
+            entry.gt = entry.space.normalize(gt_pixel_mask(sample, decode=entry.space.decode))
         return entry.gt
 
     def gt_codes(self, sample) -> list[tuple[int, int]]:
@@ -179,7 +204,12 @@ class MaskRegions:
         return entry.codes
 
     def region_text(self, sample) -> str:
-        """The ground truth as the captioning prompt shows it (and a perfect grounding writes it): its span."""
+        """The ground truth as the captioning prompt shows it (and a perfect grounding writes it): its span; the
+        sample's own spans when ``meta["mask_codes"]`` gives them (``, ``-separated, as the released prompts list
+        several)."""
+        codes = (getattr(sample, "meta", None) or {}).get("mask_codes")
+        if codes:
+            return ", ".join(format_mask(tuple(c)) for c in codes)
         return self.bound(sample).serialize(self.gt(sample))
 
     def predicted(self, sample, text: str) -> Any:
