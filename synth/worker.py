@@ -37,7 +37,7 @@ from synth.compose import (
     paste_back,
     place_image,
 )
-from synth.foreground import build_masker, keep_mask, load_masker
+from synth.foreground import build_masker, keep_mask, keep_masks, load_masker
 from synth.inputs import open_input
 from synth.painters import PaintJob, build_painter
 
@@ -150,6 +150,7 @@ def run_batch(painter, masker, items: list[dict[str, Any]], pool: Executor | Non
     prepared: list[tuple[dict[str, Any], PaintJob, np.ndarray, list[list[float]], CanvasGeometry]] = []
     mapper = pool.map if pool is not None else map
     loaded = list(mapper(_try_load, items))
+    staged: list[tuple[dict[str, Any], CanvasGeometry, np.ndarray, list[list[float]]]] = []
     for item, image in zip(items, loaded):
         edit = item.get("edit")
         if edit is not None and edit.get("scene") is not None:  # toy edits: rendered from the scene, no painter
@@ -164,12 +165,15 @@ def run_batch(painter, masker, items: list[dict[str, Any]], pool: Executor | Non
             geom = CanvasGeometry.from_params(image.width, image.height, **item["canvas"])
             canvas = place_image(image, geom)
             sx, sy = geom.img_w / geom.src_w, geom.img_h / geom.src_h
-            rows, cols = geom.image_region()
             img_boxes = [[b[0] * sx, b[1] * sy, b[2] * sx, b[3] * sy] for b in item["boxes"]]
-            if img_boxes:
-                fg = keep_mask(masker, canvas[rows, cols], img_boxes)
-            else:  # a box-less instruction edit: nothing to keep, and no masker is asked about no boxes
-                fg = np.zeros((geom.img_h, geom.img_w), dtype=bool)
+            staged.append((item, geom, canvas, img_boxes))
+        except Exception as e:
+            results[item["uid"]] = _failure(item, f"could not prepare the job: {type(e).__name__}: {e}")
+    for (item, geom, canvas, _), fg in zip(staged, _foregrounds(masker, staged)):
+        edit = item.get("edit")
+        try:
+            if isinstance(fg, Exception):
+                raise fg
             keep = mask_to_canvas(fg, geom)
             known = mask_to_canvas(np.ones((geom.img_h, geom.img_w), dtype=bool), geom)
             out_boxes = [geom.transform_box(b) for b in item["boxes"]]
@@ -228,6 +232,26 @@ def run_batch(painter, masker, items: list[dict[str, Any]], pool: Executor | Non
 def _is_instruction(item: dict[str, Any]) -> bool:
     edit = item.get("edit")
     return edit is not None and edit["steps"][0]["kind"] == "instruction"
+
+
+def _foregrounds(masker, staged: list) -> list[np.ndarray | Exception]:
+    """The kept foreground of every staged job (``(item, geometry, canvas, boxes in image pixels)``), on its image's
+    pixels: the whole batch's images in one masker call when the masker batches (SAM 2: one forward per box count),
+    retried image by image when that call fails, so a failure costs only the job whose image fails. A box-less
+    instruction edit keeps nothing, and no masker is asked about no boxes."""
+    out: list[np.ndarray | Exception] = [np.zeros((g.img_h, g.img_w), dtype=bool) for _, g, _, _ in staged]
+    need = [i for i, (_, _, _, boxes) in enumerate(staged) if boxes]
+    crops = [staged[i][2][staged[i][1].image_region()] for i in need]
+    try:
+        for i, mask in zip(need, keep_masks(masker, crops, [staged[i][3] for i in need])):
+            out[i] = mask
+    except Exception:
+        for i, crop in zip(need, crops):
+            try:
+                out[i] = keep_mask(masker, crop, staged[i][3])
+            except Exception as e:  # this job fails, as "could not prepare the job"
+                out[i] = e
+    return out
 
 
 def _paint_group(painter, group: list) -> list[np.ndarray]:

@@ -164,3 +164,41 @@ def test_server_without_sam2_weights_fails_to_start_naming_the_folder(tmp_path):
     with pytest.raises(RuntimeError, match=r"workers cannot start.*SAM 2 weights not found.*missing"):
         with LocalServer(output_dir=tmp_path / "out", overrides=over, startup_timeout=60):
             pass
+
+
+def test_the_worker_masks_a_batch_in_one_call_and_a_failing_image_costs_only_its_job(sam2_dir, tmp_path):
+    """``synth.worker.run_batch`` asks the masker once for the whole batch (SAM 2: one forward per box count); when
+    that call fails it retries image by image, so only the job whose image breaks the masker fails."""
+    from synth.painters import ProceduralPainter
+    from synth.worker import run_batch
+
+    masker = load_masker(build_masker("sam2", path=str(sam2_dir), device="cpu"))
+    calls = []
+    masker._model.register_forward_hook(lambda mod, args, out: calls.append(tuple(out.pred_masks.shape[:2])))
+    items = []
+    for i in range(3):
+        path = tmp_path / f"{i}.png"
+        boxes = make_image(path, 64, 48, i)[:1]
+        items.append(
+            dict(uid=f"u{i}", job_id=f"j{i}", image_path=str(path), image_bytes=None, boxes=boxes,
+                 description="a plain white background", seed=i, canvas={"extend": 0.25 * i},
+                 output_path=str(tmp_path / f"out{i}.png"), tmp_path=str(tmp_path / f".out{i}.tmp"))
+        )  # fmt: skip
+    results = run_batch(ProceduralPainter(), masker, items)
+    assert all(r["ok"] for r in results) and calls == [(3, 1)]  # three images, one box each: one forward
+
+    class Picky:  # a masker that cannot read one of the images (e.g. a corrupt crop)
+        name = "picky"
+
+        def __call__(self, image, boxes):
+            if len(boxes) and boxes[0][0] == items[1]["boxes"][0][0]:
+                raise RuntimeError("cannot segment this image")
+            return boxes_mask(boxes, image.shape[1], image.shape[0])
+
+        def mask_many(self, images, boxes):
+            return [self(im, bs) for im, bs in zip(images, boxes)]
+
+    for it in items:
+        Path(it["output_path"]).unlink(missing_ok=True)
+    ok = [r["ok"] for r in run_batch(ProceduralPainter(), Picky(), items)]
+    assert ok == [True, False, True]

@@ -214,6 +214,15 @@ def test_diffusers_painter_config_errors_name_the_key():
     assert DiffusersOutpainter(tiny=True, resolution=None).working_size(640, 480) == (640, 512)
 
 
+def test_extended_canvases_of_one_photo_share_one_working_size():
+    """A 640 x 480 photo grown by any outpainting factor (each side rounded to whole pixels) paints at one working
+    size: its short side sits on a half of the 64-pixel multiple, where plain rounding split a batch in two."""
+    painter = DiffusersOutpainter(tiny=True, resolution=640, multiple_of=64)
+    sizes = {painter.working_size(640 + round(640 * f), 480 + round(480 * f)) for f in np.linspace(0, 0.5, 201)}
+    assert sizes == {(640, 512)}
+    assert painter.working_size(640, 360) == (640, 384) and painter.working_size(480, 640) == (512, 640)
+
+
 # --- API models and configs ----------------------------------------------------------------------------------------
 
 
