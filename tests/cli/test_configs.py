@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 TRAIN_CONFIGS = sorted(
     p
     for p in (REPO / "configs").rglob("*.yaml")
-    if p.parent.name not in ("synth", "sweeps", "baselines", "study", "overlays")  # study/: study files
+    if p.parent.name not in ("synth", "sweeps", "baselines", "study", "overlays", "coevolve")  # study/: study files
     and "_stage" not in p.stem
 )
 TOY_STAGES = sorted((REPO / "configs").glob("toy_sft_stage[0-9]*.yaml"))

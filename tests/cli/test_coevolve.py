@@ -1,0 +1,188 @@
+"""``python -m cli.coevolve``: EvolvedGRPO's rounds on a few toy math rows, on the CPU, with the toy checkpoint as A
+and Q (lightning_modules/coevolution_rounds.py, docs/evolved_coevolution.md, "The rounds").
+
+The toy checkpoint never writes Q's JSON, so every row is kept (gate ``malformed``): these tests check the machinery
+(stages, files, lineage, metrics, resumption, determinism), not learning.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cli.coevolve import main
+from datamodules.reasoning import ReasoningDataModule, read_rows
+from lightning_modules.coevolution_edits import EditSettings, build_next_dataset, read_jsonl_rows
+from lightning_modules.coevolution_rounds import STOP_ENV, Rounds, RoundsConfig, RoundsError, StopRequested
+
+REPO = Path(__file__).resolve().parents[2]
+TOY = REPO / "checkpoints/toy-qwen2.5-vl"
+STAGES = ("answer_fit", "answer_export", "answer_eval", "question_fit", "question_export", "edit")
+
+
+def write_config(tmp: Path, **over) -> Path:
+    """configs/coevolve/tiny.yaml shrunk: 4 rows of D_1 (2 fit steps of 2 rows), 2 + 2 held-out rows, chunks of 2."""
+    cfg = yaml.safe_load((REPO / "configs/coevolve/tiny.yaml").read_text())
+    toy_root = tmp / "toy_math"
+    small = {"data.init_args.toy": None, "data.init_args.data_root": str(toy_root), "data.init_args.batch_size": 2}
+    cfg.update(
+        rounds=1,
+        answer_config=str(REPO / cfg["answer_config"]),
+        question_config=str(REPO / cfg["question_config"]),
+        answer_model=str(TOY),
+        question_model=str(TOY),
+        toy={"data_root": str(toy_root), "splits": {"train": 4, "val": 2, "ood": 2}, "seed": 0},
+        dataset=str(toy_root / "train.jsonl"),
+        max_rows=4,
+        eval_files={"toy_math_val": str(toy_root / "val.jsonl"), "toy_math_ood": str(toy_root / "ood.jsonl")},
+        answer_args={**cfg["answer_args"], **small, "model.init_args.sampling.max_new_tokens": 16},
+        question_args={
+            **cfg["question_args"],
+            **small,
+            "model.init_args.sampling.max_new_tokens": 16,
+            "model.init_args.method.init_args.answer_max_new_tokens": 16,
+        },  # fmt: skip
+        edits={**cfg["edits"], "max_new_tokens": 16, "chunk": 2},
+        launcher="inprocess",
+    )
+    cfg.update(over)
+    path = tmp / "coevolve.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def stages(out: Path) -> dict:
+    return json.loads((out / "state.json").read_text())["stages"]
+
+
+def test_one_round_killed_in_the_edit_stage_resumes_per_row(tmp_path, monkeypatch):
+    """One round end to end, stopped after D_2's first chunk; the same command finishes it without re-running a
+    finished stage or row, and the rows it writes are the rows an uninterrupted build writes."""
+    monkeypatch.chdir(tmp_path)
+    config, out = write_config(tmp_path), tmp_path / "run"
+    monkeypatch.setenv(STOP_ENV, "round_1/edit:rows2")
+    monkeypatch.setenv("COEVOLVE_STOP_HOW", "raise")
+    with pytest.raises(StopRequested):
+        main(["--config", str(config), "--out", str(out)])
+    st = stages(out)
+    assert all(st[f"round_1/{s}"].get("done") for s in STAGES[:-1]) and not st["round_1/edit"].get("done")
+    assert (
+        len(read_jsonl_rows(out / "round_2/dataset.jsonl.partial")) == 2
+        and not (out / "round_2/dataset.jsonl").exists()
+    )
+    monkeypatch.delenv(STOP_ENV)
+    summary = main(["--config", str(config), "--out", str(out)])
+    after = stages(out)
+    for s in STAGES[:-1]:  # finished before the stop: not started again
+        assert after[f"round_1/{s}"] == st[f"round_1/{s}"], s
+    assert len(after["round_1/edit"]["starts"]) == 2 and after["round_1/edit"]["done"]
+
+    # the files of a round
+    r1 = out / "round_1"
+    assert (r1 / "answer/hf/config.json").is_file() and (r1 / "question/hf/config.json").is_file()
+    assert (r1 / "answer/final.ckpt").is_file() and (r1 / "answer/checkpoints/last.ckpt").is_file()
+    d1, d2 = read_jsonl_rows(r1 / "dataset.jsonl"), read_jsonl_rows(out / "round_2/dataset.jsonl")
+    assert (
+        [r["id"] for r in d2]
+        == [r["id"] for r in d1]
+        == [r.sample_id for r in read_rows(tmp_path / "toy_math/train.jsonl")]
+    )
+    for row in d2:  # the toy checkpoint writes no JSON: every row kept, with this round's record
+        root, rec = row["lineage"]
+        assert root["outcome"] == "root" and root["round"] == 1
+        assert (
+            rec["round"] == 2 and rec["from_round"] == 1 and rec["outcome"] == "kept" and rec["reason"] == "malformed"
+        )
+        assert rec["question_model"] == str(r1 / "question/hf") and rec["answer_model"] == str(r1 / "answer/hf")
+        assert isinstance(rec["q_output"], str) and rec["kind"] in ("text", "image")
+        assert (
+            {"votes", "label"} <= set(rec)
+            if rec["kind"] == "text"
+            else {"edit_job", "edited_image", "clip"} <= set(rec)
+        )
+    dm = ReasoningDataModule(data_root=str(out / "round_2"), train_files=["dataset.jsonl"], batch_size=2)
+    dm.setup("fit")  # D_2 is what A_2's fit reads
+    assert [s.sample_id for s in next(iter(dm.train_dataloader()))] and len(dm.train_set) == 4
+
+    # per-round metrics and the summary
+    metrics = json.loads((r1 / "metrics.json").read_text())
+    assert set(metrics["answer_eval"]) == {
+        f"test/toy_math_{s}/{m}" for s in ("val", "ood") for m in ("accuracy", "format")
+    }
+    edits = metrics["question_edits"]
+    assert edits["rows"] == 4 and edits["replaced"] == 0 and edits["valid_edit_rate"] == 0.0
+    assert edits["reasons"] == {"malformed": 4} and sum(k["rows"] for k in edits["by_kind"].values()) == 4
+    assert summary["per_round"][0]["answer_eval"] == metrics["answer_eval"]
+    assert json.loads((out / "summary.json").read_text())["final_dataset"] == str(out / "round_2/dataset.jsonl")
+
+    # determinism: an uninterrupted build of D_2 from the same models writes the same rows
+    fresh = build_next_dataset(
+        r1 / "dataset.jsonl", out / "round_2/fresh.jsonl", round_k=1, question_model=str(r1 / "question/hf"),
+        answer_model=str(r1 / "answer/hf"),
+        judge_args=Rounds(RoundsConfig.from_yaml(config), out)._judge_args(str(r1 / "answer/hf"), out / "round_2/images"),
+        settings=EditSettings(**{**yaml.safe_load(config.read_text())["edits"]}), seed=1,
+    )  # fmt: skip
+    assert read_jsonl_rows(out / "round_2/fresh.jsonl") == d2 and fresh == edits
+
+    # a third run: nothing left to do, nothing re-run
+    main(["--config", str(config), "--out", str(out)])
+    assert stages(out) == after
+
+
+def test_a_run_folder_refuses_another_config_and_a_config_names_its_unknown_key(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "coevolve.yaml").write_text(yaml.safe_dump({"seed": 5}))
+    cfg = RoundsConfig.from_yaml(write_config(tmp_path))
+    with pytest.raises(RoundsError, match="started with another config"):
+        Rounds(cfg, out).run()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({**yaml.safe_load(write_config(tmp_path).read_text()), "round": 2}))
+    with pytest.raises(SystemExit) as exc:
+        main(["--config", str(bad), "--out", str(tmp_path / "run2")])
+    assert exc.value.code == 2 and "unknown key(s) ['round']" in capsys.readouterr().err
+
+
+def test_shipped_rounds_configs_read():
+    for path in sorted((REPO / "configs/coevolve").glob("*.yaml")):
+        cfg = RoundsConfig.from_yaml(path)
+        assert cfg.rounds >= 1 and Path(cfg.answer_config).is_file() and Path(cfg.question_config).is_file()
+
+
+@pytest.mark.slow
+def test_killed_mid_fit_in_a_subprocess_resumes_to_the_uninterrupted_result(tmp_path):
+    """The command in a process of its own, train.py in processes of their own (launcher subprocess), killed in A's
+    fit of round 1 after its first step, then in D_2's build; started again, it finishes with the datasets and metrics
+    of an uninterrupted (in-process) run, and the stages finished before a kill were not run again."""
+    ref_dir, run_dir = tmp_path / "ref", tmp_path / "killed"
+    ref_dir.mkdir(), run_dir.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "cli.coevolve", "--config", str(write_config(run_dir, launcher="subprocess"))]
+    cmd += ["--out", str(run_dir / "out")]
+    for stop in ("round_1/answer_fit:step2", "round_1/edit:rows2"):
+        proc = subprocess.run(cmd, cwd=REPO, env={**env, STOP_ENV: stop}, capture_output=True, text=True)
+        assert proc.returncode != 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        if stop.endswith("step2"):
+            assert (run_dir / "out/round_1/answer/checkpoints/last.ckpt").is_file()
+            assert not (run_dir / "out/round_1/answer/final.ckpt").exists()
+        before = stages(run_dir / "out")
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    after = stages(run_dir / "out")
+    fit = after["round_1/answer_fit"]
+    assert len(fit["starts"]) == 2 and fit["result"]["resumed_from"].endswith("last.ckpt")
+    for s in STAGES[:-1]:
+        assert after[f"round_1/{s}"] == before[f"round_1/{s}"], s
+    main(["--config", str(write_config(ref_dir)), "--out", str(ref_dir / "out")])
+    for name in ("round_1/dataset.jsonl", "round_2/dataset.jsonl"):
+        ours, ref = read_jsonl_rows(run_dir / "out" / name), read_jsonl_rows(ref_dir / "out" / name)
+        strip = lambda rows, root: json.loads(json.dumps(rows).replace(str(root), "<tmp>"))  # noqa: E731
+        assert strip(ours, run_dir) == strip(ref, ref_dir), name
+    m = [json.loads((d / "out/round_1/metrics.json").read_text()) for d in (run_dir, ref_dir)]
+    assert m[0]["answer_eval"] == m[1]["answer_eval"] and m[0]["question_edits"] == m[1]["question_edits"]
