@@ -78,6 +78,13 @@ class CycleSegDataset:
     def __len__(self) -> int:
         return len(self.rows) + len(self.seg) + len(self.rec)
 
+    @property
+    def records(self) -> list[Record]:
+        """The GRES and REC samples as `Record`s (the evaluator reads their task and boxes: ``[]`` is no target);
+        parquet rows have no box before decoding and are left out (eval sets are GRES or REC)."""
+        seg = [Record(r.sample_id, r.image_path, r.query, r.boxes, "rec", r.source, r.meta) for r in self.seg]
+        return seg + self.rec
+
     def __getitem__(self, key: int | tuple[int, int]) -> Sample:
         epoch, i = key if isinstance(key, tuple) else (0, key)
         if i < len(self.rows):

@@ -29,6 +29,7 @@ import torch
 from lightning_modules import rewards
 from lightning_modules.engines.base import build_rollout_engine, rollout
 from lightning_modules.evaluation.evaluator import Evaluator, eval_set_name, format_for_template, greedy_answers
+from lightning_modules.methods.cycle_masks import MaskSFT, MaskSFTSpec
 from lightning_modules.models.loading import PolicyArgs, as_group, load_policy, prepare_policy
 from lightning_modules.models.prompts import CHAT_TEMPLATE, PROMPT_TEMPLATES, build_prompt_text
 from lightning_modules.models.qwen_vl import box_frame, box_frame_wh, model_input_size, model_inputs, processor_inputs
@@ -201,6 +202,8 @@ class SFTModule(L.LightningModule):
             because the same caption can be asked for as an interval or as anchors.
         video_tau: Eq. 15's time gate of the anchor space (``--model.method.init_args.tau`` of the spatio-temporal run),
             for the validation metrics.
+        mask_sft: the mask-token co-SFT cold start of CycleGRPO's ``region_space: mask`` (brief / detailed captions of
+            a span, expression -> span, no target): ``methods/cycle_masks.MaskSFT`` makes and validates the examples.
         optimizer: optimizer factory (LightningCLI).
     """
 
@@ -222,6 +225,7 @@ class SFTModule(L.LightningModule):
         video_spaces: list[str] | None = None,
         video_templates: dict[str, str] | None = None,
         video_tau: float = 0.5,
+        mask_sft: MaskSFTSpec | None = None,
     ):
         super().__init__()
         if target not in TARGETS:
@@ -256,6 +260,8 @@ class SFTModule(L.LightningModule):
         self.processor = None
         self.evaluator = Evaluator()
         self._video_methods: dict[str, object] = {}
+        self.mask_sft = MaskSFT(mask_sft) if mask_sft is not None else None
+        self.hparams.mask_sft = asdict(mask_sft) if mask_sft is not None else None  # checkpoints load weights_only
 
     def _corpus(self) -> list[str]:
         """Texts the tiny tokenizer is trained on: the prompts and targets of the first ``corpus_samples`` training
@@ -398,7 +404,11 @@ class SFTModule(L.LightningModule):
                 "an SFT batch holds images or clips, not both (one processor call, one forward): "
                 "datamodules.video.ImageVideoSFTDataModule makes each batch all images or all clips"
             )
-        if batch and all(hasattr(s, "completion") for s in batch):  # toy math pairs (datamodules.sft_math)
+        if batch and self.mask_sft is not None and not any(clips):  # mask-token co-SFT (methods/cycle_masks.py)
+            pairs = [self.mask_sft.example(proc, s) for s in batch]
+            p_enc = proc(text=[p[0] for p in pairs], images=[s.image for s in batch], return_tensors="pt", padding=True)
+            targets = [p[1] + "<|im_end|>" for p in pairs]
+        elif batch and all(hasattr(s, "completion") for s in batch):  # toy math pairs (datamodules.sft_math)
             p_enc = proc(text=[pair_prompt(proc, s) for s in batch], images=[s.image for s in batch],
                          return_tensors="pt", padding=True)  # fmt: skip
             targets = [s.completion + "<|im_end|>" for s in batch]
@@ -497,6 +507,13 @@ class SFTModule(L.LightningModule):
         name = eval_set_name(self._trainer, kind, dataloader_idx)
         if batch and hasattr(batch[0], "clip"):
             self._eval_clips(batch, kind, name)
+            return
+        if self.mask_sft is not None:  # the mask-token examples, greedily (MaskSFT.evaluate)
+            out = self.mask_sft.evaluate(
+                self.policy, self.processor, batch, self.hparams.eval_max_new_tokens, f"{kind}/{name}"
+            )
+            for k, (v, n) in out.items():
+                self.log(k, v, batch_size=n, on_step=False, on_epoch=True, add_dataloader_idx=False)
             return
         if batch and hasattr(batch[0], "completion"):
             self._eval_pairs(batch, kind, name)

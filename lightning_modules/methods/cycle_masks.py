@@ -32,11 +32,15 @@ a perfect grounder writes the ground truth's own codes, which decode to an appro
 
 from __future__ import annotations
 
+import itertools
+import zlib
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from PIL import Image
 
 from core.regions import NO_TARGET, MaskSpace, region_space
@@ -44,7 +48,18 @@ from core.regions.mask_rewards import MASK_CONSISTENCIES, mask_consistency
 from core.regions.mask_tokens import format_mask
 from lightning_modules.methods.cycle_rewards import raw_caption
 
-__all__ = ["MASK_REWARDS", "REBUILD", "MaskRegions", "gt_pixel_mask", "load_mask_codec", "lookalike_masks"]
+__all__ = [
+    "MASK_REWARDS",
+    "REBUILD",
+    "SFT_KINDS",
+    "MaskRegions",
+    "MaskSFT",
+    "MaskSFTSpec",
+    "detailed_caption",
+    "gt_pixel_mask",
+    "load_mask_codec",
+    "lookalike_masks",
+]
 
 MASK_REWARDS = MASK_CONSISTENCIES
 """``--model.method.init_args.mask_reward``: ``tokens`` (code match 1 / 0.4 / 0) or ``iou`` (decoded mask IoU)."""
@@ -225,3 +240,143 @@ class MaskRegions:
             return space.consistency(gt, pred)
         pred_codes = space.codes(raw_caption(text))
         return mask_consistency(pred_codes, self.gt_codes(sample), self.reward, decode=space.decode, gt_masks=[gt])
+
+
+# --- the mask-token co-SFT cold start ---------------------------------------------------------------------------------
+
+SFT_KINDS = ("brief", "detailed", "segment")
+"""What a sample with a target teaches (``MaskSFTSpec.mix``); a sample without one always teaches the rejection."""
+_WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+
+
+@dataclass
+class MaskSFTSpec:
+    """The co-SFT cold start of region_space mask (``--model.mask_sft``; docs/cycle_grpo.md, "The cold start"): each
+    training sample becomes one example, its kind drawn by id. Brief caption: ``brief_template`` shows the target's
+    mask-token span(s), the answer is the referring expression; detailed caption: ``detailed_template``, the answer a
+    longer description (``meta["detailed_caption"]``, or the toy scene's, from its objects; a brief one without);
+    segment: ``grounding_template`` asks the expression, the answer is the span(s); no target (a sample without one):
+    the expression asked the same way, answered ``no_target_answer``."""
+
+    mask_tokenizer: str = "checkpoints/toy-mask-tokenizer"
+    """The tokenizer whose codes the spans are (the RL run's ``--model.method.init_args.mask_tokenizer``)."""
+    mix: dict[str, float] = field(default_factory=lambda: {"brief": 0.25, "detailed": 0.25, "segment": 0.5})
+    """Kind -> weight, for samples with a target (``SFT_KINDS``)."""
+    brief_template: str = "toy_caption"
+    detailed_template: str = "caption"
+    grounding_template: str = "toy"
+    no_target_answer: str = "No target."
+    seed: int = 0
+
+
+def _position(box, w: int, h: int) -> str:
+    cx, cy = (box[0] + box[2]) / 2 / w, (box[1] + box[3]) / 2 / h
+    row = "upper" if cy < 1 / 3 else "lower" if cy > 2 / 3 else "middle"
+    col = "left" if cx < 1 / 3 else "right" if cx > 2 / 3 else "centre"
+    return "centre" if (row, col) == ("middle", "centre") else f"{row} {col}"
+
+
+def detailed_caption(sample) -> str | None:
+    """``meta["detailed_caption"]``, or the toy scene's target described from its objects (size, colour, shape, where
+    in the image in words, how many of its shape the scene holds: no coordinates); None for other data."""
+    meta = getattr(sample, "meta", None) or {}
+    if meta.get("detailed_caption"):
+        return str(meta["detailed_caption"])
+    objects = meta.get("objects") or []
+    t = next((o for o in objects if o.get("role") == "target"), None)
+    if t is None or "box" not in t or "width" not in meta:
+        return None
+    same = sum(o.get("shape") == t["shape"] for o in objects)
+    kin = f"the only {t['shape']}" if same == 1 else f"one of {_WORDS[min(same, 9)]} {t['shape']}s"
+    where = _position(t["box"], meta["width"], meta["height"])
+    return f"the {t['size']} {t['colour']} {t['shape']} in the {where} of the image, {kin} in the scene"
+
+
+class MaskSFT:
+    """`MaskSFTSpec`'s examples and their greedy validation (``SFTModule``'s mask-token hook)."""
+
+    def __init__(self, spec: MaskSFTSpec):
+        from lightning_modules.models.prompts import PROMPT_TEMPLATES
+
+        bad = {k: v for k, v in spec.mix.items() if k not in SFT_KINDS or v < 0}
+        if bad or not sum(spec.mix.values()) > 0:
+            raise ValueError(f"--model.mask_sft.mix: non-negative weights of {SFT_KINDS}, not all 0; got {spec.mix}")
+        for key in ("brief_template", "detailed_template", "grounding_template"):
+            if getattr(spec, key) not in PROMPT_TEMPLATES:
+                raise ValueError(f"--model.mask_sft.{key} {getattr(spec, key)!r} is not a prompt template")
+        self.spec = spec
+        self._regions: MaskRegions | None = None
+
+    @property
+    def regions(self) -> MaskRegions:
+        """The tokenizer and per-sample ground truth, loaded on first use (in the loader worker that encodes)."""
+        if self._regions is None:
+            self._regions = MaskRegions(self.spec.mask_tokenizer)
+        return self._regions
+
+    def kind(self, sample) -> str:
+        """``no_target`` for a sample without a target, else one of ``mix``, drawn by the sample's id."""
+        codes = (sample.meta or {}).get("mask_codes")
+        if not (codes if codes is not None else len(sample.boxes)):
+            return "no_target"
+        kinds = [k for k in SFT_KINDS if self.spec.mix.get(k, 0) > 0]
+        weights = [self.spec.mix[k] for k in kinds]
+        u = zlib.crc32(f"{self.spec.seed}/{sample.sample_id}/mask_sft".encode()) / 2**32 * sum(weights)
+        return next((k for k, c in zip(kinds, itertools.accumulate(weights)) if u < c), kinds[-1])
+
+    def example(self, processor, sample) -> tuple[str, str, str]:
+        """(chat prompt, target, kind) of ``sample``."""
+        from lightning_modules.models.prompts import build_prompt_text
+
+        kind, s = self.kind(sample), self.spec
+        if kind != "no_target" and not sample.query:
+            raise ValueError(
+                f"{sample.source or sample.sample_id}: a {kind} example needs the region's expression, and "
+                "this sample has none (the released parquet's region rows carry no caption: train the cold start on "
+                "GRES, --data.init_args.gres)"
+            )
+        if kind == "no_target":
+            return (
+                build_prompt_text(processor, sample.query, template=s.grounding_template),
+                self._answer(s.no_target_answer),
+                kind,
+            )
+        spans = self.regions.region_text(sample)
+        if kind == "segment":
+            return build_prompt_text(processor, sample.query, template=s.grounding_template), self._answer(spans), kind
+        text = sample.query if kind == "brief" else (detailed_caption(sample) or sample.query)
+        template = s.brief_template if kind == "brief" else s.detailed_template
+        return build_prompt_text(processor, spans, template=template), self._answer(text), kind
+
+    @staticmethod
+    def _answer(text: str) -> str:
+        return f"<answer>{text}</answer>"
+
+    @torch.no_grad()
+    def evaluate(self, policy, processor, batch, max_new_tokens: int, prefix: str) -> dict[str, tuple[float, int]]:
+        """Each example answered greedily: ``<prefix>/mask_span_rate`` (segment examples whose answer writes a
+        well-formed span), ``mask_code_acc`` (its first span's codes are the target's), ``no_target_acc`` (no-target
+        examples answered with the rejection and no span), ``caption_exact`` (captions equal to the target) and
+        ``caption_clean`` (captions without any mask token); each as (value, count)."""
+        from core.regions.checks import has_mask_token_leak
+        from core.regions.mask_rewards import no_target_reward
+        from core.regions.mask_tokens import parse_masks
+        from lightning_modules.engines.base import RolloutRequest, Sampling, build_rollout_engine
+
+        examples = [self.example(processor, s) for s in batch]
+        requests = [RolloutRequest(p, s.image, 1, i) for i, (s, (p, _, _)) in enumerate(zip(batch, examples))]
+        sampling = Sampling(max_new_tokens=max_new_tokens, greedy=True)
+        texts = build_rollout_engine("hf").generate(policy, processor, requests, sampling).texts
+        scores: dict[str, list[float]] = {}
+        for (_, target, kind), text in zip(examples, texts):
+            answer, want = raw_caption(text), raw_caption(target)
+            codes = parse_masks(answer)
+            if kind == "segment":
+                row = {"mask_span_rate": bool(codes), "mask_code_acc": codes[:1] == parse_masks(want)[:1]}
+            elif kind == "no_target":
+                row = {"no_target_acc": no_target_reward(answer, bool(codes)) == 1.0}
+            else:
+                row = {"caption_exact": answer.strip() == want.strip(), "caption_clean": not has_mask_token_leak(text)}
+            for k, v in row.items():
+                scores.setdefault(f"{prefix}/{k}", []).append(float(v))
+        return {k: (sum(v) / len(v), len(v)) for k, v in scores.items()}

@@ -172,6 +172,14 @@ def cpu_swap(cfg: dict, toy: dict[str, Path], root: Path, qwen3_vl: Path | None 
     method = m.get("method")
     if isinstance(method, dict) and (method.get("init_args") or {}).get("mask_tokenizer"):  # region_space: mask
         method["init_args"]["mask_tokenizer"] = str(tiny_mask_tokenizer(root / "mask-tokenizer"))
+    if (m.get("mask_sft") or {}).get("mask_tokenizer"):  # the mask-token co-SFT (SFTModule.mask_sft)
+        m["mask_sft"]["mask_tokenizer"] = str(tiny_mask_tokenizer(root / "mask-tokenizer"))
+    if d.get("gres"):  # GRES (datamodules/cycle_seg.py): tests/datamodules/test_cycle_data.py's four val refs
+        from tests.datamodules.test_cycle_data import write_gres_fixture
+
+        f = write_gres_fixture(root / "gres")
+        d["gres"] = {"grefs": str(f["grefs"]), "instances": str(f["instances"]), "image_root": str(f["images"])}
+        d.update(gres=dict(d["gres"], split="val"), gres_val_split="val" if d.get("gres_val_split") else None)
     if d.get("parquet_files"):  # the released RL parquet (datamodules/cycle_seg.py): toy rows in its schema
         from datamodules.cycle_seg import export_toy_parquet
         from lightning_modules.models.mask_tokenizer.toy import ToyMaskTokenizer
@@ -241,6 +249,8 @@ def test_config_runs_fit_steps_on_cpu(run, toy_data, tiny_qwen3_vl, tmp_path, mo
     logged = trainer.callback_metrics
     if video := cfg["data"]["init_args"].get("video"):  # the video SFT stage also validates on clips, both spaces
         assert {f"val/{video['val_name']}/{k}" for k in ("interval/tiou", "anchor/st")} <= set(logged), sorted(logged)
+    if cfg["model"]["init_args"].get("mask_sft"):  # the mask-token co-SFT validates its examples greedily
+        assert any(k.endswith(("/mask_span_rate", "/caption_exact", "/no_target_acc")) for k in logged), sorted(logged)
     if cfg["model"]["class_path"].endswith("GRPOModule"):
         assert "train/reward/total" in trainer.logged_metrics or any(k.startswith("train/") for k in logged)
         assert any(k.startswith("val/") for k in logged), sorted(logged)
