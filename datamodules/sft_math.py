@@ -118,7 +118,7 @@ def _base_reasoning(scene: dict[str, Any], query: dict[str, Any]) -> str:
     values = {b["colour"]: b["value"] for b in scene["bars"]}
     if op == "bar_value":
         return f"The {query['colour']} bar reaches {values[query['colour']]}."
-    heights = list(values.values())
+    heights = [b["value"] for b in scene["bars"]]
     if op == "bar_total":
         return f"The bars are {', '.join(map(str, heights))}.{_sum_sentence(heights, sum(heights))}"
     if op == "bar_range":
