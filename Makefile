@@ -99,6 +99,14 @@ toy-model-evolved-chains-anchor: setup
 toy-model-evolved-chains: setup
 	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage_evolved_chains.yaml --trainer.precision $(TOY_PRECISION)
 
+# The EvolvedGRPO math stage (checkpoints/toy-qwen2.5-vl-math; configs/toy_sft_stage_math.yaml, docs/toy_model.md):
+# continues toy-qwen2.5-vl on toy visual-math rows, A's think + boxed answers and Q's one-key JSON edits, so one checkpoint
+# starts both configs/evolved_answer_tiny.yaml and evolved_question_tiny.yaml. 3,000 steps of 16 in fp32 (the evolved
+# stage diverged in bf16): about 80 min of one CPU core (1.6 s a step); on a GPU:
+#   make toy-model-math TOY_PRECISION=32 TOY_FLAGS="--trainer.accelerator gpu --data.init_args.num_workers 8"
+toy-model-math: setup
+	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage_math.yaml --trainer.precision $(TOY_PRECISION) $(TOY_FLAGS)
+
 # Table 1 on the toy world with intervals (docs/study.md): rows x 3 seeds + the beta ablation, evaluated on the held-out
 # test splits. J processes at a time; SHARD=i/n runs a fixed part (a device call), then `python -m study merge`.
 J ?= 2
@@ -128,7 +136,7 @@ test-vllm: vllm-venv
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=$${MKL_NUM_THREADS:-1} \
 		$(VLLM_VENV)/bin/python -m pytest -q -m vllm -s tests/lightning_modules/test_vllm_engine.py
 
-.PHONY: setup train test test-slow fuzz lint toy-model toy-model-cycle toy-model-cycle-video toy-model-evolved toy-model-evolved-long toy-model-evolved-anchors toy-model-evolved-named toy-model-evolved-chains-anchor toy-model-evolved-chains study study-smoke vllm-venv test-vllm
+.PHONY: setup train test test-slow fuzz lint toy-model toy-model-cycle toy-model-cycle-video toy-model-evolved toy-model-evolved-long toy-model-evolved-anchors toy-model-evolved-named toy-model-evolved-chains-anchor toy-model-evolved-chains toy-model-math study study-smoke vllm-venv test-vllm
 
 # The end-to-end GPU harness (one H200; docs/performance.md): the paper's one-GPU configs through train.py on
 # random-weight Qwen2.5-VL-3B + SDXL, TRL on the same work, engine parity. On the GPU machine: make gpu-e2e PY=python3

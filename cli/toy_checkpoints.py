@@ -47,6 +47,7 @@ BUILDS: dict[str, Build] = {
         f"{_LONG} toy-model-evolved-anchors toy-model-evolved-chains TOY_PRECISION=32",
         "about 13 min on one H200, fp32",
     ),
+    "toy-qwen2.5-vl-math": Build("make toy-model-math TOY_PRECISION=32", "about 80 min of one CPU core, fp32"),
 }
 
 
