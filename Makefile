@@ -72,6 +72,14 @@ TOY_FLAGS ?=
 toy-model-cycle-video: setup
 	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage_cycle_video.yaml --trainer.precision $(TOY_PRECISION) $(TOY_FLAGS)
 
+# The mask-token cold start on the video cycle checkpoint (checkpoints/toy-qwen2.5-vl-cycle-mask: CycleGRPO's
+# region_space mask; configs/toy_sft_stage_cycle_mask.yaml, docs/cycle_grpo.md "The cold start"): the 514 mask tokens,
+# captions of a span, segmentation into a span, "No target."; 3,000 steps of 16, about 1.3 s a step on one CPU core
+# (about 65 min, fp32; a 400-step probe was run, not the full build), minutes on a GPU. Needs the toy mask tokenizer:
+#   python -m cli.mask_tokenizer --out checkpoints/toy-mask-tokenizer
+toy-model-cycle-mask: setup
+	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage_cycle_mask.yaml --trainer.precision $(TOY_PRECISION) $(TOY_FLAGS)
+
 # The EvolvedGRPO stage on top of it (checkpoints/toy-qwen2.5-vl-evolved: the <step> format of multi-step questions;
 # configs/toy_sft_stage_evolved.yaml, docs/toy_model.md): 2,000 steps of 16, bf16 on a GPU (minutes), about an hour
 # of one CPU core (built so, 44 min, fp32: a first bf16 GPU build diverged; experiments/toy_model_runs.md).
@@ -136,7 +144,7 @@ test-vllm: vllm-venv
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=$${MKL_NUM_THREADS:-1} \
 		$(VLLM_VENV)/bin/python -m pytest -q -m vllm -s tests/lightning_modules/test_vllm_engine.py
 
-.PHONY: setup train test test-slow fuzz lint toy-model toy-model-cycle toy-model-cycle-video toy-model-evolved toy-model-evolved-long toy-model-evolved-anchors toy-model-evolved-named toy-model-evolved-chains-anchor toy-model-evolved-chains toy-model-math study study-smoke vllm-venv test-vllm
+.PHONY: setup train test test-slow fuzz lint toy-model toy-model-cycle toy-model-cycle-video toy-model-cycle-mask toy-model-evolved toy-model-evolved-long toy-model-evolved-anchors toy-model-evolved-named toy-model-evolved-chains-anchor toy-model-evolved-chains toy-model-math study study-smoke vllm-venv test-vllm
 
 # The end-to-end GPU harness (one H200; docs/performance.md): the paper's one-GPU configs through train.py on
 # random-weight Qwen2.5-VL-3B + SDXL, TRL on the same work, engine parity. On the GPU machine: make gpu-e2e PY=python3

@@ -31,6 +31,9 @@ BUILDS: dict[str, Build] = {
     "toy-qwen2.5-vl-cycle-video": Build(
         "make toy-model-cycle toy-model-cycle-video", "about 1 h 50 min of one CPU core, fp32"
     ),
+    "toy-qwen2.5-vl-cycle-mask": Build(
+        "make toy-model-cycle-mask", "about 65 min of one CPU core, fp32 (estimated from a 400-step probe)"
+    ),
     "toy-qwen2.5-vl-evolved": Build("make toy-model-evolved", "about 44 min of one CPU core, fp32"),
     "toy-qwen2.5-vl-evolved-long": Build(f"{_LONG} TOY_PRECISION=32", "about 4 min on one H200, fp32"),
     "toy-qwen2.5-vl-evolved-anchors": Build(
