@@ -37,6 +37,7 @@ import torch
 import yaml
 from lightning.pytorch.callbacks import Callback
 
+from datamodules.reasoning import read_rows, write_jsonl
 from lightning_modules.coevolution_edits import EditSettings, build_next_dataset, read_jsonl_rows
 
 __all__ = ["FinalCheckpoint", "Rounds", "RoundsConfig", "RoundsError", "stop_point"]
@@ -318,6 +319,8 @@ class Rounds:
         args = dict(method.get("init_args") or {})
         args.update({k[len(METHOD_ARGS) :]: v for k, v in self.cfg.question_args.items() if k.startswith(METHOD_ARGS)})
         args["answer_model"] = answer
+        if args.get("answer_engine") is None and self.cfg.edits.engine:
+            args["answer_engine"] = self.cfg.edits.engine  # A samples here through the edits' engine
         if args.get("image_editor") is not None:
             args["image_editor"] = {**args["image_editor"], "output_dir": str(images)}
         return args
@@ -330,21 +333,22 @@ class Rounds:
             ToyMathSpec(splits=toy.get("splits") or {"train": 64}, seed=int(toy.get("seed", 0))).export(
                 toy["data_root"]
             )
-        from datamodules.reasoning import read_rows
-
         src = Path(self.cfg.dataset)
         records = read_rows(src, None, self.cfg.max_rows)
         dst = self.out / "round_1" / "dataset.jsonl"
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        raw = read_jsonl_rows(src)[: len(records)] if src.suffix == ".jsonl" else [{} for _ in records]
+        (dst.parent / "images").mkdir(parents=True, exist_ok=True)
+        raw = read_jsonl_rows(src)[: len(records)] if src.suffix == ".jsonl" else [None] * len(records)
         rows = []
-        for rec, r in zip(records, raw):
-            image = os.path.relpath(rec.image_path, dst.parent) if rec.image_path else r.get("image")
+        for i, (rec, r) in enumerate(zip(records, raw)):
+            if rec.image_path is not None:
+                image = os.path.relpath(rec.image_path.resolve(), dst.parent)
+            else:  # embedded bytes (parquet): written out, JSONL keeps paths
+                image = f"images/{i:06d}.png"
+                (dst.parent / image).write_bytes(rec.image_bytes)
+            row = dict(r) if r is not None else ({"meta": dict(rec.meta)} if rec.meta else {})
             lineage = [{"round": 1, "source": _abs(src), "source_row": rec.source, "outcome": "root"}]
-            rows.append({**r, "id": rec.sample_id, "image": image, "problem": rec.problem, "answer": rec.answer,
-                         "lineage": lineage})  # fmt: skip
-        from datamodules.reasoning import write_jsonl
-
+            row.update(id=rec.sample_id, image=image, problem=rec.problem, answer=rec.answer, lineage=lineage)
+            rows.append(row)
         write_jsonl(dst, rows)
         return {"dataset": str(dst), "rows": len(rows)}
 

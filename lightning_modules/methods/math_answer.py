@@ -41,9 +41,10 @@ def greedy_texts(module: MethodHost, prompts: Sequence[str], images: Sequence[An
     """One greedy completion per (prompt, image) of the module's policy, through its rollout engine for evaluation."""
     requests = [RolloutRequest(p, im, 1, i) for i, (p, im) in enumerate(zip(prompts, images))]
     engine = module.rollout_engine.for_evaluation()
-    ro = engine.generate(
-        module.policy, module.processor, requests, Sampling(max_new_tokens=max_new_tokens, greedy=True)
-    )
+    with module.gathered():  # a sharded (FSDP2) policy is gathered for generation, as for rollouts
+        ro = engine.generate(
+            module.policy, module.processor, requests, Sampling(max_new_tokens=max_new_tokens, greedy=True)
+        )
     return list(ro.texts)
 
 
