@@ -264,21 +264,38 @@ class Sam2Masker:
         return outs
 
     def _forward(self, images: list[np.ndarray], bounds: list[list[tuple[int, int, int, int]]]) -> list[np.ndarray]:
-        """bool ``[boxes, H, W]`` per image: one forward for images with equally many boxes."""
+        """bool ``[boxes, H, W]`` per image: one forward for images with equally many boxes. The processor's resize and
+        normalisation run here, on the model's device (on the CPU they took longer than the forward itself)."""
         import torch
 
-        prompts = [[[float(c0), float(r0), float(c1), float(r1)] for c0, r0, c1, r1 in bb] for bb in bounds]
-        inputs = self._processor(images=list(images), input_boxes=prompts, return_tensors="pt")
+        inputs, sizes = self._inputs(images, bounds)
         with torch.inference_mode():
-            pred = self._model(
-                pixel_values=inputs["pixel_values"].to(self._device, self._torch_dtype),
-                input_boxes=inputs["input_boxes"].to(self._device, self._torch_dtype),
-                multimask_output=False,
-            ).pred_masks
-            masks = self._processor.post_process_masks(
-                list(pred.float()), inputs["original_sizes"], mask_threshold=self.threshold
-            )
+            pred = self._model(**inputs, multimask_output=False).pred_masks
+            masks = self._processor.post_process_masks(list(pred.float()), sizes, mask_threshold=self.threshold)
         return [m[:, 0].cpu().numpy() for m in masks]
+
+    def _inputs(self, images: list[np.ndarray], bounds: list[list[tuple[int, int, int, int]]]):
+        """``Sam2Processor``'s inputs, computed on the model's device: each image resized to the processor's square
+        input (bilinear, antialiased), scaled to [0, 1] and normalised by its mean / std, and the box prompts mapped
+        into that frame; plus the original sizes its ``post_process_masks`` takes."""
+        import torch
+        import torch.nn.functional as F
+
+        ip = self._processor.image_processor
+        side = (int(ip.size["height"]), int(ip.size["width"]))
+        mean = torch.tensor(ip.image_mean, device=self._device).view(1, 3, 1, 1)
+        std = torch.tensor(ip.image_std, device=self._device).view(1, 3, 1, 1)
+        pixels, boxes = [], []
+        for im, bb in zip(images, bounds):
+            h, w = im.shape[:2]
+            x = torch.from_numpy(np.ascontiguousarray(im[..., :3])).to(self._device).permute(2, 0, 1)[None].float()
+            pixels.append(F.interpolate(x, size=side, mode="bilinear", align_corners=False, antialias=True))
+            sx, sy = side[1] / w, side[0] / h
+            boxes.append([[c0 * sx, r0 * sy, c1 * sx, r1 * sy] for c0, r0, c1, r1 in bb])
+        x = ((torch.cat(pixels) * float(ip.rescale_factor) - mean) / std).to(self._torch_dtype)
+        prompts = torch.tensor(boxes, device=self._device, dtype=self._torch_dtype)
+        sizes = torch.tensor([im.shape[:2] for im in images])
+        return {"pixel_values": x, "input_boxes": prompts}, sizes
 
     def _clip_to_boxes(self, out: np.ndarray, masks: np.ndarray, bounds: list[tuple[int, int, int, int]]) -> None:
         for m, (c0, r0, c1, r1) in zip(masks, bounds):

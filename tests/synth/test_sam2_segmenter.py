@@ -202,3 +202,19 @@ def test_the_worker_masks_a_batch_in_one_call_and_a_failing_image_costs_only_its
         Path(it["output_path"]).unlink(missing_ok=True)
     ok = [r["ok"] for r in run_batch(ProceduralPainter(), Picky(), items)]
     assert ok == [True, False, True]
+
+
+def test_sam2_inputs_made_on_the_device_match_the_processor(sam2_dir):
+    """The masker resizes and normalises on the model's device; its inputs are the processor's up to interpolation
+    noise (normalised units), and its box prompts are the processor's."""
+    masker = load_masker(build_masker("sam2", path=str(sam2_dir), device="cpu"))
+    rng = np.random.default_rng(5)
+    images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in ((48, 64), (90, 70))]
+    bounds = [[(3, 4, 40, 30)], [(10, 20, 60, 85)]]
+    ours, sizes = masker._inputs(images, bounds)
+    prompts = [[[float(v) for v in b] for b in bb] for bb in bounds]
+    ref = masker._processor(images=images, input_boxes=prompts, return_tensors="pt")
+    diff = (ours["pixel_values"] - ref["pixel_values"]).abs()
+    assert ours["pixel_values"].shape == ref["pixel_values"].shape and diff.mean() < 0.02 and diff.max() < 0.1
+    assert (ours["input_boxes"] - ref["input_boxes"]).abs().max() < 1e-3
+    assert sizes.tolist() == ref["original_sizes"].tolist()
