@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from core.coevolution import compose_follow_up
 from datamodules.reasoning import load_reasoning_sample, read_rows
 from lightning_modules.methods.question_generator import AnswerModel, QuestionGenerator, question_prompt
 
-__all__ = ["EditSettings", "build_next_dataset", "lineage_record", "read_jsonl_rows"]
+__all__ = ["EditSettings", "build_next_dataset", "edit_stats", "lineage_record", "next_row", "read_jsonl_rows"]
 
 
 @dataclass
@@ -94,21 +95,49 @@ def _append(partial: Path, rows: list[dict[str, Any]]) -> None:
         os.fsync(f.fileno())
 
 
+class _RecordingEditor:
+    """An `InstructionEditor` that keeps each successful edit's returned scene by its output path (a toy math row's
+    edited ``meta``: the next round's toy edits must describe the edited image, not the root one)."""
+
+    def __init__(self, editor: Any) -> None:
+        self.editor, self.scenes = editor, {}
+
+    def edit(self, edits):
+        outcomes = self.editor.edit(edits)
+        for out in outcomes:
+            if out.path is not None and out.scene is not None:
+                self.scenes[str(out.path)] = out.scene
+        return outcomes
+
+    def close(self) -> None:
+        self.editor.close()
+
+
 class _RecordingJudge(QuestionGenerator):
-    """`QuestionGenerator`'s judge, keeping each judged candidate's votes, edited image and CLIP similarity (the
-    lineage's evidence; the reward keeps only the score)."""
+    """`QuestionGenerator`'s judge, keeping each judged candidate's votes, edited image (and toy scene) and CLIP
+    similarity: the lineage's evidence (the reward keeps only the score)."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.evidence: dict[str, dict[str, Any]] = {}
 
+    def _edit_images(self, images, device) -> None:
+        if self._editor is None:
+            from synth.edit_client import InstructionEditor  # the data side's editor, only when used
+
+            self._editor = _RecordingEditor(InstructionEditor(**dict(self.image_editor or {})))
+            weakref.finalize(self, self._editor.close)
+        super()._edit_images(images, device)
+
     def _judge_pending(self, module, pending) -> None:
         super()._judge_pending(module, pending)
+        scenes = getattr(self._editor, "scenes", {})
         for p in pending.values():
             self.evidence[f"{p.sample.sample_id}\x00{p.text}"] = {
                 "votes": p.votes,
                 "edited_image": p.edited_path,
                 "clip": p.clip,
+                "scene": scenes.get(str(p.edited_path)) if p.edited_path else None,
             }
 
 
@@ -146,6 +175,26 @@ def lineage_record(
             clip=evidence.get("clip"),
         )
     return rec
+
+
+def next_row(
+    raw: dict[str, Any], sample: Any, kind: str, score: Any, evidence: dict[str, Any], record: dict[str, Any],
+    out_dir: Path,
+) -> dict[str, Any]:  # fmt: skip
+    """D_{k+1}'s row from D_k's (``raw``, as read; ``sample`` its loaded form) and its judged edit: a text edit past
+    the gate gets the composed problem and the vote's label, an image edit the edited image (a toy row also its
+    edited scene), anything else stays; the image path is made relative to ``out_dir``; ``record`` is appended to
+    the row's lineage."""
+    row = {**raw, "image": _image_field(sample.image_path, raw.get("image"), out_dir)}
+    if score.valid and kind == "text":
+        row.update(problem=compose_follow_up(sample.problem, score.output.text), answer=str(score.label))
+    elif score.valid:
+        row["image"] = _image_field(evidence["edited_image"], None, out_dir)
+        edited = evidence.get("scene")
+        if isinstance(row.get("meta"), dict) and isinstance(edited, dict) and isinstance(edited.get("scene"), dict):
+            row["meta"] = {**row["meta"], "scene": edited["scene"]}
+    row["lineage"] = [*(raw.get("lineage") or []), record]
+    return row
 
 
 def _image_field(image_path: str | None, raw: Any, out_dir: Path) -> Any:
@@ -209,13 +258,7 @@ def build_next_dataset(
             edit = score.output.text if score.output is not None else ""
             evidence = {**judge.evidence.get(f"{s.sample_id}\x00{edit}", {}), "row_id": s.sample_id}
             rec = lineage_record(round_k, kind, text, score, evidence, harder, base, models)
-            row = {**raw, "image": _image_field(s.image_path, raw.get("image"), dst.parent)}
-            if score.valid and kind == "text":
-                row.update(problem=compose_follow_up(s.problem, edit), answer=str(score.label))
-            elif score.valid:
-                row["image"] = _image_field(evidence["edited_image"], None, dst.parent)
-            row["lineage"] = [*(raw.get("lineage") or []), rec]
-            out.append(row)
+            out.append(next_row(raw, s, kind, score, evidence, rec, dst.parent))
         _append(partial, out)
         written += out
         if on_rows is not None:

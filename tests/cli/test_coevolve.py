@@ -18,7 +18,14 @@ import yaml
 
 from cli.coevolve import main
 from datamodules.reasoning import ReasoningDataModule, read_rows
-from lightning_modules.coevolution_edits import EditSettings, build_next_dataset, read_jsonl_rows
+from lightning_modules.coevolution_edits import (
+    EditSettings,
+    build_next_dataset,
+    edit_stats,
+    lineage_record,
+    next_row,
+    read_jsonl_rows,
+)
 from lightning_modules.coevolution_rounds import STOP_ENV, Rounds, RoundsConfig, RoundsError, StopRequested
 
 REPO = Path(__file__).resolve().parents[2]
@@ -133,6 +140,61 @@ def test_one_round_killed_in_the_edit_stage_resumes_per_row(tmp_path, monkeypatc
     # a third run: nothing left to do, nothing re-run
     main(["--config", str(config), "--out", str(out)])
     assert stages(out) == after
+
+
+def test_replaced_rows_get_the_composed_problem_and_label_or_the_edited_image_and_scene(tmp_path):
+    """The rows a Q that writes valid JSON produces (the toy checkpoint never does): a text edit past the gate gets
+    the composed problem and the vote's label, an image edit the edited image and its toy scene; a gated one stays."""
+    from datamodules.reasoning import load_reasoning_sample
+    from datamodules.toy_math import export_split
+    from lightning_modules.question_rewards import score_image_edit, score_text_edit
+
+    src = export_split(tmp_path / "toy", "train", 3, seed=0)
+    raws, samples = read_jsonl_rows(src), [load_reasoning_sample(r) for r in read_rows(src)]
+    out_dir = tmp_path / "round_2"
+    out_dir.mkdir()
+    models = {"question": "Q1", "answer": "A1"}
+    box = lambda a: f"<think>count</think> \\boxed{{{a}}}"  # noqa: E731
+    x = samples[0].answer
+    # text: 3 of 5 votes say x + 2, A then answers the composed problem right 1 time in 5 (base rate 4 / 5): harder
+    votes = [str(int(x) + 2)] * 3 + ["1", None]
+    text = score_text_edit('{"follow_up_problem": "What is x + 2?"}', votes, [box(int(x) + 2)] + [box(0)] * 4)
+    assert text.valid and text.label == str(int(x) + 2)
+    ev = {"votes": votes, "row_id": samples[0].sample_id}
+    rec = lineage_record(1, "text", "raw", text, ev, True, 0.8, models)
+    row = next_row(raws[0], samples[0], "text", text, ev, rec, out_dir)
+    assert row["problem"].startswith(samples[0].problem) and row["problem"].endswith("What is x + 2?")
+    assert row["answer"] == str(int(x) + 2) and row["id"] == raws[0]["id"]
+    assert rec["outcome"] == "replaced" and rec["votes"] == votes and rec["label"] == row["answer"] and rec["harder"]
+    # image: the edited file and the toy scene the editor returned; problem and answer kept
+    edited = tmp_path / "edits/x.png"
+    edited.parent.mkdir()
+    samples[1].image.save(edited)
+    scene = {**raws[1]["meta"]["scene"], "background": [250, 240, 220]}
+    image = score_image_edit('{"edit_instruction": "make the background cream"}', 0.9, [box(samples[1].answer)] * 5,
+                             samples[1].answer)  # fmt: skip
+    ev = {"edited_image": str(edited), "clip": 0.9, "scene": {**raws[1]["meta"], "scene": scene}, "row_id": "r"}
+    rec = lineage_record(1, "image", "raw", image, ev, False, 1.0, models)
+    row = next_row(raws[1], samples[1], "image", image, ev, rec, out_dir)
+    assert (out_dir / row["image"]).resolve() == edited.resolve() and row["meta"]["scene"] == scene
+    assert (row["problem"], row["answer"]) == (raws[1]["problem"], raws[1]["answer"])
+    assert rec["edit_job"].startswith("r@ie-") and rec["clip"] == 0.9 and not rec["harder"]
+    # a gated edit (no answer has 2 votes) keeps the row
+    gated = score_text_edit('{"follow_up_problem": "What is 2x?"}', ["1", "2", "3", None, None], [])
+    rec = lineage_record(1, "text", "raw", gated, {"votes": []}, False, None, models)
+    kept = next_row(raws[2], samples[2], "text", gated, {}, rec, out_dir)
+    assert (kept["problem"], kept["answer"], rec["reason"]) == (raws[2]["problem"], raws[2]["answer"], "few_votes")
+    rows = [{**r, "lineage": [{"round": 2, **lr}]} for r, lr in zip([row, row, kept], [
+        {"outcome": "replaced", "harder": True, "kind": "text", "reason": "ok"},
+        {"outcome": "replaced", "harder": False, "kind": "image", "reason": "ok"},
+        {"outcome": "kept", "harder": False, "kind": "text", "reason": "few_votes"}])]  # fmt: skip
+    stats = edit_stats(rows, 2)
+    assert stats["valid_edit_rate"] == 2 / 3 and stats["harder_edit_rate"] == 1 / 3 and stats["harder_of_valid"] == 0.5
+    assert stats["reasons"] == {"few_votes": 1, "ok": 2} and stats["by_kind"]["text"] == {
+        "rows": 2,
+        "replaced": 1,
+        "harder": 1,
+    }
 
 
 def test_a_run_folder_refuses_another_config_and_a_config_names_its_unknown_key(tmp_path, capsys):
