@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -195,6 +196,53 @@ def test_replaced_rows_get_the_composed_problem_and_label_or_the_edited_image_an
         "replaced": 1,
         "harder": 1,
     }
+
+
+def test_image_edits_through_the_real_editor_carry_the_edited_scene_into_the_next_round(tmp_path):
+    """The edit stage's judge with the real toy editor (a local procedural data server), a tiny random CLIP and the toy
+    checkpoint as A: the lineage gets the job, image and CLIP similarity, and the row the edited scene, so a second
+    edit of the edited row (the next round) is accepted by the toy editor, which checks that the meta describes the
+    image it edits."""
+    import torch
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
+
+    from datamodules.reasoning import load_reasoning_sample, write_jsonl
+    from datamodules.toy_math import export_split
+    from lightning_modules.coevolution_edits import _RecordingJudge
+
+    torch.manual_seed(0)
+    CLIPVisionModelWithProjection(CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, image_size=32, patch_size=8, projection_dim=8)).save_pretrained(tmp_path / "clip")  # fmt: skip
+    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(
+        tmp_path / "clip"
+    )
+    src = export_split(tmp_path / "toy", "train", 1, seed=0)
+    host = SimpleNamespace(device=torch.device("cpu"), rollout_engine=None)
+    judge = _RecordingJudge(answer_model=str(TOY), answer_max_new_tokens=8, answer_dtype="fp32", image_share=1.0,
+                            image_editor={"output_dir": str(tmp_path / "edits"), "timeout_s": 60},
+                            clip_model=str(tmp_path / "clip"))  # fmt: skip
+    rows, models = read_jsonl_rows(src), {"question": "Q1", "answer": "A1"}
+    try:
+        for k, instruction in enumerate(["Add some noise to the background.", "Make the background cream."], 1):
+            out = tmp_path / f"round_{k + 1}"
+            sample = load_reasoning_sample(read_rows(src)[0])
+            q_out = json.dumps({"edit_instruction": instruction})
+            info = judge.judge(host, [sample], [q_out])
+            score = info["question_scores"][0]
+            assert score.valid, score  # round 2's edit needs round 1's edited scene in the row's meta
+            ev = {**judge.evidence[f"{sample.sample_id}\x00{instruction}"], "row_id": sample.sample_id}
+            rec = lineage_record(k, "image", q_out, score, ev, info["harder"][0], info["base_p_answer"][0], models)
+            row = next_row(rows[0], sample, "image", score, ev, rec, out)
+            assert (
+                Path(ev["edited_image"]).is_file()
+                and 0.2 <= ev["clip"] <= 1.0
+                and rec["edit_job"] in ev["edited_image"]
+            )
+            assert row["meta"]["scene"] == ev["scene"]["scene"] != rows[0]["meta"]["scene"]
+            rows, src = [row], write_jsonl(out / "dataset.jsonl", [row])
+    finally:
+        judge._editor.close()
+    assert [r["reason"] for r in rows[0]["lineage"]] == ["ok", "ok"]
 
 
 def test_a_run_folder_refuses_another_config_and_a_config_names_its_unknown_key(tmp_path, capsys):
