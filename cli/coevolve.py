@@ -43,6 +43,17 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def launch_inprocess(args: list[str]) -> None:
+    """``train.py <args>`` in this process (``launcher: inprocess``)."""
+    from cli.main import cli_main
+
+    argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI also reads sys.argv when given args (and warns)
+    try:
+        cli_main(args)
+    finally:
+        sys.argv = argv
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = _parser().parse_args(argv)
     from core.records import DataError
@@ -51,7 +62,7 @@ def main(argv: list[str] | None = None) -> dict:
     overrides = {k: v for k, v in (("rounds", args.rounds), ("launcher", args.launcher)) if v is not None}
     try:
         cfg = RoundsConfig.from_yaml(args.config, overrides)
-        summary = Rounds(cfg, args.out).run()
+        summary = Rounds(cfg, args.out, launch=launch_inprocess).run()
     except FileNotFoundError as e:
         fail(f"--config {args.config}: {e}")
     except RoundsError as e:

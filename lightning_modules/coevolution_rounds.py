@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -180,10 +181,11 @@ def _abs(path: str | Path) -> str:
 
 class Rounds:
     """The run folder ``out`` and its stages (module docstring). ``run()`` does what is left and returns the
-    summary."""
+    summary. ``launch(args)`` runs ``train.py <args>`` in this process (``launcher: inprocess``; the command line's
+    `cli.coevolve.launch_inprocess`: this layer does not import the CLI)."""
 
-    def __init__(self, cfg: RoundsConfig, out: str | Path) -> None:
-        self.cfg, self.out = cfg, Path(out).resolve()
+    def __init__(self, cfg: RoundsConfig, out: str | Path, launch: Callable[[list[str]], Any] | None = None) -> None:
+        self.cfg, self.out, self.launch = cfg, Path(out).resolve(), launch
         self.state_path = self.out / "state.json"
 
     # ------------------------------------------------------------------------------------------------ state
@@ -227,13 +229,9 @@ class Rounds:
     # ------------------------------------------------------------------------------------------------ train.py
     def _train_py(self, args: list[str], log: Path) -> None:
         if self.cfg.launcher == "inprocess":
-            from cli.main import cli_main
-
-            argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI reads sys.argv when given args too (a warning)
-            try:
-                cli_main(args)
-            finally:
-                sys.argv = argv
+            if self.launch is None:
+                raise RoundsError("launcher inprocess: pass Rounds(..., launch=cli.coevolve.launch_inprocess)")
+            self.launch(args)
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
