@@ -31,6 +31,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -248,9 +249,9 @@ class Rounds:
         path.write_text(yaml.safe_dump(_merge(body, _nest(extra)), sort_keys=False), encoding="utf-8")
         return path
 
-    def _fit(
-        self, name: str, config: str, run: Path, policy: str, seed: int, extra: dict[str, Any], more: dict
-    ) -> dict:
+    def _fit(self, name: str, config: str, run: Path, base: dict[str, Any], seed: int, extra: dict[str, Any]) -> dict:
+        """``train.py fit`` of ``config`` with ``base`` (the policy it starts from, D_k, A_k for Q) into ``run``,
+        resumed from ``run/checkpoints/last.ckpt`` when a killed fit left one."""
         final = run / "final.ckpt"
         if final.exists():  # the fit ended; only its state entry was not written
             return {"final": str(final)}
@@ -264,9 +265,8 @@ class Rounds:
                     "init_args": {"path": str(final), "stage": name},
                 }
             },
-            "model": {"init_args": {"policy": {"model_name_or_path": policy}}},
         }
-        overlay = self._overlay(run, "fit", _merge(body, more), extra)
+        overlay = self._overlay(run, "fit", _merge(body, base), extra)
         args = ["fit", "--config", _abs(config), "--config", str(overlay)]
         last = run / "checkpoints" / "last.ckpt"
         if last.exists():
@@ -276,18 +276,20 @@ class Rounds:
             raise RuntimeError(f"{name}: the fit ended without {final}")
         return {"final": str(final), "resumed_from": str(last) if "--ckpt_path" in args else None}
 
-    def _export(self, config: str, run: Path, extra: dict[str, Any]) -> dict:
+    def _export(self, config: str, run: Path, base: dict[str, Any], extra: dict[str, Any]) -> dict:
+        """``train.py export`` of the fit's ``final.ckpt`` (the fit's ``base`` names the model it loads first)."""
         hf, tmp = run / "hf", run / "hf.tmp"
         if not (hf / "config.json").is_file():
             shutil.rmtree(tmp, ignore_errors=True)
-            overlay = self._overlay(run, "export", {"trainer": {"default_root_dir": str(run)}}, extra)
+            overlay = self._overlay(run, "export", _merge({"trainer": {"default_root_dir": str(run)}}, base), extra)
             args = ["export", "--config", _abs(config), "--config", str(overlay)]
             self._train_py([*args, "--ckpt_path", str(run / "final.ckpt"), "--out", str(tmp)], run / "train.log")
             shutil.rmtree(hf, ignore_errors=True)
             os.replace(tmp, hf)
         if self.cfg.prune_checkpoints:
             shutil.rmtree(run / "checkpoints", ignore_errors=True)
-            (run / "final.ckpt").unlink(missing_ok=True)
+            final = run / "final.ckpt"
+            shutil.rmtree(final, ignore_errors=True) if final.is_dir() else final.unlink(missing_ok=True)
         return {"model": str(hf)}
 
     def _eval(self, run: Path, model: str) -> dict:
@@ -351,28 +353,39 @@ class Rounds:
         return {"dataset": str(dst), "rows": len(rows)}
 
     def _round(self, k: int, prev_a: str, prev_q: str) -> tuple[str, str]:
+        """Round k's six stages (module docstring); returns (A_k, Q_k), their HF folders."""
         cfg, rd = self.cfg, self.out / f"round_{k}"
-        data = rd / "dataset.jsonl"
+        data, nxt = rd / "dataset.jsonl", self.out / f"round_{k + 1}"
         a_run, q_run = rd / "answer", rd / "question"
-        train = {"data": {"init_args": {"train_files": [str(data)], "val_files": {}}}}
-        self.stage(f"round_{k}/answer_fit", lambda: self._fit(
-            f"round_{k}/answer_fit", cfg.answer_config, a_run, prev_a, cfg.seed + 3100 + k, cfg.answer_args, train))  # fmt: skip
-        a_k = self.stage(f"round_{k}/answer_export", lambda: self._export(cfg.answer_config, a_run, cfg.answer_args))
-        a_k = a_k["model"]
-        self.stage(f"round_{k}/answer_eval", lambda: self._eval(a_run, a_k))
-        q_more = _merge(train, {"model": {"init_args": {"method": {"init_args": {"answer_model": a_k}}}}})
-        self.stage(f"round_{k}/question_fit", lambda: self._fit(
-            f"round_{k}/question_fit", cfg.question_config, q_run, prev_q, cfg.seed + 4100 + k, cfg.question_args,
-            q_more))  # fmt: skip
-        q_k = self.stage(
-            f"round_{k}/question_export", lambda: self._export(cfg.question_config, q_run, cfg.question_args)
-        )
-        q_k = q_k["model"]
-        nxt = self.out / f"round_{k + 1}"
-        self.stage(f"round_{k}/edit", lambda: build_next_dataset(
-            data, nxt / "dataset.jsonl", round_k=k, question_model=q_k, answer_model=a_k,
-            judge_args=self._judge_args(a_k, nxt / "images"), settings=cfg.edits, seed=cfg.seed + k,
-            on_rows=lambda n: stop_point(f"round_{k}/edit:rows{n}")))  # fmt: skip
+        on_d_k = {"data": {"init_args": {"train_files": [str(data)], "val_files": {}}}}
+        a_base = _merge(on_d_k, {"model": {"init_args": {"policy": {"model_name_or_path": prev_a}}}})
+        a_seed, q_seed = cfg.seed + 3100 + k, cfg.seed + 4100 + k  # the seed's per-round training seeds
+        self.stage(f"round_{k}/answer_fit", partial(self._fit, f"round_{k}/answer_fit", cfg.answer_config, a_run,
+                                                     a_base, a_seed, cfg.answer_args))  # fmt: skip
+        export_a = partial(self._export, cfg.answer_config, a_run, a_base, cfg.answer_args)
+        a_k = self.stage(f"round_{k}/answer_export", export_a)["model"]
+        self.stage(f"round_{k}/answer_eval", partial(self._eval, a_run, a_k))
+        q_model = {"policy": {"model_name_or_path": prev_q}, "method": {"init_args": {"answer_model": a_k}}}
+        q_base = _merge(on_d_k, {"model": {"init_args": q_model}})
+        self.stage(f"round_{k}/question_fit", partial(self._fit, f"round_{k}/question_fit", cfg.question_config, q_run,
+                                                       q_base, q_seed, cfg.question_args))  # fmt: skip
+        export_q = partial(self._export, cfg.question_config, q_run, q_base, cfg.question_args)
+        q_k = self.stage(f"round_{k}/question_export", export_q)["model"]
+
+        def edit() -> dict[str, Any]:
+            return build_next_dataset(
+                data,
+                nxt / "dataset.jsonl",
+                round_k=k,
+                question_model=q_k,
+                answer_model=a_k,
+                judge_args=self._judge_args(a_k, nxt / "images"),
+                settings=cfg.edits,
+                seed=cfg.seed + k,
+                on_rows=lambda n: stop_point(f"round_{k}/edit:rows{n}"),
+            )
+
+        self.stage(f"round_{k}/edit", edit)
         return a_k, q_k
 
     def _metrics(self, k: int) -> dict[str, Any]:

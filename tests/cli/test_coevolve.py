@@ -296,3 +296,19 @@ def test_killed_mid_fit_in_a_subprocess_resumes_to_the_uninterrupted_result(tmp_
         assert strip(ours, run_dir) == strip(ref, ref_dir), name
     m = [json.loads((d / "out/round_1/metrics.json").read_text()) for d in (run_dir, ref_dir)]
     assert m[0]["answer_eval"] == m[1]["answer_eval"] and m[0]["question_edits"] == m[1]["question_edits"]
+
+
+def test_a_round_with_fsdp2_fits_exports_a_sharded_final_checkpoint(tmp_path, monkeypatch):
+    """The paper configs' strategy (FSDP2, here on one CPU process): the final checkpoint is a distributed checkpoint
+    folder, the export reads it, A's evaluation gathers the sharded policy."""
+    monkeypatch.chdir(tmp_path)
+    config = write_config(tmp_path)
+    cfg = yaml.safe_load(config.read_text())
+    for key in ("answer_args", "question_args"):
+        cfg[key].update({"trainer.strategy": "fsdp2", "trainer.precision": "32-true"})
+    config.write_text(yaml.safe_dump(cfg))
+    main(["--config", str(config), "--out", str(tmp_path / "run")])
+    r1 = tmp_path / "run/round_1"
+    assert (r1 / "answer/final.ckpt/meta.pt").is_file() and (r1 / "question/final.ckpt/meta.pt").is_file()
+    assert (r1 / "answer/hf/model.safetensors").is_file()
+    assert json.loads((r1 / "metrics.json").read_text())["question_edits"]["rows"] == 4
