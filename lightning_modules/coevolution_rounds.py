@@ -238,6 +238,7 @@ class Rounds:
                 torch.cuda.empty_cache()
             return
         log.parent.mkdir(parents=True, exist_ok=True)
+        print(f"coevolve: train.py {args[0]} -> {log}", flush=True)
         with log.open("a", encoding="utf-8") as f:
             rc = subprocess.call([sys.executable, str(REPO / "train.py"), *args], stdout=f, stderr=subprocess.STDOUT)
         if rc != 0:
