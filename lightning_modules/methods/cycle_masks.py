@@ -67,19 +67,41 @@ REBUILD = "python -m cli.mask_tokenizer --out checkpoints/toy-mask-tokenizer"
 _FLAG = "--model.method.init_args.mask_tokenizer"
 
 
+def _released_codec(folder: Path):
+    """The release's VQ-SAM2 from a folder holding its tokenizer state (one ``*.pth``, e.g. ``mask_tokenizer_256x2.pth``)
+    and SAM 2 (a transformers folder ``sam2/``, or Meta's ``sam2*.pt``); None when the folder holds no ``.pth``."""
+    states = sorted(folder.glob("*.pth"))
+    if not states:
+        return None
+    sam2 = [p for p in (folder / "sam2",) if (p / "config.json").is_file()] + sorted(folder.glob("sam2*.pt"))
+    if len(states) > 1 or len(sam2) != 1:
+        raise FileNotFoundError(
+            f"{_FLAG} {str(folder)!r}: a released VQ-SAM2 folder holds one tokenizer state (*.pth, found "
+            f"{[p.name for p in states]}) and one SAM 2 (a transformers folder sam2/ or sam2*.pt, found "
+            f"{[p.name for p in sam2]})"
+        )
+    from lightning_modules.models.mask_tokenizer.vq_sam2 import VQSam2MaskTokenizer
+
+    return VQSam2MaskTokenizer.from_files(sam2[0], states[0])
+
+
 def load_mask_codec(path: str | None):
-    """The mask tokenizer of ``region_space: mask`` from its folder (the toy tokenizer's format), with errors that
-    name the flag and the rebuild command."""
+    """The mask tokenizer of ``region_space: mask`` from its folder: the toy tokenizer's format (``config.json`` +
+    ``model.safetensors``), or the release's VQ-SAM2 (`_released_codec`: its ``.pth`` beside SAM 2's weights), with
+    errors that name the flag and the rebuild command."""
     if not path:
         raise ValueError(
             f"--model.method.init_args.region_space mask writes regions as mask tokens and needs a mask tokenizer: set "
             f"{_FLAG} to its folder (e.g. checkpoints/toy-mask-tokenizer, built by `{REBUILD}`)"
         )
     folder = Path(path)
+    if folder.is_dir() and (released := _released_codec(folder)) is not None:
+        return released
     if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
         raise FileNotFoundError(
-            f"{_FLAG} {str(path)!r}: no mask tokenizer there (config.json + model.safetensors); build the toy one "
-            f"with `{REBUILD}` (seeded, about 4 minutes on one CPU core)"
+            f"{_FLAG} {str(path)!r}: no mask tokenizer there (config.json + model.safetensors, or the release's "
+            f"mask_tokenizer_256x2.pth beside SAM 2's weights); build the toy one with `{REBUILD}` (seeded, about 4 "
+            "minutes on one CPU core)"
         )
     from lightning_modules.models.mask_tokenizer.toy import ToyMaskTokenizer
 

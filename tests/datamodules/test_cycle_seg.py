@@ -104,3 +104,31 @@ def test_gres_records_carry_exact_masks(tmp_path, tok_dir):
     assert giraffe.boxes == [] and "mask" not in giraffe.meta and MaskRegions(str(tok_dir)).gt(giraffe) is NO_TARGET
     (crowd,) = [dm.eval_sets["val"]["gres_testA"][i] for i in range(1)]
     assert crowd.meta["mask"].sum() == 60
+
+
+def test_the_method_loads_the_released_vq_sam2_folder(tmp_path, parquet):
+    """``mask_tokenizer: <folder>`` with the release's ``mask_tokenizer_256x2.pth`` beside a SAM 2 folder (a tiny
+    random VQ-SAM2 written in the released layout; the real weights are not here) gives the method that tokenizer,
+    and a row's codes decode with it into the ground truth."""
+    import torch
+
+    from lightning_modules.models.mask_tokenizer.vq_sam2 import VQSam2MaskTokenizer, VQSam2Net, released_state_dict
+    from tests.lightning_modules.test_mask_tokenizer import _tiny_sam2_config
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        net = VQSam2Net(_tiny_sam2_config())
+        with torch.no_grad():
+            net.quantizer.embed.normal_()
+            net.quantizer.initted.fill_(True)
+    torch.save(released_state_dict(net), tmp_path / "mask_tokenizer_256x2.pth")
+    with pytest.raises(FileNotFoundError, match="one SAM 2"):
+        MaskRegions(str(tmp_path))
+    net.sam.save_pretrained(tmp_path / "sam2")
+    masks = MaskRegions(str(tmp_path))
+    assert isinstance(masks.codec, VQSam2MaskTokenizer)
+    dm = CycleSegDataModule(data_root=str(parquet.parent), parquet_files=[parquet.name])
+    dm.setup("fit")
+    s = dm.train_set[(0, 0)]
+    want = masks.codec.decode(s.meta["mask_codes"][0], np.asarray(s.image))
+    assert np.array_equal(gt_pixel_mask(s, decode=masks.bound(s).decode), want)
