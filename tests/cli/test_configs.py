@@ -41,7 +41,10 @@ def test_config_parses_with_print_config(path):
     "path", [p for p in TRAIN_CONFIGS if "accelerator: cpu" in p.read_text()], ids=lambda p: p.name
 )
 def test_cpu_config_instantiates_without_loading_weights(path):
-    cli = cli_main(["--config", str(path)], run=False)
+    args = ["--config", str(path)]
+    if "checkpoints/toy-qwen2.5-vl-math" in path.read_text():  # built by `make toy-model-math`, not in a clone
+        args += ["--model.init_args.policy.model_name_or_path", "checkpoints/toy-qwen2.5-vl"]
+    cli = cli_main(args, run=False)
     assert getattr(cli.model, "policy", None) is None  # weights load in configure_model(), not __init__
 
 
