@@ -35,6 +35,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", required=True, help="the run folder (created; the same folder resumes)")
     parser.add_argument("--rounds", type=int, default=None, help="override the config's rounds (more extends a run)")
     parser.add_argument(
+        "--mode", choices=("coevolve", "plain"), default=None, help="override the config's mode (plain: the baseline)"
+    )
+    parser.add_argument("--seed", type=int, default=None, help="override the config's seed (a study's seeds)")
+    parser.add_argument(
         "--launcher",
         choices=("subprocess", "inprocess"),
         default=None,
@@ -59,7 +63,8 @@ def main(argv: list[str] | None = None) -> dict:
     from core.records import DataError
     from lightning_modules.coevolution_rounds import Rounds, RoundsConfig, RoundsError
 
-    overrides = {k: v for k, v in (("rounds", args.rounds), ("launcher", args.launcher)) if v is not None}
+    given = (("rounds", args.rounds), ("launcher", args.launcher), ("mode", args.mode), ("seed", args.seed))
+    overrides = {k: v for k, v in given if v is not None}
     try:
         cfg = RoundsConfig.from_yaml(args.config, overrides)
         summary = Rounds(cfg, args.out, launch=launch_inprocess).run()

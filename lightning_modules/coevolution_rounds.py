@@ -120,6 +120,9 @@ class RoundsConfig:
     prune_checkpoints: bool = False
     """Delete a fit's checkpoints (``checkpoints/``, ``final.ckpt``) once its export is written (a 7B round's
     checkpoints hold hundreds of GB; the export is what later stages read)."""
+    mode: str = "coevolve"
+    """``coevolve``: the rounds above. ``plain``: the study's baseline, plain GRPO with the same answer-model updates:
+    A_k starts from A_{k-1} and trains one epoch on D_1 every round; no Q is trained and no dataset is edited."""
     launcher: str = "subprocess"
     """``subprocess``: each ``train.py`` call is a process of its own (its memory returned when it ends);
     ``inprocess``: ``train.cli_main`` in this process (no import per stage: the tests)."""
@@ -144,6 +147,8 @@ class RoundsConfig:
                               "answer_model, question_model)") from None  # fmt: skip
         if cfg.rounds < 1:
             raise RoundsError(f"{path}: rounds must be >= 1, got {cfg.rounds}")
+        if cfg.mode not in ("coevolve", "plain"):
+            raise RoundsError(f"{path}: mode must be coevolve or plain, got {cfg.mode!r}")
         if cfg.launcher not in ("subprocess", "inprocess"):
             raise RoundsError(f"{path}: launcher must be subprocess or inprocess, got {cfg.launcher!r}")
         for key in ("answer_config", "question_config"):
@@ -357,6 +362,8 @@ class Rounds:
         """Round k's six stages (module docstring); returns (A_k, Q_k), their HF folders."""
         cfg, rd = self.cfg, self.out / f"round_{k}"
         data, nxt = rd / "dataset.jsonl", self.out / f"round_{k + 1}"
+        if cfg.mode == "plain":  # the baseline: every round's epoch on D_1
+            data = self.out / "round_1" / "dataset.jsonl"
         a_run, q_run = rd / "answer", rd / "question"
         on_d_k = {"data": {"init_args": {"train_files": [str(data)], "val_files": {}}}}
         a_base = _merge(on_d_k, {"model": {"init_args": {"policy": {"model_name_or_path": prev_a}}}})
@@ -366,6 +373,8 @@ class Rounds:
         export_a = partial(self._export, cfg.answer_config, a_run, a_base, cfg.answer_args)
         a_k = self.stage(f"round_{k}/answer_export", export_a)["model"]
         self.stage(f"round_{k}/answer_eval", partial(self._eval, a_run, a_k))
+        if cfg.mode == "plain":
+            return a_k, prev_q
         q_model = {"policy": {"model_name_or_path": prev_q}, "method": {"init_args": {"answer_model": a_k}}}
         q_base = _merge(on_d_k, {"model": {"init_args": q_model}})
         self.stage(f"round_{k}/question_fit", partial(self._fit, f"round_{k}/question_fit", cfg.question_config, q_run,
@@ -390,14 +399,15 @@ class Rounds:
         return a_k, q_k
 
     def _metrics(self, k: int) -> dict[str, Any]:
-        st = self.state["stages"]
-        edit = st[f"round_{k}/edit"]["result"]
+        st, plain = self.state["stages"], self.cfg.mode == "plain"
+        edit = None if plain else st[f"round_{k}/edit"]["result"]
         metrics = {
             "round": k,
-            "dataset": str(self.out / f"round_{k}" / "dataset.jsonl"),
-            "next_dataset": str(self.out / f"round_{k + 1}" / "dataset.jsonl"),
+            "mode": self.cfg.mode,
+            "dataset": str(self.out / f"round_{1 if plain else k}" / "dataset.jsonl"),
+            "next_dataset": None if plain else str(self.out / f"round_{k + 1}" / "dataset.jsonl"),
             "answer_model": st[f"round_{k}/answer_export"]["result"]["model"],
-            "question_model": st[f"round_{k}/question_export"]["result"]["model"],
+            "question_model": None if plain else st[f"round_{k}/question_export"]["result"]["model"],
             "answer_eval": st[f"round_{k}/answer_eval"]["result"],
             "question_edits": edit,
         }
@@ -412,16 +422,18 @@ class Rounds:
         for k in range(1, self.cfg.rounds + 1):
             a, q = self._round(k, a, q)
             per_round.append(self._metrics(k))
+        edit_keys = ("valid_edit_rate", "harder_edit_rate", "replaced", "rows")
         summary = {
             "rounds": self.cfg.rounds,
+            "mode": self.cfg.mode,
             "answer_model": a,
-            "question_model": q,
-            "final_dataset": str(self.out / f"round_{self.cfg.rounds + 1}" / "dataset.jsonl"),
+            "question_model": None if self.cfg.mode == "plain" else q,
+            "final_dataset": per_round[-1]["next_dataset"],
             "per_round": [
                 {
                     "round": m["round"],
                     "answer_eval": m["answer_eval"],
-                    **{k: m["question_edits"][k] for k in ("valid_edit_rate", "harder_edit_rate", "replaced", "rows")},
+                    **{k: (m["question_edits"] or {}).get(k) for k in edit_keys},
                 }
                 for m in per_round
             ],  # fmt: skip

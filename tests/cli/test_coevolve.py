@@ -312,3 +312,21 @@ def test_a_round_with_fsdp2_fits_exports_a_sharded_final_checkpoint(tmp_path, mo
     assert (r1 / "answer/final.ckpt/meta.pt").is_file() and (r1 / "question/final.ckpt/meta.pt").is_file()
     assert (r1 / "answer/hf/model.safetensors").is_file()
     assert json.loads((r1 / "metrics.json").read_text())["question_edits"]["rows"] == 4
+
+
+def test_the_plain_baseline_trains_the_answer_model_on_d1_every_round_and_no_question_generator(tmp_path, monkeypatch):
+    """``mode: plain`` (the study's baseline, the same answer-model updates): A_k continues A_{k-1} on D_1 each round;
+    no Q stage runs and no dataset is edited."""
+    monkeypatch.chdir(tmp_path)
+    config, out = write_config(tmp_path, rounds=2, mode="plain"), tmp_path / "run"
+    summary = main(["--config", str(config), "--out", str(out)])
+    st = stages(out)
+    assert sorted(st) == sorted(["round_1/dataset"] + [f"round_{k}/{s}" for k in (1, 2) for s in STAGES[:3]])
+    assert summary["mode"] == "plain" and summary["question_model"] is None and summary["final_dataset"] is None
+    assert [r["round"] for r in summary["per_round"]] == [1, 2] and summary["per_round"][0]["valid_edit_rate"] is None
+    assert all(r["answer_eval"] for r in summary["per_round"]) and not (out / "round_2" / "dataset.jsonl").exists()
+    round_2 = json.loads((out / "round_2" / "metrics.json").read_text())
+    assert round_2["dataset"].endswith("round_1/dataset.jsonl")
+    assert round_2["answer_model"] != json.loads((out / "round_1" / "metrics.json").read_text())["answer_model"]
+    with pytest.raises(RoundsError, match="mode must be coevolve or plain"):
+        RoundsConfig.from_yaml(write_config(tmp_path, mode="nope"))
