@@ -35,7 +35,9 @@ def main(root: str) -> None:
         runs[(mode, int(seed))] = json.loads(f.read_text())
     seeds = sorted({s for m, s in runs if m == "coevolve"} & {s for m, s in runs if m == "plain"})
     rounds = max((len(r["per_round"]) for r in runs.values()), default=0)
-    print("| round | split | plain GRPO | co-evolution | co-evolution - plain (paired) | Q valid edits | Q harder edits |")
+    print(
+        "| round | split | plain GRPO | co-evolution | co-evolution - plain (paired) | Q valid edits | Q harder edits |"
+    )
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for k in range(rounds):
         for split in ("toy_math_val", "toy_math_ood"):
