@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from core.records import DataError, Sample
+from core.records import DataError, Sample, jsonl_objects
 
 __all__ = [
     "SegRecord",
@@ -312,14 +312,7 @@ def read_groundingsuite(
     if not path.is_file():
         raise DataError(f"{path}: no such GroundingSuite file (GroundingSuite-Eval.jsonl)")
     out: list[SegRecord] = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.pos + 1})") from None
+    for obj, where in jsonl_objects(path):
         missing = [k for k in ("idx", "image_path", "caption", "class_id", "segmentation") if k not in obj]
         if missing:
             raise DataError(

@@ -29,7 +29,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from core.records import DataError
+from core.records import DataError, jsonl_objects
 from datamodules.toy_math import ToyMathSpec
 
 __all__ = [
@@ -142,24 +142,6 @@ def _record(obj: Any, where: str, root: Path) -> ReasoningRecord:
     )
 
 
-def _jsonl_objects(path: Path):
-    with path.open("rb") as fh:
-        for lineno, raw in enumerate(fh, 1):
-            where = f"{path}:{lineno}"
-            try:
-                line = raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError:
-                raise DataError(f"{where}: not UTF-8; re-encode the file as UTF-8") from None
-            if lineno == 1:
-                line = line.removeprefix("\ufeff")
-            if not line.strip():
-                continue
-            try:
-                yield json.loads(line), where
-            except json.JSONDecodeError as err:
-                raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.pos + 1})") from None
-
-
 def _json_objects(path: Path):
     try:
         data = json.loads(path.read_text(encoding="utf-8-sig"))
@@ -191,7 +173,7 @@ def _parquet_objects(path: Path):
         yield obj, f"{path}[row {i}]"
 
 
-_READERS = {".jsonl": _jsonl_objects, ".json": _json_objects, ".parquet": _parquet_objects}
+_READERS = {".jsonl": jsonl_objects, ".json": _json_objects, ".parquet": _parquet_objects}
 
 
 def read_rows(

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from core.coevolution import compose_follow_up
+from core.records import jsonl_objects
 from datamodules.reasoning import load_reasoning_sample, read_rows
 from lightning_modules.methods.question_generator import AnswerModel, QuestionGenerator, question_prompt
 
@@ -60,9 +61,8 @@ class EditSettings:
 
 
 def read_jsonl_rows(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a JSONL file, in order (blank lines skipped)."""
-    with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The JSON objects of a JSONL file, in order (blank lines skipped; a bad line is a `DataError` naming it)."""
+    return [obj for obj, _ in jsonl_objects(path)]
 
 
 def _chunk_seed(seed: int, round_k: int, chunk: int) -> int:

@@ -197,23 +197,14 @@ def read_predictions(paths: str | Path | Sequence[str | Path]) -> dict[str, dict
     is), ``{"id", "completion"}`` (decoded by the mask tokenizer on the image), or the released GroundingSuite
     script's ``{"idx", "predicted_segmentation": RLE}`` (id ``gsuite-<idx>``); `evaluate_benchmark` writes the first
     two together. A second line for one id, in any file, is an error."""
-    import json
-
-    from core.records import DataError
+    from core.records import DataError, jsonl_objects
 
     out: dict[str, dict[str, Any]] = {}
     for path in [paths] if isinstance(paths, str | Path) else paths:
         path = Path(path)
         if not path.is_file():
             raise DataError(f"{path}: no such predictions file (--predictions)")
-        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.pos + 1})") from None
+        for obj, where in jsonl_objects(path):
             if "id" not in obj and "idx" in obj:
                 obj = {"id": f"gsuite-{obj['idx']}", "mask": obj.get("predicted_segmentation"), **obj}
             if "id" not in obj or not ("mask" in obj or "completion" in obj):

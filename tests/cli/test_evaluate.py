@@ -77,9 +77,6 @@ def gres(tmp_path_factory):
     return f
 
 
-@pytest.mark.skipif(
-    not Path(TOY, "config.json").is_file(), reason="needs the toy checkpoint checkpoints/toy-qwen2.5-vl"
-)
 def test_gres_with_the_toy_policy_end_to_end(gres, tmp_path, capsys):
     out = tmp_path / "gres_val.json"
     flags = ["--policy", TOY, "--mask-tokenizer", str(gres["tok"]), "--template", "toy", "--max-new-tokens", "8"]
@@ -186,9 +183,6 @@ def test_errors_exit_with_one_line(gres, tmp_path, capsys):
     assert e.value.code == 3 and "no ref of split 'testB'" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(
-    not Path(TOY, "config.json").is_file(), reason="needs the toy checkpoint checkpoints/toy-qwen2.5-vl"
-)
 def test_groundingsuite_with_the_toy_policy(gres, tmp_path):
     data = write_groundingsuite_fixture(tmp_path)
     out = tmp_path / "gs.json"
@@ -229,9 +223,6 @@ def test_predictions_decoded_by_a_vq_sam2_tokenizer_in_the_released_layout(gres,
         assert (rle_decode(x["mask"]) == want).all() and x["answer"] == ("region" if want.any() else "empty")
 
 
-@pytest.mark.skipif(
-    not Path(TOY, "config.json").is_file(), reason="needs the toy checkpoint checkpoints/toy-qwen2.5-vl"
-)
 def test_shards_merge_into_the_whole_split(gres, tmp_path, capsys):
     """``--shard I/N`` runs every N-th expression (one GPU's share); the shards' predictions files score together."""
     flags = ["--policy", TOY, "--mask-tokenizer", str(gres["tok"]), "--template", "toy", "--max-new-tokens", "4"]

@@ -8,7 +8,10 @@ from dataclasses import fields
 from types import SimpleNamespace
 from typing import Any
 
+import torch
+
 from lightning_modules.methods.base import METHODS, Method, MethodContext, build_method
+from lightning_modules.models.rollout import Rollout
 
 
 def build_test_method(name: str, hp: Any = None, args: dict[str, Any] | None = None) -> Method:
@@ -18,3 +21,21 @@ def build_test_method(name: str, hp: Any = None, args: dict[str, Any] | None = N
     accepted = set(build_method(name).config()["init_args"]) if name in METHODS else set()
     own = {k: v for k, v in hp.items() if k in accepted}
     return build_method({"class_path": name, "init_args": {**own, **(args or {})}}).bind(ctx)
+
+
+def text_rollout(texts: list[str], group_size: int, wh: tuple[int, int] = (100, 100)) -> Rollout:
+    """A `Rollout` of ``texts`` only (one-token prompts and completions, no image): what a method's rewards read."""
+    n = len(texts)
+    z = torch.zeros(n, 1, dtype=torch.long)
+    return Rollout(
+        prompt_ids=z,
+        prompt_mask=z + 1,
+        completion_ids=z,
+        completion_mask=z + 1,
+        pixel_values=torch.zeros(0, 1),
+        image_grid_thw=torch.zeros(n, 3, dtype=torch.long),
+        texts=texts,
+        input_wh=[wh] * n,
+        group_size=group_size,
+        group_ids=torch.arange(n) // group_size,
+    )

@@ -9,6 +9,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from method_util import text_rollout
 
 from datamodules.reasoning import ANSWER_FORMAT, ReasoningDataModule, ReasoningSample
 from datamodules.toy_math import ToyMathSpec
@@ -19,26 +20,12 @@ from lightning_modules.grpo.step import PolicyHost
 from lightning_modules.methods.base import METHODS, MethodContext, RewardTerm
 from lightning_modules.methods.math_answer import MathAnswer, chat_prompt
 from lightning_modules.models.loading import load_policy
-from lightning_modules.models.rollout import Rollout
 
 TOY_CKPT = Path(__file__).resolve().parents[2] / "checkpoints/toy-qwen2.5-vl"
 
 
-def _rollout(texts: list[str], group_size: int) -> Rollout:
-    n = len(texts)
-    z = torch.zeros(n, 1, dtype=torch.long)
-    return Rollout(
-        prompt_ids=z,
-        prompt_mask=z + 1,
-        completion_ids=z,
-        completion_mask=z + 1,
-        pixel_values=torch.zeros(0, 1),
-        image_grid_thw=torch.zeros(n, 3, dtype=torch.long),
-        texts=texts,
-        input_wh=[(224, 224)] * n,
-        group_size=group_size,
-        group_ids=torch.arange(n) // group_size,
-    )
+def _rollout(texts: list[str], group_size: int):
+    return text_rollout(texts, group_size, (224, 224))
 
 
 def _row(sample_id: str = "r0", answer: str = "4", image=None) -> ReasoningSample:

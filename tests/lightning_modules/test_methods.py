@@ -8,13 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from method_util import build_test_method  # tests/lightning_modules is on sys.path under pytest
+from method_util import build_test_method, text_rollout  # tests/lightning_modules is on sys.path under pytest
 from PIL import Image
 from test_grpo import _args  # the tiny GRPO run's flags (tests/lightning_modules is on sys.path under pytest)
 
 from lightning_modules import objective
 from lightning_modules.methods.base import METHODS, Method, RewardTerm, register_method
-from lightning_modules.models.rollout import Rollout
 
 
 @dataclass
@@ -56,20 +55,7 @@ def _completion(box, diversity=0.5, description="a beach"):
 
 
 def _rollout(texts, group_size):
-    n = len(texts)
-    z = torch.zeros(n, 1, dtype=torch.long)
-    return Rollout(
-        prompt_ids=z,
-        prompt_mask=z + 1,
-        completion_ids=z,
-        completion_mask=z + 1,
-        pixel_values=torch.zeros(0, 1),
-        image_grid_thw=torch.zeros(n, 3, dtype=torch.long),
-        texts=texts,
-        input_wh=[(100, 100)] * n,
-        group_size=group_size,
-        group_ids=torch.arange(n) // group_size,
-    )
+    return text_rollout(texts, group_size)
 
 
 def test_syn_grpo_reward_is_the_weighted_sum_of_its_terms_by_hand():
