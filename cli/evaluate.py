@@ -18,7 +18,12 @@ Writes the results to ``--out`` and every sample's prediction to ``<out stem>.pr
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+
+BENCHMARK_MODULES: tuple[str, ...] = ()
+"""Modules that add more benchmarks: each has ``register(subparsers)``, which adds its sub-commands with
+``set_defaults(handler=fn)``; ``fn(args, command) -> int`` runs one (a ``DataError`` exits 3, a missing file 2)."""
 
 DEFAULTS = {"gres": ("gres", 128), "groundingsuite": ("groundingsuite", 512)}
 """Per benchmark: the prompt template and the answer budget of the released evaluation scripts."""
@@ -54,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--max-samples", type=int, default=None, help="only the first N expressions")
         p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), bf16, fp16, fp32")
         p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+        p.set_defaults(handler=_masks)
+    for name in BENCHMARK_MODULES:
+        importlib.import_module(name).register(sub)
     return parser
 
 
@@ -62,6 +70,19 @@ def main(argv: list[str] | None = None) -> int:
     from core.records import DataError
 
     args = _parser().parse_args(argv)
+    command = "python -m cli.evaluate " + " ".join(sys.argv[1:] if argv is None else argv)
+    try:
+        return args.handler(args, command)
+    except DataError as err:
+        fail(str(err), 3)
+    except FileNotFoundError as err:
+        fail(str(err), 2)
+
+
+def _masks(args: argparse.Namespace, command: str) -> int:
+    """GRES / GroundingSuite: the policy's mask tokens decoded and scored."""
+    from cli.errors import fail
+
     if (args.policy is None) == (args.predictions is None):
         fail(f"cli.evaluate {args.benchmark}: give --policy (run the policy) or --predictions (score a file), one")
     if args.policy is not None and args.mask_tokenizer is None:
@@ -75,13 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if template not in PROMPT_TEMPLATES:
         fail(f"--template {template!r} is not a prompt template; one of {sorted(PROMPT_TEMPLATES)}")
-    command = "python -m cli.evaluate " + " ".join(sys.argv[1:] if argv is None else argv)
-    try:
-        return _run(args, template, args.max_new_tokens or budget, command, shard)
-    except DataError as err:
-        fail(str(err), 3)
-    except FileNotFoundError as err:
-        fail(str(err), 2)
+    return _run(args, template, args.max_new_tokens or budget, command, shard)
 
 
 def _shard(text: str) -> tuple[int, int]:
