@@ -1,17 +1,15 @@
-"""JudgeClient against a real local OpenAI-compatible server (FastAPI + uvicorn in a thread), a slow route and a
-closed port. Every test asserts its wall time, so a hang shows up as a failure, not a stuck run."""
+"""JudgeClient against a real local OpenAI-compatible server (tests/judge_server.py: FastAPI + uvicorn in a thread),
+a slow route and a closed port. Every test asserts its wall time, so a hang shows up as a failure, not a stuck run."""
 
 from __future__ import annotations
 
-import asyncio
-import socket
-import threading
 import time
 
+import httpx
 import pytest
 
-fastapi = pytest.importorskip("fastapi")
-uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
 
 from lightning_modules.judge import (  # noqa: E402
     JudgeClient,
@@ -20,76 +18,15 @@ from lightning_modules.judge import (  # noqa: E402
     judge_caption_reward,
     parse_score,
 )
+from tests.judge_server import free_port, running_judge_server  # noqa: E402
 
 SLOW_S = 1.5  # the slow route sleeps this long; the tests' timeouts are well below it
 
 
-class _State:
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.in_flight = 0
-        self.max_in_flight = 0
-        self.requests: list[dict] = []
-        self.auth: list[str | None] = []
-
-
-def _app(state: _State):
-    app = fastapi.FastAPI()
-
-    async def _serve(request: fastapi.Request, delay: float, content: str):
-        body = await request.json()
-        with state.lock:
-            state.in_flight += 1
-            state.max_in_flight = max(state.max_in_flight, state.in_flight)
-            state.requests.append(body)
-            state.auth.append(request.headers.get("authorization"))
-        try:
-            await asyncio.sleep(delay)
-        finally:
-            with state.lock:
-                state.in_flight -= 1
-        return {"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}
-
-    @app.post("/v1/chat/completions")
-    async def fast(request: fastapi.Request):
-        return await _serve(request, 0.05, "Score: 7")
-
-    @app.post("/slow/v1/chat/completions")
-    async def slow(request: fastapi.Request):
-        return await _serve(request, SLOW_S, "Score: 9")
-
-    @app.post("/chatty/v1/chat/completions")
-    async def chatty(request: fastapi.Request):
-        return await _serve(request, 0.0, "I cannot grade this.")
-
-    @app.post("/broken/v1/chat/completions")
-    async def broken():
-        raise fastapi.HTTPException(status_code=503, detail="overloaded")
-
-    return app
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server():
-    state = _State()
-    port = _free_port()
-    config = uvicorn.Config(_app(state), host="127.0.0.1", port=port, log_level="error", timeout_graceful_shutdown=1)
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not srv.started:
-        assert time.monotonic() < deadline, "local judge server did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}", state
-    srv.should_exit = True
-    thread.join(timeout=5)
+    with running_judge_server(slow_s=SLOW_S) as judge:
+        yield judge.url, judge.state
 
 
 def _client(base_url: str, **kw) -> JudgeClient:
@@ -127,8 +64,7 @@ def test_unparseable_reply_gives_failure_value(server):
 
 def test_concurrency_is_bounded(server):
     base, state = server
-    with state.lock:
-        state.max_in_flight = 0
+    state.reset_counts()
     with _client(base + "/v1", max_concurrency=3) as client:
         t0 = time.monotonic()
         scores = client.score([f"p{i}" for i in range(12)])
@@ -140,7 +76,7 @@ def test_concurrency_is_bounded(server):
 
 
 def test_down_endpoint_gives_failure_value_fast():
-    down = f"http://127.0.0.1:{_free_port()}/v1"  # bound, then closed: connection refused
+    down = f"http://127.0.0.1:{free_port()}/v1"  # bound, then closed: connection refused
     with _client(down, timeout_s=0.5, retries=2, backoff_s=0.05, failure_value=0.0) as client:
         t0 = time.monotonic()
         scores = client.score(["a", "b", "c"])
@@ -186,3 +122,12 @@ def test_bad_settings_name_the_field():
         JudgeConfig(on_failure="ignore")
     with pytest.raises(ValueError, match="judge.max_concurrency"):
         JudgeConfig(max_concurrency=0)
+
+
+def test_scripted_route_and_models_listing(server):
+    base, state = server
+    state.script = lambda prompt: "Score: 3" if "cube" in prompt else "Score: 10"
+    with _client(base + "/scripted/v1") as client:
+        assert client.score(["a cube", "a cat"], scale=10) == [pytest.approx(0.3), 1.0]
+    models = httpx.get(base + "/v1/models", trust_env=False).json()
+    assert [m["id"] for m in models["data"]] == ["toy-judge"]
