@@ -100,6 +100,7 @@ SPLITS: dict[str, SplitSpec] = {
     # no-target queries (CycleGRPO's GRES-style samples): drawn as train / val, a quarter of the queries name nothing
     "train_nt": SplitSpec(11, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, no_target=0.25),
     "val_nt": SplitSpec(12, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, no_target=0.25),
+    "test_nt": SplitSpec(16, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, no_target=0.25),  # held out
     # EvolvedGRPO's too-hard pool: drawn as test_multihop (multi-step questions) on a code of its own, for training
     "train_multihop": SplitSpec(13, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, text_levels=(3, 5)),
     # the anchors' query form as one-step questions: drawn as train / test_id, asked by the shortest exact descriptor
@@ -130,9 +131,9 @@ above ... the anchor" (level 3, two steps), half two hops "the D right of the D'
 steps), each exact on its scene (``core.toy.query.query_problem``). Adding them changed no existing split: a split's
 scenes depend only on its own code.
 
-Two splits with no-target queries (``no_target``): ``train_nt`` and ``val_nt`` are drawn as ``train`` / ``val`` (on
-codes of their own), and a quarter of their queries name a near miss of the target that the scene does not hold: "the
-small blue circle" beside a small red one, with no blue circle anywhere. Their answer is ``no target``
+Three splits with no-target queries (``no_target``): ``train_nt``, ``val_nt`` and the held-out ``test_nt`` are drawn
+as ``train`` / ``val`` (on codes of their own), and a quarter of their queries name a near miss of the target that the
+scene does not hold: "the small blue circle" beside a small red one, with no blue circle anywhere. Their answer is ``no target``
 (``core.regions``), their solution ``[]``. CycleGRPO trains them as grounding groups; the GRPO rewards
 refuse them (they need a box).
 

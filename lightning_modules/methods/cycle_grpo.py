@@ -434,14 +434,15 @@ class CycleGRPO(Method):
 
     # ------------------------------------------------------------------------------------------------ evaluation
     def evaluate(self, module: MethodHost, kind: str, name: str, batch) -> bool:
-        """Video samples: ``evaluate_clips`` (greedy grounding of each query and the cycle of each target moment),
-        logged by `eval_logs` at the epoch's end. Image samples: the cycle's locatability of captions
-        (``<kind>/<set>/locatability``, ``.../confusion``), then the module's REC evaluator for the grounding
+        """Video samples and mask regions: ``evaluate_clips`` (greedy grounding of each query and the cycle of each
+        target), logged by `eval_logs` at the epoch's end (masks: GRES's ``giou`` / ``ciou`` / ``n_acc`` / ``t_acc``
+        on the decoded masks, the box evaluator having nothing to read). Image boxes: the cycle's locatability of
+        captions (``<kind>/<set>/locatability``, ``.../confusion``), then the module's REC evaluator for the grounding
         direction (False)."""
         key = f"{kind}/{name}"
         engine = module.rollout_engine.for_evaluation()
         template = self.ctx.eval_template
-        if self.video:
+        if self.video or self.masks is not None:
             n = self.ctx.max_new_tokens
             self.evaluate_clips(module.policy, module.processor, engine, batch, key, template, n, module.device)
             return True
@@ -457,7 +458,7 @@ class CycleGRPO(Method):
     def evaluate_clips(
         self, policy, processor, engine, batch, key: str, template: str, max_new_tokens: int, device
     ) -> None:
-        """Clips, greedily, into the metrics of eval set ``key`` (``<kind>/<set>``, created on ``device``): each
+        """Clips (and mask-region images), greedily, into the metrics of eval set ``key`` (``<kind>/<set>``, created on ``device``): each
         query grounded under ``template`` (``RegionGroundingMetrics``: ``ciou``, ``n_acc``, ``t_acc``; intervals
         ``TemporalGroundingMetrics``: ``tiou``, ``r1@{0.3,0.5,0.7}``; anchors ``SpatioTemporalMetrics``: ``when``,
         ``where``, ``st``), then the cycle on each target moment: caption its region, ground the stripped caption
@@ -478,14 +479,14 @@ class CycleGRPO(Method):
             mets["cycle"] = Locatability(0.5)
             if self.space.name == "interval":
                 mets["temporal"] = TemporalGroundingMetrics((0.3, 0.5, 0.7))
-            else:
+            elif self.space.name == "anchor":
                 mets["st"] = SpatioTemporalMetrics(tau=self.tau, slot=1.0 / batch[0].clip.fps)
             self._eval_metrics[key] = {k: m.to(device) for k, m in mets.items()}  # NCCL reduces CUDA states
         mets = self._eval_metrics[key]
         mets["region"].update(gts, preds)
         if "temporal" in mets:
             mets["temporal"].update([self._space_for(s).consistency(g, p) for s, g, p in zip(batch, gts, preds)])
-        else:
+        elif "st" in mets:
             mets["st"].update(gts, preds)
         targets, owns, lookalikes = self._cycle_targets(batch)
         back = self._cycle(policy, processor, engine, sampling, targets, template)
@@ -562,7 +563,7 @@ class CycleGRPO(Method):
         engine = module.rollout_engine.for_evaluation()
         template = self.ctx.eval_template
         sampling = _greedy(self.ctx.max_new_tokens)
-        if self.video:
+        if self.video or self.masks is not None:  # masks: the REC records read boxes
             texts, gts, preds = self._ground_clips(module.policy, module.processor, engine, batch, template, sampling)
             rows = [self._clip_record(s, t, g, p) for s, t, g, p in zip(batch, texts, gts, preds)]
         else:
@@ -587,7 +588,10 @@ class CycleGRPO(Method):
         from lightning_modules.evaluation.cycle_metrics import st_scores
 
         norm = self.space.normalize(pred) if pred is not None else None
-        if self.space.name == "interval":
+        if self.masks is not None:  # pixel masks, GRES's per-sample IoU (a no-target query: 1 for a rejection)
+            scores = {"iou": self.space.consistency(gt, pred)}
+            accuracy = scores["iou"]
+        elif self.space.name == "interval":
             scores = {"tiou": self._space_for(sample).consistency(gt, pred)}
             accuracy = scores["tiou"]
         else:
@@ -596,12 +600,12 @@ class CycleGRPO(Method):
             accuracy = scores["st"]
         return {
             "sample_id": sample.sample_id,
-            "task": "video",
+            "task": "video" if self.video else "rec",
             "space": self.space.name,
             "query": sample.query,
-            "completion": text,
-            "region": None if pred is None else self.space.serialize(pred),
-            "gt_region": self.space.serialize(gt),
+            "completion": text,  # masks: the completion's span is the region (a pixel mask has no short text)
+            "region": None if pred is None or self.masks is not None else self.space.serialize(pred),
+            "gt_region": None if self.masks is not None else self.space.serialize(gt),
             "no_target": gt is NO_TARGET,
             "rejected": norm is NO_TARGET,
             "answered": norm is not None and norm is not NO_TARGET,
@@ -624,7 +628,7 @@ class CycleGRPO(Method):
                         if k != "locatability":
                             continue
                         k = "cycle_acc50"
-                    if k != "giou" and not torch.isnan(v):  # giou repeats tiou / st
+                    if (k != "giou" or not self.video) and not torch.isnan(v):  # clips: giou repeats tiou / st
                         out[f"{key}/{k}"] = float(v)
                 m.reset()
         return out

@@ -129,3 +129,29 @@ def test_mask_cycle_rewards_by_hand(tokenizer_dir, mask_reward):
     # the cycle's evaluation compares pixel masks: the own mask and the look-alikes' exact masks
     targets, owns, lookalikes = m._cycle_targets([s, nt])
     assert targets == [s] and np.array_equal(owns[0], gt) and all(x.shape == gt.shape for x in lookalikes[0])
+
+
+def test_mask_groundings_are_scored_as_gres_in_predict_records(tokenizer_dir):
+    """`predict`'s record of a mask grounding (what the study bootstraps): GRES's per-sample IoU of the decoded mask,
+    1 for the rejection of a no-target query, 0 for an unreadable answer; ``rejected`` / ``answered`` as N-acc /
+    T-acc count them."""
+    m = _method(tokenizer_dir, _Codec())
+    s, nt = _toy_sample(0), _toy_sample(1, no_target=True)
+
+    def record(sample, text):
+        return m._clip_record(sample, text, m._gt_region(sample), m._predicted_region(sample, text, None, (224, 224)))
+
+    codes = (max(1, int(s.boxes[0][0]) // 4), int(s.boxes[0][1]) // 4)  # a square from the target's corner
+    hit = record(s, f"<answer>{format_mask(codes)}</answer>")
+    want = mask_iou(_Codec().decode(codes, s.image), target_mask(s.meta))
+    assert 0.0 < want < 1.0
+    assert hit["rewards"]["accuracy"] == pytest.approx(want) and hit["scores"]["iou"] == pytest.approx(want)
+    assert (hit["task"], hit["answered"], hit["rejected"], hit["no_target"], hit["format_ok"]) == (
+        "rec", True, False, False, True,
+    )  # fmt: skip
+    rejection = record(nt, "<answer>no target</answer>")
+    assert rejection["rewards"]["accuracy"] == 1.0 and rejection["rejected"] and rejection["no_target"]
+    false_alarm = record(nt, f"<answer>{format_mask((5, 7))}</answer>")
+    assert false_alarm["rewards"]["accuracy"] == 0.0 and not false_alarm["rejected"] and false_alarm["answered"]
+    junk = record(s, "???")
+    assert junk["rewards"]["accuracy"] == 0.0 and not junk["format_ok"] and not junk["answered"]
