@@ -20,6 +20,7 @@ Usage::
     with running_judge_server(script=lambda prompt: "yes") as judge:
         client = JudgeClient(JudgeConfig(base_url=judge.url + "/scripted/v1", trust_env=False))
 
+``running_toy_judge()`` serves the product's judge server over the toy checkpoint instead (real model replies);
 or import the module-scoped fixture: ``from tests.judge_server import judge_server  # noqa: F401`` and ask for
 ``judge_server`` (a :class:`RunningJudge`).
 """
@@ -44,6 +45,7 @@ __all__ = [
     "judge_server",
     "last_prompt",
     "running_judge_server",
+    "running_toy_judge",
     "serve_in_thread",
 ]
 
@@ -179,6 +181,21 @@ def running_judge_server(
     state = JudgeServerState() if script is None else JudgeServerState(script=script)
     with serve_in_thread(judge_app(state, reply=reply, fast_s=fast_s, slow_s=slow_s)) as url:
         yield RunningJudge(url, state)
+
+
+TOY_CHECKPOINT = "checkpoints/toy-qwen2.5-vl"
+
+
+@contextmanager
+def running_toy_judge(path: str = TOY_CHECKPOINT, name: str = "judge", max_tokens: int = 16) -> Iterator[str]:
+    """The product's judge server (``lightning_modules/judge_server.py``, what ``python -m cli.judge_server`` runs)
+    over the toy checkpoint, in a thread; yields its base URL ``http://127.0.0.1:<port>/v1``. Its replies are whatever
+    the toy model says."""
+    from lightning_modules.judge_server import build_app, load_generator
+
+    gen = load_generator(path, name, dtype="fp32", device="cpu", max_tokens=max_tokens)
+    with serve_in_thread(build_app(gen)) as url:
+        yield url + "/v1"
 
 
 @pytest.fixture(scope="module")
