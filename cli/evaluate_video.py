@@ -1,0 +1,239 @@
+"""Video benchmarks of Generalized CycleGRPO: ``python -m cli.evaluate vstar | dove ...`` (a ``BENCHMARK_MODULES``
+entry of ``cli/evaluate.py``).
+
+    python -m cli.evaluate vstar --data V_STaR_test.json --video-root videos/ --policy CKPT \\
+        --judge-url http://127.0.0.1:8000/v1 --judge-model Qwen2.5-72B-Instruct --out results/vstar.json
+    python -m cli.evaluate vstar ... --predictions results/vstar.predictions.jsonl --out results/vstar.json
+    python -m cli.evaluate vstar ... --predictions qwen2-5_answer.json --out results/vstar.json   # V-STaR's results
+    python -m cli.evaluate dove --data dove.jsonl --video-root videos/ --policy CKPT --judge-url URL --out dove.json
+
+V-STaR (``lightning_modules/evaluation/vstar.py``): the policy answers each item's what / when / where questions in
+both chain orders; mAM and mLGM as V-STaR's ``eval.py`` defines them (*what* rated by the judge, or by exact match
+without ``--judge-url``). DOVE (``lightning_modules/evaluation/dove.py``): the policy captions each occurrence of a
+contrast group, a text-only judge answers the Order / State / Outcome probes from the caption alone; TEC per probe
+type, their macro average, and N/M. Both write the results to ``--out`` and every item's answers to
+``<out stem>.predictions.jsonl``, which ``--predictions`` scores again (``--shard I/N`` runs every N-th item, for one
+GPU's share). A data defect exits 3 with the file and item; a flag mistake or a missing file exits 2; an unreachable
+judge under ``--judge-on-failure raise`` exits 4.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["register"]
+
+
+def register(sub) -> None:
+    """Add the ``vstar`` and ``dove`` sub-commands to ``cli.evaluate``'s sub-parsers ``sub``."""
+    vstar = sub.add_parser("vstar", help="V-STaR: what / when / where in two chain orders (mAM, mLGM)")
+    vstar.add_argument("--data", required=True, help="V-STaR's annotation JSON (V_STaR_test.json)")
+    vstar.add_argument(
+        "--prompts", default="vstar", help="question set: vstar (the benchmark's) or toy (the toy checkpoint's)"
+    )
+    vstar.add_argument("--max-new-tokens", type=int, default=256, help="answer budget per question")
+    dove = sub.add_parser("dove", help="DOVE: occurrence captions probed by a text-only judge (TEC, N/M)")
+    dove.add_argument("--data", required=True, help="DOVE contrast groups as JSONL (docs/cycle_grpo.md: the format)")
+    dove.add_argument(
+        "--caption-template",
+        default="video_caption",
+        help="prompt template of the occurrence caption (video_caption; toy_caption for the toy checkpoint)",
+    )
+    dove.add_argument("--max-new-tokens", type=int, default=128, help="caption budget")
+    dove.add_argument("--bootstrap", type=int, default=0, help="resamples of the groups for TEC's 95%% CI (0: none)")
+    for p, handler in ((vstar, _vstar), (dove, _dove)):
+        p.add_argument("--video-root", default=None, help="folder holding <vid>.mp4 (or toy <vid>.npz), searched down")
+        p.add_argument("--out", required=True, help="results JSON; answers go to <stem>.predictions.jsonl beside it")
+        p.add_argument("--policy", default=None, help="policy checkpoint folder (save_pretrained layout)")
+        p.add_argument("--predictions", nargs="+", default=None, help="score these predictions files, not a policy")
+        p.add_argument("--shard", default=None, metavar="I/N", help="only every N-th item from the I-th (0-based)")
+        p.add_argument("--max-samples", type=int, default=None, help="only the first N items")
+        p.add_argument("--fps", type=float, default=1.0, help="frames sampled per second of video (V-STaR: 1)")
+        p.add_argument("--max-frames", type=int, default=64, help="at most this many frames, evenly spaced")
+        p.add_argument("--max-pixels", type=int, default=448 * 448, help="frames larger than this are scaled down")
+        p.add_argument("--batch-size", type=int, default=4, help="clips per generate call")
+        p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), bf16, fp16, fp32")
+        p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+        p.add_argument("--judge-url", default=None, help="OpenAI-compatible base URL of the judge (…/v1)")
+        p.add_argument("--judge-model", default="judge", help="model name sent to the judge server")
+        p.add_argument("--judge-timeout", type=float, default=60.0, help="seconds per judge request attempt")
+        p.add_argument(
+            "--judge-on-failure",
+            choices=("value", "raise"),
+            default="value",
+            help="value: a failed judge call scores as a wrong answer; raise: stop with one line",
+        )
+        p.set_defaults(handler=handler)
+
+
+def _common(args: argparse.Namespace, name: str) -> tuple[tuple[int, int] | None, dict]:
+    """Flag checks shared by both benchmarks; the shard and the run's ``info``."""
+    from cli.errors import fail
+    from cli.evaluate import _shard
+
+    if (args.policy is None) == (args.predictions is None):
+        fail(f"cli.evaluate {name}: give --policy (run the policy) or --predictions (score a file), one")
+    if args.policy is not None and args.video_root is None:
+        fail(f"cli.evaluate {name} --policy needs --video-root, the folder of the benchmark's videos")
+    for flag, value in (("--batch-size", args.batch_size), ("--max-frames", args.max_frames)):
+        if value < 1:
+            fail(f"{flag} must be >= 1, got {value}")
+    if not args.fps > 0:
+        fail(f"--fps must be > 0, got {args.fps}")
+    info = {
+        "policy": args.policy,
+        "judge_url": args.judge_url,
+        "judge_model": args.judge_model if args.judge_url else None,
+        "fps": args.fps,
+        "max_new_tokens": args.max_new_tokens,
+        "shard": args.shard,
+    }
+    return (_shard(args.shard) if args.shard else None), info
+
+
+def _policy(args: argparse.Namespace, info: dict):
+    import torch
+
+    from lightning_modules.models.loading import load_policy
+
+    model, processor = load_policy(args.policy, dtype=args.dtype)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model.to(device).eval()
+    info["device"] = device
+    return model, processor
+
+
+def _judge(args: argparse.Namespace):
+    from lightning_modules.judge import JudgeClient, JudgeConfig
+
+    if args.judge_url is None:
+        return None
+    cfg = JudgeConfig(
+        base_url=args.judge_url,
+        model=args.judge_model,
+        timeout_s=args.judge_timeout,
+        on_failure=args.judge_on_failure,
+        max_tokens=16,
+    )
+    return JudgeClient(cfg)
+
+
+def _run_with_judge(args: argparse.Namespace, run) -> dict:
+    """``run(judge)`` with the judge client open; an unreachable judge under ``raise`` exits 4 with its line."""
+    from cli.errors import fail
+    from lightning_modules.judge import JudgeUnavailable
+
+    judge = _judge(args)
+    try:
+        return run(judge)
+    except JudgeUnavailable as err:
+        fail(f"{err} (--judge-on-failure value scores it as a wrong answer instead)", 4)
+    finally:
+        if judge is not None:
+            judge.close()
+
+
+def _vstar(args: argparse.Namespace, command: str) -> int:
+    from cli.errors import fail
+    from lightning_modules.evaluation.video_inputs import VideoIndex
+    from lightning_modules.evaluation.vstar import VSTAR_PROMPTS, evaluate_vstar, read_vstar, read_vstar_predictions
+
+    if args.prompts not in VSTAR_PROMPTS:
+        fail(f"--prompts {args.prompts!r}: one of {sorted(VSTAR_PROMPTS)}")
+    shard, info = _common(args, "vstar")
+    info.update(prompts=args.prompts, command=command)
+    items = read_vstar(args.data, max_samples=args.max_samples)
+    if shard is not None:
+        items = items[shard[0] :: shard[1]]
+    model = processor = videos = predictions = None
+    if args.predictions is not None:
+        predictions = read_vstar_predictions(args.predictions)
+        info["scored_files"] = args.predictions
+    else:
+        videos = VideoIndex(args.video_root)
+        model, processor = _policy(args, info)
+    results = _run_with_judge(
+        args,
+        lambda judge: evaluate_vstar(
+            items,
+            args.out,
+            model=model,
+            processor=processor,
+            videos=videos,
+            predictions=predictions,
+            judge=judge,
+            prompts=args.prompts,
+            fps=args.fps,
+            max_frames=args.max_frames,
+            max_pixels=args.max_pixels,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size,
+            info=info,
+            log=lambda line: print(line, file=sys.stderr, flush=True),
+        ),
+    )
+    m = results["metrics"]
+    print(
+        f"vstar: {results['n']} items, what by {results['what_scorer']}: acc {m['acc']:.4f}; chain 1 when "
+        f"{m['when']:.4f} where {m['where']:.4f}; chain 2 where {m['where_2']:.4f} when {m['when_2']:.4f}; "
+        f"mAM {m['mAM']:.4f} mLGM {m['mLGM']:.4f}"
+    )
+    print(f"wrote {args.out} and {results['predictions']}")
+    return 0
+
+
+def _dove(args: argparse.Namespace, command: str) -> int:
+    from cli.errors import fail
+    from lightning_modules.evaluation.dove import evaluate_dove, read_dove, read_dove_predictions
+    from lightning_modules.evaluation.video_inputs import VideoIndex
+    from lightning_modules.models.prompts import PROMPT_TEMPLATES
+
+    if args.caption_template not in PROMPT_TEMPLATES:
+        fail(
+            f"--caption-template {args.caption_template!r} is not a prompt template; one of {sorted(PROMPT_TEMPLATES)}"
+        )
+    if args.judge_url is None:
+        fail("cli.evaluate dove needs --judge-url: the probes are answered by a text-only judge LLM from the caption")
+    if args.bootstrap < 0:
+        fail(f"--bootstrap must be >= 0, got {args.bootstrap}")
+    shard, info = _common(args, "dove")
+    info.update(caption_template=args.caption_template, command=command)
+    groups = read_dove(args.data, max_samples=args.max_samples)
+    if shard is not None:
+        groups = groups[shard[0] :: shard[1]]
+    model = processor = videos = predictions = None
+    if args.predictions is not None:
+        predictions = read_dove_predictions(args.predictions)
+        info["scored_files"] = args.predictions
+    else:
+        videos = VideoIndex(args.video_root)
+        model, processor = _policy(args, info)
+    results = _run_with_judge(
+        args,
+        lambda judge: evaluate_dove(
+            groups,
+            args.out,
+            judge=judge,
+            model=model,
+            processor=processor,
+            videos=videos,
+            predictions=predictions,
+            caption_template=args.caption_template,
+            fps=args.fps,
+            max_frames=args.max_frames,
+            max_pixels=args.max_pixels,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size,
+            bootstrap=args.bootstrap,
+            info=info,
+            log=lambda line: print(line, file=sys.stderr, flush=True),
+        ),
+    )
+    m = results["metrics"]
+    per_type = ", ".join(f"{t} {m['tec_by_type'][t]:.4f}" for t in m["tec_by_type"])
+    print(
+        f"dove: {results['n_occurrences']} occurrences, {m['n_probes']} probes: TEC {m['tec']:.4f} ({per_type}), N/M {m['nm']:.4f}"
+    )
+    print(f"wrote {args.out} and {results['predictions']}")
+    return 0
