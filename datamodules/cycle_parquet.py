@@ -22,9 +22,11 @@ A row becomes a `CycleRow`: the image(s), the targets' code pairs (``core.region
 ``seg_answer``, which the prompt must also list), or no target and the expression (``cap_problem`` without
 ``<image>``). `row_sample` makes the project's `Sample` of it: the main image, the expression (no-target rows) or
 ``""`` (a region row is captioned, not asked), no boxes (decoding the codes needs the mask tokenizer and the image:
-``meta["mask_codes"]`` carries them), ``meta["no_target"]``. The release trains on one target per row, drawn at
-random each time a row is read, with the zoom-in crops dropped (``sample_single_target_from_multi_target(...,
-max_targets=1)``); `row_sample(row, target=i)` picks target ``i`` the same way.
+``meta["mask_codes"]`` carries them), ``meta["no_target"]``, and ``meta["reference_caption"]`` (a row's non-empty
+``cap_answer``, the repository's reference for its LLM-judged caption reward, when all of the row's targets are
+kept). The release trains on one target per row, drawn at random each time a row is read, with the zoom-in crops
+dropped (``sample_single_target_from_multi_target(..., max_targets=1)``); `row_sample(row, target=i)` picks target
+``i`` the same way.
 
 Strict: a missing column, an unknown source, a row whose answer has no span (or, for ``gres_no_target``, is not
 "No target."), a span that the prompt does not show, or a missing / unreadable image raises ``DataError`` naming the
@@ -176,6 +178,11 @@ def row_sample(row: CycleRow, target: int | None = None, codec: Any = None) -> S
         "n_images": len(row.images),
         **row.extra,
     }
+    cap_answer = row.extra.get("cap_answer")
+    if isinstance(cap_answer, str) and cap_answer.strip() and len(codes) == len(row.codes):
+        # the reference caption of CycleGRPO's optional judge reward (methods/cycle_judge.py); a row drawn down to
+        # one of several targets has none (the repository splits cap_answer per target by heuristics; not ported)
+        meta["reference_caption"] = cap_answer.strip()
     image_path = None if isinstance(row.images[0], bytes) else str(row.images[0])
     image = load_row_image(row)
     boxes: list[list[float]] = []

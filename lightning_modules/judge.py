@@ -35,11 +35,14 @@ import httpx
 
 __all__ = [
     "CAPTION_JUDGE_PROMPT",
+    "CAPTION_VERDICT_PROMPT",
     "JudgeClient",
     "JudgeConfig",
     "JudgeUnavailable",
     "judge_caption_reward",
+    "judge_caption_verdict",
     "parse_score",
+    "parse_verdict",
 ]
 
 
@@ -250,3 +253,45 @@ def judge_caption_reward(client: JudgeClient, captions: Sequence[str], reference
         raise ValueError(f"judge_caption_reward: {len(captions)} captions but {len(references)} references")
     prompts = [CAPTION_JUDGE_PROMPT.format(reference=r, caption=c) for c, r in zip(captions, references)]
     return client.score(prompts, scale=10.0)
+
+
+CAPTION_VERDICT_PROMPT = (
+    "You judge a region caption written by a model against a reference caption of the same image region.\n"
+    "The model's caption may contain mask-token spans (<|mt_start|><|mt_NNNN|><|mt_NNNN|><|mt_end|>) and "
+    "<|object_ref_start|> / <|object_ref_end|> markers; they are allowed and are not errors.\n"
+    "Answer true only if the caption is fluent and natural (not a list of phrases, not repetitive) AND describes the "
+    "same main object, attributes and action as the reference, without major content the reference does not imply. "
+    "Otherwise answer false.\n"
+    "Reference caption: {reference}\n"
+    "Model caption: {caption}\n"
+    "Answer with one lowercase word, true or false."
+)
+"""The released repository's caption judgement (``projects/rl/reward_function/llm_judge_reward.py``), in our words:
+a binary fluency-and-content verdict against the reference, 1.0 for true and 0.0 for false."""
+
+_TRUE = re.compile(r"\btrue\b", re.IGNORECASE)
+_FALSE = re.compile(r"\bfalse\b", re.IGNORECASE)
+
+
+def parse_verdict(text: str) -> bool | None:
+    """True / False when the reply holds exactly one of the words ``true`` and ``false``, else None."""
+    has_true, has_false = bool(_TRUE.search(text)), bool(_FALSE.search(text))
+    return has_true if has_true != has_false else None
+
+
+def judge_caption_verdict(client: JudgeClient, captions: Sequence[str], references: Sequence[str]) -> list[float]:
+    """The repository's reference-based caption reward: 1.0 when the judge answers true, 0.0 when it answers false;
+    an empty caption scores 0.0 without a request (as the repository does), and a failed call or a reply with neither
+    word (or both) scores ``client.failure_value`` (the repository: 0; under ``on_failure: raise`` a failed call
+    raises)."""
+    if len(captions) != len(references):
+        raise ValueError(f"judge_caption_verdict: {len(captions)} captions but {len(references)} references")
+    asked = [i for i, c in enumerate(captions) if c.strip()]
+    prompts = [
+        CAPTION_VERDICT_PROMPT.format(reference=references[i].strip(), caption=captions[i].strip()) for i in asked
+    ]
+    out = [0.0] * len(captions)
+    for i, text in zip(asked, client.complete(prompts)):
+        verdict = parse_verdict(text) if text is not None else None
+        out[i] = client.failure_value if verdict is None else float(verdict)
+    return out

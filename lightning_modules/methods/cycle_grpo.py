@@ -49,6 +49,11 @@ image (or clip) is encoded once per level, not once for both.
 loaded with ``--model.policy.mask_tokens true``): regions are pixel masks written as mask tokens, the ground truth the
 toy scene's exact target mask, ``s`` the mask-token consistency (1 / 0.4 / 0) or the decoded IoU
 (``methods/cycle_masks.py``).
+
+**Judge** (``judge: {base_url, ...}``, off by default; ``methods/cycle_judge.py``): a caption row whose sample carries
+a reference caption (``meta[judge_reference_key]``) gets ``judge_weight * J`` added to ``r_cap``, J the repository's
+true / false verdict of an OpenAI-compatible judge (``lightning_modules/judge.py``; logged as
+``train/cycle/judge_reward``).
 """
 
 from __future__ import annotations
@@ -73,7 +78,9 @@ from core.regions import (
 from lightning_modules import rewards
 from lightning_modules.engines.base import RolloutRequest, Sampling
 from lightning_modules.evaluation.evaluator import answered_region
+from lightning_modules.judge import JudgeConfig
 from lightning_modules.methods.base import Method, MethodHost, Scores
+from lightning_modules.methods.cycle_judge import CaptionJudge
 from lightning_modules.methods.cycle_masks import MaskRegions, lookalike_masks
 from lightning_modules.methods.cycle_rewards import (
     COMPOSITIONS,
@@ -119,6 +126,10 @@ class CycleGRPO(Method):
             repository's ``text2mask.py``; images only). docs/cycle_grpo.md, "Rewards".
         mask_tokenizer: ``region_space: mask``: the mask tokenizer's folder (``checkpoints/toy-mask-tokenizer``).
         mask_reward: ``region_space: mask``: ``tokens`` (code match 1 / 0.4 / 0) or ``iou`` (decoded mask IoU).
+        judge: an OpenAI-compatible judge endpoint (`JudgeConfig`) for the reference-based caption reward; None: off.
+        judge_weight: weight of the judge reward added to ``r_cap`` of caption rows that have a reference.
+        judge_reference_key: the sample ``meta`` key of the reference caption (rows without it are not judged).
+        judge_prompt: ``verdict`` (the repository's true / false -> 1 / 0) or ``score`` (a 0-10 rating / 10).
     """
 
     def __init__(
@@ -138,6 +149,10 @@ class CycleGRPO(Method):
         reward_composition: str = "seed",
         mask_tokenizer: str | None = None,
         mask_reward: str = "tokens",
+        judge: JudgeConfig | None = None,
+        judge_weight: float = 1.0,
+        judge_reference_key: str = "reference_caption",
+        judge_prompt: str = "verdict",
     ) -> None:
         super().__init__()
         if no_target_groundings is not None and no_target_groundings < 2:
@@ -173,6 +188,7 @@ class CycleGRPO(Method):
                 f"{region_space!r}: drop it, or set region_space mask"
             )
         self.masks = MaskRegions(mask_tokenizer, mask_reward) if region_space == "mask" else None
+        self.judge = None if judge is None else CaptionJudge(judge, judge_weight, judge_reference_key, judge_prompt)
         """The mask tokenizer and the per-sample bound spaces of ``region_space: mask`` (else None)."""
         self.N, self.K, self.alpha, self.mode = n_captions, k_groundings, alpha, mode
         self.side_weights = loss_side_weights(mode, lambda_cap, lambda_loc)
@@ -284,6 +300,12 @@ class CycleGRPO(Method):
             r_nt = [
                 [localization_reward(v, ph, self.alpha, g, sh) for v, ph, g, sh in zip(*row[:4])] for row in nt
             ]  # r_loc without a caption level
+        judged: list[float | None] = []
+        if self.judge is not None:  # the reference-based caption reward, rows with a reference only
+            judged = self.judge.rewards(
+                [batch[targets[i // N]] for i in range(n_cap)], [raw_caption(t) for t in ro.texts[:n_cap]]
+            )
+            r_cap = [r if j is None else r + self.judge.weight * j for r, j in zip(r_cap, judged)]
         rows = cyc + nt
         consistency = [sum(r) / K for r in s] + [v for row in rows for v in row[0]]
         phi = phi_cap + [v for row in rows for v in row[1]]
@@ -296,6 +318,7 @@ class CycleGRPO(Method):
             "total": torch.tensor(total, dtype=torch.float32),
         }
         extras = {"n_captions": n_cap, "n_cycle_groundings": n_cap * K, "gate": gate, "shaping": shaping}
+        extras["judge"] = judged
         return Scores(parts=parts, parsed=parsed, extras=extras)
 
     # ------------------------------------------------------------------------------------------------ regions
@@ -422,7 +445,14 @@ class CycleGRPO(Method):
             "train/cycle/no_target_acc": mean(p["consistency"][rejects] >= 1.0, n_rej),
             "train/cycle/no_target_reward": mean(p["total"][rejects], n_rej),
             **self._video_train_logs(scores),
+            **self._judge_train_logs(scores),
         }
+
+    def _judge_train_logs(self, scores: Scores) -> dict[str, float]:
+        if self.judge is None:
+            return {}
+        judged = [j for j in scores.extras.get("judge", []) if j is not None]
+        return {"train/cycle/judge_reward": sum(judged) / len(judged) if judged else float("nan")}
 
     def _video_train_logs(self, scores: Scores) -> dict[str, float]:
         if self.space.name == "interval":
