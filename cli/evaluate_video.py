@@ -128,7 +128,7 @@ def _run_with_judge(args: argparse.Namespace, run) -> dict:
     try:
         return run(judge)
     except JudgeUnavailable as err:
-        fail(f"{err} (--judge-on-failure value scores it as a wrong answer instead)", 4)
+        fail(str(err).replace("set judge.on_failure: value", "pass --judge-on-failure value"), 4)
     finally:
         if judge is not None:
             judge.close()

@@ -126,10 +126,10 @@ def read_dove(path: str | Path, max_samples: int | None = None) -> list[DoveGrou
             at = f"{where}: occurrence {k}"
             try:
                 start, end = (float(v) for v in occ["interval"])
-                oid = str(occ["id"])
-                probes = [_probe(p, f"{at}, probe {j}") for j, p in enumerate(occ["probes"])]
+                oid, raw_probes = str(occ["id"]), list(occ["probes"])
             except (KeyError, TypeError, ValueError):
                 raise DataError(f"{at}: an occurrence is {{'id', 'interval': [start, end], 'probes': [...]}}") from None
+            probes = [_probe(p, f"{at}, probe {j}") for j, p in enumerate(raw_probes)]
             if not 0 <= start < end:
                 raise DataError(f"{at}: interval {occ['interval']} is not [start, end] with 0 <= start < end")
             if oid in seen:
