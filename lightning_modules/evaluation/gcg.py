@@ -286,7 +286,7 @@ def _iou_matrix(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> np.ndarray:
     for i, x in enumerate(a):
         for j, y in enumerate(b):
             if x.shape != y.shape:
-                raise ValueError(f"a predicted mask is {list(y.shape)}, the ground truth {list(x.shape)}")
+                raise ValueError(f"masks of different sizes: {list(x.shape)} vs {list(y.shape)}")
             union = np.count_nonzero(x | y)
             out[i, j] = np.count_nonzero(x & y) / union if union else 0.0
     return out
@@ -404,7 +404,13 @@ class GcgScorer:
         self.captions: dict[str, str] = {}
         self.references: dict[str, list[str]] = {}
 
-    def update(self, rec: GcgRecord, gt: Sequence[np.ndarray], pred: GcgPrediction) -> dict[str, Any]:
+    def update(
+        self, rec: GcgRecord, gt: Sequence[np.ndarray], pred: GcgPrediction, shape: tuple[int, int]
+    ) -> dict[str, Any]:
+        """Score one image (``shape``: its ``(h, w)``); returns its mIoU and match counts."""
+        for i, m in enumerate(pred.masks):
+            if m.shape != tuple(shape):
+                raise ValueError(f"predicted mask {i} is {list(m.shape)}, the image {list(shape)}")
         flags = _ap_flags(gt, pred.masks)
         self.ap.append((rec.order if rec.order is not None else rec.sample_id, len(gt), flags))
         miou = glamm_miou(pred.masks, gt)
@@ -494,7 +500,7 @@ def evaluate_gcg(
                 preds = [_from_file(r, predictions[r.sample_id], im, tokenizer) for r, im in zip(recs, images)]
             for r, im, p in zip(recs, images, preds):
                 try:
-                    row = scorer.update(r, r.masks(im.size), p)
+                    row = scorer.update(r, r.masks(im.size), p, (im.size[1], im.size[0]))
                 except ValueError as err:
                     raise DataError(f"{r.source}: image {r.sample_id!r}: {err}") from None
                 line = {"id": r.sample_id, "completion": p.completion, "caption": p.caption, "phrases": p.phrases}
