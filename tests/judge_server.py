@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -46,6 +47,7 @@ __all__ = [
     "last_prompt",
     "running_judge_server",
     "running_toy_judge",
+    "toy_judge_for_config",
     "serve_in_thread",
 ]
 
@@ -183,7 +185,7 @@ def running_judge_server(
         yield RunningJudge(url, state)
 
 
-TOY_CHECKPOINT = "checkpoints/toy-qwen2.5-vl"
+TOY_CHECKPOINT = str(Path(__file__).resolve().parents[1] / "checkpoints" / "toy-qwen2.5-vl")
 
 
 @contextmanager
@@ -196,6 +198,25 @@ def running_toy_judge(path: str = TOY_CHECKPOINT, name: str = "judge", max_token
     gen = load_generator(path, name, dtype="fp32", device="cpu", max_tokens=max_tokens)
     with serve_in_thread(build_app(gen)) as url:
         yield url + "/v1"
+
+
+@contextmanager
+def toy_judge_for_config(cfg: dict, path) -> Iterator[str | None]:
+    """For a training config (a composed dict) whose method has a ``judge``: serve the toy judge
+    (`running_toy_judge`), point ``judge.base_url`` at it (proxies off) and rewrite the config file ``path``; yields
+    the URL, or None (and does nothing) for a config without a judge. tests/cli/test_config_runs.py runs every config
+    inside it, so configs/overlays/cycle_judge.yaml trains against a real server."""
+    import yaml
+
+    method = cfg["model"]["init_args"].get("method")
+    judge = (method.get("init_args") or {}).get("judge") if isinstance(method, dict) else None
+    if not judge:
+        yield None
+        return
+    with running_toy_judge(name=judge.get("model", "judge"), max_tokens=8) as url:
+        judge.update(base_url=url, trust_env=False)
+        Path(path).write_text(yaml.safe_dump(cfg, sort_keys=False))
+        yield url
 
 
 @pytest.fixture(scope="module")

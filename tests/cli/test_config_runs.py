@@ -23,6 +23,7 @@ import torch
 import yaml
 from PIL import Image
 
+from tests.judge_server import toy_judge_for_config
 from train import cli_main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,6 +38,7 @@ RUNS = (
     + [(CONFIGS / "rec_3b_1gpu.yaml", o) for o in OVERLAYS]
     + [(CONFIGS / "evolved_tiny.yaml", o) for o in sorted((CONFIGS / "overlays").glob("evolved_*.yaml"))]
     + [(CONFIGS / "cycle_tiny.yaml", o) for o in sorted((CONFIGS / "overlays").glob("cycle_tiny_*.yaml"))]
+    + [(CONFIGS / "cycle_tiny.yaml", CONFIGS / "overlays/cycle_judge.yaml")]  # against the toy judge server
     + [(CONFIGS / "cycle_4b.yaml", CONFIGS / "overlays/hf_engines.yaml")]  # the transformers engines on Qwen3-VL
     + [(CONFIGS / "cycle_4b_temporal.yaml", CONFIGS / "overlays/hf_engines.yaml")]  # ... and on its clips
     + [(CONFIGS / "cycle_4b.yaml", CONFIGS / "overlays/cycle_4b_parquet.yaml", CONFIGS / "overlays/hf_engines.yaml")]
@@ -231,8 +233,11 @@ def test_config_runs_fit_steps_on_cpu(run, toy_data, tiny_qwen3_vl, tmp_path, mo
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     monkeypatch.chdir(tmp_path)  # relative output paths of the config (outputs/<name>/...) land in this run's folder
-    cli = cli_main(["fit", "--config", str(path)])
+    with toy_judge_for_config(cfg, path) as judge:  # a method with a judge asks the toy judge (tests/judge_server.py)
+        cli = cli_main(["fit", "--config", str(path)])
     trainer = cli.trainer
+    judged = float(trainer.callback_metrics.get("train/cycle/judge_reward", float("nan")))  # nan: nothing judged
+    assert not judge or judged >= 0.0, (judged, sorted(trainer.callback_metrics))
     assert trainer.global_step >= 2, f"{_id(run)} ran {trainer.global_step} steps"
     if cfg["trainer"]["strategy"] == "fsdp2":
         from lightning_modules.models.fsdp import is_sharded
