@@ -141,3 +141,47 @@ def test_vstar_result_files_score_as_predictions(tmp_path):
     m = res["metrics"]
     assert res["what_scorer"] == "exact" and m["acc"] == 0.5 and m["when"] == 0.5
     assert m["AM1"] == pytest.approx((0.5 + 0.5 + 0.5 / n_boxes) / 3)
+
+
+def test_load_clip_samples_an_mp4_at_the_asked_rate(tmp_path):
+    cv2 = pytest.importorskip("cv2")
+    import numpy as np
+
+    from lightning_modules.evaluation.video_inputs import VideoIndex, load_clip
+
+    path = tmp_path / "sub" / "vid7.mp4"
+    path.parent.mkdir()
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 4.0, (64, 48))
+    for i in range(12):  # 3 s at 4 fps; frame i is a flat grey of 20 * i
+        writer.write(np.full((48, 64, 3), 20 * i, dtype=np.uint8))
+    writer.release()
+    assert VideoIndex(tmp_path).path("vid7", "here") == path  # found in a subfolder by its stem
+    grey = lambda clip: [int(np.asarray(f).mean()) for f in clip.frames]  # noqa: E731
+    clip = load_clip(path, fps=2.0)  # every other frame: 0, 40, ..., 200 (give or take the codec)
+    assert (len(clip.frames), clip.fps, clip.size) == (6, 2.0, (64, 48))
+    assert grey(clip) == pytest.approx([0, 40, 80, 120, 160, 200], abs=6)
+    # at most 4 frames: evenly spaced every 0.75 s (frames 0, 3, 6, 9), scaled down under 32 x 24 pixels
+    clip = load_clip(path, fps=4.0, max_frames=4, max_pixels=32 * 24)
+    assert len(clip.frames) == 4 and clip.fps == pytest.approx(4 / 3) and clip.size == (32, 28)  # 28: the floor
+    assert grey(clip) == pytest.approx([0, 60, 120, 180], abs=6)
+
+
+def test_what_rated_by_a_judge_server(tmp_path):
+    pytest.importorskip("fastapi")
+    from lightning_modules.judge import JudgeClient, JudgeConfig
+    from tests.judge_server import running_judge_server
+
+    path, _, _ = write_vstar_fixture(tmp_path)
+    items = read_vstar(path)
+    preds = {
+        it.sample_id: {"completions": {"what": answer}, "input_wh": None}
+        for it, answer in zip(items, ["the big round one", "<answer>a square</answer>"])
+    }
+    # the judge rates 2 when the candidate mentions "round", else 1; it sees the question, reference and candidate
+    with running_judge_server(script=lambda p: "2" if "Candidate answer: the big round one" in p else "1") as judge:
+        client = JudgeClient(JudgeConfig(base_url=judge.url + "/scripted/v1", trust_env=False))
+        res = evaluate_vstar(items, tmp_path / "r.json", predictions=preds, judge=client)
+        prompts = [b["messages"][-1]["content"] for b in judge.state.requests]
+    assert res["what_scorer"] == "judge" and res["metrics"]["acc"] == 0.5 and res["metrics"]["avg_rating"] == 1.5
+    assert any(f"Groundtruth answer: {items[0].answer}" in p and items[0].question in p for p in prompts)
+    assert any("Candidate answer: a square\n" in p for p in prompts)  # the answer part, tags dropped
