@@ -76,7 +76,8 @@ def write_gar_fixture(root: Path) -> Path:
 @pytest.fixture(scope="module")
 def fx(tmp_path_factory):
     root = tmp_path_factory.mktemp("regions")
-    return {"gcg": write_gcg_fixture(root / "gcg"), "gar": write_gar_fixture(root / "gar"), "tok": tiny_mask_tokenizer(root / "tok")}  # fmt: skip
+    gcg, gar = write_gcg_fixture(root / "gcg"), write_gar_fixture(root / "gar")
+    return {"gcg": gcg, "gar": gar, "tok": tiny_mask_tokenizer(root / "tok")}
 
 
 def test_gcg_with_the_toy_policy_then_its_predictions_again(fx, tmp_path, capsys):
@@ -126,7 +127,11 @@ def test_gcg_completions_with_spans_are_decoded(fx, tmp_path):
 
 
 def _tiny_bert(path: Path) -> Path:
-    """A random 1-layer BERT with a word-level vocabulary, saved as a local folder (the real one is not here)."""
+    """A 1-layer BERT saved as a local folder (the real one is not here) whose similarities are known: every weight
+    zero but the LayerNorm scales, so a token's last state is LayerNorm(its word embedding); each content word embeds
+    as its own one-hot vector, ``[CLS]``, ``[SEP]`` and "a" as zeros. A phrase's mean-pooled state is then its content
+    words' centred one-hots: the cosine of two different single words is -1/15, of a phrase with itself 1."""
+    import torch
     from transformers import BertConfig, BertModel, BertTokenizer
 
     words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "man", "horse", "two", "dogs", "cat"]
@@ -135,7 +140,13 @@ def _tiny_bert(path: Path) -> Path:
     BertTokenizer(str(path / "vocab.txt")).save_pretrained(path)
     cfg = BertConfig(vocab_size=len(words), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                      intermediate_size=32, max_position_embeddings=64)  # fmt: skip
-    BertModel(cfg).save_pretrained(path)
+    model = BertModel(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.fill_(1.0 if "LayerNorm.weight" in name else 0.0)
+        for i in range(6, len(words)):
+            model.embeddings.word_embeddings.weight[i, i] = 1.0
+    model.save_pretrained(path)
     return path
 
 
@@ -160,14 +171,13 @@ def test_gcg_scores_the_released_per_image_files(fx, tmp_path, capsys):
     assert main(["gcg", *fx["gcg"]["flags"], "--predictions", str(folder), "--text-encoder", str(bert),
                  "--out", str(out)]) == 0  # fmt: skip
     m = json.loads(out.read_text())["metrics"]
-    # "Two dogs" matches itself (cosine 1); on sa_1 the first pair's phrases differ: recall is 1/3 only if the random
-    # BERT puts "a horse" and "a man" below 0.5, so state what the encoder says instead of guessing
+    # "Two dogs" matches itself (cosine 1). On sa_1 the best pair (IoU 1) pairs "A man" with "a horse" (cosine -1/15):
+    # GLaMM's loop stops there, though the masks match, so recall is 1 of 3 phrases
     from lightning_modules.evaluation.gcg import BertSimilarity
 
     sim = BertSimilarity(bert)
-    assert sim("Two dogs", "Two dogs") == pytest.approx(1.0)
-    want = 1 + (2 if sim("A man", "a horse") >= 0.5 and sim("a horse", "A man") >= 0.5 else 0)
-    assert m["recall"] == pytest.approx(want / 3) and m["recall_iou"] == 1.0
+    assert sim("Two dogs", "two dogs") == pytest.approx(1.0) and sim("A man", "a horse") == pytest.approx(-1 / 15)
+    assert m["recall"] == pytest.approx(1 / 3) and m["recall_iou"] == 1.0
 
 
 def test_gar_bench_with_the_toy_policy_then_the_released_output(fx, tmp_path, capsys):
@@ -225,8 +235,10 @@ def test_errors_exit_with_one_line(fx, tmp_path, capsys):
         main(["gcg", *fx["gcg"]["flags"], "--predictions", str(one), "--out", out])
     assert e.value.code == 3 and "1 of 2 images have no prediction (first: 'sa_2')" in capsys.readouterr().err
     wrong = tmp_path / "wrong.jsonl"  # a mask of the wrong size
-    wrong.write_text("".join(json.dumps({"id": k, "caption": "x", "phrases": ["x"],
-                                         "masks": [rle_encode(np.ones((5, 5), bool))]}) + "\n" for k in GCG_IMAGES))  # fmt: skip
+    five = rle_encode(np.ones((5, 5), bool))
+    wrong.write_text(
+        "".join(json.dumps({"id": k, "caption": "x", "phrases": ["x"], "masks": [five]}) + "\n" for k in GCG_IMAGES)
+    )
     with pytest.raises(SystemExit) as e:
         main(["gcg", *fx["gcg"]["flags"], "--predictions", str(wrong), "--out", out])
     err = capsys.readouterr().err
@@ -236,7 +248,19 @@ def test_errors_exit_with_one_line(fx, tmp_path, capsys):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(bad))
     with pytest.raises(SystemExit) as e:
-        main(["gar-bench", "--data", str(path), "--image-root", str(fx["gar"].parent), "--predictions", out, "--out", out])  # fmt: skip
+        main(
+            [
+                "gar-bench",
+                "--data",
+                str(path),
+                "--image-root",
+                str(fx["gar"].parent),
+                "--predictions",
+                out,
+                "--out",
+                out,
+            ]
+        )
     assert e.value.code == 3 and "item 1: the question names <Prompt2> but there are 2 masks" in capsys.readouterr().err
 
 
