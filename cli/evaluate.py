@@ -21,7 +21,7 @@ import argparse
 import importlib
 import sys
 
-BENCHMARK_MODULES: tuple[str, ...] = ("cli.evaluate_video", "cli.evaluate_regions")
+BENCHMARK_MODULES: tuple[str, ...] = ("cli.evaluate_video", "cli.evaluate_regions", "cli.evaluate_captions")
 """Modules that add more benchmarks: each has ``register(subparsers)``, which adds its sub-commands with
 ``set_defaults(handler=fn)``; ``fn(args, command) -> int`` runs one (a ``DataError`` exits 3, a missing file 2)."""
 
