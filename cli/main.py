@@ -534,8 +534,8 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
 
 EXIT_CODES = {"config": 2, "data": 3, "model": 4}
 """One exit status per class of error: 2 a flag or config file (argparse's usage status), 3 a data file, 4 a model
-that cannot be loaded (a path without weights, a hub id with no local copy); 1 is an unexpected error (a bug), which
-keeps its traceback."""
+that cannot be loaded (a path without weights, a hub id with no local copy) or a judge endpoint that does not answer
+(``judge.on_failure: raise``); 1 is an unexpected error (a bug), which keeps its traceback."""
 
 
 def error_class(e: BaseException) -> str | None:
@@ -545,6 +545,10 @@ def error_class(e: BaseException) -> str | None:
         return "config"
     if isinstance(e, DataError):  # a defect in a data file, named with its file and line
         return "data"
+    from lightning_modules.judge import JudgeUnavailable
+
+    if isinstance(e, JudgeUnavailable):  # judge.on_failure: raise; its one line names the endpoint and the fix
+        return "model"
     hub = type(e).__module__.startswith("huggingface_hub")
     if hub or (isinstance(e, OSError) and "model_name_or_path" in msg):
         return "model"

@@ -118,3 +118,10 @@ def test_parquet_cap_answer_is_the_reference_caption(tmp_path):
     assert row_sample(one, target=0).meta["reference_caption"] == "A grey cat."
     assert row_sample(dw).meta["reference_caption"] == "Two cats on a sofa."
     assert "reference_caption" not in row_sample(dw, target=1).meta  # one of two targets: the caption covers both
+
+
+def test_train_py_reports_an_unavailable_judge_in_one_line():
+    from cli.main import EXIT_CODES, error_class
+
+    # train.py fit with judge.on_failure: raise and no judge ends with `error: JudgeUnavailable: ...` and exit 4
+    assert EXIT_CODES[error_class(JudgeUnavailable("http://x/v1 did not answer"))] == 4
