@@ -300,12 +300,9 @@ class CycleGRPO(Method):
             r_nt = [
                 [localization_reward(v, ph, self.alpha, g, sh) for v, ph, g, sh in zip(*row[:4])] for row in nt
             ]  # r_loc without a caption level
-        judged: list[float | None] = []
-        if self.judge is not None:  # the reference-based caption reward, rows with a reference only
-            judged = self.judge.rewards(
-                [batch[targets[i // N]] for i in range(n_cap)], [raw_caption(t) for t in ro.texts[:n_cap]]
-            )
-            r_cap = [r if j is None else r + self.judge.weight * j for r, j in zip(r_cap, judged)]
+        judged: list[float | None] = []  # the reference-based caption reward (methods/cycle_judge.py), if on
+        if self.judge is not None:
+            r_cap, judged = self.judge.add(r_cap, [batch[targets[i // N]] for i in range(n_cap)], ro.texts[:n_cap])
         rows = cyc + nt
         consistency = [sum(r) / K for r in s] + [v for row in rows for v in row[0]]
         phi = phi_cap + [v for row in rows for v in row[1]]
@@ -445,14 +442,8 @@ class CycleGRPO(Method):
             "train/cycle/no_target_acc": mean(p["consistency"][rejects] >= 1.0, n_rej),
             "train/cycle/no_target_reward": mean(p["total"][rejects], n_rej),
             **self._video_train_logs(scores),
-            **self._judge_train_logs(scores),
+            **(self.judge.train_logs(scores.extras["judge"]) if self.judge is not None else {}),
         }
-
-    def _judge_train_logs(self, scores: Scores) -> dict[str, float]:
-        if self.judge is None:
-            return {}
-        judged = [j for j in scores.extras.get("judge", []) if j is not None]
-        return {"train/cycle/judge_reward": sum(judged) / len(judged) if judged else float("nan")}
 
     def _video_train_logs(self, scores: Scores) -> dict[str, float]:
         if self.space.name == "interval":

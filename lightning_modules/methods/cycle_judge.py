@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lightning_modules.judge import JudgeClient, JudgeConfig, judge_caption_reward, judge_caption_verdict
+from lightning_modules.methods.cycle_rewards import raw_caption
 
 __all__ = ["JUDGE_PROMPTS", "CaptionJudge"]
 
@@ -55,6 +56,20 @@ class CaptionJudge:
     def reference(self, sample: Any) -> str | None:
         value = (getattr(sample, "meta", None) or {}).get(self.reference_key)
         return value if isinstance(value, str) and value.strip() else None
+
+    def add(
+        self, r_cap: Sequence[float], samples: Sequence[Any], completions: Sequence[str]
+    ) -> tuple[list[float], list[float | None]]:
+        """``(r_cap + weight * J where judged, J per row or None)`` for the caption rows: ``samples[i]`` is row i's
+        sample, ``completions[i]`` its completion (its caption is the ``<answer>`` part, tags dropped)."""
+        judged = self.rewards(samples, [raw_caption(t) for t in completions])
+        return [r if j is None else r + self.weight * j for r, j in zip(r_cap, judged)], judged
+
+    @staticmethod
+    def train_logs(judged: Sequence[float | None]) -> dict[str, float]:
+        """``train/cycle/judge_reward``: the mean over the judged rows (nan in a step without a reference)."""
+        values = [j for j in judged if j is not None]
+        return {"train/cycle/judge_reward": sum(values) / len(values) if values else float("nan")}
 
     def rewards(self, samples: Sequence[Any], captions: Sequence[str]) -> list[float | None]:
         """Per caption row (``samples[i]`` is the row's sample): the judge reward in [0, 1] (or the failure value),
