@@ -513,7 +513,10 @@ def run_server(
             scenes.append((src / f"{i}.png", [[b[0] * sx, b[1] * sy, b[2] * sx, b[3] * sy]]))
         for variant in variants:
             row = _server_variant(ctx, variant, side, src, scenes, descs, jobs, batch)
-            out[f"{side}/{variant}"] = dict(row, canvas=[side, h])
+            key, n = f"{side}/{variant}", 2
+            while key in out:  # a variant listed twice (a repeat in the same call) keeps every run
+                key, n = f"{side}/{variant}#{n}", n + 1
+            out[key] = dict(row, canvas=[side, h])
             print(f"[server {side} {variant}] {row['images_per_s']} images/s ({row['ok']}/{jobs} ok)", flush=True)
     return out
 
