@@ -102,7 +102,9 @@ def read_evaluation(eval_dir: str | Path, evaluator: str = "predict") -> tuple[d
                     "set": name,
                     "sample_id": r["sample_id"],
                     "task": r["task"],
-                    "iou": float(r["rewards"]["accuracy"]),
+                    # an image query without a target scores its rejection (n_acc), not an IoU: left out of
+                    # acc50 / miou as `callbacks.predictions.summarize` leaves it (clips keep it: tIoU's table)
+                    "iou": math.nan if r.get("no_target") and r["task"] != "video" else float(r["rewards"]["accuracy"]),
                     "format_ok": bool(r["format_ok"]),
                     **{k: float(scores.get(k, math.nan)) for k in ("tiou", "st", "when", "where")},
                     "located": float(cycle["located"]) if cycle else math.nan,

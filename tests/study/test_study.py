@@ -443,6 +443,32 @@ def test_read_evaluation_of_predict_and_of_test(tmp_path):
         read_evaluation(tmp_path / "nothing", "predict")
 
 
+def test_image_queries_without_a_target_count_in_n_acc_not_in_miou(tmp_path):
+    """An image set with no-target queries (test_nt): acc50 / miou over the queries with a target, as the set's summary
+    (`callbacks.predictions.summarize`) computes them; the rejections are n_acc's, the answered targets t_acc's."""
+    from study.report import _scene_matrix, read_evaluation
+
+    pred = tmp_path / "p/predictions"
+    pred.mkdir(parents=True)
+    (pred / "summary.json").write_text(json.dumps({"test_nt": {"miou": 0.4, "n_acc": 0.5}}))
+    rows = [
+        {"sample_id": "t0", "task": "rec", "rewards": {"accuracy": 0.6}, "format_ok": True, "no_target": False,
+         "rejected": False, "answered": True},
+        {"sample_id": "t1", "task": "rec", "rewards": {"accuracy": 0.2}, "format_ok": True, "no_target": False,
+         "rejected": False, "answered": True},
+        {"sample_id": "n0", "task": "rec", "rewards": {"accuracy": 1.0}, "format_ok": True, "no_target": True,
+         "rejected": True, "answered": False},
+        {"sample_id": "n1", "task": "rec", "rewards": {"accuracy": 0.0}, "format_ok": True, "no_target": True,
+         "rejected": False, "answered": True},
+    ]  # fmt: skip
+    (pred / "test_nt.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _, scenes = read_evaluation(tmp_path / "p", "predict")
+    rec = [{"scenes": scenes}]
+    assert _scene_matrix(rec, "test_nt", "miou").tolist() == [[0.6, 0.2]]  # the summary's miou is their mean
+    assert _scene_matrix(rec, "test_nt", "n_acc").tolist() == [[1.0, 0.0]]
+    assert _scene_matrix(rec, "test_nt", "t_acc").tolist() == [[1.0, 1.0]]
+
+
 def test_clip_records_give_per_clip_metrics_and_skip_clips_without_a_caption(tmp_path):
     """CycleGRPO's clip records (``predict``): tIoU / R1 per clip from the consistency, locatability / confusion per
     caption; a no-target clip has no caption, so it leaves the locatability matrix (the same clips for every run)."""
