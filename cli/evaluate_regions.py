@@ -21,8 +21,17 @@ with the file and row, a flag mistake 2.
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
+
+from cli.evaluate_common import (
+    NEEDS_MASK_TOKENIZER,
+    add_run_flags,
+    check_run_flags,
+    load_policy_on_device,
+    log_line,
+    run_info,
+    take_shard,
+)
 
 __all__ = ["register"]
 
@@ -39,67 +48,9 @@ def register(sub: Any) -> None:
     gar = sub.add_parser("gar-bench", help="GAR-Bench VQA (accuracy per category)")
     gar.add_argument("--data", required=True, help="GAR-Bench-VQA.json")
     gar.add_argument("--image-root", default=None, help="folder its 'image' paths start from (default: its folder)")
-    for p, handler in ((gcg, _gcg), (gar, _gar)):
-        p.add_argument(
-            "--out", required=True, help="results JSON; predictions go to <stem>.predictions.jsonl beside it"
-        )
-        p.add_argument("--policy", default=None, help="policy checkpoint folder (save_pretrained layout)")
-        p.add_argument("--mask-tokenizer", default=None, help="toy tokenizer folder, or the release's .pth with --sam2")
-        p.add_argument("--sam2", default=None, help="SAM 2 weights (.pt or a transformers folder) for a VQ-SAM2 .pth")
-        p.add_argument("--predictions", nargs="+", default=None, help="score these predictions instead of a policy")
-        p.add_argument("--shard", default=None, metavar="I/N", help="only every N-th item from the I-th (0-based)")
-        p.add_argument("--max-new-tokens", type=int, default=None, help="answer budget (default: the release's)")
-        p.add_argument("--batch-size", type=int, default=8)
-        p.add_argument("--max-samples", type=int, default=None, help="only the first N items")
-        p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), bf16, fp16, fp32")
-        p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    for p, handler, unit in ((gcg, _gcg, "image"), (gar, _gar, "question")):
+        add_run_flags(p, unit=unit, predictions_help="score these predictions instead of a policy")
         p.set_defaults(handler=handler)
-
-
-def _check(args: argparse.Namespace) -> tuple[int, int] | None:
-    """The flags every region benchmark shares; returns the shard."""
-    from cli.errors import fail
-    from cli.evaluate import _shard
-
-    if (args.policy is None) == (args.predictions is None):
-        fail(f"cli.evaluate {args.benchmark}: give --policy (run the policy) or --predictions (score a file), one")
-    if args.policy is not None and args.mask_tokenizer is None:
-        fail(f"cli.evaluate {args.benchmark} --policy needs --mask-tokenizer for the mask tokens")
-    if args.batch_size < 1:
-        fail(f"--batch-size must be >= 1, got {args.batch_size}")
-    if args.max_new_tokens is not None and args.max_new_tokens < 1:
-        fail(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    return _shard(args.shard) if args.shard else None
-
-
-def _policy(args: argparse.Namespace, info: dict[str, Any]) -> tuple[Any, Any]:
-    """The policy and its processor on ``--device``, able to write mask tokens."""
-    import torch
-
-    from lightning_modules.models.loading import load_policy
-    from lightning_modules.models.mask_tokenizer.vocab import add_mask_tokens
-
-    model, processor = load_policy(args.policy, dtype=args.dtype)
-    add_mask_tokens(model, processor)  # a no-op for a policy that has them
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model.to(device).eval()
-    info["device"] = device
-    return model, processor
-
-
-def _info(args: argparse.Namespace, command: str, max_new_tokens: int) -> dict[str, Any]:
-    return {
-        "policy": args.policy,
-        "mask_tokenizer": args.mask_tokenizer,
-        "max_new_tokens": max_new_tokens,
-        "shard": args.shard,
-        "scored_files": args.predictions,
-        "command": command,
-    }
-
-
-def _log(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def _gcg(args: argparse.Namespace, command: str) -> int:
@@ -112,22 +63,20 @@ def _gcg(args: argparse.Namespace, command: str) -> int:
         read_gcg_predictions,
     )
 
-    shard = _check(args)
-    records = read_gcg(args.annotations, args.image_root, args.split, max_samples=args.max_samples)
-    if shard is not None:
-        records = records[shard[0] :: shard[1]]
+    shard = check_run_flags(args, args.benchmark, NEEDS_MASK_TOKENIZER)
+    records = take_shard(read_gcg(args.annotations, args.image_root, args.split, max_samples=args.max_samples), shard)
     budget = args.max_new_tokens or GCG_MAX_NEW_TOKENS
-    info = {"split": args.split, **_info(args, command, budget)}
+    info = run_info(args, command, budget, split=args.split)
     similarity = BertSimilarity(args.text_encoder) if args.text_encoder else None
     tokenizer = load_mask_tokenizer(args.mask_tokenizer, args.sam2) if args.mask_tokenizer else None
     model = processor = predictions = None
     if args.predictions is not None:
         predictions = read_gcg_predictions(args.predictions)
     else:
-        model, processor = _policy(args, info)
+        model, processor = load_policy_on_device(args, info)
     res = evaluate_gcg(
         records, args.out, model=model, processor=processor, tokenizer=tokenizer, predictions=predictions,
-        similarity=similarity, max_new_tokens=budget, batch_size=args.batch_size, info=info, log=_log,
+        similarity=similarity, max_new_tokens=budget, batch_size=args.batch_size, info=info, log=log_line,
     )  # fmt: skip
     m = res["metrics"]
     shown = {k: m[k] for k in ("ap50", "miou", "recall", "recall_iou", "cider")}
@@ -145,21 +94,19 @@ def _gar(args: argparse.Namespace, command: str) -> int:
         read_gar_vqa,
     )
 
-    shard = _check(args)
-    records = read_gar_vqa(args.data, args.image_root, max_samples=args.max_samples)
-    if shard is not None:
-        records = records[shard[0] :: shard[1]]
+    shard = check_run_flags(args, args.benchmark, NEEDS_MASK_TOKENIZER)
+    records = take_shard(read_gar_vqa(args.data, args.image_root, max_samples=args.max_samples), shard)
     budget = args.max_new_tokens or GAR_MAX_NEW_TOKENS
-    info = _info(args, command, budget)
+    info = run_info(args, command, budget)
     model = processor = predictions = tokenizer = None
     if args.predictions is not None:
         predictions = read_gar_predictions(args.predictions)
     else:
         tokenizer = load_mask_tokenizer(args.mask_tokenizer, args.sam2)
-        model, processor = _policy(args, info)
+        model, processor = load_policy_on_device(args, info)
     res = evaluate_gar(
         records, args.out, model=model, processor=processor, tokenizer=tokenizer, predictions=predictions,
-        max_new_tokens=budget, batch_size=args.batch_size, info=info, log=_log,
+        max_new_tokens=budget, batch_size=args.batch_size, info=info, log=log_line,
     )  # fmt: skip
     m = res["metrics"]
     print(f"gar-bench: {res['n']} questions, accuracy {m['accuracy']:.4f}, per type {m['type_accuracy']}")

@@ -20,19 +20,30 @@ judge under ``--judge-on-failure raise`` exits 4.
 from __future__ import annotations
 
 import argparse
-import sys
+from typing import Any
+
+from cli.evaluate_common import (
+    add_judge_flags,
+    add_run_flags,
+    check_run_flags,
+    load_policy_on_device,
+    log_line,
+    open_judge,
+    run_info,
+    take_shard,
+    with_judge,
+)
 
 __all__ = ["register"]
 
 
-def register(sub) -> None:
+def register(sub: Any) -> None:
     """Add the ``vstar`` and ``dove`` sub-commands to ``cli.evaluate``'s sub-parsers ``sub``."""
     vstar = sub.add_parser("vstar", help="V-STaR: what / when / where in two chain orders (mAM, mLGM)")
     vstar.add_argument("--data", required=True, help="V-STaR's annotation JSON (V_STaR_test.json)")
     vstar.add_argument(
         "--prompts", default="vstar", help="question set: vstar (the benchmark's) or toy (the toy checkpoint's)"
     )
-    vstar.add_argument("--max-new-tokens", type=int, default=256, help="answer budget per question")
     dove = sub.add_parser("dove", help="DOVE: occurrence captions probed by a text-only judge (TEC, N/M)")
     dove.add_argument("--data", required=True, help="DOVE contrast groups as JSONL (docs/cycle_grpo.md: the format)")
     dove.add_argument(
@@ -40,98 +51,42 @@ def register(sub) -> None:
         default="video_caption",
         help="prompt template of the occurrence caption (video_caption; toy_caption for the toy checkpoint)",
     )
-    dove.add_argument("--max-new-tokens", type=int, default=128, help="caption budget")
     dove.add_argument("--bootstrap", type=int, default=0, help="resamples of the groups for TEC's 95%% CI (0: none)")
-    for p, handler in ((vstar, _vstar), (dove, _dove)):
+    for p, handler, budget in (
+        (vstar, _vstar, (256, "answer budget per question")),
+        (dove, _dove, (128, "caption budget")),
+    ):
         p.add_argument("--video-root", default=None, help="folder holding <vid>.mp4 (or toy <vid>.npz), searched down")
-        p.add_argument("--out", required=True, help="results JSON; answers go to <stem>.predictions.jsonl beside it")
-        p.add_argument("--policy", default=None, help="policy checkpoint folder (save_pretrained layout)")
-        p.add_argument("--predictions", nargs="+", default=None, help="score these predictions files, not a policy")
-        p.add_argument("--shard", default=None, metavar="I/N", help="only every N-th item from the I-th (0-based)")
-        p.add_argument("--max-samples", type=int, default=None, help="only the first N items")
+        add_run_flags(
+            p,
+            unit="item",
+            mask_tokenizer=False,
+            predictions_help="score these predictions files, not a policy",
+            max_new_tokens=budget,
+            batch_size=(4, "clips per generate call"),
+        )
         p.add_argument("--fps", type=float, default=1.0, help="frames sampled per second of video (V-STaR: 1)")
         p.add_argument("--max-frames", type=int, default=64, help="at most this many frames, evenly spaced")
         p.add_argument("--max-pixels", type=int, default=448 * 448, help="frames larger than this are scaled down")
-        p.add_argument("--batch-size", type=int, default=4, help="clips per generate call")
-        p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU), bf16, fp16, fp32")
-        p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
-        p.add_argument("--judge-url", default=None, help="OpenAI-compatible base URL of the judge (…/v1)")
-        p.add_argument("--judge-model", default="judge", help="model name sent to the judge server")
-        p.add_argument("--judge-timeout", type=float, default=60.0, help="seconds per judge request attempt")
-        p.add_argument(
-            "--judge-on-failure",
-            choices=("value", "raise"),
-            default="value",
-            help="value: a failed judge call scores as a wrong answer; raise: stop with one line",
+        add_judge_flags(
+            p,
+            url_help="OpenAI-compatible base URL of the judge (…/v1)",
+            failure_help="value: a failed judge call scores as a wrong answer; raise: stop with one line",
         )
         p.set_defaults(handler=handler)
 
 
-def _common(args: argparse.Namespace, name: str) -> tuple[tuple[int, int] | None, dict]:
-    """Flag checks shared by both benchmarks; the shard and the run's ``info``."""
+def _common(args: argparse.Namespace, name: str, command: str, **extra: Any) -> tuple[tuple[int, int] | None, dict]:
+    """Flag checks shared by both benchmarks; the shard and the run's ``info`` (``extra`` is the benchmark's own)."""
     from cli.errors import fail
-    from cli.evaluate import _shard
 
-    if (args.policy is None) == (args.predictions is None):
-        fail(f"cli.evaluate {name}: give --policy (run the policy) or --predictions (score a file), one")
-    if args.policy is not None and args.video_root is None:
-        fail(f"cli.evaluate {name} --policy needs --video-root, the folder of the benchmark's videos")
-    for flag, value in (("--batch-size", args.batch_size), ("--max-frames", args.max_frames)):
-        if value < 1:
-            fail(f"{flag} must be >= 1, got {value}")
+    shard = check_run_flags(args, name, ("--video-root", "for the benchmark's videos"))
+    if args.max_frames < 1:
+        fail(f"--max-frames must be >= 1, got {args.max_frames}")
     if not args.fps > 0:
         fail(f"--fps must be > 0, got {args.fps}")
-    info = {
-        "policy": args.policy,
-        "judge_url": args.judge_url,
-        "judge_model": args.judge_model if args.judge_url else None,
-        "fps": args.fps,
-        "max_new_tokens": args.max_new_tokens,
-        "shard": args.shard,
-    }
-    return (_shard(args.shard) if args.shard else None), info
-
-
-def _policy(args: argparse.Namespace, info: dict):
-    import torch
-
-    from lightning_modules.models.loading import load_policy
-
-    model, processor = load_policy(args.policy, dtype=args.dtype)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model.to(device).eval()
-    info["device"] = device
-    return model, processor
-
-
-def _judge(args: argparse.Namespace):
-    from lightning_modules.judge import JudgeClient, JudgeConfig
-
-    if args.judge_url is None:
-        return None
-    cfg = JudgeConfig(
-        base_url=args.judge_url,
-        model=args.judge_model,
-        timeout_s=args.judge_timeout,
-        on_failure=args.judge_on_failure,
-        max_tokens=16,
-    )
-    return JudgeClient(cfg)
-
-
-def _run_with_judge(args: argparse.Namespace, run) -> dict:
-    """``run(judge)`` with the judge client open; an unreachable judge under ``raise`` exits 4 with its line."""
-    from cli.errors import fail
-    from lightning_modules.judge import JudgeUnavailable
-
-    judge = _judge(args)
-    try:
-        return run(judge)
-    except JudgeUnavailable as err:
-        fail(str(err).replace("set judge.on_failure: value", "pass --judge-on-failure value"), 4)
-    finally:
-        if judge is not None:
-            judge.close()
+    judge = {"judge_url": args.judge_url, "judge_model": args.judge_model if args.judge_url else None}
+    return shard, run_info(args, command, args.max_new_tokens, **judge, fps=args.fps, **extra)
 
 
 def _vstar(args: argparse.Namespace, command: str) -> int:
@@ -141,20 +96,16 @@ def _vstar(args: argparse.Namespace, command: str) -> int:
 
     if args.prompts not in VSTAR_PROMPTS:
         fail(f"--prompts {args.prompts!r}: one of {sorted(VSTAR_PROMPTS)}")
-    shard, info = _common(args, "vstar")
-    info.update(prompts=args.prompts, command=command)
-    items = read_vstar(args.data, max_samples=args.max_samples)
-    if shard is not None:
-        items = items[shard[0] :: shard[1]]
+    shard, info = _common(args, "vstar", command, prompts=args.prompts)
+    items = take_shard(read_vstar(args.data, max_samples=args.max_samples), shard)
     model = processor = videos = predictions = None
     if args.predictions is not None:
         predictions = read_vstar_predictions(args.predictions)
-        info["scored_files"] = args.predictions
     else:
         videos = VideoIndex(args.video_root)
-        model, processor = _policy(args, info)
-    results = _run_with_judge(
-        args,
+        model, processor = load_policy_on_device(args, info, mask_tokens=False)
+    results = with_judge(
+        open_judge(args, max_tokens=16),
         lambda judge: evaluate_vstar(
             items,
             args.out,
@@ -170,7 +121,7 @@ def _vstar(args: argparse.Namespace, command: str) -> int:
             max_new_tokens=args.max_new_tokens,
             batch_size=args.batch_size,
             info=info,
-            log=lambda line: print(line, file=sys.stderr, flush=True),
+            log=log_line,
         ),
     )
     m = results["metrics"]
@@ -197,20 +148,16 @@ def _dove(args: argparse.Namespace, command: str) -> int:
         fail("cli.evaluate dove needs --judge-url: the probes are answered by a text-only judge LLM from the caption")
     if args.bootstrap < 0:
         fail(f"--bootstrap must be >= 0, got {args.bootstrap}")
-    shard, info = _common(args, "dove")
-    info.update(caption_template=args.caption_template, command=command)
-    groups = read_dove(args.data, max_samples=args.max_samples)
-    if shard is not None:
-        groups = groups[shard[0] :: shard[1]]
+    shard, info = _common(args, "dove", command, caption_template=args.caption_template)
+    groups = take_shard(read_dove(args.data, max_samples=args.max_samples), shard)
     model = processor = videos = predictions = None
     if args.predictions is not None:
         predictions = read_dove_predictions(args.predictions)
-        info["scored_files"] = args.predictions
     else:
         videos = VideoIndex(args.video_root)
-        model, processor = _policy(args, info)
-    results = _run_with_judge(
-        args,
+        model, processor = load_policy_on_device(args, info, mask_tokens=False)
+    results = with_judge(
+        open_judge(args, max_tokens=16),
         lambda judge: evaluate_dove(
             groups,
             args.out,
@@ -227,7 +174,7 @@ def _dove(args: argparse.Namespace, command: str) -> int:
             batch_size=args.batch_size,
             bootstrap=args.bootstrap,
             info=info,
-            log=lambda line: print(line, file=sys.stderr, flush=True),
+            log=log_line,
         ),
     )
     m = results["metrics"]
