@@ -20,6 +20,7 @@ judge under ``--judge-on-failure raise`` exits 4.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 from cli.evaluate_common import (
@@ -89,40 +90,36 @@ def _common(args: argparse.Namespace, name: str, command: str, **extra: Any) -> 
     return shard, run_info(args, command, args.max_new_tokens, **judge, fps=args.fps, **extra)
 
 
+def _inputs(args: argparse.Namespace, info: dict, read_predictions: Callable[[list[str]], dict]) -> dict[str, Any]:
+    """The keyword arguments both ``evaluate_vstar`` and ``evaluate_dove`` take: the ``--predictions`` read by
+    ``read_predictions``, or the policy on its device with the videos under ``--video-root``; the frame sampling."""
+    from lightning_modules.evaluation.video_inputs import VideoIndex
+
+    model = processor = videos = predictions = None
+    if args.predictions is not None:
+        predictions = read_predictions(args.predictions)
+    else:
+        videos = VideoIndex(args.video_root)
+        model, processor = load_policy_on_device(args, info, mask_tokens=False)
+    return dict(
+        model=model, processor=processor, videos=videos, predictions=predictions, fps=args.fps,
+        max_frames=args.max_frames, max_pixels=args.max_pixels, max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size, info=info, log=log_line,
+    )  # fmt: skip
+
+
 def _vstar(args: argparse.Namespace, command: str) -> int:
     from cli.errors import fail
-    from lightning_modules.evaluation.video_inputs import VideoIndex
     from lightning_modules.evaluation.vstar import VSTAR_PROMPTS, evaluate_vstar, read_vstar, read_vstar_predictions
 
     if args.prompts not in VSTAR_PROMPTS:
         fail(f"--prompts {args.prompts!r}: one of {sorted(VSTAR_PROMPTS)}")
     shard, info = _common(args, "vstar", command, prompts=args.prompts)
     items = take_shard(read_vstar(args.data, max_samples=args.max_samples), shard)
-    model = processor = videos = predictions = None
-    if args.predictions is not None:
-        predictions = read_vstar_predictions(args.predictions)
-    else:
-        videos = VideoIndex(args.video_root)
-        model, processor = load_policy_on_device(args, info, mask_tokens=False)
+    inputs = _inputs(args, info, read_vstar_predictions)
     results = with_judge(
         open_judge(args, max_tokens=16),
-        lambda judge: evaluate_vstar(
-            items,
-            args.out,
-            model=model,
-            processor=processor,
-            videos=videos,
-            predictions=predictions,
-            judge=judge,
-            prompts=args.prompts,
-            fps=args.fps,
-            max_frames=args.max_frames,
-            max_pixels=args.max_pixels,
-            max_new_tokens=args.max_new_tokens,
-            batch_size=args.batch_size,
-            info=info,
-            log=log_line,
-        ),
+        lambda judge: evaluate_vstar(items, args.out, judge=judge, prompts=args.prompts, **inputs),
     )
     m = results["metrics"]
     print(
@@ -137,7 +134,6 @@ def _vstar(args: argparse.Namespace, command: str) -> int:
 def _dove(args: argparse.Namespace, command: str) -> int:
     from cli.errors import fail
     from lightning_modules.evaluation.dove import evaluate_dove, read_dove, read_dove_predictions
-    from lightning_modules.evaluation.video_inputs import VideoIndex
     from lightning_modules.models.prompts import PROMPT_TEMPLATES
 
     if args.caption_template not in PROMPT_TEMPLATES:
@@ -150,31 +146,11 @@ def _dove(args: argparse.Namespace, command: str) -> int:
         fail(f"--bootstrap must be >= 0, got {args.bootstrap}")
     shard, info = _common(args, "dove", command, caption_template=args.caption_template)
     groups = take_shard(read_dove(args.data, max_samples=args.max_samples), shard)
-    model = processor = videos = predictions = None
-    if args.predictions is not None:
-        predictions = read_dove_predictions(args.predictions)
-    else:
-        videos = VideoIndex(args.video_root)
-        model, processor = load_policy_on_device(args, info, mask_tokens=False)
+    inputs = _inputs(args, info, read_dove_predictions)
     results = with_judge(
         open_judge(args, max_tokens=16),
         lambda judge: evaluate_dove(
-            groups,
-            args.out,
-            judge=judge,
-            model=model,
-            processor=processor,
-            videos=videos,
-            predictions=predictions,
-            caption_template=args.caption_template,
-            fps=args.fps,
-            max_frames=args.max_frames,
-            max_pixels=args.max_pixels,
-            max_new_tokens=args.max_new_tokens,
-            batch_size=args.batch_size,
-            bootstrap=args.bootstrap,
-            info=info,
-            log=log_line,
+            groups, args.out, judge=judge, caption_template=args.caption_template, bootstrap=args.bootstrap, **inputs
         ),
     )
     m = results["metrics"]
