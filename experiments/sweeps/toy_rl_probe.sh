@@ -39,6 +39,13 @@ VARIANTS=(
   "grpo_t07_g12_s2|$GRPO|--model.init_args.sampling.temperature=0.7 --model.init_args.sampling.group_size=12 --data.init_args.batch_size=8 --seed_everything=2 --data.init_args.seed=2"
   "grpo_t10_g12|$GRPO|--model.init_args.sampling.group_size=12 --data.init_args.batch_size=8"
   "grpo_t07_g24|$GRPO|--model.init_args.sampling.temperature=0.7 --model.init_args.sampling.group_size=24 --data.init_args.batch_size=4"
+  # second probe (2026-12-05, later): no KL, a larger lr, and the fair SFT control (the toy's own target and prompt)
+  "grpo_t07_g12_kl0|$GRPO|--model.init_args.sampling.temperature=0.7 --model.init_args.sampling.group_size=12 --data.init_args.batch_size=8 --model.init_args.kl.coef=0.0"
+  "grpo_t07_g12_lr5e5|$GRPO|--model.init_args.sampling.temperature=0.7 --model.init_args.sampling.group_size=12 --data.init_args.batch_size=8 --model.init_args.optimizer.init_args.lr=5e-5"
+  "grpo_t07_g12_lr5e5_kl0|$GRPO|--model.init_args.sampling.temperature=0.7 --model.init_args.sampling.group_size=12 --data.init_args.batch_size=8 --model.init_args.optimizer.init_args.lr=5e-5 --model.init_args.kl.coef=0.0"
+  "grpo_t07_g12_lr1e5|$GRPO|--model.init_args.sampling.temperature=0.7 --model.init_args.sampling.group_size=12 --data.init_args.batch_size=8 --model.init_args.optimizer.init_args.lr=1e-5"
+  "sft_toy|$SFT|--model.init_args.target=toy_grounded --model.init_args.prompt_template=toy"
+  "syn_t07_g12|-|--model.init_args.sampling.temperature=0.7 --model.init_args.sampling.group_size=12 --data.init_args.batch_size=8"
 )
 run_one() {
   local name=$1 cfg=$2 flags=$3 tmpl=vlm_r1 ckpt
