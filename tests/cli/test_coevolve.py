@@ -260,7 +260,9 @@ def test_a_run_folder_refuses_another_config_and_a_config_names_its_unknown_key(
 
 
 def test_shipped_rounds_configs_read():
-    for path in sorted((REPO / "configs/coevolve").glob("*.yaml")):
+    paths = sorted((REPO / "configs/coevolve").glob("*.yaml")) + sorted((REPO / "experiments/coevolve").glob("*.yaml"))
+    assert len(paths) >= 5
+    for path in paths:  # the product's rounds configs and the studies' (experiments/coevolve/)
         cfg = RoundsConfig.from_yaml(path)
         assert cfg.rounds >= 1 and Path(cfg.answer_config).is_file() and Path(cfg.question_config).is_file()
 
