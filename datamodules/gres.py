@@ -42,6 +42,7 @@ from core.records import DataError, Sample, jsonl_objects
 __all__ = [
     "SegRecord",
     "load_seg_sample",
+    "open_image",
     "polygons_to_mask",
     "read_gres",
     "read_groundingsuite",
@@ -192,24 +193,31 @@ class SegRecord:
         return out
 
 
+def open_image(path: str | Path, source: str, size: tuple[int, int] | None = None) -> Image.Image:
+    """The RGB image at ``path``; ``DataError`` naming ``source`` (the record's file and row) when it is missing,
+    unreadable, or not ``size`` (``(width, height)``) when given. Every benchmark reader opens its images so."""
+    try:
+        with Image.open(path) as im:
+            image = im.convert("RGB")
+    except FileNotFoundError:
+        raise DataError(
+            f"{source}: image {path} not found; set --image-root to the folder that holds the images"
+        ) from None
+    except OSError as err:
+        raise DataError(f"{source}: image {path} cannot be read ({err})") from None
+    if size is not None and image.size != tuple(size):
+        raise DataError(
+            f"{source}: image {path} is {image.size[0]}x{image.size[1]}, the annotation says {size[0]}x{size[1]}: "
+            "wrong image folder or annotation file"
+        )
+    return image
+
+
 def load_seg_sample(rec: SegRecord) -> Sample:
     """The record as the project's `Sample` (what `greedy_answers` reads): the image opened, one box (the union of
     the targets' boxes; none for no target), ``meta`` with ``no_target``, the per-object boxes and the record's
     ``meta``. Raises ``DataError`` for a missing or unreadable image, or one whose size is not the annotation's."""
-    try:
-        with Image.open(rec.image_path) as im:
-            image = im.convert("RGB")
-    except FileNotFoundError:
-        raise DataError(
-            f"{rec.source}: image {rec.image_path} not found; set --image-root to the folder that holds the images"
-        ) from None
-    except OSError as err:
-        raise DataError(f"{rec.source}: image {rec.image_path} cannot be read ({err})") from None
-    if image.size != (rec.width, rec.height):
-        raise DataError(
-            f"{rec.source}: image {rec.image_path} is {image.size[0]}x{image.size[1]}, the annotation says "
-            f"{rec.width}x{rec.height}: wrong image folder or annotation file"
-        )
+    image = open_image(rec.image_path, rec.source, (rec.width, rec.height))
     box = []
     if rec.boxes:
         b = np.asarray(rec.boxes, dtype=np.float64)

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from core.regions import NO_TARGET, MaskSpace
+from lightning_modules.evaluation.bench_files import predictions_path, require_predictions, write_results
 
 __all__ = [
     "SCORERS",
@@ -269,18 +270,14 @@ def evaluate_benchmark(
     if (model is None) == (predictions is None):
         raise ValueError("evaluate_benchmark: give the policy (model, processor) or predictions, not both")
     if predictions is not None:
-        missing = [r.sample_id for r in records if r.sample_id not in predictions]
-        if missing:
-            raise DataError(
-                f"{len(missing)} of {len(records)} samples have no prediction (first: {missing[0]!r}); the "
-                "predictions file must hold one line per sample id of this benchmark and split"
-            )
+        require_predictions(
+            (r.sample_id for r in records), predictions, "samples have no prediction",
+            "the predictions file must hold one line per sample id of this benchmark and split",
+        )  # fmt: skip
     space = MaskSpace(codec=tokenizer) if tokenizer is not None else None
     scorer = SCORERS[benchmark]()
     answers: dict[str, int] = defaultdict(int)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    pred_path = out.with_name(out.stem + ".predictions.jsonl")
+    pred_path = predictions_path(out)
     t0 = time.perf_counter()
     with pred_path.open("w", encoding="utf-8") as fh:
         for start in range(0, len(records), batch_size):
@@ -329,8 +326,4 @@ def evaluate_benchmark(
         "seconds": round(time.perf_counter() - t0, 2),
         **(info or {}),
     }
-    if predictions is not None:
-        ids = {r.sample_id for r in records}
-        results["unmatched_predictions"] = sum(1 for k in predictions if k not in ids)
-    out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    return results
+    return write_results(out, results, (r.sample_id for r in records), predictions)

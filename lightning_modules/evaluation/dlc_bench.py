@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from core.records import DataError
+from lightning_modules.evaluation.bench_files import predictions_path, require_predictions, write_results
 
 __all__ = [
     "DLC_MAX_NEW_TOKENS",
@@ -362,16 +363,12 @@ def evaluate_dlc(
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
     if predictions is not None:
-        missing = [r.key for r in records if r.key not in predictions]
-        if missing:
-            raise DataError(
-                f"{len(missing)} of {len(records)} regions have no caption (first: {missing[0]!r}); the predictions "
-                "must hold one caption per key of qa.json"
-            )
+        require_predictions(
+            (r.key for r in records), predictions, "regions have no caption",
+            "the predictions must hold one caption per key of qa.json",
+        )  # fmt: skip
     scorer = DlcScorer()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    pred_path = out.with_name(out.stem + ".predictions.jsonl")
+    pred_path = predictions_path(out)
     t0 = time.perf_counter()
     with pred_path.open("w", encoding="utf-8") as fh:
         for start in range(0, len(records), batch_size):
@@ -407,11 +404,7 @@ def evaluate_dlc(
         "seconds": round(time.perf_counter() - t0, 2),
         **(info or {}),
     }
-    if predictions is not None:
-        ids = {r.key for r in records}
-        results["unmatched_predictions"] = sum(1 for k in predictions if k not in ids)
-    out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    return results
+    return write_results(out, results, (r.key for r in records), predictions)
 
 
 def _clean(text: str) -> str:

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from core.records import DataError
+from lightning_modules.evaluation.bench_files import predictions_path, require_predictions, write_results
 
 __all__ = [
     "DOVE_JUDGE_PROMPT",
@@ -297,12 +298,10 @@ def evaluate_dove(
     t0 = time.perf_counter()
     if predictions is not None:
         occ_ids = [o.occurrence_id for g in groups for o in g.occurrences]
-        missing = [k for k in occ_ids if k not in predictions]
-        if missing:
-            raise DataError(
-                f"{len(missing)} of {len(occ_ids)} occurrences have no caption (first: {missing[0]!r}); the "
-                "predictions must hold one line per occurrence id of this file"
-            )
+        require_predictions(
+            occ_ids, predictions, "occurrences have no caption",
+            "the predictions must hold one line per occurrence id of this file",
+        )  # fmt: skip
         captions = {k: predictions[k]["caption"] for k in occ_ids}
     else:
         captions = _captions(
@@ -319,9 +318,7 @@ def evaluate_dove(
         row = {"group": g.group_id, "type": p.type, "choice": choice, "correct": choice == p.answer}
         rows.append(row)
         per_occ[o.occurrence_id].append({"type": p.type, "reply": reply, "choice": choice, "correct": row["correct"]})
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    pred_path = out.with_name(out.stem + ".predictions.jsonl")
+    pred_path = predictions_path(out)
     with pred_path.open("w", encoding="utf-8") as fh:
         for g in groups:
             for o in g.occurrences:
@@ -337,5 +334,4 @@ def evaluate_dove(
         "seconds": round(time.perf_counter() - t0, 2),
         **(info or {}),
     }
-    out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    return results
+    return write_results(out, results)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from core.records import DataError
+from lightning_modules.evaluation.bench_files import predictions_path, require_predictions, write_results
 
 __all__ = [
     "GAR_MAX_NEW_TOKENS",
@@ -238,16 +239,12 @@ def evaluate_gar(
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
     if predictions is not None:
-        missing = [r.sample_id for r in records if r.sample_id not in predictions]
-        if missing:
-            raise DataError(
-                f"{len(missing)} of {len(records)} questions have no answer (first: {missing[0]!r}); the predictions "
-                "must hold one per question of the benchmark file"
-            )
+        require_predictions(
+            (r.sample_id for r in records), predictions, "questions have no answer",
+            "the predictions must hold one per question of the benchmark file",
+        )  # fmt: skip
     scorer = GarScorer()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    pred_path = out.with_name(out.stem + ".predictions.jsonl")
+    pred_path = predictions_path(out)
     t0 = time.perf_counter()
     with pred_path.open("w", encoding="utf-8") as fh:
         for start in range(0, len(records), batch_size):
@@ -276,8 +273,4 @@ def evaluate_gar(
         "seconds": round(time.perf_counter() - t0, 2),
         **(info or {}),
     }
-    if predictions is not None:
-        ids = {r.sample_id for r in records}
-        results["unmatched_predictions"] = sum(1 for k in predictions if k not in ids)
-    out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    return results
+    return write_results(out, results, (r.sample_id for r in records), predictions)

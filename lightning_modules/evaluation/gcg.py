@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from core.records import DataError
+from lightning_modules.evaluation.bench_files import predictions_path, require_predictions, write_results
 
 __all__ = [
     "GCG_MAX_NEW_TOKENS",
@@ -478,16 +479,13 @@ def evaluate_gcg(
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
     if predictions is not None:
-        missing = [r.sample_id for r in records if r.sample_id not in predictions]
-        if missing:
-            raise DataError(
-                f"{len(missing)} of {len(records)} images have no prediction (first: {missing[0]!r}); the predictions "
-                "must hold one per image of this split"
-            )
+        require_predictions(
+            (r.sample_id for r in records), predictions, "images have no prediction",
+            "the predictions must hold one per image of this split",
+        )  # fmt: skip
     scorer = GcgScorer(similarity)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    pred_path, cap_path = out.with_name(out.stem + ".predictions.jsonl"), out.with_name(out.stem + ".captions.json")
+    pred_path = predictions_path(out)
+    cap_path = pred_path.with_name(Path(out).stem + ".captions.json")
     coco_captions = []
     t0 = time.perf_counter()
     with pred_path.open("w", encoding="utf-8") as fh:
@@ -524,8 +522,4 @@ def evaluate_gcg(
         "text_encoder": getattr(similarity, "path", None) if similarity is not None else None,
         **(info or {}),
     }
-    if predictions is not None:
-        ids = {r.sample_id for r in records}
-        results["unmatched_predictions"] = sum(1 for k in predictions if k not in ids)
-    out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    return results
+    return write_results(out, results, (r.sample_id for r in records), predictions)

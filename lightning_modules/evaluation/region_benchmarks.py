@@ -10,34 +10,11 @@ then the text (as the released scripts' ``messages`` do), through the same rollo
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from PIL import Image
-
-from core.records import DataError
+from datamodules.gres import open_image  # re-exported: the benchmarks open their images with it
 
 __all__ = ["greedy_texts", "open_image"]
-
-
-def open_image(path: str | Path, source: str, size: tuple[int, int] | None = None) -> Image.Image:
-    """The RGB image at ``path``; ``DataError`` naming ``source`` (the record's file and row) when it is missing,
-    unreadable, or not ``size`` (``(width, height)``) when given."""
-    try:
-        with Image.open(path) as im:
-            image = im.convert("RGB")
-    except FileNotFoundError:
-        raise DataError(
-            f"{source}: image {path} not found; set --image-root to the folder that holds the images"
-        ) from None
-    except OSError as err:
-        raise DataError(f"{source}: image {path} cannot be read ({err})") from None
-    if size is not None and image.size != tuple(size):
-        raise DataError(
-            f"{source}: image {path} is {image.size[0]}x{image.size[1]}, the annotation says {size[0]}x{size[1]}: "
-            "wrong image folder or annotation file"
-        )
-    return image
 
 
 def greedy_texts(

@@ -56,6 +56,7 @@ from typing import Any
 from core.records import DataError
 from core.regions import NO_TARGET, AnchorSpace
 from core.regions.boxes import box_iou
+from lightning_modules.evaluation.bench_files import predictions_path, require_predictions, write_results
 
 __all__ = [
     "CHAIN_KEYS",
@@ -538,12 +539,10 @@ def evaluate_vstar(
     answers: dict[str, dict[str, str | None]] = {}
     input_wh: dict[str, Any] = {}
     if predictions is not None:
-        missing = [it.sample_id for it in items if it.sample_id not in predictions]
-        if missing:
-            raise DataError(
-                f"{len(missing)} of {len(items)} items have no prediction (first: {missing[0]!r}); the predictions "
-                "must hold one entry per item of this annotation file"
-            )
+        require_predictions(
+            (it.sample_id for it in items), predictions, "items have no prediction",
+            "the predictions must hold one entry per item of this annotation file",
+        )  # fmt: skip
         for it in items:
             answers[it.sample_id] = predictions[it.sample_id]["completions"]
             input_wh[it.sample_id] = predictions[it.sample_id].get("input_wh")
@@ -566,9 +565,7 @@ def evaluate_vstar(
                 log(f"{min(start + batch_size, len(items))}/{len(items)}")
     ratings = _ratings(items, [answers[it.sample_id].get("what") for it in items], judge)
     rows = [score_vstar_item(it, answers[it.sample_id], input_wh[it.sample_id], r) for it, r in zip(items, ratings)]
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    pred_path = out.with_name(out.stem + ".predictions.jsonl")
+    pred_path = predictions_path(out)
     with pred_path.open("w", encoding="utf-8") as fh:
         for row in rows:
             fh.write(json.dumps(row) + "\n")
@@ -581,8 +578,4 @@ def evaluate_vstar(
         "seconds": round(time.perf_counter() - t0, 2),
         **(info or {}),
     }
-    if predictions is not None:
-        ids = {it.sample_id for it in items}
-        results["unmatched_predictions"] = sum(1 for k in predictions if k not in ids)
-    out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    return results
+    return write_results(out, results, (it.sample_id for it in items), predictions)
