@@ -228,7 +228,8 @@ _HEADER = 7
 
 def iter_wandb_records(path: str | os.PathLike) -> Iterable[Any]:
     """The protobuf ``Record``s of a ``run-*.wandb`` file (W&B's leveldb-style log: a 7-byte ``:W&B`` header, then
-    32 KiB blocks of chunks with a 7-byte header each: crc32, length, type FULL / FIRST / MIDDLE / LAST)."""
+    32 KiB blocks of chunks with a 7-byte header each: crc32, length, type FULL / FIRST / MIDDLE / LAST). A log still
+    being written ends where its last whole record does."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     data = Path(path).read_bytes()
@@ -245,6 +246,8 @@ def iter_wandb_records(path: str | os.PathLike) -> Iterable[Any]:
         if kind == 0 and length == 0:  # zero-filled rest of a block
             pos += left - _HEADER
             continue
+        if pos + length > len(data):  # a chunk the writer has not finished (the log is read while it is written)
+            break
         chunk = data[pos : pos + length]
         pos += length
         if kind == 1:

@@ -13,6 +13,7 @@ import torch
 import yaml
 
 from analysis import (
+    iter_wandb_records,
     load_runs,
     load_wandb_offline,
     read_metrics_jsonl,
@@ -136,6 +137,10 @@ def test_tiny_fit_writes_wandb_offline_run_metrics_jsonl_and_gallery(tiny_model_
     while not wandb_run_complete(run_dirs[0]) and time.monotonic() < deadline:
         time.sleep(0.2)  # the W&B service may still be flushing the run log after finish()
     rows, config, name = read_wandb_offline(run_dirs[0])
+    log = next(run_dirs[0].glob("run-*.wandb"))  # the log read while it is written: a torn last chunk ends it
+    (tmp_path / "torn").mkdir()
+    (tmp_path / "torn" / log.name).write_bytes(log.read_bytes()[:-3])
+    assert not wandb_run_complete(tmp_path / "torn") and any(iter_wandb_records(tmp_path / "torn" / log.name))
     assert name == "syn-grpo-tiny"
     assert config["method"]["init_args"]["diversity_beta"] == 0.5
     # the full resolved config, not only the module's hparams: trainer, data, seed, callbacks, optimizer
