@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -31,34 +32,37 @@ def evaluate(path: str, scenes: int = 64, samples: int = 4, batch: int = 32, see
     torch.manual_seed(seed)
     model, proc = load_policy(path, dtype="fp32")
     data = Path(tempfile.mkdtemp(prefix="toy-eval-"))
-    out: dict = {"checkpoint": path, "scenes": scenes, "samples": samples}
-    for split in ("val", "ood"):
-        ss = [load_sample(r) for r in read_jsonl(toy.export_jsonl(data, split, scenes, seed=0))]
-        greedy, fmt, sampled = [], [], []
-        for i in range(0, len(ss), batch):
-            b = ss[i : i + batch]
-            kw = dict(task=[s.task for s in b], template="toy", max_new_tokens=112)
-            ims, qs = [s.image for s in b], [s.query for s in b]
-            g = rollout(model, proc, ims, qs, group_size=1, do_sample=False, **kw)
-            sm = rollout(model, proc, ims, qs, group_size=samples, do_sample=True, temperature=1.0, **kw)
-            gts, orig = [s.boxes[0] for s in b], [s.size for s in b]
-            greedy += rewards.rec_accuracy_reward(g.texts, gts, input_wh=g.input_wh, orig_wh=orig)
-            fmt += rewards.format_reward(sm.texts)
-            sampled += rewards.rec_accuracy_reward(
-                sm.texts,
-                [x for x in gts for _ in range(samples)],
-                input_wh=sm.input_wh,
-                orig_wh=[x for x in orig for _ in range(samples)],
-            )
-        g_, s_ = np.array(greedy), np.array(sampled)
-        out[split] = {
-            "greedy_acc50": float((g_ >= 0.5).mean()),
-            "greedy_miou": float(g_.mean()),
-            "sampled_format": float(np.mean(fmt)),
-            "sampled_miou": float(s_.mean()),
-            "sampled_acc50": float((s_ >= 0.5).mean()),
-            "sampled_iou_nonzero": float((s_ > 0).mean()),
-        }
+    try:
+        out: dict = {"checkpoint": path, "scenes": scenes, "samples": samples}
+        for split in ("val", "ood"):
+            ss = [load_sample(r) for r in read_jsonl(toy.export_jsonl(data, split, scenes, seed=0))]
+            greedy, fmt, sampled = [], [], []
+            for i in range(0, len(ss), batch):
+                b = ss[i : i + batch]
+                kw = dict(task=[s.task for s in b], template="toy", max_new_tokens=112)
+                ims, qs = [s.image for s in b], [s.query for s in b]
+                g = rollout(model, proc, ims, qs, group_size=1, do_sample=False, **kw)
+                sm = rollout(model, proc, ims, qs, group_size=samples, do_sample=True, temperature=1.0, **kw)
+                gts, orig = [s.boxes[0] for s in b], [s.size for s in b]
+                greedy += rewards.rec_accuracy_reward(g.texts, gts, input_wh=g.input_wh, orig_wh=orig)
+                fmt += rewards.format_reward(sm.texts)
+                sampled += rewards.rec_accuracy_reward(
+                    sm.texts,
+                    [x for x in gts for _ in range(samples)],
+                    input_wh=sm.input_wh,
+                    orig_wh=[x for x in orig for _ in range(samples)],
+                )
+            g_, s_ = np.array(greedy), np.array(sampled)
+            out[split] = {
+                "greedy_acc50": float((g_ >= 0.5).mean()),
+                "greedy_miou": float(g_.mean()),
+                "sampled_format": float(np.mean(fmt)),
+                "sampled_miou": float(s_.mean()),
+                "sampled_acc50": float((s_ >= 0.5).mean()),
+                "sampled_iou_nonzero": float((s_ > 0).mean()),
+            }
+    finally:
+        shutil.rmtree(data, ignore_errors=True)  # the exported scenes are this call's only
     return out
 
 

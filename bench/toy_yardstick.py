@@ -30,6 +30,7 @@ import argparse
 import json
 import platform
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -120,19 +121,22 @@ def evaluate(
     model, proc = load_policy(path, dtype="fp32")
     model.to(device).eval()
     data = Path(tempfile.mkdtemp(prefix="toy-yardstick-"))
-    out: dict = {"checkpoint": path, "template": template}
-    for split in ("val", "ood"):
-        samples = [load_sample(r) for r in read_jsonl(toy.export_jsonl(data, split, scenes, seed=0))]
-        out[split] = measure(
-            model,
-            proc,
-            samples,
-            group=group,
-            probe=probe if split == "val" else 0,
-            batch=batch,
-            max_new_tokens=max_new_tokens,
-            template=template,
-        )
+    try:
+        out: dict = {"checkpoint": path, "template": template}
+        for split in ("val", "ood"):
+            samples = [load_sample(r) for r in read_jsonl(toy.export_jsonl(data, split, scenes, seed=0))]
+            out[split] = measure(
+                model,
+                proc,
+                samples,
+                group=group,
+                probe=probe if split == "val" else 0,
+                batch=batch,
+                max_new_tokens=max_new_tokens,
+                template=template,
+            )
+    finally:
+        shutil.rmtree(data, ignore_errors=True)  # the exported scenes are this call's only
     return out
 
 
