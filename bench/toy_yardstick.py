@@ -17,6 +17,11 @@ Fixed once and not tuned afterwards (experiments/toy_yardstick.md says why each 
 * **Response diversity**: over the first ``--probe`` (128) ``val`` scenes, the variance of correctness (IoU >= 0.5) of
   the G sampled answers of each scene, averaged over scenes: 0 when every group agrees (all right or all wrong: zero
   advantage, the paper's "diversity collapse"), 0.25 at most.
+* **Greedy error kinds** (a reading aid beside the figures above, added 2026-12-06): each greedy answer is matched
+  to the scene object it overlaps most: ``right`` (the target, IoU >= 0.5), ``target_loose`` (the target, IoU < 0.5),
+  ``distractor`` (another object, IoU >= 0.3 with it; ``distractor_same_size`` when that object has the target's size
+  but another colour and shape), ``elsewhere`` (no object) and ``no_box``. A model that reads the query's attributes
+  picks a distractor rarely; one that matches the size alone picks same-size distractors.
 * **Answer-span entropy**: the mean token entropy (temperature 1) of the sampled completions over the tokens inside
   ``<answer>...</answer>`` only, so the Syn-GRPO prompt's extra fields (diversity, description) do not inflate it.
 
@@ -41,6 +46,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from core.boxes import iou, rescale_box  # noqa: E402
 from datamodules import toy  # noqa: E402
 from datamodules.rec import load_sample, read_jsonl  # noqa: E402
 from lightning_modules import rewards  # noqa: E402
@@ -73,6 +79,38 @@ def _iou(texts, samples, input_wh, k: int) -> np.ndarray:
     return np.array(rewards.rec_accuracy_reward(texts, gts, input_wh=input_wh, orig_wh=orig))
 
 
+ERROR_KINDS = ("right", "target_loose", "distractor", "distractor_same_size", "elsewhere", "no_box")
+
+
+def error_kinds(texts, samples, input_wh) -> dict[str, float]:
+    """Shares of the ``ERROR_KINDS`` (module docstring) among greedy answers; ``distractor_same_size`` is a subset of
+    ``distractor``."""
+    counts = dict.fromkeys(ERROR_KINDS, 0)
+    for text, s, wh in zip(texts, samples, input_wh):
+        boxes = rewards.parse_completion(text).boxes
+        if not boxes:
+            counts["no_box"] += 1
+            continue
+        box = rescale_box(boxes[0], wh, s.size)
+        objects = s.meta["objects"]
+        overlap = [iou(box, o["box"]) for o in objects]
+        best = objects[int(np.argmax(overlap))]
+        if best["role"] == "target":
+            counts["right" if max(overlap) >= 0.5 else "target_loose"] += 1
+        elif max(overlap) >= 0.3:
+            counts["distractor"] += 1
+            target = next(o for o in objects if o["role"] == "target")
+            if (
+                best["size"] == target["size"]
+                and best["colour"] != target["colour"]
+                and best["shape"] != target["shape"]
+            ):
+                counts["distractor_same_size"] += 1
+        else:
+            counts["elsewhere"] += 1
+    return {k: v / max(len(texts), 1) for k, v in counts.items()}
+
+
 @torch.no_grad()
 def measure(
     model, processor, samples, *, group: int, probe: int, batch: int, max_new_tokens: int, template: str = "toy"
@@ -81,12 +119,15 @@ def measure(
     (``probe``: how many of them the diversity is averaged over; 0: all)."""
     device = next(model.parameters()).device
     greedy, sampled, ent_sum, ent_n = [], [], 0.0, 0
+    kinds, weights = [], []
     kw = dict(template=template, max_new_tokens=max_new_tokens)
     for i in range(0, len(samples), batch):
         b = samples[i : i + batch]
         ims, qs, tasks = [s.image for s in b], [s.query for s in b], [s.task for s in b]
         g = rollout(model, processor, ims, qs, group_size=1, do_sample=False, task=tasks, **kw)
         greedy.append(_iou(g.texts, b, g.input_wh, 1))
+        kinds.append(error_kinds(g.texts, b, g.input_wh))
+        weights.append(len(b))
         sm = rollout(model, processor, ims, qs, group_size=group, do_sample=True, temperature=1.0, task=tasks, **kw)
         sampled.append(_iou(sm.texts, b, sm.input_wh, group).reshape(len(b), group))
         span = answer_span_mask(processor.tokenizer, sm.completion_ids, sm.completion_mask)
@@ -111,6 +152,7 @@ def measure(
         "response_diversity": float(probe_rows.var(1).mean()),
         "zero_variance_frac": float((probe_rows.var(1) == 0).mean()),
         "answer_entropy": ent_sum / max(ent_n, 1),
+        "greedy_errors": {k: float(np.average([d[k] for d in kinds], weights=weights)) for k in ERROR_KINDS},
     }
 
 
@@ -177,6 +219,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 f"{m['pass_at_g']:7.3f} {m['sampled_acc50']:8.3f} {m['response_diversity']:6.3f} "
                 f"{m['answer_entropy']:6.3f}"
             )
+            errs = ", ".join(f"{k} {v:.3f}" for k, v in m["greedy_errors"].items())
+            print(f"{'':<40} {split:>4} greedy answers: {errs}")
     if args.out:
         record = {
             "what": "toy yardstick (bench/toy_yardstick.py; a component measurement of checkpoints)",
