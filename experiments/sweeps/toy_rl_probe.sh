@@ -3,6 +3,7 @@
 # splits (bench/toy_yardstick.py: 512 val + 512 ood; the study's test splits are not read). One device call, fits on
 # the GPU side by side, each exported and read by the yardstick.
 #   bash experiments/sweeps/toy_rl_probe.sh OUT_DIR [STEPS] [ACCEL]     (STEPS 64 prompts-of-16 steps; ACCEL gpu|cpu)
+#   START=path: another starting checkpoint than checkpoints/toy-qwen2.5-vl (policy and reference)
 # Variants: NAME|overlay configs|flags (see the list below). Each run trains on fresh scenes seen once.
 set -u
 PY=${PY:-python}
@@ -20,6 +21,7 @@ s = re.sub(r"  logger:.*\n(    .*\n)+", "  logger: false\n", s, count=1)
 open("/tmp/tiny_nowandb.yaml", "w").write(s)
 PYEOF
 fi
+START=${START:-checkpoints/toy-qwen2.5-vl}
 N=$((STEPS * BATCH))
 ENG=""; [ "$ACCEL" = gpu ] && ENG="--model.init_args.engines.rollout_engine=fast"
 GRPO="--config configs/baselines/grpo.yaml"
@@ -51,7 +53,7 @@ run_one() {
   local name=$1 cfg=$2 flags=$3 tmpl=vlm_r1 ckpt
   case $name in *toy|syn_*) tmpl=toy;; esac
   if [[ $name == start_* ]]; then
-    $PY bench/toy_yardstick.py checkpoints/toy-qwen2.5-vl --template $tmpl --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1
+    $PY bench/toy_yardstick.py "$START" --template $tmpl --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1
     return
   fi
   [ "$cfg" = "-" ] && cfg=""
@@ -60,6 +62,7 @@ run_one() {
   local steps=$((N / b))
   # shellcheck disable=SC2086
   $PY train.py fit --config $BASE $cfg --name "probe_$name" --trainer.accelerator=$ACCEL $eng \
+    --model.init_args.policy.model_name_or_path="$START" \
     --data.init_args.data_root="/tmp/probe_data_$name" "--data.init_args.toy.splits={\"train\": $N, \"val\": 16, \"ood\": 16}" \
     --data.init_args.batch_size=$b --trainer.max_epochs=1 --trainer.limit_val_batches=0 \
     --trainer.logger=false --trainer.enable_progress_bar=false --callbacks.gallery=null --callbacks.completions=null \
