@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -31,8 +30,8 @@ from lightning_modules.models.loading import load_policy  # noqa: E402
 def evaluate(path: str, scenes: int = 64, samples: int = 4, batch: int = 32, seed: int = 0) -> dict:
     torch.manual_seed(seed)
     model, proc = load_policy(path, dtype="fp32")
-    data = Path(tempfile.mkdtemp(prefix="toy-eval-"))
-    try:
+    with tempfile.TemporaryDirectory(prefix="toy-eval-") as tmp:
+        data = Path(tmp)
         out: dict = {"checkpoint": path, "scenes": scenes, "samples": samples}
         for split in ("val", "ood"):
             ss = [load_sample(r) for r in read_jsonl(toy.export_jsonl(data, split, scenes, seed=0))]
@@ -61,8 +60,6 @@ def evaluate(path: str, scenes: int = 64, samples: int = 4, batch: int = 32, see
                 "sampled_acc50": float((s_ >= 0.5).mean()),
                 "sampled_iou_nonzero": float((s_ > 0).mean()),
             }
-    finally:
-        shutil.rmtree(data, ignore_errors=True)  # the exported scenes are this call's only
     return out
 
 

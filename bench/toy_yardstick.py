@@ -35,7 +35,6 @@ import argparse
 import json
 import platform
 import re
-import shutil
 import sys
 import tempfile
 import time
@@ -119,15 +118,15 @@ def measure(
     (``probe``: how many of them the diversity is averaged over; 0: all)."""
     device = next(model.parameters()).device
     greedy, sampled, ent_sum, ent_n = [], [], 0.0, 0
-    kinds, weights = [], []
+    greedy_texts, greedy_wh = [], []
     kw = dict(template=template, max_new_tokens=max_new_tokens)
     for i in range(0, len(samples), batch):
         b = samples[i : i + batch]
         ims, qs, tasks = [s.image for s in b], [s.query for s in b], [s.task for s in b]
         g = rollout(model, processor, ims, qs, group_size=1, do_sample=False, task=tasks, **kw)
         greedy.append(_iou(g.texts, b, g.input_wh, 1))
-        kinds.append(error_kinds(g.texts, b, g.input_wh))
-        weights.append(len(b))
+        greedy_texts += g.texts
+        greedy_wh += list(g.input_wh)
         sm = rollout(model, processor, ims, qs, group_size=group, do_sample=True, temperature=1.0, task=tasks, **kw)
         sampled.append(_iou(sm.texts, b, sm.input_wh, group).reshape(len(b), group))
         span = answer_span_mask(processor.tokenizer, sm.completion_ids, sm.completion_mask)
@@ -152,7 +151,7 @@ def measure(
         "response_diversity": float(probe_rows.var(1).mean()),
         "zero_variance_frac": float((probe_rows.var(1) == 0).mean()),
         "answer_entropy": ent_sum / max(ent_n, 1),
-        "greedy_errors": {k: float(np.average([d[k] for d in kinds], weights=weights)) for k in ERROR_KINDS},
+        "greedy_errors": error_kinds(greedy_texts, samples, greedy_wh),
     }
 
 
@@ -162,8 +161,8 @@ def evaluate(
     torch.manual_seed(0)
     model, proc = load_policy(path, dtype="fp32")
     model.to(device).eval()
-    data = Path(tempfile.mkdtemp(prefix="toy-yardstick-"))
-    try:
+    with tempfile.TemporaryDirectory(prefix="toy-yardstick-") as tmp:
+        data = Path(tmp)
         out: dict = {"checkpoint": path, "template": template}
         for split in ("val", "ood"):
             samples = [load_sample(r) for r in read_jsonl(toy.export_jsonl(data, split, scenes, seed=0))]
@@ -177,8 +176,6 @@ def evaluate(
                 max_new_tokens=max_new_tokens,
                 template=template,
             )
-    finally:
-        shutil.rmtree(data, ignore_errors=True)  # the exported scenes are this call's only
     return out
 
 

@@ -57,6 +57,7 @@ run_one() {
     return
   fi
   [ "$cfg" = "-" ] && cfg=""
+  rm -rf "outputs/probe_${name}" outputs/probe_"${name}"-*   # an earlier probe's run of this variant (its START may differ)
   local b=$BATCH eng=$ENG; [[ $flags =~ batch_size=([0-9]+) ]] && b=${BASH_REMATCH[1]}
   [[ $name == sft* ]] && eng=""   # SFT has no rollout engine
   local steps=$((N / b))
@@ -67,7 +68,8 @@ run_one() {
     --data.init_args.batch_size=$b --trainer.max_epochs=1 --trainer.limit_val_batches=0 \
     --trainer.logger=false --trainer.enable_progress_bar=false --callbacks.gallery=null --callbacks.completions=null \
     --callbacks.checkpoint.init_args.every_n_train_steps=null --callbacks.checkpoint.init_args.every_n_epochs=1 $flags > "$OUT/$name.log" 2>&1 || { echo "$name fit failed"; return; }
-  ckpt=$(ls -d outputs/probe_${name}*/checkpoints/last.ckpt | head -1)
+  # the run folder is outputs/probe_<name> or outputs/probe_<name>-<method>; never a longer variant's (probe_<name>_kl0)
+  ckpt=$(ls -d outputs/probe_${name}/checkpoints/last.ckpt outputs/probe_${name}-*/checkpoints/last.ckpt 2>/dev/null | head -1)
   cp "$(dirname "$ckpt")/../metrics.jsonl" "$OUT/${name}_metrics.jsonl" 2>/dev/null
   # shellcheck disable=SC2086
   $PY train.py export --config $BASE $cfg --ckpt_path "$ckpt" --out "/tmp/probe_export_$name" >> "$OUT/$name.log" 2>&1 \
