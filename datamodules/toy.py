@@ -79,6 +79,9 @@ class SplitSpec:
     """With ``text_levels``: ask the multi-step question's first step, its anchor ("the yellow shape" of "the shape left
     of the yellow shape"), as a one-step question on the same scene: the anchor becomes the target, the question is
     kept in ``meta["question"]`` (``_ask_anchor``)."""
+    same_size: bool = False
+    """REC only: every other object (foreground and painted) has the target's size, so the size word singles out
+    nothing and the colour and shape must be read (``bind``)."""
     short_query: bool = False
     """REC only: the query is the target's shortest exact descriptor ("the yellow shape", "the large shape", "the
     star"; ``_short_query``), the form a multi-step question's anchors take, instead of the full attribute triple."""
@@ -91,6 +94,7 @@ SPLITS: dict[str, SplitSpec] = {
     "solo": SplitSpec(3, grammar.PLAIN_BACKGROUNDS, (0, 0), share=False, near=False),
     "varied": SplitSpec(4, grammar.BACKGROUNDS, (1, 10), share=False, near=False),
     "crowded": SplitSpec(10, grammar.PLAIN_BACKGROUNDS, (4, 8), share=True, near=True),
+    "bind": SplitSpec(17, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, same_size=True),
     # held-out test splits (docs/study.md): new split codes, so seeds no train / val / ood scene ever used
     "test_id": SplitSpec(5, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False),
     "test_ood_texture": SplitSpec(6, grammar.TEXTURED_BACKGROUNDS, (1, 3), share=False, near=False),
@@ -115,12 +119,14 @@ SPLITS: dict[str, SplitSpec] = {
         13, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, text_levels=(3, 5), ask_anchor=True
     ),
 }
-"""Three splits for ``ToySceneDataset(mix=...)`` only (never validated on). ``solo``: the target alone (where things are
+"""Four splits for ``ToySceneDataset(mix=...)`` only (never validated on). ``solo``: the target alone (where things are
 before which thing is meant). ``varied``: any background of the grammar and up to "many" distractors, the kind of image
 the procedural painter makes from the model's descriptions, so the warm-started model has seen what the self-evolving
 loop feeds it (OOD still differs: its distractors share the target's attributes and crowd it). ``crowded``: 4-8
 look-alikes close to the target on plain backgrounds, drawn as ``test_ood_crowded`` on a code of its own, for RL runs
 where a caption must single out its object among look-alikes (``experiments/study/cycle_ablation_toy_crowded.yaml``).
+``bind``: drawn as ``train`` except that every other object has the target's size, so a model that matches the size
+word alone is right by chance only: colour and shape have to be bound to the image region (issue 40, docs/toy_model.md).
 
 Five held-out test splits that no training, validation or tuning reads (the study's evaluator, ``study/``): ``test_id``
 is drawn as ``train`` / ``val``; each OOD kind of ``ood`` on its own, ``test_ood_texture`` (textured backgrounds,
@@ -194,6 +200,13 @@ def _variant(rng: np.random.Generator, target: Triple, share: bool, avoid_colour
         else:
             values.append(_pick(rng, [v for v in choices if v != target[i] and v != avoid_colour]))
     return Triple(*values)
+
+
+def _same_size(rng: np.random.Generator, target: Triple, other: Triple) -> Triple:
+    """``other`` at the target's size; its colour and shape are drawn again while they equal the target's."""
+    while (other.colour, other.shape) == (target.colour, target.shape):
+        other = Triple(other.size, _pick(rng, OBJECT_COLOURS), _pick(rng, SHAPES))
+    return other._replace(size=target.size)
 
 
 def _side(rng: np.random.Generator, size: str, image_size: int) -> int:
@@ -355,6 +368,9 @@ def _draw_scene(split: str, index: int, seed: int, size: int, task: str, rng: np
         targets = [target]
         fore = [_variant(rng, target, spec.share) for _ in range(n_fore)]
         painted = _variant(rng, target, spec.share) if n_painted else None
+        if spec.same_size:
+            fore = [_same_size(rng, target, t) for t in fore]
+            painted = _same_size(rng, target, painted) if painted else None
     else:  # ovd: one to three objects of the queried colour; nothing else wears it
         colour = _pick(rng, OBJECT_COLOURS)
         targets = [_random_triple(rng, [colour]) for _ in range(int(rng.integers(1, 4)))]

@@ -404,3 +404,16 @@ def test_the_anchor_split_asks_the_multihop_splits_first_step_on_the_same_scenes
         assert a["meta"]["question"] == h["meta"]["query"] and a["id"] != h["id"]
         assert resolve(parse_query(first.query), a["meta"]) == [target_index(a["meta"])]
         assert a["conversations"][0]["value"] == f"<image>{first.query}"
+
+
+def test_the_bind_split_gives_every_other_object_the_targets_size_and_keeps_the_query_exact():
+    recs = toy.generate_split("bind", 24, seed=0)
+    train = {r["image"].tobytes() for r in toy.generate_split("train", 24, seed=0)}
+    assert not train & {r["image"].tobytes() for r in recs}
+    for rec in recs:
+        target, *others = rec["meta"]["objects"]
+        assert target["role"] == "target" and others, rec["id"]
+        assert {o["size"] for o in others} == {target["size"]}, rec["id"]
+        triple = (target["size"], target["colour"], target["shape"])
+        assert all((o["size"], o["colour"], o["shape"]) != triple for o in others), rec["id"]
+    assert "bind" not in toy.TEST_SPLITS
