@@ -22,6 +22,9 @@ Fixed once and not tuned afterwards (experiments/toy_yardstick.md says why each 
   ``distractor`` (another object, IoU >= 0.3 with it; ``distractor_same_size`` when that object has the target's size
   but another colour and shape), ``elsewhere`` (no object) and ``no_box``. A model that reads the query's attributes
   picks a distractor rarely; one that matches the size alone picks same-size distractors.
+* **Binding** (a reading aid, added 2026-12-06): greedy Acc@0.5 and error kinds on ``--bind`` (256) ``val_bind``
+  scenes (seed 0), drawn as ``val`` except that every other object has the target's size: a model that matches the
+  size word alone is right by chance here.
 * **Answer-span entropy**: the mean token entropy (temperature 1) of the sampled completions over the tokens inside
   ``<answer>...</answer>`` only, so the Syn-GRPO prompt's extra fields (diversity, description) do not inflate it.
 
@@ -155,8 +158,46 @@ def measure(
     }
 
 
+@torch.no_grad()
+def binding(model, processor, samples, *, batch: int, max_new_tokens: int, template: str = "toy") -> dict:
+    """Greedy Acc@0.5, mIoU and error kinds of ``samples`` (the ``val_bind`` scenes)."""
+    ious, texts, whs = [], [], []
+    for i in range(0, len(samples), batch):
+        b = samples[i : i + batch]
+        g = rollout(
+            model,
+            processor,
+            [s.image for s in b],
+            [s.query for s in b],
+            group_size=1,
+            do_sample=False,
+            task=[s.task for s in b],
+            template=template,
+            max_new_tokens=max_new_tokens,
+        )
+        ious.append(_iou(g.texts, b, g.input_wh, 1))
+        texts += g.texts
+        whs += list(g.input_wh)
+    iou_ = np.concatenate(ious)
+    return {
+        "scenes": len(samples),
+        "greedy_acc50": float((iou_ >= 0.5).mean()),
+        "greedy_miou": float(iou_.mean()),
+        "greedy_errors": error_kinds(texts, samples, whs),
+    }
+
+
 def evaluate(
-    path: str, *, scenes: int, group: int, probe: int, batch: int, max_new_tokens: int, device: str, template: str
+    path: str,
+    *,
+    scenes: int,
+    group: int,
+    probe: int,
+    batch: int,
+    max_new_tokens: int,
+    device: str,
+    template: str,
+    bind: int = 0,
 ) -> dict:
     torch.manual_seed(0)
     model, proc = load_policy(path, dtype="fp32")
@@ -176,6 +217,11 @@ def evaluate(
                 max_new_tokens=max_new_tokens,
                 template=template,
             )
+        if bind:
+            samples = [load_sample(r) for r in read_jsonl(toy.export_jsonl(data, "val_bind", bind, seed=0))]
+            out["val_bind"] = binding(
+                model, proc, samples, batch=batch, max_new_tokens=max_new_tokens, template=template
+            )
     return out
 
 
@@ -185,6 +231,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--scenes", type=int, default=512)
     ap.add_argument("--group", type=int, default=6)
     ap.add_argument("--probe", type=int, default=128)
+    ap.add_argument("--bind", type=int, default=256, help="val_bind scenes for the binding reading (0: skip)")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -202,6 +249,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             max_new_tokens=args.max_new_tokens,
             device=args.device,
             template=args.template,
+            bind=args.bind,
         )
         for c in args.checkpoints
     ]
@@ -218,6 +266,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
             )
             errs = ", ".join(f"{k} {v:.3f}" for k, v in m["greedy_errors"].items())
             print(f"{'':<40} {split:>4} greedy answers: {errs}")
+        if "val_bind" in r:
+            m = r["val_bind"]
+            errs = ", ".join(f"{k} {v:.3f}" for k, v in m["greedy_errors"].items())
+            print(f"{'':<40} bind greedy {m['greedy_acc50']:.3f} mIoU {m['greedy_miou']:.3f}; answers: {errs}")
     if args.out:
         record = {
             "what": "toy yardstick (bench/toy_yardstick.py; a component measurement of checkpoints)",

@@ -95,6 +95,7 @@ SPLITS: dict[str, SplitSpec] = {
     "varied": SplitSpec(4, grammar.BACKGROUNDS, (1, 10), share=False, near=False),
     "crowded": SplitSpec(10, grammar.PLAIN_BACKGROUNDS, (4, 8), share=True, near=True),
     "bind": SplitSpec(17, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, same_size=True),
+    "val_bind": SplitSpec(18, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, same_size=True),
     # held-out test splits (docs/study.md): new split codes, so seeds no train / val / ood scene ever used
     "test_id": SplitSpec(5, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False),
     "test_ood_texture": SplitSpec(6, grammar.TEXTURED_BACKGROUNDS, (1, 3), share=False, near=False),
@@ -127,6 +128,7 @@ look-alikes close to the target on plain backgrounds, drawn as ``test_ood_crowde
 where a caption must single out its object among look-alikes (``experiments/study/cycle_ablation_toy_crowded.yaml``).
 ``bind``: drawn as ``train`` except that every other object has the target's size, so a model that matches the size
 word alone is right by chance only: colour and shape have to be bound to the image region (issue 40, docs/toy_model.md).
+``val_bind``, drawn as ``bind`` on a code of its own, is what ``bench/toy_yardstick.py`` reads that binding on.
 
 Five held-out test splits that no training, validation or tuning reads (the study's evaluator, ``study/``): ``test_id``
 is drawn as ``train`` / ``val``; each OOD kind of ``ood`` on its own, ``test_ood_texture`` (textured backgrounds,

@@ -417,3 +417,5 @@ def test_the_bind_split_gives_every_other_object_the_targets_size_and_keeps_the_
         triple = (target["size"], target["colour"], target["shape"])
         assert all((o["size"], o["colour"], o["shape"]) != triple for o in others), rec["id"]
     assert "bind" not in toy.TEST_SPLITS
+    held = toy.generate_split("val_bind", 8, seed=0)
+    assert not {r["image"].tobytes() for r in held} & {r["image"].tobytes() for r in recs[:8]}
