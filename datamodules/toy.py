@@ -80,8 +80,7 @@ class SplitSpec:
     of the yellow shape"), as a one-step question on the same scene: the anchor becomes the target, the question is
     kept in ``meta["question"]`` (``_ask_anchor``)."""
     same_size: bool = False
-    """REC only: every other object (foreground and painted) has the target's size, so the size word singles out
-    nothing and the colour and shape must be read (``bind``)."""
+    """REC only: every other object (foreground and painted) has the target's size: its size word tells nothing."""
     short_query: bool = False
     """REC only: the query is the target's shortest exact descriptor ("the yellow shape", "the large shape", "the
     star"; ``_short_query``), the form a multi-step question's anchors take, instead of the full attribute triple."""
@@ -126,9 +125,8 @@ the procedural painter makes from the model's descriptions, so the warm-started 
 loop feeds it (OOD still differs: its distractors share the target's attributes and crowd it). ``crowded``: 4-8
 look-alikes close to the target on plain backgrounds, drawn as ``test_ood_crowded`` on a code of its own, for RL runs
 where a caption must single out its object among look-alikes (``experiments/study/cycle_ablation_toy_crowded.yaml``).
-``bind``: drawn as ``train`` except that every other object has the target's size, so a model that matches the size
-word alone is right by chance only: colour and shape have to be bound to the image region (issue 40, docs/toy_model.md).
-``val_bind``, drawn as ``bind`` on a code of its own, is what ``bench/toy_yardstick.py`` reads that binding on.
+``bind``: drawn as ``train`` but every other object has the target's size, so matching the size word alone is right
+by chance only (issue 40); ``val_bind`` (its own code) is the held-out copy that ``bench/toy_yardstick.py`` reads.
 
 Five held-out test splits that no training, validation or tuning reads (the study's evaluator, ``study/``): ``test_id``
 is drawn as ``train`` / ``val``; each OOD kind of ``ood`` on its own, ``test_ood_texture`` (textured backgrounds,
@@ -141,8 +139,8 @@ scenes depend only on its own code.
 
 Three splits with no-target queries (``no_target``): ``train_nt``, ``val_nt`` and the held-out ``test_nt`` are drawn
 as ``train`` / ``val`` (on codes of their own), and a quarter of their queries name a near miss of the target that the
-scene does not hold: "the small blue circle" beside a small red one, with no blue circle anywhere. Their answer is ``no target``
-(``core.regions``), their solution ``[]``. CycleGRPO trains them as grounding groups; the GRPO rewards
+scene does not hold: "the small blue circle" beside a small red one, with no blue circle anywhere. Their answer is
+``no target`` (``core.regions``), their solution ``[]``. CycleGRPO trains them as grounding groups; the GRPO rewards
 refuse them (they need a box).
 
 ``train_multihop``: drawn as ``test_multihop`` on a code of its own, a training pool of questions too hard for the
@@ -155,10 +153,8 @@ fails the anchor or only the anchor inside a chain. ``train_multihop_anchor``: t
 scenes, for SFT mixes that train a chain's anchors as one-step questions of the scenes the chains are drawn from.
 
 ``train_short`` / ``test_short``: drawn as ``train`` / ``test_id`` (codes of their own), the target asked by its
-shortest exact descriptor ("the yellow shape") instead of its triple. Every other split asks one-step questions by
-the full triple, so a checkpoint trained on them grounds the short form 10% of the time (a multi-step question's
-anchor, ``test_multihop_anchor``: 8%) against 41% for "the small yellow star" (experiments/toy_model_runs.md, "The
-anchors' query form")."""
+shortest exact descriptor ("the yellow shape", the form of a multi-step question's anchors) instead of its triple
+(why: experiments/toy_model_runs.md, "The anchors' query form")."""
 
 
 TEST_SPLITS = ("test_id", "test_ood_texture", "test_ood_crowded", "test_ood", "test_multihop")
@@ -204,11 +200,11 @@ def _variant(rng: np.random.Generator, target: Triple, share: bool, avoid_colour
     return Triple(*values)
 
 
-def _same_size(rng: np.random.Generator, target: Triple, other: Triple) -> Triple:
-    """``other`` at the target's size; its colour and shape are drawn again while they equal the target's."""
-    while (other.colour, other.shape) == (target.colour, target.shape):
-        other = Triple(other.size, _pick(rng, OBJECT_COLOURS), _pick(rng, SHAPES))
-    return other._replace(size=target.size)
+def _at_size(rng: np.random.Generator, target: Triple, t: Triple) -> Triple:
+    """``t`` at the target's size, its colour and shape drawn again while both are the target's."""
+    while (t.colour, t.shape) == (target.colour, target.shape):
+        t = Triple(t.size, _pick(rng, OBJECT_COLOURS), _pick(rng, SHAPES))
+    return t._replace(size=target.size)
 
 
 def _side(rng: np.random.Generator, size: str, image_size: int) -> int:
@@ -371,8 +367,7 @@ def _draw_scene(split: str, index: int, seed: int, size: int, task: str, rng: np
         fore = [_variant(rng, target, spec.share) for _ in range(n_fore)]
         painted = _variant(rng, target, spec.share) if n_painted else None
         if spec.same_size:
-            fore = [_same_size(rng, target, t) for t in fore]
-            painted = _same_size(rng, target, painted) if painted else None
+            fore, painted = [_at_size(rng, target, t) for t in fore], painted and _at_size(rng, target, painted)
     else:  # ovd: one to three objects of the queried colour; nothing else wears it
         colour = _pick(rng, OBJECT_COLOURS)
         targets = [_random_triple(rng, [colour]) for _ in range(int(rng.integers(1, 4)))]
@@ -665,11 +660,9 @@ def split_counts(parser, items: Sequence[str], splits) -> list[tuple[str, int]]:
 def main(argv: Sequence[str] | None = None) -> list[Path]:
     parser = argparse.ArgumentParser(prog="python -m datamodules.toy", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("data/toy"), help="output folder (images/ and *.jsonl)")
+    default = ["train:512", "val:128", "ood:128"]
     parser.add_argument(
-        "--splits",
-        nargs="+",
-        default=["train:512", "val:128", "ood:128"],
-        help="split:count pairs, splits from " + ", ".join(SPLITS),
+        "--splits", nargs="+", default=default, help="split:count pairs, splits from " + ", ".join(SPLITS)
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--size", type=int, default=224, help="square image side in pixels")
