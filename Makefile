@@ -46,15 +46,16 @@ FUZZ_FLAGS ?=
 fuzz: setup
 	OMP_NUM_THREADS=1 $(PY_RUN) bench/fuzz_server.py $(FUZZ_FLAGS)
 
-# Rebuild the embedded toy checkpoint (checkpoints/toy-qwen2.5-vl) from scratch: three SFT stages (docs/toy_model.md),
-# bf16 on a GPU (one H200: 4.8 + 3.1 + 7.7 min), fp32 on a CPU (2 cores: stage 3 42-48 min, stages 1-2 hours).
-# Deterministic at the seed on a given device and precision: stages 1-2 on an H200 then 3 on a CPU give the committed
-# checkpoint bit for bit; all three on an H200 a comparable one (docs/toy_model.md, "The rebuild, verified").
+# Rebuild the embedded toy checkpoint (checkpoints/toy-qwen2.5-vl) from scratch: four SFT stages (docs/toy_model.md),
+# bf16 on a GPU (one H200: 4.8 + 3.1 + 7.7 min, then stage 4), fp32 on a CPU (stage 3 42-48 min of 2 cores, stage 4
+# 18 min of one core, stages 1-2 hours). Deterministic at the seed on a given device and precision: stages 1-2 on an
+# H200 then 3-4 on a CPU give the committed checkpoint (docs/toy_model.md, "The rebuild, verified").
 TOY_PRECISION = $(shell $(PY_RUN) -c "import torch; print('bf16-mixed' if torch.cuda.is_available() else '32-true')")
 toy-model: setup
 	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --trainer.precision $(TOY_PRECISION)
 	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage2.yaml --trainer.precision $(TOY_PRECISION)
 	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage3.yaml --trainer.precision $(TOY_PRECISION)
+	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage4.yaml --trainer.precision $(TOY_PRECISION)
 
 # Git keeps three toy checkpoints (toy-qwen2.5-vl, -cycle-video, -evolved); the stages below build the others locally
 # (git ignores them; cli/toy_checkpoints.py names each one's target and time, which a config that needs one prints).

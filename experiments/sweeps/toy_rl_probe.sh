@@ -4,6 +4,7 @@
 # the GPU side by side, each exported and read by the yardstick.
 #   bash experiments/sweeps/toy_rl_probe.sh OUT_DIR [STEPS] [ACCEL]     (STEPS 64 prompts-of-16 steps; ACCEL gpu|cpu)
 #   START=path: another starting checkpoint than checkpoints/toy-qwen2.5-vl (policy and reference)
+#   ONLY="name ...": only these variants; EXTRA=flags appended to every fit (e.g. --trainer.max_time=00:00:07:00)
 # Variants: NAME|overlay configs|flags (see the list below). Each run trains on fresh scenes seen once.
 set -u
 PY=${PY:-python}
@@ -48,6 +49,11 @@ VARIANTS=(
   "grpo_t07_g12_lr1e5|$GRPO|--model.init_args.sampling.temperature=0.7 --model.init_args.sampling.group_size=12 --data.init_args.batch_size=8 --model.init_args.optimizer.init_args.lr=1e-5"
   "sft_toy|$SFT|--model.init_args.target=toy_grounded --model.init_args.prompt_template=toy"
   "syn_t07_g12|-|--model.init_args.sampling.temperature=0.7 --model.init_args.sampling.group_size=12 --data.init_args.batch_size=8"
+  # 2026-12-06: seeds 1-2 of the SFT control and of Syn-GRPO, for the 3-seed comparison from the stage-4 base
+  "sft_toy_s1|$SFT|--model.init_args.target=toy_grounded --model.init_args.prompt_template=toy --seed_everything=1 --data.init_args.seed=1"
+  "sft_toy_s2|$SFT|--model.init_args.target=toy_grounded --model.init_args.prompt_template=toy --seed_everything=2 --data.init_args.seed=2"
+  "syn_t07_g12_s1|-|--model.init_args.sampling.temperature=0.7 --model.init_args.sampling.group_size=12 --data.init_args.batch_size=8 --seed_everything=1 --data.init_args.seed=1"
+  "syn_t07_g12_s2|-|--model.init_args.sampling.temperature=0.7 --model.init_args.sampling.group_size=12 --data.init_args.batch_size=8 --seed_everything=2 --data.init_args.seed=2"
 )
 run_one() {
   local name=$1 cfg=$2 flags=$3 tmpl=vlm_r1 ckpt
@@ -67,7 +73,7 @@ run_one() {
     --data.init_args.data_root="/tmp/probe_data_$name" "--data.init_args.toy.splits={\"train\": $N, \"val\": 16, \"ood\": 16}" \
     --data.init_args.batch_size=$b --trainer.max_epochs=1 --trainer.limit_val_batches=0 \
     --trainer.logger=false --trainer.enable_progress_bar=false --callbacks.gallery=null --callbacks.completions=null \
-    --callbacks.checkpoint.init_args.every_n_train_steps=null --callbacks.checkpoint.init_args.every_n_epochs=1 $flags > "$OUT/$name.log" 2>&1 || { echo "$name fit failed"; return; }
+    --callbacks.checkpoint.init_args.every_n_train_steps=null --callbacks.checkpoint.init_args.every_n_epochs=1 $flags ${EXTRA:-} > "$OUT/$name.log" 2>&1 || { echo "$name fit failed"; return; }
   # the run folder is outputs/probe_<name> or outputs/probe_<name>-<method>; never a longer variant's (probe_<name>_kl0)
   ckpt=$(ls -d outputs/probe_${name}/checkpoints/last.ckpt outputs/probe_${name}-*/checkpoints/last.ckpt 2>/dev/null | head -1)
   cp "$(dirname "$ckpt")/../metrics.jsonl" "$OUT/${name}_metrics.jsonl" 2>/dev/null
