@@ -34,12 +34,14 @@ gradient checkpointing is not counted. Peak: 790 TFLOP/s (bf16 dense matmul meas
 from __future__ import annotations
 
 import argparse
+import atexit
 import copy
 import datetime
 import gc
 import json
 import math
 import platform
+import shutil
 import statistics
 import sys
 import time
@@ -314,6 +316,7 @@ def run_module_step(name: str, args, device, result: dict, save) -> None:
 
     r = result.setdefault("models", {}).setdefault(name, {})
     work = Path(tempfile.mkdtemp(prefix="grpo_step_"))
+    atexit.register(shutil.rmtree, work, True)  # the built model (GBs for 3B / 7B) goes when the script ends
     build = build_qwen(work / f"qwen-{name}", name, str(device), vocab_size=512 if name == "tiny" else 4096)
     cuda = device.type == "cuda"
     steps = max(2, args.module_steps)

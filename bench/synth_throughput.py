@@ -19,10 +19,12 @@ offline), through ``synth.painters.DiffusersOutpainter.paint`` exactly as the wo
 from __future__ import annotations
 
 import argparse
+import atexit
 import datetime
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -184,6 +186,7 @@ def bench_sdxl(args) -> None:
         compile=args.compile,
     )
     tmp = Path(tempfile.mkdtemp(prefix="synth-bench-sdxl-"))
+    atexit.register(shutil.rmtree, tmp, True)
     jobs = []
     for i in range(max(args.batch)):
         boxes = _scene(tmp / f"{i}.png", w, h, i)

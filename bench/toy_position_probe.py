@@ -17,6 +17,8 @@ across 8 columns, so a small model cannot tell columns apart.
 from __future__ import annotations
 
 import argparse
+import atexit
+import shutil
 import sys
 import tempfile
 import time
@@ -55,6 +57,7 @@ def main(argv=None) -> dict:
     corpus = ["Find: the red circle", "<answer>[12, 40, 96, 120]</answer>"]
     corpus += [f"[{i}, {j}" for i in range(225) for j in range(0, 225, 7)]
     out = Path(tempfile.mkdtemp(prefix="position-probe-"))
+    atexit.register(shutil.rmtree, out, True)
     build_tiny_qwen2_5_vl(
         out,
         corpus,
