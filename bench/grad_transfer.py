@@ -77,16 +77,27 @@ def capture(configs: list[str], flags: list[str], work: Path) -> list[torch.Tens
     return cap.grads
 
 
-def cos(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float(torch.nn.functional.cosine_similarity(a, b, dim=0))
+def cosines(a: list[torch.Tensor], b: list[torch.Tensor]) -> torch.Tensor:
+    """The matrix of cosines between the gradients of ``a`` (rows) and of ``b`` (columns)."""
+    unit = [torch.nn.functional.normalize(torch.stack(x).double(), dim=1) for x in (a, b)]
+    return unit[0] @ unit[1].T
 
 
-def stats(xs: list[float]) -> dict[str, float]:
-    if not xs:
+def stats(xs: torch.Tensor) -> dict[str, float]:
+    if xs.numel() == 0:
         return {"n": 0}
-    m = sum(xs) / len(xs)
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / max(len(xs) - 1, 1))
-    return {"n": len(xs), "mean": m, "sd": sd, "min": min(xs), "max": max(xs)}
+    return {
+        "n": xs.numel(),
+        "mean": float(xs.mean()),
+        "sd": float(xs.std()) if xs.numel() > 1 else 0.0,
+        "min": float(xs.min()),
+        "max": float(xs.max()),
+    }
+
+
+def off_diagonal(m: torch.Tensor) -> torch.Tensor:
+    """The entries above the diagonal of a square matrix (each pair of different scenes once)."""
+    return m[torch.triu_indices(*m.shape, offset=1).unbind()]
 
 
 def alignment(gs: list[torch.Tensor]) -> float:
@@ -149,16 +160,18 @@ def main() -> None:
         )
     n = a.scenes
     if len(rl) != 2 * n or len(sft) != n:
-        raise SystemExit(f"expected {2 * n} GRPO and {n} SFT steps, got {len(rl)} and {len(sft)}")
+        raise SystemExit(
+            f"expected {2 * n} GRPO and {n} SFT steps (one scene a step), got {len(rl)} and {len(sft)}: a fit stopped "
+            "early or skipped steps; its log is above"
+        )
     first, second = rl[:n], rl[n:]
-    live = [[g.norm() > 0 for g in first], [g.norm() > 0 for g in second]]
-    within = [cos(first[i], second[i]) for i in range(n) if live[0][i] and live[1][i]]
-    rl_one = [first[i] if live[0][i] else second[i] for i in range(n) if live[0][i] or live[1][i]]
-    idx = [i for i in range(n) if live[0][i] or live[1][i]]
-    cross = [cos(rl_one[x], rl_one[y]) for x in range(len(idx)) for y in range(x + 1, len(idx))]
-    sft_cross = [cos(sft[i], sft[j]) for i in range(n) for j in range(i + 1, n)]
-    rl_vs_sft = [cos(rl_one[x], sft[i]) for x, i in enumerate(idx)]
-    rl_vs_sft_other = [cos(rl_one[x], sft[j]) for x, i in enumerate(idx) for j in range(n) if j != i]
+    live = [[bool(g.norm() > 0) for g in first], [bool(g.norm() > 0) for g in second]]
+    both = [i for i in range(n) if live[0][i] and live[1][i]]
+    idx = [i for i in range(n) if live[0][i] or live[1][i]]  # a scene with a gradient in at least one rollout
+    rl_one = [first[i] if live[0][i] else second[i] for i in idx]
+    within = cosines([first[i] for i in both], [second[i] for i in both]).diagonal()
+    rl_sft = cosines(rl_one, [sft[i] for i in idx])
+    other = ~torch.eye(len(idx), dtype=torch.bool)
     res = {
         "what": "cosines between per-scene gradients at fixed weights (bench/grad_transfer.py; a component diagnostic)",
         "checkpoint": a.ckpt,
@@ -167,10 +180,10 @@ def main() -> None:
         "temperature": a.temperature,
         "zero_gradient_rollouts": sum(not x for row in live for x in row),
         "grpo_within_scene": stats(within),
-        "grpo_cross_scene": stats(cross),
-        "sft_cross_scene": stats(sft_cross),
-        "grpo_vs_sft_same_scene": stats(rl_vs_sft),
-        "grpo_vs_sft_other_scene": stats(rl_vs_sft_other),
+        "grpo_cross_scene": stats(off_diagonal(cosines(rl_one, rl_one))),
+        "sft_cross_scene": stats(off_diagonal(cosines(sft, sft))),
+        "grpo_vs_sft_same_scene": stats(rl_sft.diagonal()),
+        "grpo_vs_sft_other_scene": stats(rl_sft[other]),
         "alignment": {
             "grpo": alignment(rl_one),
             "sft": alignment(sft),

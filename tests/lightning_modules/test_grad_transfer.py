@@ -27,6 +27,17 @@ def test_signal_fraction_recovers_the_shared_share():
     assert abs(gt.alignment([torch.randn(d, generator=gen) for _ in range(64)]) - 1 / 8) < 0.03
 
 
+def test_cosines_and_pairs():
+    gen = torch.Generator().manual_seed(1)
+    a = [torch.randn(50, generator=gen) for _ in range(4)]
+    m = gt.cosines(a, a)
+    want = torch.nn.functional.cosine_similarity(a[1], a[3], dim=0)
+    assert torch.isclose(m[1, 3].float(), want, atol=1e-6) and torch.allclose(
+        m.diagonal(), torch.ones(4, dtype=m.dtype)
+    )
+    assert gt.off_diagonal(m).tolist() == [m[i, j].item() for i in range(4) for j in range(i + 1, 4)]
+
+
 def test_capture_keeps_one_gradient_a_step(tmp_path):
     flags = [
         f"--model.init_args.policy.model_name_or_path={REPO / 'checkpoints/toy-qwen2.5-vl'}",
