@@ -500,6 +500,17 @@ def summary_table(runs: Sequence[Run], metric: str = "acc50") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def method_plugin(r: Run) -> str:
+    """The run's method plug-in by module name: ``syn_grpo`` for ``model.init_args.method`` =
+    ``{class_path: lightning_modules.methods.syn_grpo.SynGRPO, ...}`` (today's hparams), or the older flat string
+    (``method: grpo``); ``syn_grpo`` when the run logged none (the default method)."""
+    method = r.hparam("method", "syn_grpo")
+    if isinstance(method, Mapping):
+        path = str(method.get("class_path", ""))
+        return path.rsplit(".", 2)[-2] if path.count(".") >= 2 else path.lower() or "syn_grpo"
+    return str(method)
+
+
 def beta_table(
     runs: Sequence[Run], metric: str = "acc50", include: Callable[[Run], bool] | None = None
 ) -> pd.DataFrame:
@@ -509,7 +520,7 @@ def beta_table(
     ``diversity_beta`` hparam that it never uses)."""
 
     def default_include(r: Run) -> bool:
-        if r.hparam("method", "syn_grpo") != "syn_grpo":  # a GRPO-method baseline: no diversity reward
+        if method_plugin(r) != "syn_grpo":  # a GRPO-method baseline: no diversity reward
             return False
         return float(r.hparam("diversity_weight", 1.0) or 0.0) != 0.0
 
@@ -528,11 +539,19 @@ def beta_table(
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def _colours(runs: Sequence[Run]) -> dict[str, Any]:
+def _palette(n: int) -> Callable[[int], Any]:
+    """Distinct colours for ``n`` lines: tab10 up to 10, tab20 up to 20 (a study's 11 rows would repeat tab10's
+    first colour), then cycling."""
     from matplotlib import colormaps
 
-    cmap = colormaps["tab10"]
-    return {r.label: cmap(i % 10) for i, r in enumerate(runs)}
+    size = 10 if n <= 10 else 20
+    cmap = colormaps[f"tab{size}"]
+    return lambda i: cmap(i % size)
+
+
+def _colours(runs: Sequence[Run]) -> dict[str, Any]:
+    colour = _palette(len(runs))
+    return {r.label: colour(i) for i, r in enumerate(runs)}
 
 
 def _grid(n: int, ncols: int = 2, size: tuple[float, float] = (5.0, 3.4)) -> tuple[Figure, list[Any]]:
@@ -641,9 +660,7 @@ def plot_collapse_by_method(
         for n, group in lengths.items():
             groups[name if len(lengths) == 1 else f"{name}, {n} {x}s"] = group
     fig, axes = _grid(len(keys))
-    from matplotlib import colormaps
-
-    cmap = colormaps["tab10"]
+    colour = _palette(len(groups))
     for ax, (key, label) in zip(axes, keys.items()):
         for i, (name, group) in enumerate(groups.items()):
             tables = [getattr(r, frame) for r in group]
@@ -653,7 +670,7 @@ def plot_collapse_by_method(
             both = pd.concat([f.assign(_run=j) for j, f in enumerate(frames)])
             stats = both.groupby(x)[key].agg(["mean", "min", "max", "count"]).reset_index()
             stats = stats[stats["count"] == len(frames)]  # only steps that every run of the group has
-            c = cmap(i % 10)
+            c = colour(i)
             ax.plot(
                 stats[x],
                 ema(stats["mean"], smooth),

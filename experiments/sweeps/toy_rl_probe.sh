@@ -5,6 +5,8 @@
 #   bash experiments/sweeps/toy_rl_probe.sh OUT_DIR [STEPS] [ACCEL]     (STEPS 64 prompts-of-16 steps; ACCEL gpu|cpu)
 #   START=path: another starting checkpoint than checkpoints/toy-qwen2.5-vl (policy and reference)
 #   ONLY="name ...": only these variants; EXTRA=flags appended to every fit (e.g. --trainer.max_time=00:00:07:00)
+#   RESUME=1: continue each fit from its run folder's last.ckpt (a second device call on the same warm machine; give
+#     EXTRA a larger max_time: the Timer's elapsed time is restored); NOEVAL=1: fit only, no export or yardstick
 # Variants: NAME|overlay configs|flags (see the list below). Each run trains on fresh scenes seen once.
 set -u
 PY=${PY:-python}
@@ -54,16 +56,36 @@ VARIANTS=(
   "sft_toy_s2|$SFT|--model.init_args.target=toy_grounded --model.init_args.prompt_template=toy --seed_everything=2 --data.init_args.seed=2"
   "syn_t07_g12_s1|-|--model.init_args.sampling.temperature=0.7 --model.init_args.sampling.group_size=12 --data.init_args.batch_size=8 --seed_everything=1 --data.init_args.seed=1"
   "syn_t07_g12_s2|-|--model.init_args.sampling.temperature=0.7 --model.init_args.sampling.group_size=12 --data.init_args.batch_size=8 --seed_everything=2 --data.init_args.seed=2"
+  # 2026-12-06 (session 29): the "far more scenes" lever; 32 prompts a step (4x the G 12 probe's), over two calls
+  # (micro-batches of 96 completions: the same update as 12s, fewer launches on the GPU)
+  "grpo_long|$GRPO|--model.init_args.sampling.temperature=0.7 --model.init_args.sampling.group_size=12 --data.init_args.batch_size=32 --model.init_args.engines.micro_batch_size=96"
+  "grpo_long_s1|$GRPO|--model.init_args.sampling.temperature=0.7 --model.init_args.sampling.group_size=12 --data.init_args.batch_size=32 --seed_everything=1 --data.init_args.seed=1 --model.init_args.engines.micro_batch_size=96"
+  "grpo_long_s2|$GRPO|--model.init_args.sampling.temperature=0.7 --model.init_args.sampling.group_size=12 --data.init_args.batch_size=32 --seed_everything=2 --data.init_args.seed=2 --model.init_args.engines.micro_batch_size=96"
+  "syn_long|-|--model.init_args.sampling.temperature=0.7 --model.init_args.sampling.group_size=12 --data.init_args.batch_size=32 --model.init_args.engines.micro_batch_size=96"
+  "syn_long_s1|-|--model.init_args.sampling.temperature=0.7 --model.init_args.sampling.group_size=12 --data.init_args.batch_size=32 --seed_everything=1 --data.init_args.seed=1 --model.init_args.engines.micro_batch_size=96"
+  "syn_long_s2|-|--model.init_args.sampling.temperature=0.7 --model.init_args.sampling.group_size=12 --data.init_args.batch_size=32 --seed_everything=2 --data.init_args.seed=2 --model.init_args.engines.micro_batch_size=96"
+  "sft_long_toy|$SFT|--model.init_args.target=toy_grounded --model.init_args.prompt_template=toy --data.init_args.batch_size=32"
+  "sft_long_toy_s1|$SFT|--model.init_args.target=toy_grounded --model.init_args.prompt_template=toy --data.init_args.batch_size=32 --seed_everything=1 --data.init_args.seed=1"
+  "sft_long_toy_s2|$SFT|--model.init_args.target=toy_grounded --model.init_args.prompt_template=toy --data.init_args.batch_size=32 --seed_everything=2 --data.init_args.seed=2"
 )
 run_one() {
   local name=$1 cfg=$2 flags=$3 tmpl=vlm_r1 ckpt
-  case $name in *toy|syn_*) tmpl=toy;; esac
+  # the toy prompt for the runs trained with it (Syn-GRPO, the SFT control) and its start; VLM-R1's for GRPO
+  # (until 2026-12-06 a name pattern missed sft_toy_s1 / _s2, which probe 6 read with VLM-R1's prompt)
+  if [[ $name == start_toy || $name == syn_* || $flags == *prompt_template=toy* ]]; then tmpl=toy; fi
   if [[ $name == start_* ]]; then
     $PY bench/toy_yardstick.py "$START" --template $tmpl --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1
     return
   fi
   [ "$cfg" = "-" ] && cfg=""
-  rm -rf "outputs/probe_${name}" outputs/probe_"${name}"-*   # an earlier probe's run of this variant (its START may differ)
+  local resume=""
+  if [ -n "${RESUME:-}" ]; then
+    ckpt=$(ls -d outputs/probe_${name}/checkpoints/last.ckpt outputs/probe_${name}-*/checkpoints/last.ckpt 2>/dev/null | head -1)
+    [ -n "$ckpt" ] || { echo "$name: RESUME=1 but no last.ckpt under outputs/probe_${name}*"; return; }
+    resume="--ckpt_path $ckpt"
+  else
+    rm -rf "outputs/probe_${name}" outputs/probe_"${name}"-*   # an earlier probe's run of this variant (its START may differ)
+  fi
   local b=$BATCH eng=$ENG; [[ $flags =~ batch_size=([0-9]+) ]] && b=${BASH_REMATCH[1]}
   [[ $name == sft* ]] && eng=""   # SFT has no rollout engine
   local steps=$((N / b))
@@ -73,10 +95,11 @@ run_one() {
     --data.init_args.data_root="/tmp/probe_data_$name" "--data.init_args.toy.splits={\"train\": $N, \"val\": 16, \"ood\": 16}" \
     --data.init_args.batch_size=$b --trainer.max_epochs=1 --trainer.limit_val_batches=0 \
     --trainer.logger=false --trainer.enable_progress_bar=false --callbacks.gallery=null --callbacks.completions=null \
-    --callbacks.checkpoint.init_args.every_n_train_steps=null --callbacks.checkpoint.init_args.every_n_epochs=1 $flags ${EXTRA:-} > "$OUT/$name.log" 2>&1 || { echo "$name fit failed"; return; }
+    --callbacks.checkpoint.init_args.every_n_train_steps=null --callbacks.checkpoint.init_args.every_n_epochs=1 $flags ${EXTRA:-} $resume >> "$OUT/$name.log" 2>&1 || { echo "$name fit failed"; return; }
   # the run folder is outputs/probe_<name> or outputs/probe_<name>-<method>; never a longer variant's (probe_<name>_kl0)
   ckpt=$(ls -d outputs/probe_${name}/checkpoints/last.ckpt outputs/probe_${name}-*/checkpoints/last.ckpt 2>/dev/null | head -1)
   cp "$(dirname "$ckpt")/../metrics.jsonl" "$OUT/${name}_metrics.jsonl" 2>/dev/null
+  [ -n "${NOEVAL:-}" ] && return
   # shellcheck disable=SC2086
   $PY train.py export --config $BASE $cfg --ckpt_path "$ckpt" --out "/tmp/probe_export_$name" >> "$OUT/$name.log" 2>&1 \
     || { echo "$name export failed"; return; }

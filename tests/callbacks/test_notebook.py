@@ -139,6 +139,16 @@ def test_beta_ablation_reads_hparams_and_skips_grpo_baselines():
     assert (
         A.Run(name="x", hparams={"model.init_args.method.init_args.diversity_beta": 0.5}).beta == 0.5
     )  # W&B sweep config
+    # today's hparams: the method is a plug-in block; a study of GRPO and Syn-GRPO rows keeps only the Syn-GRPO ones
+    plugin = {
+        "syn": {"class_path": "lightning_modules.methods.syn_grpo.SynGRPO", "init_args": {"diversity_beta": 0.3}},
+        "grpo": {"class_path": "lightning_modules.methods.grpo.GRPO", "init_args": {"diversity_beta": 0.7}},
+    }
+    runs = [run("s3", 0.3, 1.0, 0.5), run("g7", 0.7, 1.0, 0.1)]
+    runs[0].hparams = {"method": plugin["syn"]}
+    runs[1].hparams = {"method": plugin["grpo"]}
+    assert [A.method_plugin(r) for r in runs] == ["syn_grpo", "grpo"]
+    assert A.beta_table(runs)[["beta", "acc50"]].values.tolist() == [[0.3, 0.5]]
 
 
 @pytest.mark.parametrize("spec,expected", [("a.jsonl,b", ["a.jsonl", "b"]), (" a \n b ", ["a", "b"]), (None, [])])

@@ -536,6 +536,15 @@ def test_smoke_study_end_to_end(tmp_path):
     assert A.save_figure(fig, tmp_path / "fig", "collapse_by_method").stat().st_size > 1000
 
 
+def test_a_study_of_eleven_methods_gets_eleven_colours():
+    """Table 1's study has 11 methods: tab10 gave the 11th GRPO's colour; every line of up to 20 has its own."""
+    import analysis as A
+
+    for n in (3, 11, 20):
+        colour = A._palette(n)
+        assert len({colour(i) for i in range(n)}) == n
+
+
 # Each study's own fit command line of one row, two real steps. The default suite runs the rows whose overrides take a
 # path no other test takes (the crowded mix, the step-back rule, the doubled clips, in-step evolution, the long runs'
 # batch, the no-target group size); the others are `slow` (`make test-slow`): their command lines are still parsed in
