@@ -202,5 +202,7 @@ def test_offline_sweep_of_five_points_two_at_a_time_feeds_the_notebook(tmp_path)
     runs = A.load_runs(str(out))
     assert len(runs) == 5 and len({r.label for r in runs}) == 5
     assert sorted(r.beta for r in runs) == [0.1, 0.3, 0.5, 0.7, 0.9]
+    table = A.beta_table(runs)  # every point is a Syn-GRPO run: each has its final validation in the ablation
+    assert sorted(set(table["beta"])) == [0.1, 0.3, 0.5, 0.7, 0.9] and table["acc50"].notna().all()
     fig = A.plot_beta_ablation(runs)
     assert A.save_figure(fig, tmp_path / "fig", "beta").stat().st_size > 1000
