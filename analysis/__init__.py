@@ -506,8 +506,8 @@ def method_plugin(r: Run) -> str:
     (``method: grpo``); ``syn_grpo`` when the run logged none (the default method)."""
     method = r.hparam("method", "syn_grpo")
     if isinstance(method, Mapping):
-        path = str(method.get("class_path", ""))
-        return path.rsplit(".", 2)[-2] if path.count(".") >= 2 else path.lower() or "syn_grpo"
+        module = str(method.get("class_path", "")).rpartition(".")[0]
+        return module.rpartition(".")[2] or "syn_grpo"
     return str(method)
 
 
