@@ -68,6 +68,11 @@ VARIANTS=(
   "sft_long_toy_s1|$SFT|--model.init_args.target=toy_grounded --model.init_args.prompt_template=toy --data.init_args.batch_size=32 --seed_everything=1 --data.init_args.seed=1"
   "sft_long_toy_s2|$SFT|--model.init_args.target=toy_grounded --model.init_args.prompt_template=toy --data.init_args.batch_size=32 --seed_everything=2 --data.init_args.seed=2"
 )
+# a variant's last.ckpt: its run folder is outputs/probe_<name> or outputs/probe_<name>-<method>, never a longer
+# variant's (probe_<name>_kl0)
+last_ckpt() {
+  ls -d outputs/probe_$1/checkpoints/last.ckpt outputs/probe_$1-*/checkpoints/last.ckpt 2>/dev/null | head -1
+}
 run_one() {
   local name=$1 cfg=$2 flags=$3 tmpl=vlm_r1 ckpt
   # the toy prompt for the runs trained with it (Syn-GRPO, the SFT control) and its start; VLM-R1's for GRPO
@@ -80,11 +85,12 @@ run_one() {
   [ "$cfg" = "-" ] && cfg=""
   local resume=""
   if [ -n "${RESUME:-}" ]; then
-    ckpt=$(ls -d outputs/probe_${name}/checkpoints/last.ckpt outputs/probe_${name}-*/checkpoints/last.ckpt 2>/dev/null | head -1)
+    ckpt=$(last_ckpt "$name")
     [ -n "$ckpt" ] || { echo "$name: RESUME=1 but no last.ckpt under outputs/probe_${name}*"; return; }
     resume="--ckpt_path $ckpt"
   else
     rm -rf "outputs/probe_${name}" outputs/probe_"${name}"-*   # an earlier probe's run of this variant (its START may differ)
+    : > "$OUT/$name.log"   # a resumed fit appends to its first call's log; a new one starts its own
   fi
   local b=$BATCH eng=$ENG; [[ $flags =~ batch_size=([0-9]+) ]] && b=${BASH_REMATCH[1]}
   [[ $name == sft* ]] && eng=""   # SFT has no rollout engine
@@ -96,8 +102,7 @@ run_one() {
     --data.init_args.batch_size=$b --trainer.max_epochs=1 --trainer.limit_val_batches=0 \
     --trainer.logger=false --trainer.enable_progress_bar=false --callbacks.gallery=null --callbacks.completions=null \
     --callbacks.checkpoint.init_args.every_n_train_steps=null --callbacks.checkpoint.init_args.every_n_epochs=1 $flags ${EXTRA:-} $resume >> "$OUT/$name.log" 2>&1 || { echo "$name fit failed"; return; }
-  # the run folder is outputs/probe_<name> or outputs/probe_<name>-<method>; never a longer variant's (probe_<name>_kl0)
-  ckpt=$(ls -d outputs/probe_${name}/checkpoints/last.ckpt outputs/probe_${name}-*/checkpoints/last.ckpt 2>/dev/null | head -1)
+  ckpt=$(last_ckpt "$name")
   cp "$(dirname "$ckpt")/../metrics.jsonl" "$OUT/${name}_metrics.jsonl" 2>/dev/null
   [ -n "${NOEVAL:-}" ] && return
   # shellcheck disable=SC2086
