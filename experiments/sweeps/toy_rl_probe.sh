@@ -86,7 +86,7 @@ run_one() {
   local resume=""
   if [ -n "${RESUME:-}" ]; then
     ckpt=$(last_ckpt "$name")
-    [ -n "$ckpt" ] || { echo "$name: RESUME=1 but no last.ckpt under outputs/probe_${name}*"; return; }
+    [ -n "$ckpt" ] || { echo "$name: RESUME=1 but no last.ckpt under outputs/probe_${name}*: run it once without RESUME (on a device, in the same warm machine's session), then resume"; return; }
     resume="--ckpt_path $ckpt"
   else
     rm -rf "outputs/probe_${name}" outputs/probe_"${name}"-*   # an earlier probe's run of this variant (its START may differ)
