@@ -65,7 +65,8 @@ CLIENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 """Client ids name the client's output folder, so they are restricted to a safe character set, 1 to 64 characters."""
 
 ADMIN_CLIENT = "admin"
-"""The client id of jobs the admin submits without ``?client=``."""
+"""The client id of jobs the admin submits without ``?client=``. Reserved: no client token names it (one made by hand
+with the secret is refused when used), so no client reads or acknowledges the admin's own jobs."""
 
 
 def _client_mac(secret: str, client_id: str) -> str:
@@ -79,13 +80,18 @@ def client_token(secret: str, client_id: str) -> str:
     secret; a trainer that holds the secret derives its own."""
     if not re.fullmatch(CLIENT_ID_PATTERN, client_id):
         raise ValueError(f"client id {client_id!r} must match {CLIENT_ID_PATTERN} (letters, digits, '.', '_', '-')")
+    if client_id == ADMIN_CLIENT:
+        raise ValueError(
+            f"client id {ADMIN_CLIENT!r} is reserved for the admin's own jobs: choose another id "
+            "(the admin uses the server's secret itself)"
+        )
     return f"{client_id}.{_client_mac(secret, client_id)}"
 
 
 def verify_client_token(secret: str, token: str) -> str | None:
     """The client id a client token names, when its MAC is right under ``secret``; else None."""
     client_id, dot, mac = token.rpartition(".")
-    if not dot or not re.fullmatch(CLIENT_ID_PATTERN, client_id):
+    if not dot or not re.fullmatch(CLIENT_ID_PATTERN, client_id) or client_id == ADMIN_CLIENT:
         return None
     return client_id if hmac.compare_digest(mac.encode(), _client_mac(secret, client_id).encode()) else None
 
@@ -437,7 +443,8 @@ class Health(_Model):
     queue_depth: int
     queue_capacity: int
     counts: dict[str, int]
-    """Jobs held, by state."""
+    """Jobs held, by state: the caller's own (a client token, or the admin with ``?client=``), or every client's (the
+    admin). ``queue_depth`` and ``queue_capacity`` are the server's, which every client needs for back-pressure."""
     uptime_s: float
 
 

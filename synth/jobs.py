@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 import re
 import signal
+import stat
 import threading
 import time
 import uuid
@@ -33,6 +34,7 @@ from synth.api import (
     Timings,
     WorkerInfo,
 )
+from synth.beneath import LinkError, open_file, opened_dir, relative_parts, unlink_quietly
 from synth.config import ServerConfig
 from synth.inputs import ApiError, PreparedInput, file_identity, open_output
 
@@ -53,10 +55,31 @@ def temp_path(output_path: str, uid: str) -> str:
     return os.path.join(head, f".{name}.{uid}.tmp")
 
 
-def _unlink_quietly(path: str | None) -> None:
-    if path:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+def _unlink_below(output_dir: Path, path: str | None) -> None:
+    """Remove a file the server or a worker wrote below ``output_dir``, reaching it without following a link."""
+    parts = relative_parts(path, output_dir) if path else None
+    if not parts:
+        return
+    with contextlib.suppress(FileNotFoundError, LinkError), opened_dir(output_dir, parts[:-1]) as d:
+        unlink_quietly(d, parts[-1])
+
+
+def _publish(output_dir: Path, tmp_path: str, output_path: str) -> tuple[int, ...]:
+    """Rename a worker's audited temp file over ``output_path`` inside the client's folder, reached from
+    ``output_dir`` without following a link; returns the published file's identity (taken after the rename, which
+    sets its change time)."""
+    parts, tmp_parts = relative_parts(output_path, output_dir), relative_parts(tmp_path, output_dir)
+    if not parts or tmp_parts is None or tmp_parts[:-1] != parts[:-1]:
+        raise OSError(f"{output_path!r} and its temp file are not in one folder below {str(output_dir)!r}")
+    with opened_dir(output_dir, parts[:-1]) as d:
+        fd = open_file(d, tmp_parts[-1])
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(f"{tmp_path!r} is not a regular file")
+            os.replace(tmp_parts[-1], parts[-1], src_dir_fd=d, dst_dir_fd=d)
+            return file_identity(os.fstat(fd))
+        finally:
+            os.close(fd)
 
 
 @dataclass
@@ -79,7 +102,7 @@ class _Job:
     finished_at: float | None = None
     run_s: float | None = None
     paint_s: float | None = None
-    output_identity: tuple[int, int, int, int] | None = None
+    output_identity: tuple[int, ...] | None = None
     """``synth.inputs.file_identity`` of the output the server published: only that file is ever served."""
 
     @property
@@ -155,7 +178,7 @@ class JobManager:
         for folder in folders:
             for entry in os.scandir(folder):
                 if TEMP_NAME.match(entry.name) and entry.is_file(follow_symlinks=False):
-                    _unlink_quietly(entry.path)
+                    _unlink_below(self.output_dir, entry.path)
                     n += 1
         if n:
             log.warning("removed %d temp files left in %s by an earlier run", n, self.output_dir)
@@ -276,15 +299,14 @@ class JobManager:
         for r in results:
             job = self._by_uid.get(r["uid"])
             if job is None or job.state != JobState.running or self._jobs.get(job.key) is not job:
-                _unlink_quietly(r.get("tmp_path"))  # cancelled while running: its file must never replace another's
+                _unlink_below(self.output_dir, r.get("tmp_path"))  # cancelled while running: its file must never replace another's
                 continue
             job.run_s, job.paint_s, job.finished_at = r.get("run_s"), r.get("paint_s"), now
             if r["ok"]:
                 try:
-                    job.output_identity = file_identity(os.lstat(r["tmp_path"]))
-                    os.replace(r["tmp_path"], r["result"]["output_path"])
+                    job.output_identity = _publish(self.output_dir, r["tmp_path"], r["result"]["output_path"])
                 except OSError as e:
-                    _unlink_quietly(r.get("tmp_path"))
+                    _unlink_below(self.output_dir, r.get("tmp_path"))
                     job.error = f"could not publish the output {r['result']['output_path']!r}: {e}"
                     self._set_state(job, JobState.failed)
                 else:
@@ -318,7 +340,7 @@ class JobManager:
                     self._set_state(job, JobState.queued)
                     self._pending.appendleft(job.uid)
             for tmp in w.temps:  # a worker killed mid-write leaves a partial temp file
-                _unlink_quietly(tmp)
+                _unlink_below(self.output_dir, tmp)
             w.busy, w.busy_ids, w.temps, w.deadline, w.ready = [], [], [], None, False
             with contextlib.suppress(OSError):
                 w.conn.close()
@@ -419,12 +441,15 @@ class JobManager:
                             job_id=job.request.job_id,
                             image_path=inp.image_path,
                             image_identity=inp.image_identity,
+                            image_root=inp.image_root,
+                            image_parts=inp.image_parts,
                             image_bytes=inp.image_bytes,
                             boxes=inp.boxes,
                             description=job.request.description,
                             seed=job.request.seed,
                             canvas=job.request.canvas.model_dump(),
                             edit=None if job.request.edit is None else job.request.edit.model_dump(),
+                            output_dir=str(self.output_dir),
                             output_path=inp.output_path,
                             tmp_path=temp_path(inp.output_path, job.uid),
                             fsync=self.cfg.fsync_outputs,
@@ -522,7 +547,7 @@ class JobManager:
                 raise ApiError(409, f"job {job_id!r} is {job.state.value}, not done: it has no image")
             path, identity = job.result["output_path"], job.output_identity
         try:
-            return open_output(path, identity)
+            return open_output(self.output_dir, path, identity)
         except OSError as e:
             raise ApiError(410, f"the output of job {job_id!r} is no longer on disk as written: {e}") from e
 
@@ -589,9 +614,16 @@ class JobManager:
                 workers=workers,
                 queue_depth=self._counts[JobState.queued.value],
                 queue_capacity=self.cfg.max_queued,
-                counts={s.value: self._counts[s.value] for s in JobState},
+                counts=self._client_counts(client),
                 uptime_s=time.time() - self._started_at,
             )
+
+    def _client_counts(self, client: str | None) -> dict[str, int]:
+        """Jobs held by state: every client's (None, the admin's view), else only ``client``'s (caller holds the lock)."""
+        if client is None:
+            return {s.value: self._counts[s.value] for s in JobState}
+        counts = collections.Counter(job.state.value for (c, _), job in self._jobs.items() if c == client)
+        return {s.value: counts[s.value] for s in JobState}
 
     def _status(self, job: _Job) -> JobStatus:
         result = None

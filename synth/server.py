@@ -390,10 +390,10 @@ def create_app(cfg: ServerConfig, token: str | None, manager: JobManager | None 
     async def delete(request: Request, job_id: str = job_id_param, client: str | None = client_param):
         return manager.ack(namespace(request, client), job_id)
 
-    @app.get("/health", response_model=Health, responses=_error_responses(401, 405))
-    async def health(request: Request):
+    @app.get("/health", response_model=Health, responses=_error_responses(401, 403, 405, 422))
+    async def health(request: Request, client: str | None = client_param):
         caller: Caller = request.state.caller
-        return manager.health(None if caller.admin else caller.client)
+        return manager.health(None if caller.admin and client is None else namespace(request, client))
 
     def openapi() -> dict:
         if app.openapi_schema is None:

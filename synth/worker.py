@@ -38,6 +38,7 @@ from synth.compose import (
     place_image,
 )
 from synth.foreground import build_masker, keep_mask, keep_masks, load_masker
+from synth.beneath import open_file, opened_dir, relative_parts, unlink_quietly
 from synth.inputs import open_input
 from synth.painters import PaintJob, build_painter
 
@@ -123,7 +124,7 @@ def _load_image(item: dict[str, Any]) -> Image.Image:
     if item.get("image_bytes") is not None:
         source = contextlib.nullcontext(io.BytesIO(item["image_bytes"]))
     else:
-        source = open_input(item["image_path"], item.get("image_identity"))
+        source = open_input(item["image_root"], item["image_parts"], item.get("image_identity"))
     with source as fh:
         image = Image.open(fh)
         image.load()
@@ -380,29 +381,41 @@ def _write_audited(
     # A temp file next to the output (the path the server chose), read back and audited. The server renames it over
     # the output (os.replace is atomic on POSIX) only if the job is still wanted when the result arrives, so a job
     # cancelled while it ran can never replace a newer job's file; a reader never sees a partial or unaudited file.
+    # Both are written below output_dir without following a link (synth.beneath): the client's folder is opened one
+    # component at a time from a descriptor of output_dir, and the temp file is created, read back and removed
+    # relative to it, so a link put in the folder's place is never written through.
     out_path, tmp = item["output_path"], item["tmp_path"]
-    if item.get("image_path") and os.path.exists(out_path) and os.path.samefile(out_path, item["image_path"]):
-        return _failure(item, f"refusing to overwrite the input image {item['image_path']}")
-    os.makedirs(os.path.dirname(out_path), exist_ok=True)
-    written = False
-    try:
-        with open(tmp, "wb") as f:
-            Image.fromarray(final, "RGB").save(f, format="PNG", compress_level=1)
-            if item.get("fsync"):
+    folder = relative_parts(os.path.dirname(out_path), item["output_dir"])
+    if folder is None:
+        return _failure(item, f"the output {out_path!r} is not below the server's output_dir {item['output_dir']!r}")
+    out_name, tmp_name = os.path.basename(out_path), os.path.basename(tmp)
+    with opened_dir(item["output_dir"], folder, create=True) as d:
+        identity = item.get("image_identity")
+        if identity is not None:
+            with contextlib.suppress(FileNotFoundError):
+                st = os.stat(out_name, dir_fd=d, follow_symlinks=False)
+                if (st.st_dev, st.st_ino) == tuple(identity):
+                    return _failure(item, f"refusing to overwrite the input image {item['image_path']}")
+        written = False
+        try:
+            with os.fdopen(open_file(d, tmp_name, os.O_RDWR | os.O_CREAT | os.O_TRUNC), "w+b") as f:
+                Image.fromarray(final, "RGB").save(f, format="PNG", compress_level=1)
                 f.flush()
-                os.fsync(f.fileno())
-        with Image.open(tmp) as on_file:
-            on_disk = np.asarray(on_file.convert("RGB"), dtype=np.uint8)
-        if out_boxes:
-            audit = audit_result(on_disk, reference, keep, out_boxes, width, height)
-        else:  # a box-less instruction edit: the whole file is checked against what the edit produced
-            audit = _whole_image_audit(on_disk, final, width, height)
-        if not audit.passed:
-            return dict(_failure(item, f"audit failed: {audit.message}"), audit=_audit_dict(audit))
-        written = True
-    finally:
-        if not written and os.path.exists(tmp):
-            os.unlink(tmp)
+                if item.get("fsync"):
+                    os.fsync(f.fileno())
+                f.seek(0)
+                with Image.open(f) as on_file:
+                    on_disk = np.asarray(on_file.convert("RGB"), dtype=np.uint8)
+            if out_boxes:
+                audit = audit_result(on_disk, reference, keep, out_boxes, width, height)
+            else:  # a box-less instruction edit: the whole file is checked against what the edit produced
+                audit = _whole_image_audit(on_disk, final, width, height)
+            if not audit.passed:
+                return dict(_failure(item, f"audit failed: {audit.message}"), audit=_audit_dict(audit))
+            written = True
+        finally:
+            if not written:
+                unlink_quietly(d, tmp_name)
     result = dict(
         output_path=out_path,
         width=width,

@@ -511,6 +511,7 @@ def test_zoomed_version_through_the_data_server_worker_and_its_audit(tmp_path):
     lie["objects"][0]["colour"] = next(c for c in grammar.OBJECT_COLOURS if c != lie["objects"][0]["colour"])
     item = dict(
         uid="u", job_id="j", image_path=str(tmp_path / f"{rec['id']}.png"), image_bytes=None,
+        image_root=str(tmp_path), image_parts=(f"{rec['id']}.png",), output_dir=str(tmp_path),
         boxes=[[float(v) for v in rec["meta"]["objects"][0]["box"]]], description="", seed=0, canvas={},
         output_path=str(tmp_path / "lie.png"), tmp_path=str(tmp_path / ".lie.tmp"),
         edit={"steps": [json.loads(ev.job_json(j)) for j in out.jobs], "scene": lie},
@@ -567,6 +568,7 @@ def _through_the_data_server_worker(rec: dict, jobs: list[dict], out_dir) -> tup
     target = rec["meta"]["objects"][toy_scene.target_index(rec["meta"])]["box"]
     item = dict(
         uid="u", job_id="j", image_path=str(src), image_bytes=None, boxes=[[float(v) for v in target]],
+        image_root=str(out_dir), image_parts=(src.name,), output_dir=str(out_dir),
         description="", seed=0, canvas={}, output_path=str(out_dir / "out.png"), tmp_path=str(out_dir / ".out.tmp"),
         edit={"steps": [json.loads(ev.job_json(j)) for j in jobs], "scene": json.loads(json.dumps(rec["meta"]))},
     )  # fmt: skip

@@ -181,6 +181,7 @@ def test_the_worker_masks_a_batch_in_one_call_and_a_failing_image_costs_only_its
         boxes = make_image(path, 64, 48, i)[:1]
         items.append(
             dict(uid=f"u{i}", job_id=f"j{i}", image_path=str(path), image_bytes=None, boxes=boxes,
+                 image_root=str(tmp_path), image_parts=(path.name,), output_dir=str(tmp_path),
                  description="a plain white background", seed=i, canvas={"extend": 0.25 * i},
                  output_path=str(tmp_path / f"out{i}.png"), tmp_path=str(tmp_path / f".out{i}.tmp"))
         )  # fmt: skip
