@@ -299,7 +299,9 @@ class JobManager:
         for r in results:
             job = self._by_uid.get(r["uid"])
             if job is None or job.state != JobState.running or self._jobs.get(job.key) is not job:
-                _unlink_below(self.output_dir, r.get("tmp_path"))  # cancelled while running: its file must never replace another's
+                _unlink_below(
+                    self.output_dir, r.get("tmp_path")
+                )  # cancelled while running: its file must never replace another's
                 continue
             job.run_s, job.paint_s, job.finished_at = r.get("run_s"), r.get("paint_s"), now
             if r["ok"]:

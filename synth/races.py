@@ -111,7 +111,12 @@ def _is_outside(png: bytes) -> bool:
 
 
 def race(
-    client: SynthClient, root: Path, kind: str = "folder", jobs: int = 300, seconds: float | None = None, batch: int = 16
+    client: SynthClient,
+    root: Path,
+    kind: str = "folder",
+    jobs: int = 300,
+    seconds: float | None = None,
+    batch: int = 16,
 ) -> RaceReport:
     """Submit jobs naming ``root/d/img.png`` while the folder ``d`` (``kind='folder'``) or the file itself
     (``kind='file'``) is swapped again and again with a link to the outside copy; stop after ``jobs`` jobs, or after

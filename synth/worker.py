@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from synth.beneath import open_file, opened_dir, relative_parts, unlink_quietly
 from synth.compose import (
     Audit,
     CanvasGeometry,
@@ -38,7 +39,6 @@ from synth.compose import (
     place_image,
 )
 from synth.foreground import build_masker, keep_mask, keep_masks, load_masker
-from synth.beneath import open_file, opened_dir, relative_parts, unlink_quietly
 from synth.inputs import open_input
 from synth.painters import PaintJob, build_painter
 

@@ -55,7 +55,9 @@ def test_a_linked_client_folder_is_never_written_through(world):
     (out / "c1").symlink_to(victim_dir, target_is_directory=True)
     before = _tree(victim_dir)
     with world["server"].client(client_id="c1") as c:
-        req = JobRequest(job_id="victim", sample_id="v", image={"path": "d/img.png"}, boxes=[[0, 0, 8, 8]], description="")
+        req = JobRequest(
+            job_id="victim", sample_id="v", image={"path": "d/img.png"}, boxes=[[0, 0, 8, 8]], description=""
+        )
         with pytest.raises(SynthError) as e:
             c.submit(req)
     assert e.value.status_code == 409 and "symbolic link" in e.value.detail
@@ -93,7 +95,9 @@ def test_the_admin_client_id_is_reserved(world):
 
 def test_an_output_rewritten_in_place_is_not_served(world):
     with world["server"].client(client_id="rewriter") as c:
-        c.submit(JobRequest(job_id="w", sample_id="w", image={"path": "d/img.png"}, boxes=[[0, 0, 8, 8]], description=""))
+        c.submit(
+            JobRequest(job_id="w", sample_id="w", image={"path": "d/img.png"}, boxes=[[0, 0, 8, 8]], description="")
+        )
         path = Path(c.wait(["w"], timeout=30)["w"].result.output_path)
         st = path.stat()
         data = bytearray(path.read_bytes())
@@ -109,9 +113,13 @@ def test_an_output_rewritten_in_place_is_not_served(world):
 def test_health_takes_client_and_shows_a_client_only_its_own_jobs(world):
     server = world["server"]
     with server.client(client_id="h1") as c:
-        c.submit(JobRequest(job_id="x", sample_id="x", image={"path": "d/img.png"}, boxes=[[0, 0, 8, 8]], description=""))
+        c.submit(
+            JobRequest(job_id="x", sample_id="x", image={"path": "d/img.png"}, boxes=[[0, 0, 8, 8]], description="")
+        )
         c.wait(["x"], timeout=30)
-    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {client_token(server.token, 'h2')}"}) as h:
+    with httpx.Client(
+        base_url=server.url, headers={"Authorization": f"Bearer {client_token(server.token, 'h2')}"}
+    ) as h:
         r = h.get("/health", params={"client": "h2"})
         assert r.status_code == 200 and sum(r.json()["counts"].values()) == 0
         assert h.get("/health", params={"client": "h1"}).status_code == 403
