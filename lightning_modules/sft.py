@@ -31,7 +31,7 @@ from lightning_modules.engines.base import build_rollout_engine, rollout
 from lightning_modules.evaluation.evaluator import Evaluator, eval_set_name, format_for_template, greedy_answers
 from lightning_modules.methods.cycle_masks import MaskSFT, MaskSFTSpec
 from lightning_modules.models.loading import PolicyArgs, as_group, load_policy, prepare_policy
-from lightning_modules.models.prompts import CHAT_TEMPLATE, PROMPT_TEMPLATES, build_prompt_text
+from lightning_modules.models.prompts import CHAT_TEMPLATE, PROMPT_TEMPLATES, build_prompt_text, question_text
 from lightning_modules.models.qwen_vl import box_frame, box_frame_wh, model_input_size, model_inputs, processor_inputs
 from lightning_modules.models.tiny_model import build_tiny_qwen2_5_vl
 
@@ -271,7 +271,7 @@ class SFTModule(L.LightningModule):
         texts += [t for name in TOKENIZER_TEMPLATES for t in PROMPT_TEMPLATES[name].values()]
         size = self.tiny_spec.image_size
         for s in dm.train_samples(self.tiny_spec.corpus_samples):
-            texts.append(PROMPT_TEMPLATES[self.template_for(s)][s.task].format(query=s.query))
+            texts.append(question_text(s.query, task=s.task, template=self.template_for(s)))
             texts.append(self.target_for(s, (size, size)))
         return texts + list(self.tiny_spec.extra_corpus)
 

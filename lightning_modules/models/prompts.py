@@ -108,6 +108,26 @@ PROMPT_TEMPLATES = {
 }
 
 
+# The instructions a template may put before its query. A released row can carry one already: VLM-R1's REC JSONL asks
+# "<image>Please provide the bounding box coordinate of the region this sentence describes: the man on the left."
+_INSTRUCTIONS = (REC_QUESTION, OVD_QUESTION)
+
+
+def question_text(query: str, *, task: str = "rec", template: str = "syn_grpo") -> str:
+    """The text of the user turn: ``query`` in the named template.
+
+    A template states its instruction once. A query that already begins with the template's instruction (a released
+    row's own question) is kept as it is, followed only by what the template adds after the instruction (the answer
+    format), as VLM-R1's ``get_question_template`` does ("{Question} First output the thinking process ..."). A bare
+    query (the toy world's rows) gets the whole template."""
+    spec = PROMPT_TEMPLATES[template][task]
+    for instruction in _INSTRUCTIONS:
+        lead = instruction.split("{query}")[0]
+        if spec.startswith(instruction) and query.startswith(lead):
+            return query + spec[len(instruction) :]
+    return spec.format(query=query)
+
+
 def build_prompt_text(
     processor, query: str, *, task: str = "rec", template: str = "syn_grpo", video: bool = False
 ) -> str:
@@ -120,7 +140,7 @@ def build_prompt_text(
         raise ValueError(
             f"--model.sampling.prompt_template must be one of {sorted(PROMPT_TEMPLATES)}; got {template!r}"
         )
-    question = PROMPT_TEMPLATES[template][task].format(query=query)
+    question = question_text(query, task=task, template=template)
 
     def render(kind: str) -> str:
         messages = [{"role": "user", "content": [{"type": kind}, {"type": "text", "text": question}]}]
