@@ -28,6 +28,13 @@ kept). The release trains on one target per row, drawn at random each time a row
 dropped (``sample_single_target_from_multi_target(..., max_targets=1)``); `row_sample(row, target=i)` picks target
 ``i`` the same way.
 
+The row's own prompts, as the repository shows them (``verl/utils/dataset.py``, with the release script's
+``non_thinking.jinja``, which only trims): ``meta["row_caption_question"]``, a region row's captioning prompt for
+the kept targets (`caption_question`: ``sample_single_target_from_multi_target`` rewrites ``cap_problem``'s first
+sentence to name those targets and drops the rest), and ``meta["row_question"]``, a no-target row's question (its
+``cap_problem``, asked as it is). `CycleGRPO` asks them as they are, with no template (docs/cycle_grpo.md, "The
+released prompts").
+
 Strict: a missing column, an unknown source, a row whose answer has no span (or, for ``gres_no_target``, is not
 "No target."), a span that the prompt does not show, or a missing / unreadable image raises ``DataError`` naming the
 file and row.
@@ -46,11 +53,28 @@ from PIL import Image
 from core.records import DataError, Sample
 from core.regions.mask_tokens import format_mask, parse_masks
 
-__all__ = ["REQUIRED_COLUMNS", "SOURCES", "CycleRow", "load_row_image", "read_cycle_parquet", "row_sample"]
+__all__ = [
+    "REQUIRED_COLUMNS",
+    "SOURCES",
+    "CycleRow",
+    "caption_question",
+    "load_row_image",
+    "read_cycle_parquet",
+    "row_sample",
+]
 
 REQUIRED_COLUMNS = ("images", "cap_problem", "seg_answer", "source")
 SOURCES = ("denseworld_multiple", "gres_no_target")
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+# The first sentence of a region row's captioning prompt, as the repository finds it (``sample_single_target_from_
+# multi_target``): the release's "Could you please give me ... regions? <spans>." (+ "Please respond with ...", up to a
+# zoom-in or the end), or "Provide a detailed description of this region <span>."
+_REGIONS_SENTENCE_RE = re.compile(
+    r"Could you please give me a detailed description of the following regions?\?\s*.*?\s*"
+    r"\.\s*(?:Please respond with interleaved segmentation masks.*?)?(?=\s*(?:Zoom in|$))",
+    re.DOTALL,
+)
+_REGION_SENTENCE_RE = re.compile(r"Provide a detailed description of this region\s*.*?\s*\.$", re.DOTALL)
 _NO_TARGET_RE = re.compile(r"^\s*no target\.?\s*$", re.IGNORECASE)
 
 
@@ -148,6 +172,18 @@ def read_cycle_parquet(
     return [_row(rec, root, f"{path} row {i}", f"{path.stem}-{i}") for i, rec in enumerate(rows)]
 
 
+def caption_question(row: CycleRow, codes: list[tuple[int, int]]) -> str | None:
+    """The captioning prompt the repository shows for ``row`` with its targets ``codes`` kept (one, as it trains, or
+    all): "Could you please give me a detailed description of the following region? <span>." ("regions", spans
+    ``, ``-joined, for several); None for a row whose prompt has no such first sentence (the repository keeps that
+    prompt whole, with its extra images, which a `Sample` cannot show)."""
+    if not codes or not (_REGIONS_SENTENCE_RE.search(row.cap_problem) or _REGION_SENTENCE_RE.search(row.cap_problem)):
+        return None
+    word = "region" if len(codes) == 1 else "regions"
+    spans = ", ".join(format_mask(tuple(c)) for c in codes)
+    return f"Could you please give me a detailed description of the following {word}? {spans}."
+
+
 def load_row_image(row: CycleRow, index: int = 0) -> Image.Image:
     """Image ``index`` of the row (0: the main image), RGB; ``DataError`` naming the row when it cannot be read."""
     ref = row.images[index]
@@ -178,6 +214,10 @@ def row_sample(row: CycleRow, target: int | None = None, codec: Any = None) -> S
         "n_images": len(row.images),
         **row.extra,
     }
+    if row.no_target:
+        meta["row_question"] = row.query  # cap_problem without <image>: the row's own question, asked as it is
+    elif (question := caption_question(row, codes)) is not None:
+        meta["row_caption_question"] = question
     cap_answer = row.extra.get("cap_answer")
     if isinstance(cap_answer, str) and cap_answer.strip() and len(codes) == len(row.codes):
         # the reference caption of CycleGRPO's optional judge reward (methods/cycle_judge.py); a row drawn down to

@@ -234,7 +234,7 @@ class CycleGRPO(Method):
         ]
         own = [
             RolloutRequest(
-                self.grounding_prompt(processor, batch[b].query, self.ctx.prompt_template),
+                self.own_prompt(processor, batch[b], self.ctx.prompt_template),
                 batch[b].image,
                 self.K0,
                 group_id=B + len(texts) + u,
@@ -328,7 +328,7 @@ class CycleGRPO(Method):
                 f"{'video' if any(is_video) else 'image'} samples: set region_space to match the data module"
             )
 
-    def _prompt(self, processor, query: str, template: str) -> str:
+    def _prompt(self, processor, query: str, template: str | None) -> str:
         return build_prompt_text(processor, query, task="rec", template=template, video=self.video)
 
     def region_text(self, processor, sample) -> str:
@@ -341,8 +341,17 @@ class CycleGRPO(Method):
 
     def caption_prompt(self, processor, sample) -> str:
         """The captioning prompt of ``sample``: its serialized region under ``caption_template``, with its image or
-        clip."""
+        clip; a released row's own captioning prompt (``meta["row_caption_question"]``) as it is."""
+        own = (getattr(sample, "meta", None) or {}).get("row_caption_question")
+        if own is not None:
+            return self._prompt(processor, own, None)
         return self._prompt(processor, self.region_text(processor, sample), self.caption_template)
+
+    def own_prompt(self, processor, sample, template: str) -> str:
+        """The grounding prompt of a sample asked from its own query (no target): a released row's own question
+        (``meta["row_question"]``) as it is, as the repository asks it; else its query under ``template``."""
+        own = (getattr(sample, "meta", None) or {}).get("row_question")
+        return self._prompt(processor, sample.query, template) if own is None else self._prompt(processor, own, None)
 
     def grounding_prompt(self, processor, caption: str, template: str) -> str:
         """The grounding prompt of a (stripped) caption under ``template`` (the module's ``prompt_template``)."""

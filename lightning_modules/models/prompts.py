@@ -98,6 +98,15 @@ PROMPT_TEMPLATES = {
     # The released CycleGRPO evaluation's questions (evaluation/gres, evaluation/groundingsuite): answered with mask
     # tokens; ``python -m cli.evaluate gres | groundingsuite`` (lightning_modules/evaluation/benchmarks.py)
     "gres": {"rec": "Please segment {query} in this image."},
+    # CycleGRPO's grounding prompt for a caption, as the repository asks it on images in mask tokens
+    # (verl/utils/dataset.py, RLHFDataset._build_gen_seg_messages; configs/overlays/cycle_4b_parquet.yaml)
+    "cycle_grounding": {
+        "rec": "All spatial relationships are defined from the viewer's perspective, where 'front' means closer to the "
+        "viewer and 'back' means farther from the viewer. Please provide the segmentation mask of the object the "
+        "following statement describes:\n        {query}\n        Ensure that all details mentioned about the object "
+        "are accurate. If a matching object is found, provide its segmentation mask in the format "
+        "`<|mt_start|><|mt_xxxx|><|mt_xxxx|><|mt_end|>`. If no matching object is found, output null."
+    },
     "groundingsuite": {
         "rec": "Please carefully check the image and detect the object this sentence describes: {query}"
     },
@@ -113,13 +122,16 @@ PROMPT_TEMPLATES = {
 _INSTRUCTIONS = (REC_QUESTION, OVD_QUESTION)
 
 
-def question_text(query: str, *, task: str = "rec", template: str = "syn_grpo") -> str:
-    """The text of the user turn: ``query`` in the named template.
+def question_text(query: str, *, task: str = "rec", template: str | None = "syn_grpo") -> str:
+    """The text of the user turn: ``query`` in the named template, or ``query`` as it is when ``template`` is None (a
+    released row's own prompt, e.g. CycleGRPO's: ``datamodules/cycle_parquet.py``).
 
     A template states its instruction once. A query that already begins with the template's instruction (a released
     row's own question) is kept as it is, followed only by what the template adds after the instruction (the answer
     format), as VLM-R1's ``get_question_template`` does ("{Question} First output the thinking process ..."). A bare
     query (the toy world's rows) gets the whole template."""
+    if template is None:
+        return query
     spec = PROMPT_TEMPLATES[template][task]
     for instruction in _INSTRUCTIONS:
         lead = instruction.split("{query}")[0]
@@ -129,14 +141,14 @@ def question_text(query: str, *, task: str = "rec", template: str = "syn_grpo") 
 
 
 def build_prompt_text(
-    processor, query: str, *, task: str = "rec", template: str = "syn_grpo", video: bool = False
+    processor, query: str, *, task: str = "rec", template: str | None = "syn_grpo", video: bool = False
 ) -> str:
     """The chat-formatted prompt (one image, or one video when ``video``, one user turn, generation prompt) for
-    ``query``.
+    ``query`` (`question_text`: in ``template``, or as it is when None).
 
     A chat template without video items (the toy checkpoint's, made for images) renders the image placeholder, which
     is then swapped for the video one: the video sits where the model's template puts its visual input."""
-    if template not in PROMPT_TEMPLATES:
+    if template is not None and template not in PROMPT_TEMPLATES:
         raise ValueError(
             f"--model.sampling.prompt_template must be one of {sorted(PROMPT_TEMPLATES)}; got {template!r}"
         )

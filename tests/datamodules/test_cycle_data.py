@@ -301,9 +301,17 @@ def test_parquet_rows_become_records(tmp_path):
     dw, one, nt = read_cycle_parquet(path, tmp_path)
     assert dw.codes == [(17, 44), (3, 250)] and not dw.no_target and len(dw.images) == 2 and dw.query == ""
     assert one.codes == [(3, 250)] and one.images == [tmp_path / "img" / "f.png"]
+    # a no-target row's cap_problem is its whole question: asked as it is (meta["row_question"], no template around
+    # it); a region row's captioning prompt names the kept target (tests/datamodules/test_golden_prompts.py)
     assert nt.no_target and nt.codes == [] and nt.query == "Please segment the green zebra in this image."
+    assert row_sample(nt).meta["row_question"] == nt.query and "row_caption_question" not in row_sample(nt).meta
     s = row_sample(dw, target=1)
     assert s.size == (24, 24) and s.meta["mask_codes"] == [(3, 250)] and s.meta["n_images"] == 2 and s.boxes == []
+    assert (
+        s.meta["row_caption_question"]
+        == (f"Could you please give me a detailed description of the following region? {SPAN_B}.")
+        and "row_question" not in s.meta
+    )
     assert row_sample(one).size == (28, 20) and row_sample(nt).meta["no_target"]
     assert [r.sample_id for r in read_cycle_parquet(path, tmp_path, max_samples=2)] == ["rl-0", "rl-1"]
     # the same rows with the images embedded as HF datasets writes an Image feature: the same samples

@@ -8,13 +8,19 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from PIL import Image
 
+from core.regions.mask_tokens import format_mask
+from datamodules.cycle_parquet import caption_question, read_cycle_parquet, row_sample
+from datamodules.cycle_seg import CycleSegDataModule
 from datamodules.rec import load_sample, read_jsonl
 from datamodules.synthetic import SyntheticDataModule
 from datamodules.toy import export_jsonl
+from lightning_modules.methods.base import MethodContext, build_method
 from lightning_modules.methods.grpo import GRPO
 from lightning_modules.methods.syn_grpo import SynGRPO
+from lightning_modules.models.mask_tokenizer.toy import ToyMaskTokenizer, ToyVQConfig, ToyVQNet
 from lightning_modules.models.tiny_model import build_processor, train_bpe_tokenizer
 
 DATA = Path(__file__).parents[1] / "data"
@@ -89,3 +95,128 @@ def test_toy_rows_carry_the_bare_query_and_render_as_before(tmp_path, processor)
             " that would make the question more informative to practise on, in <description> </description> tags."
             " Finally output the answer as [x1, y1, x2, y2] in <answer> </answer> tags."
         )
+
+
+# --- CycleGRPO's released RL parquet ---------------------------------------------------------------------------------
+
+A, B, C, Z = (format_mask(c) for c in ((17, 44), (3, 250), (120, 9), (9, 9)))
+NO_TARGET_QUESTION = "Please segment the large green diamond in this image."
+
+
+def release_rows() -> list[dict]:
+    """Rows as devinxzhang/CycleGRPO @ 586e970 writes them: projects/rl/datasets/prepare_dw_rl_dataset.py:172-198 (one
+    target; two, "A and B", the second zoomed in on; three, "A, B, and C") and prepare_gres_no_target_rl_dataset.py:
+    106-138 (the human turn, "<image>\\n" first)."""
+    ask = "<image>\nCould you please give me a detailed description of the following regions? {}. Please respond with "
+    ask += "interleaved segmentation masks for the corresponding parts of the answer."
+    null = {"cap_answer": None, "seg_problem": None, "masks": None}
+    dw = {"source": "denseworld_multiple", **null}
+    return [
+        {"images": ["./images/a.png"], "cap_problem": ask.format(A), "seg_answer": f"<answer>{A}</answer>", **dw},
+        {
+            "images": ["./images/b.png", "./images/b_zoom.png"],
+            "cap_problem": ask.format(f"{A} and {B}") + f" Zoom in on {B} with the perspective as <image>, {Z}.",
+            "seg_answer": f"<answer>{A}, {B}</answer>",
+            **dw,
+        },
+        {
+            "images": ["./images/c.png"],
+            "cap_problem": ask.format(f"{A}, {B}, and {C}"),
+            "seg_answer": f"<answer>{A}, {B}, {C}</answer>",
+            **dw,
+        },
+        {
+            "images": ["./images/d.png"],
+            "cap_problem": f"<image>\n{NO_TARGET_QUESTION}",
+            "seg_answer": "<answer>No target.</answer>",
+            "source": "gres_no_target",
+            **null,
+        },
+    ]
+
+
+@pytest.fixture()
+def parquet_samples(tmp_path):
+    """The training samples `CycleSegDataModule` serves from the rows (configs/overlays/cycle_4b_parquet.yaml)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "images").mkdir()
+    for name in ("a", "b", "b_zoom", "c", "d"):
+        Image.new("RGB", (64, 48), (90, 120, 150)).save(tmp_path / "images" / f"{name}.png")
+    pq.write_table(pa.Table.from_pylist(release_rows()), tmp_path / "rl.parquet")
+    dm = CycleSegDataModule(data_root=str(tmp_path), parquet_files=["rl.parquet"])
+    dm.setup("fit")
+    return [dm.train_set[(epoch, i)] for epoch in range(8) for i in range(len(dm.train_set))]
+
+
+@pytest.fixture(scope="module")
+def cycle(tmp_path_factory):
+    """CycleGRPO as configs/cycle_4b.yaml + the parquet overlay builds it (mask tokens; a toy mask tokenizer)."""
+    torch.manual_seed(0)
+    tokenizer = ToyMaskTokenizer(ToyVQNet(ToyVQConfig(crop=16, width=8, latent=16))).save(tmp_path_factory.mktemp("mt"))
+    args = {"region_space": "mask", "mask_tokenizer": str(tokenizer), "caption_template": "caption"}
+    return build_method({"class_path": "cycle_grpo", "init_args": args}).bind(
+        MethodContext(prompt_template="cycle_grounding")
+    )
+
+
+def test_released_parquet_rows_are_asked_as_the_repository_asks_them(parquet_samples, cycle, processor):
+    # devinxzhang/CycleGRPO @ 586e970, projects/rl/qwen3vl_4b_mt.sh: format_prompt non_thinking.jinja
+    # ("{{ content | trim }}"), region_format mask_token, no no-think prefix. verl/utils/dataset.py:
+    # :728-734 each read keeps one target (sample_single_target_from_multi_target, max_targets=1), whose :214-219
+    #      rewrite the prompt to "<image>\nCould you please give me a detailed description of the following region?
+    #      <span>."; :607-633 the prompt trimmed, split at <image>: an image item, then the text without its leading
+    #      newline.
+    spans = {(17, 44): A, (3, 250): B, (120, 9): C}
+    drawn = {}
+    for s in parquet_samples:
+        if s.meta["no_target"]:
+            continue
+        (codes,) = s.meta["mask_codes"]
+        drawn.setdefault(s.sample_id, set()).add(tuple(codes))
+        caption = (
+            "Could you please give me a detailed description of the following region? " + spans[tuple(codes)] + "."
+        )
+        assert cycle.caption_prompt(processor, s) == qwen_turn(caption)
+    assert drawn == {"rl-0": {(17, 44)}, "rl-1": {(17, 44), (3, 250)}, "rl-2": {(17, 44), (3, 250), (120, 9)}}
+
+    # a no-target row (the rollout grounds it from its own question, in a group of its own): verl/trainer/
+    # ray_trainer.py:566-574 rolls every row out from its cap_problem prompt (dataset.py:607-633 as above), :620-630
+    # keeps a row that is not DenseWorld's out of the cycle. Before: "Please segment Please segment the large green
+    # diamond in this image. in this image." (the gres template around the row's question)
+    nt = next(s for s in parquet_samples if s.meta["no_target"])
+    assert cycle.layout([parquet_samples[0], nt]) == ([0], [1])
+    assert cycle.own_prompt(processor, nt, cycle.ctx.prompt_template) == qwen_turn(NO_TARGET_QUESTION)
+
+    # a caption grounded (the cycle's second half): verl/utils/dataset.py:429-431 (PROMPT_TEMPLATE, mask tokens, an
+    # image) around the caption (:433-442), then trimmed and split as above (:444-460)
+    grounding = (
+        "All spatial relationships are defined from the viewer's perspective, where 'front' means closer to the viewer"
+        " and 'back' means farther from the viewer. Please provide the segmentation mask of the object the following"
+        " statement describes:\n        the small red mug on the left\n        Ensure that all details mentioned about"
+        " the object are accurate. If a matching object is found, provide its segmentation mask in the format"
+        " `<|mt_start|><|mt_xxxx|><|mt_xxxx|><|mt_end|>`. If no matching object is found, output null."
+    )
+    prompt = cycle.grounding_prompt(processor, "the small red mug on the left", cycle.ctx.prompt_template)
+    assert prompt == qwen_turn(grounding)
+
+
+def test_a_row_with_every_target_kept_names_them_all(tmp_path):
+    # max_targets >= the row's targets (dataset.py:196-199 keeps them all): "regions", the spans ", "-joined (:217-219)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "images").mkdir()
+    for name in ("a", "b", "b_zoom", "c", "d"):
+        Image.new("RGB", (8, 8)).save(tmp_path / "images" / f"{name}.png")
+    pq.write_table(pa.Table.from_pylist(release_rows()), tmp_path / "rl.parquet")
+    rows = read_cycle_parquet(tmp_path / "rl.parquet", tmp_path)
+    ask = "Could you please give me a detailed description of the following region"
+    assert [row_sample(r).meta.get("row_caption_question") for r in rows] == [
+        f"{ask}? {A}.",
+        f"{ask}s? {A}, {B}.",
+        f"{ask}s? {A}, {B}, {C}.",
+        None,
+    ]
+    assert caption_question(rows[0], []) is None
