@@ -53,9 +53,18 @@ ANSWER_FORMAT = (
 
 
 def answer_prompt(problem: str) -> str:
-    """The answer model's user text: the problem (``<image>`` placeholders removed, stripped), a space, and
-    :data:`ANSWER_FORMAT`."""
-    return f"{problem.replace('<image>', '').strip()} {ANSWER_FORMAT}"
+    """The answer model's user text (the image is shown before it): the problem, a space, and :data:`ANSWER_FORMAT`.
+
+    As the seed builds it (EasyR1's ``RLHFDataset._build_messages`` with ``math_format.jinja``): the problem is
+    trimmed, and a leading ``<image>`` becomes the image, the text after it kept as it is ("<image>\\nIn the figure"
+    reads "\\nIn the figure" after the image). Any other ``<image>`` is removed (the seed would show the image there;
+    here it always comes first)."""
+    text = problem.strip()
+    if text.startswith("<image>"):
+        text = text[len("<image>") :]
+    elif "<image>" in text:
+        text = text.replace("<image>", "").strip()
+    return f"{text.replace('<image>', '')} {ANSWER_FORMAT}"
 
 
 @dataclass

@@ -10,17 +10,22 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image
+from test_cycle_data import write_gres_fixture  # tests/datamodules is on sys.path under pytest
 
 from core.regions.mask_tokens import format_mask
 from datamodules.cycle_parquet import caption_question, read_cycle_parquet, row_sample
 from datamodules.cycle_seg import CycleSegDataModule
+from datamodules.gres import load_seg_sample, read_gres
+from datamodules.reasoning import load_reasoning_sample, read_rows
 from datamodules.rec import load_sample, read_jsonl
 from datamodules.synthetic import SyntheticDataModule
 from datamodules.toy import export_jsonl
 from lightning_modules.methods.base import MethodContext, build_method
 from lightning_modules.methods.grpo import GRPO
+from lightning_modules.methods.math_answer import MathAnswer
 from lightning_modules.methods.syn_grpo import SynGRPO
 from lightning_modules.models.mask_tokenizer.toy import ToyMaskTokenizer, ToyVQConfig, ToyVQNet
+from lightning_modules.models.prompts import build_prompt_text
 from lightning_modules.models.tiny_model import build_processor, train_bpe_tokenizer
 
 DATA = Path(__file__).parents[1] / "data"
@@ -220,3 +225,41 @@ def test_a_row_with_every_target_kept_names_them_all(tmp_path):
         None,
     ]
     assert caption_question(rows[0], []) is None
+
+
+# --- GRES (gRefCOCO) and MMK12 ---------------------------------------------------------------------------------------
+
+
+def test_gres_sentence_is_asked_as_the_release_evaluation_asks_it(tmp_path, processor):
+    # the public layout (tests/datamodules/test_cycle_data.py's fixture: "The Left Box " as gRefCOCO writes "sent")
+    f = write_gres_fixture(tmp_path)
+    sample = load_seg_sample(read_gres(f["grefs"], f["instances"], f["images"], "val")[0])
+    # devinxzhang/CycleGRPO @ 586e970, evaluation/gres/qwen3vl_gres_eval.py:78 phrase = sent["sent"].strip().lower(),
+    # :515 question = f"Please segment {phrase} in this image.", :521-532 an image item, then the question
+    expected = qwen_turn("Please segment the left box in this image.")
+    # python -m cli.evaluate gres: lightning_modules/evaluation/evaluator.py greedy_answers, --template gres (default)
+    assert build_prompt_text(processor, sample.query, task=sample.task, template="gres") == expected
+
+
+@pytest.mark.parametrize(
+    "problem, text",
+    [
+        ("<image>In the figure, AB = 3. Find CD.", "In the figure, AB = 3. Find CD."),
+        ("<image>\nIn the figure, AB = 3. Find CD.\n", "\nIn the figure, AB = 3. Find CD."),  # was stripped
+        ("  What is 2 + 3?\n", "What is 2 + 3?"),  # the toy world's rows: no placeholder
+    ],
+)
+def test_mmk12_row_is_asked_as_evolved_grpo_asks_it(tmp_path, processor, problem, text):
+    Image.new("RGB", (16, 12)).save(tmp_path / "17.png")
+    row = {"id": "mmk12-17", "image": "17.png", "problem": problem, "answer": "\\frac{3}{2}"}
+    (tmp_path / "data.json").write_text(json.dumps([row]))
+    sample = load_reasoning_sample(read_rows(tmp_path / "data.json")[0])
+    # SHENZHEBEI/EvolvedGRPO @ 0e62a8d, answer/examples/config.yaml:4,12 (prompt_key problem, format_prompt
+    # math_format.jinja: "{{ content | trim }} You FIRST think ..."), answer/verl/utils/dataset.py:140-155 (rendered,
+    # split at <image>: the image, then the text after it as it is)
+    expected = qwen_turn(
+        f"{text} You FIRST think about the reasoning process as an internal monologue and then provide the final"
+        " answer. The reasoning process MUST BE enclosed within <think> </think> tags. The final answer MUST BE put in"
+        " \\boxed{}."
+    )
+    assert MathAnswer().prompt(processor, sample, "syn_grpo") == expected  # the answer model's training prompt
