@@ -79,7 +79,7 @@ def test_vlm_r1_rec_row_is_asked_as_vlm_r1_asks_it(tmp_path, processor):
     assert SynGRPO().prompt(processor, sample, "syn_grpo") == qwen_turn(syn_grpo)
 
 
-def test_toy_rows_carry_the_bare_query_and_render_as_before(tmp_path, processor):
+def test_toy_rows_carry_the_bare_query_and_render_as_before(tmp_path, processor, cycle):
     # captured from main @ 3def7b3 (before templates kept a row's own instruction): the toy world's first two
     # training scenes (seed 0) under the tiny config's template and the two the toy SFT also teaches
     path = export_jsonl(tmp_path, "train", 2, seed=0, size=112)
@@ -100,6 +100,7 @@ def test_toy_rows_carry_the_bare_query_and_render_as_before(tmp_path, processor)
             " that would make the question more informative to practise on, in <description> </description> tags."
             " Finally output the answer as [x1, y1, x2, y2] in <answer> </answer> tags."
         )
+        assert cycle.own_prompt(processor, s, "toy") == qwen_turn(f"Find: {q}")  # no row_question: the template
 
 
 # --- CycleGRPO's released RL parquet ---------------------------------------------------------------------------------
