@@ -364,9 +364,9 @@ class SynGRPOCLI(LightningCLI):
             "--resume_intact",
             type=bool,
             default=False,
-            help="When --ckpt_path is damaged (a truncated file, a distributed checkpoint with shards missing) or "
-            "missing, use the newest intact checkpoint in its folder (printing one line that names it) instead of "
-            "stopping with an error that names it.",
+            help="When --ckpt_path is damaged (a truncated file, changed bytes, a distributed checkpoint with a shard "
+            "missing or changed) or missing, use the newest intact checkpoint in its folder (printing one line that "
+            "names it) instead of stopping with an error that names it.",
         )
 
     # ------------------------------------------------------------------------------------------------ run folder
@@ -483,19 +483,21 @@ class SynGRPOCLI(LightningCLI):
 
 
 def intact_checkpoint(ckpt: str, *, use_intact: bool = False, run: str = "run") -> str:
-    """``ckpt`` when it is intact (lightning_modules/checkpoints.py, no tensors loaded). A damaged one (truncated,
-    shards missing) or a missing one (a save killed between two renames leaves a complete staging folder) stops
-    with one line naming the newest intact checkpoint in its folder; with ``use_intact`` (``--resume_intact``) that
-    one is used."""
+    """``ckpt`` when it is intact (lightning_modules/checkpoints.py: its structure, and every record's or shard's
+    checksum, read once, without loading a tensor). A damaged one (truncated, bytes changed, shards missing) or a
+    missing one (a save killed between two renames leaves a complete staging folder) stops with one line naming the
+    newest intact checkpoint in its folder; with ``use_intact`` (``--resume_intact``) that one is used. Only rank 0
+    reads the bytes (every rank of a multi-process run checks here; the others check the structure)."""
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
     from lightning_modules.checkpoints import damage, newest_intact
 
     path = Path(ckpt)
-    reason = damage(path)
+    contents = rank_zero_only.rank == 0
+    reason = damage(path, contents)
     if reason is None:
         return ckpt
-    intact = newest_intact(path.parent, skip=path)
+    intact = newest_intact(path.parent, skip=path, contents=contents)
     if reason == "missing":
         if intact is None:
             fail(

@@ -102,7 +102,126 @@ def test_damaged_or_missing_checkpoint_names_the_newest_intact_one(tmp_path, cap
         checkpoints.remove(p)
     (ckpts / "last.ckpt").write_bytes(b"PK\x03\x04")
     err = _error(["test", "--config", TINY, "--ckpt_path", str(ckpts / "last.ckpt")], capsys)
-    assert "truncated or not a torch.save archive" in err and "no intact checkpoint beside it" in err
+    assert "its end overwritten, or not a torch.save archive" in err and "no intact checkpoint beside it" in err
+
+
+def _record_data(path: Path, name: str) -> int:
+    """Where the bytes of the record ``name`` start in the zip archive ``path`` (after its local header)."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo(name)
+    with open(path, "rb") as f:
+        f.seek(info.header_offset + 26)
+        name_len, extra_len = int.from_bytes(f.read(2), "little"), int.from_bytes(f.read(2), "little")
+    return info.header_offset + 30 + name_len + extra_len
+
+
+def _flip(path: Path, at: int, n: int = 8) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        data = f.read(n)
+        f.seek(at)
+        f.write(bytes(b ^ 0xFF for b in data))
+
+
+def _truncate(p: Path) -> None:
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+
+
+def _zero_middle_mb(p: Path) -> None:  # the probe's: 1 MB zeroed inside last.ckpt
+    with open(p, "r+b") as f:
+        f.seek(p.stat().st_size // 2 - 2**19)
+        f.write(bytes(2**20))
+
+
+def _flip_tensor(p: Path) -> None:
+    _flip(p, _record_data(p, "last/data/0") + 1000)
+
+
+def _flip_pickle(p: Path) -> None:
+    _flip(p, _record_data(p, "last/data.pkl") + 20, 2)
+
+
+def _break_directory(p: Path) -> None:  # the end of central directory record overwritten
+    with open(p, "r+b") as f:
+        f.seek(p.stat().st_size - 22)
+        f.write(bytes(22))
+
+
+FILE_DAMAGE = {
+    "truncated": (_truncate, "truncated, its end overwritten, or not a torch.save archive"),
+    "zeroed-1MB-in-the-middle": (_zero_middle_mb, "record last/data/0 fails its CRC-32 check"),
+    "tensor-bytes-flipped": (_flip_tensor, "record last/data/0 fails its CRC-32 check"),
+    "data.pkl-bytes-flipped": (_flip_pickle, "record last/data.pkl fails its CRC-32 check"),
+    "zip-directory-broken": (_break_directory, "its end overwritten"),
+}
+
+
+def _one_line(ckpt: Path, capsys) -> str:
+    """The line `intact_checkpoint` stops with (exit status 2), as the CLI's check of ``--ckpt_path`` prints it."""
+    with pytest.raises(SystemExit) as exc:
+        intact_checkpoint(str(ckpt))
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and err.startswith("error: ") and "\n" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("kind", list(FILE_DAMAGE))
+def test_damaged_file_is_one_line_naming_the_newest_intact(tmp_path, capsys, kind):
+    """Each way a single-file checkpoint is found damaged (the probe's 1 MB zeroed in the middle ended in a 58-line
+    traceback) stops in one line naming the damage and the newest intact checkpoint, before Lightning reads it."""
+    ckpts = tmp_path / "checkpoints"
+    ckpts.mkdir()
+    older, last = ckpts / "epoch=0-step=1.ckpt", ckpts / "last.ckpt"
+    for i, p in enumerate((older, last)):  # 3 MB of weights: the zeroed MB falls inside the tensor
+        torch.save({"state_dict": {"w": torch.arange(3 * 2**18, dtype=torch.float32)}, "global_step": i + 1}, p)
+        os.utime(p, (1_000_000 + i, 1_000_000 + i))
+    assert damage(last) is None
+    corrupt, reason = FILE_DAMAGE[kind]
+    corrupt(last)
+    if kind == "zeroed-1MB-in-the-middle":  # the probe's case, through the command line
+        err = _error(["test", "--config", TINY, "--ckpt_path", str(last)], capsys)
+    else:
+        err = _one_line(last, capsys)
+    assert f"--ckpt_path {last} is damaged: " in err and reason in err
+    assert f"the newest intact checkpoint there is {older}: pass --ckpt_path {older}" in err
+    assert intact_checkpoint(str(last), use_intact=True) == str(older)
+    assert f"using the newest intact checkpoint {older}" in capsys.readouterr().err
+
+
+def _flip_shard(p: Path) -> None:
+    _flip(next(p.glob("*.distcp")), 100)
+
+
+DCP_DAMAGE = {
+    "shard-missing": (lambda p: next(p.glob("*.distcp")).unlink(), "shard __0_0.distcp missing"),
+    "shard-bytes-flipped": (_flip_shard, "__0_0.distcp fails its CRC-32 check"),
+    "meta.pt-bytes-flipped": (lambda p: _flip(p / "meta.pt", 40, 2), "meta.pt fails its CRC-32 check"),
+    "shard-grown": (lambda p: open(next(p.glob("*.distcp")), "ab").write(b"x"), "__0_0.distcp is "),
+}
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+@pytest.mark.parametrize("kind", list(DCP_DAMAGE))
+def test_damaged_distributed_checkpoint_is_one_line_naming_the_newest_intact(tmp_path, capsys, kind):
+    """A distributed checkpoint carries the CRC-32 of every file (``checksums.json``, written at save): a shard with
+    changed bytes is found as a missing one is."""
+    strategy, ckpts = FSDP2Strategy(), tmp_path / "checkpoints"
+    older, last = ckpts / "epoch=0-step=1.ckpt", ckpts / "last.ckpt"
+    for i, p in enumerate((older, last)):
+        _save(strategy, p, i + 1)
+        os.utime(p / "meta.pt", (1_000_000 + i, 1_000_000 + i))
+    manifest = json.loads((last / checkpoints.MANIFEST).read_text())["files"]
+    assert sorted(manifest) == [".metadata", "__0_0.distcp", "meta.pt"] and damage(last) is None
+    corrupt, reason = DCP_DAMAGE[kind]
+    corrupt(last)
+    err = _one_line(last, capsys)
+    assert f"--ckpt_path {last} is damaged: " in err and reason in err
+    assert f"the newest intact checkpoint there is {older}: pass --ckpt_path {older}" in err
+    assert intact_checkpoint(str(last), use_intact=True) == str(older)
+    if "flipped" in kind:  # ranks other than 0 leave the bytes to rank 0
+        assert damage(last, contents=False) is None
 
 
 def _args(model: Path, data: Path, run: Path, *extra: str) -> list[str]:
