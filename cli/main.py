@@ -479,7 +479,26 @@ class SynGRPOCLI(LightningCLI):
         named = [cb for cb in named if type(cb) not in listed_types]
         trainer = self._instantiate_trainer(config, extra + named)
         trainer.run_name = getattr(self, "run_name", None)
+        _checkpoint_temps(trainer)
         return trainer
+
+
+def _checkpoint_temps(trainer: L.Trainer) -> None:
+    """Single-file saves write their temporary file beside the checkpoint (`BesideCheckpointIO`, not ``/tmp``), and
+    what a killed save left in the checkpoint folders is removed now, in one line."""
+    from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+
+    from lightning_modules.checkpoints import remove_stale_temps, use_beside_temp
+
+    use_beside_temp(trainer.strategy)
+    if rank_zero_only.rank != 0:  # the launcher's rank (the strategy's is set at fit)
+        return
+    for folder in dict.fromkeys(cb.dirpath for cb in trainer.checkpoint_callbacks if cb.dirpath):
+        if removed := remove_stale_temps(Path(folder)):
+            mb = sum(size for _, size in removed) / 2**20
+            names = ", ".join(p.name for p, _ in removed)
+            what = f"{len(removed)} partial checkpoint file(s) ({mb:.1f} MB) that killed saves left"
+            rank_zero_info(f"removed {what} in {folder}: {names}")
 
 
 def intact_checkpoint(ckpt: str, *, use_intact: bool = False, run: str = "run") -> str:

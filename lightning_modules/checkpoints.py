@@ -19,12 +19,15 @@ import ctypes
 import errno
 import json
 import os
+import re
 import shutil
 import zipfile
 import zlib
 from pathlib import Path
+from typing import Any
 
 import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 STAGING = ".partial-"
 """``last.ckpt.partial-<id>``: a distributed checkpoint being written (complete only once it replaced ``last.ckpt``)."""
@@ -84,14 +87,97 @@ def switch(staging: Path, final: Path) -> None:
         os.rename(staging, final)
     for p in leftovers(final):
         remove(p)
-    try:  # the renames reach the disk before the run goes on (a crash of the machine, not only of the process)
-        fd = os.open(final.parent, os.O_RDONLY)
+    _fsync_dir(final.parent)  # the renames reach the disk before the run goes on (a machine crash too)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Single files: the temporary file beside the checkpoint
+# ---------------------------------------------------------------------------------------------------------------------
+
+TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>[0-9]+)\.tmp$")
+"""``.last.ckpt.<pid>.tmp``: a single-file checkpoint being written by process ``pid``, beside its final name."""
+
+
+def temp_path(final: Path) -> Path:
+    return final.with_name(f".{final.name}.{os.getpid()}.tmp")
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
     except OSError:
         pass
+
+
+class BesideCheckpointIO(TorchCheckpointIO):
+    """Lightning's ``TorchCheckpointIO`` with the temporary file beside the checkpoint (`temp_path`), not in the
+    system temp folder.
+
+    Why: Lightning's atomic save serialises the whole checkpoint into memory, then fsspec writes it to a file made by
+    ``tempfile.mkstemp()`` (``/tmp``) and moves it in. A kill mid-write left that file in ``/tmp`` for good
+    (gigabytes per kill at model size), and where ``/tmp`` is another filesystem the "move" is a second full copy,
+    not a rename. Here ``torch.save`` streams into ``.<name>.<pid>.tmp`` in the checkpoint's folder (no copy in memory),
+    syncs it and renames it over ``<name>``; a later start removes what a killed save left (`remove_stale_temps`).
+    Paths with a scheme (``s3://...``) keep Lightning's save."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        if storage_options is not None or "://" in str(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        final = Path(path)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_path(final)
+        try:
+            with open(tmp, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        _fsync_dir(final.parent)
+
+
+def use_beside_temp(strategy: Any) -> None:
+    """Give ``strategy`` a `BesideCheckpointIO` where it would use Lightning's plain ``TorchCheckpointIO`` (a
+    ``CheckpointIO`` given through ``--trainer.plugins`` is kept)."""
+    if type(strategy.checkpoint_io) is TorchCheckpointIO:
+        strategy.checkpoint_io = BesideCheckpointIO()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # a live process of another user (or a number no process can have: kept, to be safe)
+    return True
+
+
+def remove_stale_temps(folder: Path) -> list[tuple[Path, int]]:
+    """Remove the temporary files of single-file saves in ``folder`` (`TEMP`) whose process is gone, or is this one (a
+    container restarted under the same pid: nothing of this process is being saved before its first save); returns
+    them with their sizes. Called at the start of a run; a file of a live process (another run saving into the same
+    folder) is kept."""
+    if not folder.is_dir():
+        return []
+    removed = []
+    for p in sorted(folder.iterdir()):
+        m = TEMP.match(p.name)
+        if m is None or not p.is_file() or p.is_symlink():
+            continue
+        pid = int(m["pid"])
+        if pid != os.getpid() and _alive(pid):
+            continue
+        size = p.stat().st_size
+        p.unlink(missing_ok=True)
+        removed.append((p, size))
+    return removed
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -7,15 +7,19 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from test_cli import _error  # one line on stderr, exit status 2
 
-from cli.main import intact_checkpoint, main
+from cli.main import _checkpoint_temps, intact_checkpoint, main
 from lightning_modules import checkpoints
 from lightning_modules.checkpoints import damage, leftovers, staging_path
 from lightning_modules.models.fsdp import FSDP2Strategy
@@ -222,6 +226,50 @@ def test_damaged_distributed_checkpoint_is_one_line_naming_the_newest_intact(tmp
     assert intact_checkpoint(str(last), use_intact=True) == str(older)
     if "flipped" in kind:  # ranks other than 0 leave the bytes to rank 0
         assert damage(last, contents=False) is None
+
+
+def _killed_save(path: Path, systmp: Path) -> int:
+    """Save to ``path`` in a forked process that SIGKILLs itself with the whole file written, before the rename (with
+    ``tempfile`` pointed at ``systmp``); returns its pid."""
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        tempfile.tempdir = str(systmp)
+        os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            checkpoints.BesideCheckpointIO().save_checkpoint({"w": torch.ones(2**18), "global_step": 2}, path)
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    return pid
+
+
+def test_a_killed_single_file_save_leaves_its_temp_beside_the_checkpoint_and_a_start_removes_it(tmp_path, monkeypatch):
+    """Lightning's own atomic save wrote into ``tempfile.mkstemp()`` (``/tmp``: gigabytes per kill at model size).
+    `BesideCheckpointIO` writes ``.last.ckpt.<pid>.tmp`` in the checkpoint's folder (a rename, never a copy, puts it
+    in place); a SIGKILL before the rename leaves that file and the previous ``last.ckpt``, and the next start removes
+    the file (its process is dead) in one log line, keeping a live process's."""
+    ckpts, systmp = tmp_path / "checkpoints", tmp_path / "systmp"
+    systmp.mkdir()
+    last = ckpts / "last.ckpt"
+    checkpoints.BesideCheckpointIO().save_checkpoint({"state_dict": {"w": torch.zeros(4)}, "global_step": 1}, last)
+    pid = _killed_save(last, systmp)
+    (partial,) = [p for p in ckpts.iterdir() if p.name != "last.ckpt"]
+    assert partial.name == f".last.ckpt.{pid}.tmp" and partial.stat().st_size > 2**20
+    assert not list(systmp.iterdir()) and torch.load(last)["global_step"] == 1  # nothing in TMPDIR; the old one whole
+
+    live = ckpts / f".epoch=0-step=1.ckpt.{os.getppid()}.tmp"  # another run's save in progress: kept
+    live.write_bytes(b"PK")
+    logged = []
+    monkeypatch.setattr("lightning.pytorch.utilities.rank_zero_info", logged.append)
+    trainer = SimpleNamespace(strategy=SimpleNamespace(checkpoint_io=TorchCheckpointIO()),
+                              checkpoint_callbacks=[SimpleNamespace(dirpath=str(ckpts))])  # fmt: skip
+    _checkpoint_temps(trainer)  # what the CLI does with every trainer it makes
+    assert isinstance(trainer.strategy.checkpoint_io, checkpoints.BesideCheckpointIO)
+    assert sorted(p.name for p in ckpts.iterdir()) == [live.name, "last.ckpt"]
+    assert logged == [
+        f"removed 1 partial checkpoint file(s) (1.0 MB) that killed saves left in {ckpts}: {partial.name}"
+    ]
 
 
 def _args(model: Path, data: Path, run: Path, *extra: str) -> list[str]:
