@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import zipfile
 import zlib
 from pathlib import Path
@@ -227,8 +228,9 @@ def write_manifest(folder: Path, sums: dict[str, list]) -> None:
 def damage(path: str | Path, contents: bool = True) -> str | None:
     """Why ``path`` is not an intact checkpoint (what is wrong, in a few words), or ``None`` when it is.
 
-    A file (``torch.save``'s zip archive): its central directory (at the end: a truncated file has none), a
-    ``data.pkl`` in it, and the CRC-32 of every record (``data.pkl`` and each tensor's bytes, streamed: one read of the
+    A file (``torch.save``'s zip archive): its central directory (at the end: a truncated file has none) as zipfile
+    and torch's own reader read it, a ``data.pkl`` in it, each directory entry agreeing with its record's header and
+    data descriptor, and the CRC-32 of every record (``data.pkl`` and each tensor's bytes, streamed: one read of the
     file). A distributed checkpoint folder: ``.metadata`` readable, every shard file it names present and at least as
     long as the last byte it needs there, ``meta.pt`` loadable, and every file's size and CRC-32 as `MANIFEST` recorded
     them at save (a folder saved before the manifest existed gets the other checks only).
@@ -251,16 +253,65 @@ def _file_damage(p: Path, contents: bool) -> str | None:
         return (
             f"truncated, its end overwritten, or not a torch.save archive ({size} bytes, no zip directory at the end)"
         )
-    except (OSError, EOFError, ValueError, zipfile.LargeZipFile) as e:
+    except OSError as e:
         return f"unreadable ({type(e).__name__}: {e})"
+    except Exception as e:  # noqa: BLE001 - a damaged directory raises NotImplementedError, ValueError, ...
+        return f"its zip directory is damaged ({type(e).__name__}: {e})"
     with z:
         infos = z.infolist()
         pkl = next((i for i in infos if i.filename == "data.pkl" or i.filename.endswith("/data.pkl")), None)
         if pkl is None:
             return "no data.pkl in the archive"
+        with open(p, "rb") as raw:
+            for info in infos:
+                try:
+                    why = _entry_damage(raw, info)
+                except Exception as e:  # noqa: BLE001 - an offset or size no file has
+                    why = f"has a damaged zip directory entry ({type(e).__name__}: {e})"
+                if why is not None:
+                    return f"record {info.filename} {why}"
         for info in infos if contents else [pkl]:
             if (why := _record_damage(z, info)) is not None:
                 return f"record {info.filename} {why}"
+    try:  # torch reads the directory with its own zip reader (miniz), stricter than zipfile on some fields
+        torch._C.PyTorchFileReader(str(p))
+    except Exception as e:  # noqa: BLE001
+        return f"its zip directory is damaged (torch's reader: {str(e).split('. ')[0]})"
+    return None
+
+
+_DOS_FOLDER = 0x10
+_LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
+_ZIP64 = 0xFFFFFFFF
+
+
+def _entry_damage(raw: Any, info: zipfile.ZipInfo) -> str | None:
+    """Whether the zip directory's entry of a record agrees with the record's own header and data descriptor (a few
+    bytes each). zipfile compares only the names, and a record whose directory entry says 0 bytes with CRC 0 reads
+    back "intact"; torch's reader (miniz) trusts the entry's sizes and flags, and takes a record whose attributes carry
+    the DOS folder bit for a folder (it reads as empty)."""
+    if info.external_attr & _DOS_FOLDER and not info.filename.endswith("/"):
+        return "is marked as a folder in the zip directory (its entry is damaged)"
+    raw.seek(info.header_offset)
+    head = raw.read(_LOCAL_HEADER.size)
+    if len(head) < _LOCAL_HEADER.size or head[:4] != b"PK\x03\x04":
+        return "has a damaged header (no local header where the zip directory points)"
+    _, _, flags, method, _, _, crc, csize, usize, name_len, extra_len = _LOCAL_HEADER.unpack(head)
+    if (flags, method) != (info.flag_bits, info.compress_type):
+        return "disagrees with its zip directory entry (flags or compression method): one of them is damaged"
+    if flags & 0x08:  # CRC and sizes follow the data (torch's writer): [signature] CRC, sizes of 4 or 8 bytes
+        raw.seek(info.header_offset + _LOCAL_HEADER.size + name_len + extra_len + info.compress_size)
+        tail = raw.read(24)
+        tail = tail[4:] if tail[:4] == b"PK\x07\x08" else tail
+        sizes = (info.compress_size, info.file_size)
+        ok = tail[:4] == struct.pack("<I", info.CRC) and (
+            tail[4:20] == struct.pack("<QQ", *sizes)
+            or (max(sizes) < _ZIP64 and tail[4:12] == struct.pack("<II", *sizes))
+        )
+    else:
+        ok = crc == info.CRC and (csize == _ZIP64 or (csize, usize) == (info.compress_size, info.file_size))
+    if not ok:
+        return "disagrees with its zip directory entry (CRC or size): one of them is damaged"
     return None
 
 
@@ -275,7 +326,7 @@ def _record_damage(z: zipfile.ZipFile, info: zipfile.ZipInfo) -> str | None:
         if "CRC" in str(e):
             return "fails its CRC-32 check: its bytes changed after the save (a disk error, a damaged copy)"
         return f"has a damaged header ({e})"
-    except (OSError, EOFError, ValueError, NotImplementedError, zlib.error) as e:
+    except Exception as e:  # noqa: BLE001 - OSError, EOFError, zlib.error, NotImplementedError (a changed method), ...
         return f"unreadable ({type(e).__name__}: {e})"
     return None
 
