@@ -367,8 +367,10 @@ def _manifest_damage(p: Path, contents: bool) -> str | None:
     try:
         files = json.loads((p / MANIFEST).read_text())["files"]
         expected = {str(name): (int(size), str(crc)) for name, (size, crc) in files.items()}
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         return f"{MANIFEST} unreadable ({type(e).__name__})"
+    if any(Path(name).name != name or name in (".", "..") for name in expected):
+        return f"{MANIFEST} damaged (it names a file outside the folder)"
     for name, (size, crc) in sorted(expected.items()):
         f = p / name
         if not f.is_file():
