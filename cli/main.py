@@ -364,9 +364,9 @@ class SynGRPOCLI(LightningCLI):
             "--resume_intact",
             type=bool,
             default=False,
-            help="When --ckpt_path is damaged (a truncated file, a distributed checkpoint with shards missing) or "
-            "missing, use the newest intact checkpoint in its folder (printing one line that names it) instead of "
-            "stopping with an error that names it.",
+            help="When --ckpt_path is damaged (a truncated file, changed bytes, a distributed checkpoint with a shard "
+            "missing or changed) or missing, use the newest intact checkpoint in its folder (printing one line that "
+            "names it) instead of stopping with an error that names it.",
         )
 
     # ------------------------------------------------------------------------------------------------ run folder
@@ -479,23 +479,44 @@ class SynGRPOCLI(LightningCLI):
         named = [cb for cb in named if type(cb) not in listed_types]
         trainer = self._instantiate_trainer(config, extra + named)
         trainer.run_name = getattr(self, "run_name", None)
+        _checkpoint_temps(trainer)
         return trainer
 
 
+def _checkpoint_temps(trainer: L.Trainer) -> None:
+    """Single-file saves write their temporary file beside the checkpoint (`BesideCheckpointIO`, not ``/tmp``), and
+    what a killed save left in the checkpoint folders is removed now, in one line."""
+    from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+
+    from lightning_modules.checkpoints import remove_stale_temps, use_beside_temp
+
+    use_beside_temp(trainer.strategy)
+    if rank_zero_only.rank != 0:  # the launcher's rank (the strategy's is set at fit)
+        return
+    for folder in dict.fromkeys(cb.dirpath for cb in trainer.checkpoint_callbacks if cb.dirpath):
+        if removed := remove_stale_temps(Path(folder)):
+            mb = sum(size for _, size in removed) / 2**20
+            names = ", ".join(p.name for p, _ in removed)
+            what = f"{len(removed)} partial checkpoint file(s) ({mb:.1f} MB) that killed saves left"
+            rank_zero_info(f"removed {what} in {folder}: {names}")
+
+
 def intact_checkpoint(ckpt: str, *, use_intact: bool = False, run: str = "run") -> str:
-    """``ckpt`` when it is intact (lightning_modules/checkpoints.py, no tensors loaded). A damaged one (truncated,
-    shards missing) or a missing one (a save killed between two renames leaves a complete staging folder) stops
-    with one line naming the newest intact checkpoint in its folder; with ``use_intact`` (``--resume_intact``) that
-    one is used."""
+    """``ckpt`` when it is intact (lightning_modules/checkpoints.py: its structure, and every record's or shard's
+    checksum, read once, without loading a tensor). A damaged one (truncated, bytes changed, shards missing) or a
+    missing one (a save killed between two renames leaves a complete staging folder) stops with one line naming the
+    newest intact checkpoint in its folder; with ``use_intact`` (``--resume_intact``) that one is used. Only rank 0
+    reads the bytes (every rank of a multi-process run checks here; the others check the structure)."""
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
     from lightning_modules.checkpoints import damage, newest_intact
 
     path = Path(ckpt)
-    reason = damage(path)
+    contents = rank_zero_only.rank == 0
+    reason = damage(path, contents)
     if reason is None:
         return ckpt
-    intact = newest_intact(path.parent, skip=path)
+    intact = newest_intact(path.parent, skip=path, contents=contents)
     if reason == "missing":
         if intact is None:
             fail(

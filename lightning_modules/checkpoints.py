@@ -8,19 +8,27 @@ beside old metadata. `FSDP2Strategy` now writes each save into a staging folder 
 until then. A kill leaves a staging folder that the next save of that name removes.
 
 `damage` says why a checkpoint is not intact without loading its tensors; `newest_intact` finds the one to resume from
-instead (``--resume_intact``, cli/main.py).
+instead (``--resume_intact``, cli/main.py). Changed bytes are found by checksums read in one streamed pass (~1 GB/s):
+a file's zip records carry their CRC-32; a distributed checkpoint's shards carry none of their own, so the save writes
+the CRC-32 of every file into ``checksums.json`` (`MANIFEST`) as its last file.
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import json
 import os
+import re
 import shutil
+import struct
 import zipfile
+import zlib
 from pathlib import Path
+from typing import Any
 
 import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 STAGING = ".partial-"
 """``last.ckpt.partial-<id>``: a distributed checkpoint being written (complete only once it replaced ``last.ckpt``)."""
@@ -80,8 +88,24 @@ def switch(staging: Path, final: Path) -> None:
         os.rename(staging, final)
     for p in leftovers(final):
         remove(p)
-    try:  # the renames reach the disk before the run goes on (a crash of the machine, not only of the process)
-        fd = os.open(final.parent, os.O_RDONLY)
+    _fsync_dir(final.parent)  # the renames reach the disk before the run goes on (a machine crash too)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Single files: the temporary file beside the checkpoint
+# ---------------------------------------------------------------------------------------------------------------------
+
+TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>[0-9]+)\.tmp$")
+"""``.last.ckpt.<pid>.tmp``: a single-file checkpoint being written by process ``pid``, beside its final name."""
+
+
+def temp_path(final: Path) -> Path:
+    return final.with_name(f".{final.name}.{os.getpid()}.tmp")
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
@@ -90,42 +114,224 @@ def switch(staging: Path, final: Path) -> None:
         pass
 
 
+class BesideCheckpointIO(TorchCheckpointIO):
+    """Lightning's ``TorchCheckpointIO`` with the temporary file beside the checkpoint (`temp_path`), not in the
+    system temp folder.
+
+    Why: Lightning's atomic save serialises the whole checkpoint into memory, then fsspec writes it to a file made by
+    ``tempfile.mkstemp()`` (``/tmp``) and moves it in. A kill mid-write left that file in ``/tmp`` for good
+    (gigabytes per kill at model size), and where ``/tmp`` is another filesystem the "move" is a second full copy,
+    not a rename. Here ``torch.save`` streams into ``.<name>.<pid>.tmp`` in the checkpoint's folder (no copy in memory),
+    syncs it and renames it over ``<name>``; a later start removes what a killed save left (`remove_stale_temps`).
+    Paths with a scheme (``s3://...``) keep Lightning's save."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        if storage_options is not None or "://" in str(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        final = Path(path)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_path(final)
+        try:
+            with open(tmp, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        _fsync_dir(final.parent)
+
+
+def use_beside_temp(strategy: Any) -> None:
+    """Give ``strategy`` a `BesideCheckpointIO` where it would use Lightning's plain ``TorchCheckpointIO`` (a
+    ``CheckpointIO`` given through ``--trainer.plugins`` is kept)."""
+    if type(strategy.checkpoint_io) is TorchCheckpointIO:
+        strategy.checkpoint_io = BesideCheckpointIO()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # a live process of another user (or a number no process can have: kept, to be safe)
+    return True
+
+
+def remove_stale_temps(folder: Path) -> list[tuple[Path, int]]:
+    """Remove the temporary files of single-file saves in ``folder`` (`TEMP`) whose process is gone, or is this one (a
+    container restarted under the same pid: nothing of this process is being saved before its first save); returns
+    them with their sizes. Called at the start of a run; a file of a live process (another run saving into the same
+    folder) is kept."""
+    if not folder.is_dir():
+        return []
+    removed = []
+    for p in sorted(folder.iterdir()):
+        m = TEMP.match(p.name)
+        if m is None or not p.is_file() or p.is_symlink():
+            continue
+        pid = int(m["pid"])
+        if pid != os.getpid() and _alive(pid):
+            continue
+        size = p.stat().st_size
+        p.unlink(missing_ok=True)
+        removed.append((p, size))
+    return removed
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Integrity
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def damage(path: str | Path) -> str | None:
-    """Why ``path`` is not an intact checkpoint (a few words), or ``None`` when it is.
+CHUNK = 4 * 2**20
+"""Bytes read at a time when checksumming (a multi-GB checkpoint is streamed, never held in memory)."""
+MANIFEST = "checksums.json"
+"""In a distributed checkpoint folder: the size and CRC-32 of every other file there, written at save
+(`write_manifest`) and compared by `damage` (DCP itself keeps no checksum of its shards)."""
 
-    A file (``torch.save``'s zip archive): its central directory (at the end: a truncated file has none) and its
-    ``data.pkl`` (read, so its CRC is checked) -- not the tensors. A distributed checkpoint folder: ``.metadata``
-    readable, every shard file it names present and at least as long as the last byte it needs there, ``meta.pt``
-    loadable."""
+
+def crc32(path: Path) -> tuple[int, int]:
+    """(size, CRC-32) of the file at ``path``, read in ``CHUNK``s."""
+    crc = size = 0
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            crc = zlib.crc32(view[:n], crc)
+            size += n
+    return size, crc
+
+
+def checksums(folder: Path, names: list[str]) -> dict[str, list]:
+    """``{name: [size, "crc32 in hex"]}`` of the files ``names`` in ``folder`` (one rank's share of a save)."""
+    out = {}
+    for name in names:
+        size, crc = crc32(folder / name)
+        out[name] = [size, f"{crc:08x}"]
+    return out
+
+
+def write_manifest(folder: Path, sums: dict[str, list]) -> None:
+    """``folder/MANIFEST`` with ``sums`` (`checksums` of every other file in the folder), written whole (a temporary
+    file renamed) and synced: the last file of a distributed save."""
+    tmp = folder / f".{MANIFEST}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"algorithm": "crc32", "files": dict(sorted(sums.items()))}, f, indent=0)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, folder / MANIFEST)
+
+
+def damage(path: str | Path, contents: bool = True) -> str | None:
+    """Why ``path`` is not an intact checkpoint (what is wrong, in a few words), or ``None`` when it is.
+
+    A file (``torch.save``'s zip archive): its central directory (at the end: a truncated file has none) as zipfile
+    and torch's own reader read it, a ``data.pkl`` in it, each directory entry agreeing with its record's header and
+    data descriptor, and the CRC-32 of every record (``data.pkl`` and each tensor's bytes, streamed: one read of the
+    file). A distributed checkpoint folder: ``.metadata`` readable, every shard file it names present and at least as
+    long as the last byte it needs there, ``meta.pt`` loadable, and every file's size and CRC-32 as `MANIFEST` recorded
+    them at save (a folder saved before the manifest existed gets the other checks only).
+
+    ``contents=False`` skips reading the tensors' bytes (the records' CRCs but ``data.pkl``'s, the manifest's CRCs):
+    the ranks of a multi-process run other than 0 check the structure only, rank 0 reads the bytes once."""
     p = Path(path)
     if p.is_dir():
-        return _folder_damage(p)
+        return _folder_damage(p, contents)
     if p.is_file():
-        return _file_damage(p)
+        return _file_damage(p, contents)
     return "missing"
 
 
-def _file_damage(p: Path) -> str | None:
+def _file_damage(p: Path, contents: bool) -> str | None:
     try:
-        with zipfile.ZipFile(p) as z:
-            names = z.namelist()
-            pkl = next((n for n in names if n == "data.pkl" or n.endswith("/data.pkl")), None)
-            if pkl is None:
-                return "no data.pkl in the archive"
-            z.read(pkl)
+        z = zipfile.ZipFile(p)
     except zipfile.BadZipFile:
-        return f"truncated or not a torch.save archive ({p.stat().st_size} bytes, no zip directory)"
-    except (OSError, EOFError, ValueError, zipfile.LargeZipFile) as e:
+        size = p.stat().st_size
+        return (
+            f"truncated, its end overwritten, or not a torch.save archive ({size} bytes, no zip directory at the end)"
+        )
+    except OSError as e:
+        return f"unreadable ({type(e).__name__}: {e})"
+    except Exception as e:  # noqa: BLE001 - a damaged directory raises NotImplementedError, ValueError, ...
+        return f"its zip directory is damaged ({type(e).__name__}: {e})"
+    with z:
+        infos = z.infolist()
+        pkl = next((i for i in infos if i.filename == "data.pkl" or i.filename.endswith("/data.pkl")), None)
+        if pkl is None:
+            return "no data.pkl in the archive"
+        with open(p, "rb") as raw:
+            for info in infos:
+                try:
+                    why = _entry_damage(raw, info)
+                except Exception as e:  # noqa: BLE001 - an offset or size no file has
+                    why = f"has a damaged zip directory entry ({type(e).__name__}: {e})"
+                if why is not None:
+                    return f"record {info.filename} {why}"
+        for info in infos if contents else [pkl]:
+            if (why := _record_damage(z, info)) is not None:
+                return f"record {info.filename} {why}"
+    try:  # torch reads the directory with its own zip reader (miniz), stricter than zipfile on some fields
+        torch._C.PyTorchFileReader(str(p))
+    except Exception as e:  # noqa: BLE001
+        return f"its zip directory is damaged (torch's reader: {str(e).split('. ')[0]})"
+    return None
+
+
+_DOS_FOLDER = 0x10
+_LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
+_ZIP64 = 0xFFFFFFFF
+
+
+def _entry_damage(raw: Any, info: zipfile.ZipInfo) -> str | None:
+    """Whether the zip directory's entry of a record agrees with the record's own header and data descriptor (a few
+    bytes each). zipfile compares only the names, and a record whose directory entry says 0 bytes with CRC 0 reads
+    back "intact"; torch's reader (miniz) trusts the entry's sizes and flags, and takes a record whose attributes carry
+    the DOS folder bit for a folder (it reads as empty)."""
+    if info.external_attr & _DOS_FOLDER and not info.filename.endswith("/"):
+        return "is marked as a folder in the zip directory (its entry is damaged)"
+    raw.seek(info.header_offset)
+    head = raw.read(_LOCAL_HEADER.size)
+    if len(head) < _LOCAL_HEADER.size or head[:4] != b"PK\x03\x04":
+        return "has a damaged header (no local header where the zip directory points)"
+    _, _, flags, method, _, _, crc, csize, usize, name_len, extra_len = _LOCAL_HEADER.unpack(head)
+    if (flags, method) != (info.flag_bits, info.compress_type):
+        return "disagrees with its zip directory entry (flags or compression method): one of them is damaged"
+    if flags & 0x08:  # CRC and sizes follow the data (torch's writer): [signature] CRC, sizes of 4 or 8 bytes
+        raw.seek(info.header_offset + _LOCAL_HEADER.size + name_len + extra_len + info.compress_size)
+        tail = raw.read(24)
+        tail = tail[4:] if tail[:4] == b"PK\x07\x08" else tail
+        sizes = (info.compress_size, info.file_size)
+        ok = tail[:4] == struct.pack("<I", info.CRC) and (
+            tail[4:20] == struct.pack("<QQ", *sizes)
+            or (max(sizes) < _ZIP64 and tail[4:12] == struct.pack("<II", *sizes))
+        )
+    else:
+        ok = crc == info.CRC and (csize == _ZIP64 or (csize, usize) == (info.compress_size, info.file_size))
+    if not ok:
+        return "disagrees with its zip directory entry (CRC or size): one of them is damaged"
+    return None
+
+
+def _record_damage(z: zipfile.ZipFile, info: zipfile.ZipInfo) -> str | None:
+    """Why one record of ``z`` does not read back as saved: zipfile checks its local header and, at its end, its
+    CRC-32."""
+    try:
+        with z.open(info) as f:
+            while f.read(CHUNK):
+                pass
+    except zipfile.BadZipFile as e:
+        if "CRC" in str(e):
+            return "fails its CRC-32 check: its bytes changed after the save (a disk error, a damaged copy)"
+        return f"has a damaged header ({e})"
+    except Exception as e:  # noqa: BLE001 - OSError, EOFError, zlib.error, NotImplementedError (a changed method), ...
         return f"unreadable ({type(e).__name__}: {e})"
     return None
 
 
-def _folder_damage(p: Path) -> str | None:
+def _folder_damage(p: Path, contents: bool) -> str | None:
     from torch.distributed.checkpoint import FileSystemReader
 
     if not (p / ".metadata").is_file():
@@ -145,10 +351,34 @@ def _folder_damage(p: Path) -> str | None:
             return f"shard {rel} missing"
         if (size := f.stat().st_size) < end:
             return f"shard {rel} truncated ({size} of {end} bytes)"
+    if (why := _manifest_damage(p, contents)) is not None:
+        return why
     try:
         torch.load(p / "meta.pt", map_location="cpu", weights_only=False)
     except Exception as e:  # noqa: BLE001
         return f"meta.pt unreadable ({type(e).__name__})"
+    return None
+
+
+def _manifest_damage(p: Path, contents: bool) -> str | None:
+    """Every file `MANIFEST` lists has the size and (with ``contents``) the CRC-32 recorded at save."""
+    if not (p / MANIFEST).is_file():
+        return None  # saved before manifests: the structural checks only
+    try:
+        files = json.loads((p / MANIFEST).read_text())["files"]
+        expected = {str(name): (int(size), str(crc)) for name, (size, crc) in files.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        return f"{MANIFEST} unreadable ({type(e).__name__})"
+    if any(Path(name).name != name or name in (".", "..") for name in expected):
+        return f"{MANIFEST} damaged (it names a file outside the folder)"
+    for name, (size, crc) in sorted(expected.items()):
+        f = p / name
+        if not f.is_file():
+            return f"{name} missing (listed in {MANIFEST})"
+        if (actual := f.stat().st_size) != size:
+            return f"{name} is {actual} bytes, {size} when saved"
+        if contents and f"{crc32(f)[1]:08x}" != crc:
+            return f"{name} fails its CRC-32 check: its bytes changed after the save (a disk error, a damaged copy)"
     return None
 
 
@@ -174,11 +404,11 @@ def candidates(folder: Path) -> list[Path]:
     return sorted(found, key=_written_at, reverse=True)
 
 
-def newest_intact(folder: Path, skip: Path | None = None) -> Path | None:
+def newest_intact(folder: Path, skip: Path | None = None, contents: bool = True) -> Path | None:
     """The newest checkpoint in ``folder`` that `damage` finds nothing wrong with (``skip`` aside)."""
     for p in candidates(folder):
         if skip is not None and p.resolve() == skip.resolve():
             continue
-        if damage(p) is None:
+        if damage(p, contents) is None:
             return p
     return None

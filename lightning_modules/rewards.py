@@ -170,9 +170,10 @@ def _strict_parts(text: str, tags: Tags, names: Sequence[str] | None = None) -> 
 
 _MAX_MESSAGES = 1_000_000
 """Strings, messages and lists :func:`_as_text` visits in one completion (a TRL completion has one message)."""
-_MAX_CHARS = 64 * 2**20
-"""Characters :func:`_as_text` collects from a nested completion before it stops reading (bounds the memory of a
-structure that repeats one long string many times)."""
+MAX_COMPLETION_CHARS = 2**20
+"""Characters of a completion the rewards read: its first 1 MiB, far above any ``max_new_tokens`` (8,192 tokens are
+~40,000 characters). A runaway or adversarial completion costs no more than this to score: a 10 MB string of 1M boxes
+took 5-60 s to parse whole (``max_pred_boxes`` applies only after parsing)."""
 
 
 def _message_text(item: Any) -> str | None:
@@ -185,15 +186,17 @@ def _message_text(item: Any) -> str | None:
 
 
 def _as_text(completion: Any) -> str:
-    """A completion as text: a string, or the content of a TRL conversational completion.
+    """A completion as text, at most its first ``MAX_COMPLETION_CHARS`` characters: a string, or the content of a TRL
+    conversational completion.
 
     Nested lists and tuples of messages are read depth first, in order, with an explicit stack, so any depth is fine
     (no RecursionError); a list that contains itself is not entered again, and reading stops after
-    ``_MAX_MESSAGES`` items or ``_MAX_CHARS`` characters. Other types (None, numbers, bytes, tensors, ...) read as "".
+    ``_MAX_MESSAGES`` items or ``MAX_COMPLETION_CHARS`` characters. Other types (None, numbers, bytes, tensors, ...)
+    read as "".
     """
     text = _message_text(completion)
     if text is not None:
-        return text
+        return text[:MAX_COMPLETION_CHARS]
     if not isinstance(completion, (list, tuple)):
         return ""
     pieces: list[str] = []
@@ -202,7 +205,7 @@ def _as_text(completion: Any) -> str:
     # the garbage collector's passes quadratic).
     seqs, positions = [completion], [0]
     open_ids = {id(completion)}  # a list met again while it is being read is a cycle: not entered
-    while seqs and budget < _MAX_MESSAGES and chars < _MAX_CHARS:
+    while seqs and budget < _MAX_MESSAGES and chars < MAX_COMPLETION_CHARS:
         seq, i = seqs[-1], positions[-1]
         if i >= len(seq):
             open_ids.discard(id(seqs.pop()))
@@ -213,8 +216,8 @@ def _as_text(completion: Any) -> str:
         budget += 1
         text = _message_text(item)
         if text is not None:
-            pieces.append(text)
-            chars += len(text)
+            pieces.append(text[: MAX_COMPLETION_CHARS - chars])
+            chars += len(pieces[-1])
         elif isinstance(item, (list, tuple)) and id(item) not in open_ids:
             seqs.append(item)
             positions.append(0)

@@ -24,7 +24,9 @@ import logging
 import os
 import queue
 import random
+import re
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -484,12 +486,50 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+LOCAL_DIR_PREFIX = "synth-local-"
+"""``<temp folder>/synth-local-<pid>-<random>``: a `LocalServer`'s folder (its port file, and its log unless
+``log_path`` is given), owned by process ``pid``."""
+_LOCAL_DIR = re.compile(rf"^{LOCAL_DIR_PREFIX}(?P<pid>[0-9]+)-")
+_own_local_dirs: set[str] = set()  # this process's running servers' folders
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's live process (or a number no process can have): kept, to be safe
+    return True
+
+
+def remove_stale_local_dirs(parent: str | os.PathLike | None = None) -> list[Path]:
+    """Remove the `LocalServer` folders in ``parent`` (default: the system temp folder) whose owner is gone: a killed
+    trainer cannot remove its own. The owner is the pid in the name; a folder of this pid that none of this process's
+    servers uses is stale too (a container restarted under the same pid). Folders named before the pid was (no pid)
+    are left alone: their owner cannot be told."""
+    root = Path(parent or tempfile.gettempdir())
+    removed = []
+    with contextlib.suppress(OSError):
+        for p in sorted(root.iterdir()):
+            m = _LOCAL_DIR.match(p.name)
+            if m is None or str(p) in _own_local_dirs or not p.is_dir() or p.is_symlink():
+                continue
+            pid = int(m["pid"])
+            if pid != os.getpid() and _process_alive(pid):
+                continue
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
+
+
 class LocalServer:
     """Start ``python -m synth.server`` as a subprocess on a free loopback port with a fresh token.
 
     Waits until ``/health`` reports every worker ready; stops the server (SIGTERM, then SIGKILL) on exit. The server
     also exits by itself if this process dies (``--parent-pid``). Its output goes to ``log_path`` (a temp file by
-    default), which error messages quote.
+    default), which error messages quote. The temp folder (``synth-local-<pid>-*``) is removed on stop; one that a
+    killed process left is removed by the next `LocalServer` start on the machine (`remove_stale_local_dirs`).
 
     Args:
         config: server YAML (default: the procedural painter, ``configs/synth/procedural.yaml``).
@@ -573,7 +613,12 @@ class LocalServer:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
     def start(self) -> None:
-        self._tmp = tempfile.TemporaryDirectory(prefix="synth-local-")
+        if stale := remove_stale_local_dirs():
+            log.info(
+                "removed %d synth-local folder(s) that killed processes left: %s", len(stale), " ".join(map(str, stale))
+            )
+        self._tmp = tempfile.TemporaryDirectory(prefix=f"{LOCAL_DIR_PREFIX}{os.getpid()}-")
+        _own_local_dirs.add(self._tmp.name)
         port_file = os.path.join(self._tmp.name, "port")
         if self.log_path is None:
             self.log_path = Path(self._tmp.name) / "server.log"
@@ -628,5 +673,6 @@ class LocalServer:
             if self.log_path is not None and Path(self._tmp.name) in self.log_path.parents:
                 self.log_path = None  # it goes with the temp dir
             self._tmp.cleanup()
+            _own_local_dirs.discard(self._tmp.name)
             self._tmp = None
         self.url = None

@@ -64,13 +64,13 @@ class FSDP2Strategy(ModelParallelStrategy):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
         """A distributed checkpoint is written into a staging folder beside ``filepath`` and switched into place only
-        once every rank has written its shard and rank 0 ``meta.pt``: a kill mid-save (minutes for a 7B run) leaves
-        the previous checkpoint whole and a staging folder that the next save removes
-        (lightning_modules/checkpoints.py). A single file (``save_distributed_checkpoint=False``) is Lightning's own
+        once every rank has written its shard and rank 0 ``meta.pt`` and the checksums of every file
+        (``checksums.json``, verified before a resume): a kill mid-save (minutes for a 7B run) leaves the previous
+        checkpoint whole and a staging folder that the next save removes (lightning_modules/checkpoints.py). A single file (``save_distributed_checkpoint=False``) is Lightning's own
         atomic save."""
         if not self._save_distributed_checkpoint:
             return super().save_checkpoint(checkpoint, filepath, storage_options)
-        from lightning_modules.checkpoints import staging_path, switch
+        from lightning_modules.checkpoints import staging_path, switch, write_manifest
 
         # every rank writes into the same staging folder: rank 0 names it
         final, token = self.broadcast((str(filepath), secrets.token_hex(4)))
@@ -78,9 +78,26 @@ class FSDP2Strategy(ModelParallelStrategy):
         staging = staging_path(final, token)
         self._write_staging(checkpoint, staging, storage_options)
         self.barrier("FSDP2Strategy.save_checkpoint: written")
+        sums = self._checksums(staging)
         if self.global_rank == 0:
+            write_manifest(staging, sums)  # the last file: checked at load, so a shard's changed bytes are found
             switch(staging, final)
         self.barrier("FSDP2Strategy.save_checkpoint: switched")
+
+    def _checksums(self, staging: Path) -> dict[str, list]:
+        """The CRC-32 of every file of the staging folder, each rank reading its share (rank 0 lists the files: one
+        listing, whatever a network filesystem's directory cache shows the others) and rank 0 receiving them all."""
+        import torch.distributed as dist
+
+        from lightning_modules.checkpoints import checksums
+
+        names = self.broadcast(sorted(p.name for p in staging.iterdir()) if self.global_rank == 0 else None)
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return checksums(staging, names)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        shares: list[Any] = [None] * world
+        dist.all_gather_object(shares, checksums(staging, names[rank::world]))
+        return {name: s for share in shares for name, s in share.items()}
 
     def _write_staging(self, checkpoint: dict[str, Any], staging: Path, storage_options: Any = None) -> None:
         super().save_checkpoint(checkpoint, staging, storage_options)

@@ -8,6 +8,7 @@ import contextlib
 import io
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import lightning_modules.rewards as rewards_module
 from lightning_modules.rewards import (
     ACCURACY_REWARDS,
     DIVERSITY_REWARD_FORMS,
+    MAX_COMPLETION_CHARS,
     DiversitySmoother,
     Tags,
     diversity_reward,
@@ -429,7 +432,8 @@ def huge() -> dict[str, str]:
     mb = 1 << 20
     return {
         "digits": full(answer="[" + "1" * (10 * mb)),
-        "spaces": full().replace("\n", " " * (10 * mb), 1),
+        "spaces": full().replace("\n", " " * (MAX_COMPLETION_CHARS - 1_000), 1),  # within what is read
+        "spaces-beyond": full().replace("\n", " " * (10 * mb), 1),
         "diversity-digits": full(diversity="0." + "5" * (2 * mb) + "x"),
         "brackets": full(answer="[ 1, " * (mb // 16)),
         "boxes": full(answer=", ".join(["[1, 2, 3, 4]"] * 5_000)),
@@ -440,7 +444,31 @@ def huge() -> dict[str, str]:
 def test_huge_completions_never_raise(huge):
     assert_rewards_hold(list(huge.values()))
     assert parse_completion(huge["spaces"]).format_ok
+    assert not parse_completion(huge["spaces-beyond"]).format_ok  # its answer lies past the first MiB: not read
     assert len(parse_completion(huge["boxes"]).boxes) == 5_000
+
+
+def test_a_10_mb_completion_is_scored_on_its_first_mib(monkeypatch):
+    """A runaway completion of 10 MB and 1M boxes (plain string, or as a conversational message) is read up to
+    ``MAX_COMPLETION_CHARS`` before any parsing: it scores as its first MiB does, and the parser never sees more (it
+    took 5-60 s to parse whole; the first MiB, 75k boxes, ~0.5 s on a loaded 2-core machine)."""
+    box = "[1, 2, 3, 4],"
+    runaway = full(answer=box * (10 * 2**20 // len(box)))
+    assert len(runaway) > 10 * 2**20 and runaway.count(box) > 800_000
+    first_mib = runaway[:MAX_COMPLETION_CHARS]
+    gt = [[1, 2, 3, 4], [10, 20, 110, 220]]
+    expected = ovd_reward([first_mib], gt) + rec_accuracy_reward([first_mib], [1, 2, 3, 4])
+    assert 0.0 < expected[0] < 1e-3 and expected[1] == 1.0  # s_ovd = 2 / ~75k boxes read
+
+    parsed_lengths = []
+    real_extract = rewards_module.extract_boxes
+    monkeypatch.setattr(rewards_module, "extract_boxes", lambda t: parsed_lengths.append(len(t)) or real_extract(t))
+    for completion in (runaway, [{"role": "assistant", "content": runaway}]):
+        start = time.perf_counter()
+        scored = ovd_reward([completion], gt) + rec_accuracy_reward([completion], [1, 2, 3, 4])
+        assert time.perf_counter() - start < 5.0  # generous for a loaded machine; whole, it took 5-60 s
+        assert scored == expected
+    assert parsed_lengths and max(parsed_lengths) < MAX_COMPLETION_CHARS
 
 
 ODD = [None, 0, -1, 2**70, 1.5, math.nan, math.inf, True, b"<answer>[1, 2, 3, 4]</answer>", bytearray(b"[1,2,3,4]"),

@@ -305,3 +305,32 @@ def test_grabcut_keeps_the_toy_object_not_its_box():
         box_ious.append(true.sum() / ((x2 - x1) * (y2 - y1)))
     assert np.median(ious) >= 0.8, np.median(ious)  # 0.86 measured
     assert np.median(ious) > np.median(box_ious) + 0.05  # the whole box keeps a lot of background
+
+
+# --- LocalServer's temp folder ---------------------------------------------------------------------------------------
+
+
+def test_a_start_removes_the_synth_local_folders_of_dead_processes(tmp_path, monkeypatch):
+    """A killed trainer cannot remove its `LocalServer` folder (``synth-local-<pid>-*``); the next start removes the
+    folders whose pid is dead, or is this process's but none of its running servers' (a container restarted under the
+    same pid), and keeps a live process's, this process's running server's, and an old unnamed one."""
+    import os
+
+    from synth import client
+
+    dead = subprocess.Popen([sys.executable, "-c", ""])
+    dead.wait()  # reaped: its pid names no process now
+    names = {
+        "dead": f"synth-local-{dead.pid}-x1",
+        "restarted": f"synth-local-{os.getpid()}-x2",
+        "running": f"synth-local-{os.getpid()}-x3",
+        "live": f"synth-local-{os.getppid()}-x4",
+        "unnamed": "synth-local-x5",
+    }
+    for name in names.values():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "server.log").write_text("log")
+    monkeypatch.setattr(client, "_own_local_dirs", {str(tmp_path / names["running"])})
+    removed = client.remove_stale_local_dirs(tmp_path)
+    assert sorted(p.name for p in removed) == sorted([names["dead"], names["restarted"]])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[k] for k in ("running", "live", "unnamed"))
