@@ -190,6 +190,8 @@ def doc_commands() -> list[tuple[str, str]]:
                 out.append((path.name, line))
         for span in re.findall(r"`([^`]+)`", prose):
             span = " ".join(span.split())
+            if re.fullmatch(r"--[\w.]+\.help \w+", span):  # a help flag in prose: `--model.method.help SynGRPO`
+                span = f"python train.py fit {span}"
             if ENV.sub("", span).startswith(PROGRAMS):
                 out.append((path.name, span))
     return out
