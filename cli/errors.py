@@ -220,7 +220,8 @@ def config_key_error(message: str, config_files: Sequence[str], argv: Sequence[s
     """``FILE:LINE: unknown key ... (did you mean ...?)`` when the parser's unknown key comes from a config file (not
     from a flag on the command line), else None."""
     path = unknown_key(message)
-    if not path or any(path[-1] in tok for tok in argv if tok.startswith("--")):
+    flags = [tok.split("=", 1)[0] for tok in argv if tok.startswith("--")]
+    if not path or any(f.endswith(f".{path[-1]}") for f in flags):  # the key came from a flag: explain() names it
         return None
     hit = locate_key(path, config_files)
     if hit is None:

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -252,6 +253,8 @@ def _parses(argv: list[str], monkeypatch) -> str | None:
         m.setattr(argparse.ArgumentParser, "parse_args", parse_only)
         m.setattr(argparse.ArgumentParser, "parse_known_args", parse_known_only)
         m.setattr(sys, "argv", argv[1:] if argv[1] != "-m" else argv[2:])
+        m.setattr(warnings, "filters", list(warnings.filters))  # runpy's note on a module imported already
+        warnings.simplefilter("ignore", RuntimeWarning)
         try:
             if argv[1] == "-m":
                 runpy.run_module(argv[2], run_name="__main__", alter_sys=False)
