@@ -45,13 +45,18 @@ def colour_key(draw: ImageDraw.ImageDraw, xy: tuple[int, int], entries: Sequence
         x += 13 + CHAR_W * len(meaning) + 12
 
 
-def version_label(version: int, epoch: int) -> str:
-    """What a lineage tile says. Version k > 0 was painted from descriptions written during (0-based, Lightning's)
-    epoch ``epoch`` and swapped in at its end, so it is what epoch ``epoch + 1`` trains on."""
-    return "original (from epoch 0)" if version == 0 else f"v{version} (from epoch {epoch + 1})"
+def version_label(version: int, epoch: int, max_epochs: int | None = None) -> str:
+    """What a lineage tile says. ``epoch`` is the version's (``datamodules.synthetic.Version.epoch``): the first
+    (0-based, Lightning's) epoch that trains on it, since a version painted from epoch e's descriptions is swapped in
+    at e's end. The swap at the last epoch's end makes a version no epoch of this run trains on: it says so."""
+    if version == 0:
+        return "original (from epoch 0)"
+    if max_epochs is not None and max_epochs > 0 and epoch >= max_epochs:
+        return f"v{version} (after the last epoch)"
+    return f"v{version} (from epoch {epoch})"
 
 
-def lineage_strip(versions, query: str = "", tile: int = 224) -> Image.Image:
+def lineage_strip(versions, query: str = "", tile: int = 224, max_epochs: int | None = None) -> Image.Image:
     """One row: every version of a sample (``datamodules.synthetic.Version``) with its boxes, captioned.
 
     Under each tile: which epoch first trains on it (:func:`version_label`) and the description that made it, wrapped
@@ -69,7 +74,7 @@ def lineage_strip(versions, query: str = "", tile: int = 224) -> Image.Image:
         scale = tile / max(img.size)
         img = img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))))
         strip.paste(img, (i * tile, 0))
-        draw.text((i * tile + 4, tile + 2), version_label(v.version, v.epoch), fill=(0, 0, 0))
+        draw.text((i * tile + 4, tile + 2), version_label(v.version, v.epoch, max_epochs), fill=(0, 0, 0))
         if v.description:
             for k, line in enumerate(wrap(v.description, tile - 8, desc_lines)):
                 draw.text((i * tile + 4, tile + 2 + LINE_H * (k + 1)), line, fill=(80, 80, 80))

@@ -450,6 +450,20 @@ def _rec_score(boxes, gt_boxes) -> str:
     return f"IoU {rewards.iou(boxes[0], gt_boxes[0]):.2f}" if boxes else "no box"
 
 
+def gallery_key(n_sets: int, colours: Sequence[tuple[int, int, int]]) -> list[tuple[tuple[int, int, int], str]]:
+    """The colour key of a panel of ``n_sets`` predicted box sets: ground truth, then ``prediction`` (one set) or every
+    colour with the completion it marks (``#0``, ``#1``, ..., as the panel's lines number them; past the last colour
+    they repeat, which the key says)."""
+    key = [(GT_COLOUR, "ground truth")]
+    if n_sets <= 1:
+        return key + [(colours[0], "prediction")]
+    shown = min(n_sets, len(colours))
+    key += [(colours[k], f"#{k}") for k in range(shown)]
+    if n_sets > shown:
+        key[-1] = (colours[shown - 1], f"#{shown - 1} (then the colours repeat: #{shown} is #0's)")
+    return key
+
+
 def gallery_panel(
     image: Image.Image,
     gt_boxes: Sequence[Sequence[float]],
@@ -481,12 +495,7 @@ def gallery_panel(
     wrapped: list[str] = []
     for line in lines:
         wrapped += wrap(str(line), img.width - 6, max_lines=3)
-    key = [(GT_COLOUR, "ground truth")]
-    key += (
-        [(colours[0], "prediction")]
-        if len(pred_boxes) <= 1
-        else [(colours[0], "completion 1"), (colours[1 % len(colours)], "2 ...")]
-    )
+    key = gallery_key(len(pred_boxes), colours)
     panel = Image.new("RGB", (img.width, img.height + LINE_H * (len(wrapped) + 1) + 8), (255, 255, 255))
     panel.paste(img, (0, 0))
     draw = ImageDraw.Draw(panel)
@@ -631,6 +640,9 @@ class RolloutGallery(Callback):
         first = [i for i in range(len(texts)) if index[i] == 0]  # every row of the batch's first sample
         s = batch[0]
         sets, lines = [], [f"{s.sample_id} | {s.query} | step {trainer.global_step}, G={len(first)}"]
+        lines.append(
+            "#i: completion i (its box in the key's colour); v: its <diversity> score; its score; its description"
+        )
         for i, (text, boxes) in enumerate((texts[r], outputs["boxes"][r]) for r in first):  # boxes: original pixels
             p = rewards.parse_completion(text)
             sets.append(boxes)

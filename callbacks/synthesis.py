@@ -486,7 +486,7 @@ class SynthesisCallback(Callback):
                     on_step=False,
                     on_epoch=True,
                 )
-            self._write_gallery(trainer, epoch)
+            self._write_gallery(trainer)
 
     def _collect(self, trainer: L.Trainer) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         if not self.strategy.paints:  # question edits only: no server, no jobs
@@ -563,7 +563,7 @@ class SynthesisCallback(Callback):
         return swaps, report
 
     # ------------------------------------------------------------------------------------------------ gallery
-    def _write_gallery(self, trainer: L.Trainer, epoch: int) -> None:
+    def _write_gallery(self, trainer: L.Trainer) -> None:
         if self.gallery_samples <= 0:
             return
         from callbacks.gallery import lineage_strip
@@ -574,10 +574,12 @@ class SynthesisCallback(Callback):
         out_dir = Path(self.gallery_dir) if self.gallery_dir else Path(trainer.default_root_dir) / "lineage"
         out_dir.mkdir(parents=True, exist_ok=True)
         images = []
+        max_epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else None
         for sid in evolved[: self.gallery_samples]:
-            strip = lineage_strip(self._pool.lineage(sid), query=self._pool.entries[sid].record.query)
-            path = out_dir / f"{sid}@e{epoch}.png"
-            strip.save(path)
+            strip = lineage_strip(
+                self._pool.lineage(sid), query=self._pool.entries[sid].record.query, max_epochs=max_epochs
+            )
+            strip.save(out_dir / f"{sid}.png")  # one strip per sample, the whole lineage (rewritten at each swap)
             images.append(strip)
         for logger in trainer.loggers:
             if hasattr(logger, "log_image"):

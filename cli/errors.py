@@ -169,3 +169,71 @@ def locate_value(value: str, config_files: Iterable[str | Path]) -> str:
             if value and value in line:
                 where = f"{f}:{i}"
     return where
+
+
+_NOT_ACCEPTED_BY = re.compile(
+    r"(?:Group '(?P<group>[^']+)'|Subcommand '[^']+') does not accept option '(?P<opt>[^']+)'"
+)
+
+
+def unknown_key(message: str) -> list[str] | None:
+    """The unknown key of a parser error as its path without ``init_args`` (``["model", "kl", "coeff"]``), or None."""
+    raw = str(message)
+    keys = _KEYS.findall(raw)
+    m = _NOT_ACCEPTED_BY.search(raw)
+    if m:
+        return [*keys, *(m["group"].split(".") if m["group"] else []), *m["opt"].split(".")]
+    m = _NOT_ACCEPTED.search(raw)
+    return [*keys, *m["opt"].split(".")] if m and keys else None
+
+
+def locate_key(path: Sequence[str], config_files: Iterable[str | Path]) -> tuple[str, int, list[str]] | None:
+    """(file, line, the key's path as written there) of ``path`` in the last config file that has it; ``init_args``
+    levels in the file are skipped over (``model.init_args.kl.coeff`` is ``["model", "kl", "coeff"]``)."""
+    import yaml
+
+    def find(node, rest: list[str], seen: list[str]):
+        if not isinstance(node, yaml.MappingNode):
+            return None
+        for k, v in node.value:
+            if k.value == rest[0]:
+                if len(rest) == 1:
+                    return k.start_mark.line + 1, [*seen, k.value]
+                if (hit := find(v, rest[1:], [*seen, k.value])) is not None:
+                    return hit
+            elif k.value == "init_args" and (hit := find(v, rest, [*seen, k.value])) is not None:
+                return hit
+        return None
+
+    found = None
+    for f in config_files:
+        try:
+            node = yaml.compose(Path(f).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            continue
+        if path and (hit := find(node, list(path), [])) is not None:
+            found = (str(f), hit[0], hit[1])
+    return found
+
+
+def config_key_error(message: str, config_files: Sequence[str], argv: Sequence[str], known_flags: Sequence[str]):
+    """``FILE:LINE: unknown key ... (did you mean ...?)`` when the parser's unknown key comes from a config file (not
+    from a flag on the command line), else None."""
+    path = unknown_key(message)
+    flags = [tok.split("=", 1)[0] for tok in argv if tok.startswith("--")]
+    if not path or any(f.endswith(f".{path[-1]}") for f in flags):  # the key came from a flag: explain() names it
+        return None
+    hit = locate_key(path, config_files)
+    if hit is None:
+        return None
+    file, line, written = hit
+    close = difflib.get_close_matches("--" + ".".join(path), known_flags, n=1, cutoff=0.75)
+    hint = f" (did you mean {close[0].rsplit('.', 1)[-1]}?)" if close else ""
+    where = ".".join(written[:-1])
+    return (
+        f"{file}:{line}: unknown key {written[-1]}" + (f" under {where}" if where else "") + f"{hint}; "
+        f"`python train.py fit --{'model.method' if path[:2] == ['model', 'method'] else path[0]}.help CLASS` lists "
+        "the keys"
+        if path[0] in ("model", "data")
+        else f"{file}:{line}: unknown key {'.'.join(written)}{hint}; `python train.py fit --help` lists the keys"
+    )

@@ -19,7 +19,6 @@ LightningCLI (``parser_mode="omegaconf"``) with what a researcher needs on top (
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -54,7 +53,9 @@ from jsonargparse import Namespace  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
 
-from cli.errors import ConfigError, explain, fail, init_flags, locate_value  # noqa: E402
+from cli.errors import ConfigError, config_key_error, explain, fail, init_flags, locate_value  # noqa: E402
+from cli.help import HelpFormatter, method_help_value, print_method_help  # noqa: E402
+from cli.resume_checks import finished_run_line, missing_checkpoint_line  # noqa: E402
 from cli.toy_checkpoints import missing_checkpoint_message  # noqa: E402
 from core.records import DataError  # noqa: E402
 from lightning_modules.methods.base import METHODS  # noqa: E402
@@ -67,9 +68,10 @@ Syn-GRPO. Start from a config and change single values with flags:
   python train.py export --config configs/tiny.yaml --ckpt_path outputs/tiny/checkpoints/last.ckpt --out DIR
 Project options: --name / --method (the run and its folder outputs/<name>[-<method>]/), --callbacks.<name>
 (named callbacks: checkpoint, synthesis, metrics, gallery, results, progress, completions, predictions; null removes
-one). A module's own arguments: --model.help GRPOModule (or SFTModule); data: --data.help SyntheticDataModule.
-Errors print one line and exit 2 (a flag or config), 3 (a data file) or 4 (a model that cannot be loaded);
---debug shows the traceback."""
+one). A module's own arguments: --model.help GRPOModule (or SFTModule); a method's: --model.method.help SynGRPO;
+data: --data.help SyntheticDataModule.
+Errors print one line and exit 2 (a flag or config), 3 (a data file) or 4 (a model that cannot be loaded)
+(docs/outputs.md, "Exit status"); --debug shows the traceback."""
 
 RUN_ROOT = "outputs"
 """Run folders go under this folder (relative to the working directory) unless --trainer.default_root_dir is set."""
@@ -111,13 +113,21 @@ class ProjectParser(LightningArgumentParser):
     """``LightningArgumentParser`` with OmegaConf interpolation, no flag abbreviations (``--trainer.max_step`` is an
     error, not ``--trainer.max_steps``) and one-line errors (``cli.errors.explain``)."""
 
+    _argv: list[str] = []
+    """The command line last parsed."""
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("parser_mode", "omegaconf")
         kwargs.setdefault("allow_abbrev", False)
+        kwargs["formatter_class"] = HelpFormatter  # subcommands take the top parser's: examples keep their lines
         super().__init__(*args, **kwargs)
 
     def parse_args(self, args: Any = None, *a: Any, **kw: Any) -> Namespace:
         args = list(sys.argv[1:] if args is None else args)
+        ProjectParser._argv = args  # for error(): a key of a config file is named with its file and line
+        asked, value = method_help_value(args)
+        if asked and "--help" not in args and "-h" not in args:
+            print_method_help(value)  # the flags in full, with or without a --config (cli/help.py)
         return super().parse_args(merge_named_callbacks(args), *a, **kw)
 
     def _known_flags(self) -> list[str]:
@@ -139,7 +149,9 @@ class ProjectParser(LightningArgumentParser):
             return super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
         known = parser._known_flags() if isinstance(parser, ProjectParser) else []
-        fail(explain(message, known))
+        argv = ProjectParser._argv
+        in_file = config_key_error(message, [f for _, f in _config_files(argv)], argv, known)
+        fail(in_file or explain(message, known))
 
 
 def _config_files(args: list[str]) -> list[tuple[int, str]]:
@@ -330,7 +342,6 @@ class SynGRPOCLI(LightningCLI):
 
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs: Any) -> LightningArgumentParser:
         kwargs["description"] = f"{kwargs.get('description') or subcommand}\n\n{PROJECT_HELP}"
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
         if subcommand in ("validate", "test"):
             parser.set_defaults(verbose=False)  # callbacks.results.ResultsTable prints the table (once)
@@ -409,14 +420,14 @@ class SynGRPOCLI(LightningCLI):
         flag = "--model.init_args.policy.model_name_or_path"
         path = policy.get("model_name_or_path") if policy is not None else None
         if path and not args.get("build_tiny") and (missing := missing_checkpoint_message(path)):
-            fail(missing)  # a toy checkpoint git does not keep: the make target that builds it
-        looks_local = str(path).startswith(("/", ".", "~")) or str(path).count("/") != 1  # a hub id is org/name
-        if path and looks_local and not args.get("build_tiny") and not _has_model(path):
+            fail(missing, EXIT_CODES["model"])  # a toy checkpoint git does not keep: the make target that builds it
+        if path and _looks_local(str(path)) and not args.get("build_tiny") and not _has_model(path):
             where = locate_value(str(path), files)
             fail(
                 f"{flag} {path}: no model there (no config.json)"
-                + (f"; edit {where}" if where else "")
-                + f" and point it at a local copy of the model (a save_pretrained directory), or pass {flag} DIR"
+                + (f"; edit {where} and point it" if where else "; point it")
+                + f" at a local copy of the model (a save_pretrained directory), or pass {flag} DIR",
+                EXIT_CODES["model"],
             )
         data = cfg.get("data")
         dargs = data.get("init_args") if isinstance(data, Namespace) else None
@@ -425,8 +436,9 @@ class SynGRPOCLI(LightningCLI):
             where = locate_value(str(root), files)
             fail(
                 f"--data.init_args.data_root {root}: no such folder"
-                + (f"; edit {where}" if where else "")
-                + " to point at your JSONL files (docs/interfaces.md), or pass --data.init_args.data_root DIR"
+                + (f"; edit {where} to point it" if where else "; point it")
+                + " at your JSONL files (docs/interfaces.md), or pass --data.init_args.data_root DIR",
+                EXIT_CODES["data"],
             )
 
     def _parse_ckpt_path(self) -> None:
@@ -439,6 +451,9 @@ class SynGRPOCLI(LightningCLI):
             run = run_name(cfg.get("name"), cfg.get("method"))
             cfg.ckpt_path = intact_checkpoint(str(ckpt), use_intact=bool(cfg.get("resume_intact")), run=run)
         self._apply_ckpt_hparams()
+        cfg = self.config[sub] if sub == "fit" else None
+        if cfg is not None and cfg.get("ckpt_path") and Path(cfg.ckpt_path).is_file():
+            _say_if_finished(cfg.ckpt_path, cfg.get("trainer"))
 
     def _apply_ckpt_hparams(self) -> None:
         """As LightningCLI's ``_parse_ckpt_path``: the checkpoint's hyperparameters override the config's (a resume
@@ -519,10 +534,7 @@ def intact_checkpoint(ckpt: str, *, use_intact: bool = False, run: str = "run") 
     intact = newest_intact(path.parent, skip=path, contents=contents)
     if reason == "missing":
         if intact is None:
-            fail(
-                f"--ckpt_path {ckpt}: no such file (nor a distributed checkpoint folder with a meta.pt); checkpoints "
-                f"of a run are in <run folder>/checkpoints/ (e.g. {RUN_ROOT}/{run}/checkpoints/last.ckpt)"
-            )
+            fail(missing_checkpoint_line(ckpt, run, RUN_ROOT))  # the checkpoints that exist (cli/resume_checks.py)
         what = f"--ckpt_path {ckpt}: no such file or folder"
     else:
         what = f"--ckpt_path {ckpt} is damaged: {reason}"
@@ -538,10 +550,30 @@ def intact_checkpoint(ckpt: str, *, use_intact: bool = False, run: str = "run") 
     return str(intact)
 
 
+def _say_if_finished(ckpt: str, trainer: Any) -> None:
+    """One line on stderr when ``ckpt``'s run has reached the trainer's ``max_steps`` / ``max_epochs`` (a resume that
+    trains nothing would otherwise end with no word)."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    state = torch.load(ckpt, weights_only=True, map_location="cpu", mmap=True)  # memory-mapped: no tensors read
+    line = finished_run_line(ckpt, {k: state.get(k) for k in ("epoch", "global_step", "loops")}, trainer)
+    if line and rank_zero_only.rank == 0:
+        print(f"note: {line}", file=sys.stderr, flush=True)
+
+
 def _logger_specs(cfg: Namespace) -> list[Namespace]:
     loggers = cfg.trainer.get("logger")
     specs = loggers if isinstance(loggers, list) else [loggers]
     return [lg for lg in specs if isinstance(lg, Namespace) and "init_args" in lg and "class_path" in lg]
+
+
+def _looks_local(path: str) -> bool:
+    """Whether a model path means a folder on this machine rather than a hub id (``org/name``): a path that starts
+    with ``/``, ``.`` or ``~``, has other than one slash, or whose first part is a folder here
+    (``checkpoints/toy-qwen2.5-vl-missing``)."""
+    if path.startswith(("/", ".", "~")) or path.count("/") != 1:
+        return True
+    return Path(path.split("/", 1)[0]).is_dir()
 
 
 def _has_model(path: str) -> bool:

@@ -32,7 +32,8 @@ class Version:
     image_path: str
     boxes: list[list[float]]
     epoch: int = 0
-    """Training epoch whose descriptions produced it (0 for the original)."""
+    """The first (0-based) training epoch that trains on it: a version painted from epoch e's descriptions is swapped
+    in at e's end with ``epoch = e + 1`` (0 for the original)."""
     description: str | None = None
     parent: int | None = None
     job_id: str | None = None

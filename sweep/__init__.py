@@ -131,13 +131,17 @@ def run_points(
     env: Mapping[str, str] | None = None,
     quiet: bool = False,
     on_done: Callable[[Point], None] | None = None,
+    status_every: float = 60.0,
 ) -> None:
     """Run every point's command (``jobs`` at a time) in the repository root, each with its output in
     ``<folder>/<log_name>`` (``train.log``); fills ``returncode``, ``seconds`` and ``log``. A point's ``then`` starts
-    (before the points still pending) once the point exits with 0; ``on_done(point)`` is called as each one exits."""
+    (before the points still pending) once the point exits with 0; ``on_done(point)`` is called as each one exits.
+    Unless ``quiet``, every ``status_every`` seconds one ``[run  ]`` line per running point says where it is
+    (:func:`progress`), so a sweep of long fits is never silent between its ``[start]`` and ``[done ]`` lines."""
     env = {**os.environ, **(env or {})}
     pending = list(points)
     running: list[tuple[Point, subprocess.Popen, float, Any]] = []
+    last_status = time.monotonic()
     while pending or running:
         while pending and len(running) < max(1, jobs):
             p = pending.pop(0)
@@ -168,6 +172,38 @@ def run_points(
             if rc == 0 and p.then is not None:
                 pending.insert(0, p.then)
         running = still
+        if not quiet and running and time.monotonic() - last_status >= status_every:
+            last_status = time.monotonic()
+            for p, _, t0, _ in running:
+                print(f"[run  ] {p.name}: {(last_status - t0) / 60:.0f} min, {progress(p)}", flush=True)
+
+
+def progress(p: Point) -> str:
+    """Where a running point is: the step and epoch of the last line of its ``metrics.jsonl`` (with its newest
+    validation figure), else the last line of its log, else ``starting``."""
+    row = _last_line(p.folder / "metrics.jsonl") if p.folder is not None else ""
+    try:
+        rec = json.loads(row) if row else None
+    except json.JSONDecodeError:
+        rec = None
+    if isinstance(rec, dict) and "step" in rec:
+        val = next((f", {k} {v:.3g}" for k, v in rec.items() if k.startswith("val/") and isinstance(v, float)), "")
+        return f"step {rec['step']}" + (f", epoch {rec['epoch']}" if "epoch" in rec else "") + val
+    line = _last_line(p.log) if p.log is not None else ""
+    return line[-120:] if line else "starting"
+
+
+def _last_line(path: Path, tail: int = 8192) -> str:
+    """The last non-empty line (a progress bar's last ``\\r`` frame) of ``path``'s last ``tail`` bytes, or ``""``."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - tail))
+            text = fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    lines = [ln.strip() for ln in text.replace("\r", "\n").splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
 
 
 def collect(points: list[Point], out: Path, metric: str | None = None):

@@ -17,6 +17,7 @@ import stat
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait as mp_wait
 from pathlib import Path
@@ -158,6 +159,11 @@ class JobManager:
         self._started_at = time.time()
         self.server_id = uuid.uuid4().hex[:12]
         self.output_dir = cfg.resolved_output_dir()
+        self._ever_ready = False
+        self.on_never_started: Callable[[str], None] | None = None
+        """Called (on the dispatcher thread, with the reason) when every worker is given up and none was ever ready:
+        ``python -m synth.server`` then exits non-zero rather than serve with no worker (a server started by
+        :func:`create_app` alone keeps answering ``failed`` / 503)."""
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
 
@@ -351,6 +357,7 @@ class JobManager:
                 return
             if was_ready:
                 w.start_failures = 0
+                self._ever_ready = True
             else:
                 w.start_failures += 1
                 w.error = w.error or f"worker {w.index} ({w.device}) {reason} before its painter was ready"
@@ -374,6 +381,8 @@ class JobManager:
                 job.error, job.finished_at, job.inp = msg, time.time(), None
                 self._set_state(job, JobState.failed)
         self._pending.clear()
+        if not self._ever_ready and self.on_never_started is not None:
+            self.on_never_started(self._workers[0].error or msg)
 
     def _kill(self, w: _Worker, reason: str) -> None:
         if w.proc is not None and w.proc.is_alive():

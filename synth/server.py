@@ -471,6 +471,11 @@ def token_main(argv: list[str]) -> int:
     return 0
 
 
+EXIT_NO_WORKER = 4
+"""``python -m synth.server``'s exit status when no worker ever started (missing weights, a bad device): 4, the
+project's status for a model that cannot be loaded (docs/outputs.md, "Exit status"); 2 is a bad config or flag."""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["token"]:
@@ -535,6 +540,13 @@ def main(argv: list[str] | None = None) -> int:
             super().handle_exit(sig, frame)
 
     server = _Server(uvicorn.Config(app, log_level=cfg.log_level.lower(), access_log=False, lifespan="on"))
+    never_started: list[str] = []
+
+    def stop_never_started(reason: str) -> None:  # serving with no worker would only answer 503
+        never_started.append(reason)
+        server.should_exit = True
+
+    manager.on_never_started = stop_never_started
 
     if args.parent_pid:
 
@@ -556,6 +568,14 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     server.run(sockets=[sock])
+    if never_started:
+        print(
+            f"synth.server: exiting, the workers cannot start: {never_started[0]} (fix the painter / foreground "
+            f"paths or the devices in {args.config or 'the config'} and start again)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_NO_WORKER
     return 0
 
 

@@ -433,6 +433,15 @@ def test_gallery_scores_a_no_target_query_without_a_box_to_compare():
     assert _rec_score([], []) == "no target: no box"
 
 
+def test_a_group_panel_s_key_names_every_colour_it_draws():
+    from callbacks.logging import _GROUP_COLOURS, GT_COLOUR, gallery_key
+
+    six = gallery_key(6, _GROUP_COLOURS)  # G = 6: ground truth and #0 ... #5, each in its box's colour
+    assert six == [(GT_COLOUR, "ground truth")] + [(_GROUP_COLOURS[k], f"#{k}") for k in range(6)]
+    assert gallery_key(1, _GROUP_COLOURS)[1][1] == "prediction"
+    assert "then the colours repeat" in gallery_key(len(_GROUP_COLOURS) + 2, _GROUP_COLOURS)[-1][1]
+
+
 def test_gallery_text_wraps_between_words_and_lineage_labels_say_which_epoch_trains_on_a_version():
     from callbacks.gallery import version_label, wrap
 
@@ -441,5 +450,8 @@ def test_gallery_text_wraps_between_words_and_lineage_labels_say_which_epoch_tra
         "a striped blue and white background with many small green triangles".split()
     )
     assert wrap("one two three four five six seven eight nine ten", 60, max_lines=2)[-1].endswith("...")
-    # a version painted from epoch 0's descriptions is swapped in at its end: epoch 1 is the first to train on it
-    assert version_label(0, 0) == "original (from epoch 0)" and version_label(1, 0) == "v1 (from epoch 1)"
+    # a version painted from epoch 0's descriptions is swapped in at its end, stored with epoch 1: the first to train
+    # on it; the swap at the last epoch's end (a 3-epoch run: epochs 0-2) makes one no epoch trains on
+    assert version_label(0, 0) == "original (from epoch 0)" and version_label(1, 1) == "v1 (from epoch 1)"
+    assert version_label(2, 2, max_epochs=3) == "v2 (from epoch 2)"
+    assert version_label(3, 3, max_epochs=3) == "v3 (after the last epoch)"

@@ -156,6 +156,17 @@ def test_split_spec(spec, expected):
     assert A.split_spec(spec) == expected
 
 
+def test_figures_go_beside_the_runs_unless_out_says_otherwise():
+    """The README's notebook line names a sweep folder (RUNS and --output-dir): its figures land there, not in a
+    fixed outputs/figures."""
+    from analysis.outputs import figures_dir
+
+    assert figures_dir("outputs/sweeps/syn-grpo-beta") == "outputs/sweeps/syn-grpo-beta/figures"
+    assert figures_dir("outputs/tiny/metrics.jsonl") == "outputs/tiny/figures"
+    assert figures_dir("grpo=outputs/grpo,syn-grpo=outputs/tiny") == "outputs/figures"
+    assert figures_dir("wandb:e/p/r") == "outputs/figures"
+
+
 def test_wandb_api_is_skipped_without_a_key(monkeypatch, capsys):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     assert A.load_wandb_api(["entity/project/abc123"]) == []

@@ -18,11 +18,11 @@ REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "configs/tiny.yaml")
 
 
-def _error(args: list[str], capsys) -> str:
-    """The stderr of a command line that must fail with exit status 2, as one line."""
+def _error(args: list[str], capsys, code: int = 2) -> str:
+    """The stderr of a command line that must fail with exit status ``code`` (2: a flag or config), as one line."""
     with pytest.raises(SystemExit) as exc:
         main(args)
-    assert exc.value.code == 2
+    assert exc.value.code == code
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err, err
     return err
@@ -60,21 +60,64 @@ def test_bad_choice_names_the_flag_and_the_choices(capsys):
 
 def test_missing_model_path_names_the_flag_before_anything_starts(capsys, tmp_path):
     err = _error(
-        ["fit", "--config", TINY, "--model.init_args.policy.model_name_or_path", str(tmp_path / "nope")], capsys
+        ["fit", "--config", TINY, "--model.init_args.policy.model_name_or_path", str(tmp_path / "nope")], capsys, 4
     )
     assert "--model.init_args.policy.model_name_or_path" in err and "config.json" in err
     assert not (tmp_path / "nope").exists()
 
 
 def test_placeholder_data_path_points_at_the_config_line(capsys):
-    err = _error(["fit", "--config", str(REPO / "configs/rec_3b_1gpu.yaml")], capsys)
+    err = _error(["fit", "--config", str(REPO / "configs/rec_3b_1gpu.yaml")], capsys, 4)
     # the model path is checked first: the placeholder in the paper config names its file and line
     assert "model_name_or_path /path/to/Qwen2.5-VL-3B-Instruct" in err and "configs/rec_3b_1gpu.yaml:" in err
 
 
-def test_missing_checkpoint_says_where_checkpoints_are(capsys, tmp_path):
-    err = _error(["test", "--config", TINY, "--ckpt_path", str(tmp_path / "last.ckpt")], capsys)
-    assert "--ckpt_path" in err and "outputs/tiny/checkpoints/last.ckpt" in err
+def test_a_missing_checkpoint_lists_the_checkpoints_that_exist(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # outputs/ of this folder
+    gone = "outputs/tiny/checkpoints/last.ckpt"
+    err = _error(["test", "--config", TINY, "--ckpt_path", gone], capsys)
+    assert f"--ckpt_path {gone}: no such file" in err and "no run under outputs/ has written a checkpoint yet" in err
+    (tmp_path / "outputs/tiny/checkpoints").mkdir(parents=True)
+    (tmp_path / "outputs/tiny/checkpoints/epoch=0-step=3.ckpt").write_bytes(b"")
+    err = _error(["test", "--config", TINY, "--ckpt_path", str(tmp_path / "elsewhere/last.ckpt")], capsys)
+    assert err.endswith(
+        "the checkpoints in outputs/tiny/checkpoints (newest first): outputs/tiny/checkpoints/epoch=0-step=3.ckpt"
+    )
+
+
+def test_a_missing_local_model_folder_names_the_config_line_and_exits_4(capsys, tmp_path, monkeypatch):
+    """A relative path with one slash whose first folder is here (``checkpoints/...``) is a folder, not a hub id."""
+    monkeypatch.chdir(REPO)
+    cfg = tmp_path / "mine.yaml"
+    cfg.write_text("model:\n  init_args:\n    policy:\n      model_name_or_path: checkpoints/toy-qwen2.5-vl-missing\n")
+    err = _error(["fit", "--config", TINY, "--config", str(cfg)], capsys, 4)
+    assert "checkpoints/toy-qwen2.5-vl-missing: no model there" in err and f"edit {cfg}:4 and point it" in err
+
+
+def test_a_missing_data_folder_exits_3(capsys, tmp_path):
+    args = ["fit", "--config", TINY, "--data.init_args.toy", "null", "--data.init_args.data_root", str(tmp_path / "x")]
+    assert "--data.init_args.data_root" in _error(args, capsys, 3)
+
+
+def test_a_mistake_inside_a_config_file_names_the_file_the_line_and_a_did_you_mean(capsys, tmp_path):
+    cfg = tmp_path / "mine.yaml"
+    cfg.write_text("trainer:\n  max_epochs: 1\nmodel:\n  init_args:\n    kl: {coeff: 0.1}\n")
+    err = _error(["fit", "--config", TINY, "--config", str(cfg)], capsys)
+    assert err.startswith(f"error: {cfg}:5: unknown key coeff under model.init_args.kl (did you mean coef?)")
+    cfg.write_text("trainer:\n  max_epoch: 1\n")
+    err = _error(["fit", "--config", TINY, "--config", str(cfg)], capsys)
+    assert err.startswith(f"error: {cfg}:2: unknown key trainer.max_epoch (did you mean max_epochs?)")
+
+
+def test_resuming_a_finished_run_says_so():
+    from cli.resume_checks import finished_run_line
+
+    state = {"epoch": 3, "global_step": 36, "loops": {"fit_loop": {"epoch_progress": {"current": {"completed": 3}}}}}
+    line = finished_run_line("last.ckpt", state, {"max_epochs": 3, "max_steps": -1})
+    assert "that run is finished, it reached --trainer.max_epochs 3 (it has trained 3 epochs)" in line
+    assert "raise --trainer.max_epochs to train further" in line
+    assert "--trainer.max_steps 36" in finished_run_line("last.ckpt", state, {"max_epochs": 9, "max_steps": 36})
+    assert finished_run_line("last.ckpt", state, {"max_epochs": 6, "max_steps": -1}) is None  # a resume trains on
 
 
 def test_module_value_errors_are_one_line(capsys):
@@ -90,6 +133,32 @@ def test_short_class_names_and_help(capsys):
     assert "--model.optimisation.aggregation {token-mean,seq-mean-token-mean,seq-mean-token-sum-norm}" in out
     cli = cli_main(["--config", TINY, "--model", "GRPOModule", "--data", "SyntheticDataModule"], run=False)
     assert type(cli.model).__name__ == "GRPOModule"
+
+
+def test_a_method_s_help_lists_flags_that_can_be_pasted(capsys):
+    """``--model.method.help SynGRPO`` works with or without a config and lists full flags; one of them, pasted after
+    the config, parses."""
+    for args in (
+        ["fit", "--model.method.help", "SynGRPO"],
+        ["fit", "--config", TINY, "--model.method.help", "SynGRPO"],
+    ):
+        with pytest.raises(SystemExit) as exc:
+            main(args)
+        assert exc.value.code == 0
+        out = capsys.readouterr().out
+        assert "  --model.method.diversity_beta DIVERSITY_BETA" in out and "\n  --method." not in out
+    cfg = _print_config(["fit", "--config", TINY, "--model.method", "SynGRPO", "--model.method.diversity_beta", "0.3"])
+    assert cfg["model"]["init_args"]["method"]["init_args"]["diversity_beta"] == 0.3
+    err = _error(["fit", "--model.method.help", "Nope"], capsys)
+    assert "no such method; choose one of SynGRPO (syn_grpo), GRPO (grpo)" in err
+
+
+def test_fit_help_shows_one_example_command_per_line(capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    lines = capsys.readouterr().out.splitlines()
+    examples = [ln for ln in lines if ln.startswith("  python train.py ")]
+    assert len(examples) >= 4 and all(ln.count("python train.py") == 1 for ln in examples)
 
 
 def test_explain_keeps_unknown_messages():
@@ -122,7 +191,7 @@ def test_named_callbacks_merge_by_name():
 
 def test_one_folder_and_one_name_per_run(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # outside the repository, the configs' relative model path names no folder: one line
-    err = _error(["fit", "--config", TINY, "--trainer.max_steps", "1"], capsys)
+    err = _error(["fit", "--config", TINY, "--trainer.max_steps", "1"], capsys, 4)  # a model that cannot load
     assert "relative to the working directory" in err and str(REPO / "checkpoints/toy-qwen2.5-vl") in err
     model = ["--model.init_args.policy.model_name_or_path", str(REPO / "checkpoints/toy-qwen2.5-vl")]
     overlay = str(REPO / "configs/baselines/syn_grpo_wo_rdiv.yaml")

@@ -150,6 +150,24 @@ def test_only_runs_a_subset_of_the_points(capsys):
     assert "matches no point" in err and "diversity_beta=0.9" in err  # the names to choose from
 
 
+def test_a_running_point_reports_its_progress_between_start_and_done(tmp_path, capsys):
+    """A long fit is not silent: every status_every seconds a [run  ] line names its last logged step."""
+    import sys
+
+    from sweep import Point, run_points
+
+    metrics = tmp_path / "p" / "metrics.jsonl"
+    code = (
+        "import json, time\n"
+        f"open({str(metrics)!r}, 'a').write(json.dumps({{'event': 'train', 'step': 7, 'epoch': 1}}) + '\\n')\n"
+        "time.sleep(1.2)\n"
+    )
+    run_points([Point("p", {}, [sys.executable, "-c", code], folder=tmp_path / "p")], status_every=0.5)
+    out = capsys.readouterr().out
+    assert "[start] p" in out and "[done ] p: ok" in out
+    assert "[run  ] p: 0 min, step 7, epoch 1" in out
+
+
 def test_offline_runner_refuses_what_needs_a_server(tmp_path, capsys):
     from sweep.__main__ import main as sweep_main
 

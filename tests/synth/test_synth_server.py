@@ -284,6 +284,24 @@ def test_a_painter_that_cannot_load_is_reported_clearly(data, tmp_path):
             pass
 
 
+def test_a_server_started_alone_exits_when_no_worker_ever_starts(data, tmp_path):
+    """``python -m synth.server`` whose painter cannot load (missing weights, a bad device) gives up its workers after
+    ``max_restarts`` and exits 4 with the reason, rather than keep serving 503s with no worker (docs/data_server.md)."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    args = ["--port", "0", "--set", "auth=false", "--set", f"output_dir={tmp_path}", "--set", "max_restarts=0"]
+    args += ["--set", "painter.name=no_such_module:Painter", "--set", f"roots=[{data['root']}]"]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "synth.server", *args], cwd=repo, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 4, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("synth.server: exiting, the workers cannot start") and "no_such_module" in last
+
+
 # --- a slow painter: queue limits and crashes ----------------------------------------------------------------------
 
 
