@@ -298,6 +298,8 @@ def test_every_command_of_the_readme_and_the_docs_runs_as_written(gpu_lines, mon
     (GPU and cluster lines as a one-process dry run: the parse does not touch a device), ``python -m`` modules and
     scripts through their argparse parser (stopped there), ``make`` targets in the Makefile. The fits and the
     notebook of the README run for real above; EXEMPT lists what is not run, with the reason."""
+    status = ["git", "status", "--porcelain", "--untracked-files=all"]
+    tree_before = subprocess.run(status, cwd=REPO, capture_output=True, text=True).stdout
     makefile = (REPO / "Makefile").read_text()
     targets = set(re.findall(r"^([\w.-]+):", makefile, flags=re.M))
     run_config = str(next(out for _, out, _ in gpu_lines.values() if (out / "config.yaml").is_file()) / "config.yaml")
@@ -327,4 +329,6 @@ def test_every_command_of_the_readme_and_the_docs_runs_as_written(gpu_lines, mon
         if why:
             failures.append(f"{where}: {command} -> {' '.join(argv)}: {why}")
     assert not failures, "\n".join(failures)
+    tree_after = subprocess.run(status, cwd=REPO, capture_output=True, text=True).stdout
+    assert tree_after == tree_before, "a docs command wrote into the repository (it must stop after its parse)"
     assert exempt_used == set(EXEMPT), f"exemptions no command uses any more: {set(EXEMPT) - exempt_used}"
