@@ -94,15 +94,21 @@ def _load_pkl(path: Path) -> dict:
     except DataError:
         raise
     except Exception as err:  # a truncated or foreign file: pickle raises many kinds
-        raise DataError(f"{path}: not a readable pickle ({type(err).__name__}: {err}); extract d3_pkl.zip again") from None
+        raise DataError(
+            f"{path}: not a readable pickle ({type(err).__name__}: {err}); extract d3_pkl.zip again"
+        ) from None
     if not isinstance(obj, dict) or not all(isinstance(v, dict) for v in obj.values()):
-        raise DataError(f"{path}: expected a dict of id -> record (D3's layout, doc.md 'Key Concepts'); got {type(obj).__name__}")
+        raise DataError(
+            f"{path}: expected a dict of id -> record (D3's layout, doc.md 'Key Concepts'); got {type(obj).__name__}"
+        )
     return obj
 
 
 def _field(rec: dict, key: str, path: Path, rid: Any) -> Any:
     if key not in rec:
-        raise DataError(f"{path}: record {rid!r} has no {key!r} (D3's layout, doc.md 'Key Concepts'); use the official d3_pkl.zip")
+        raise DataError(
+            f"{path}: record {rid!r} has no {key!r} (D3's layout, doc.md 'Key Concepts'); use the official d3_pkl.zip"
+        )
     return rec[key]
 
 
@@ -140,16 +146,22 @@ def read_release(pkl_dir: str | Path, image_root: str | Path) -> tuple[list[dict
         name = _field(img, "file_name", ipath, img_id)
         w, h = int(_field(img, "width", ipath, img_id)), int(_field(img, "height", ipath, img_id))
         if not (image_root / name).is_file():
-            raise DataError(f"{image_root / name}: missing (image {img_id!r} of {ipath}); pass as D3_IMAGES the folder "
-                            "d3_images.zip extracts to")
+            raise DataError(
+                f"{image_root / name}: missing (image {img_id!r} of {ipath}); pass as D3_IMAGES the folder "
+                "d3_images.zip extracts to"
+            )
         gid = _field(img, "group_id", ipath, img_id)
         if gid not in groups:
-            raise DataError(f"{ipath}: image {img_id!r} names group {gid!r}, which {gpath} lacks; use one release's files")
+            raise DataError(
+                f"{ipath}: image {img_id!r} names group {gid!r}, which {gpath} lacks; use one release's files"
+            )
         group = groups[gid]
         by_sent: dict[int, list[list[float]]] = {}
         for aid in _ids(_field(img, "anno_id", ipath, img_id)):
             if aid not in annos:
-                raise DataError(f"{ipath}: image {img_id!r} names annotation {aid!r}, which {apath} lacks; use one release's files")
+                raise DataError(
+                    f"{ipath}: image {img_id!r} names annotation {aid!r}, which {apath} lacks; use one release's files"
+                )
             box = _xyxy(_field(annos[aid], "bbox", apath, aid), apath, aid)
             cut = [max(0.0, box[0]), max(0.0, box[1]), min(float(w), box[2]), min(float(h), box[3])]
             if cut[2] <= cut[0] or cut[3] <= cut[1]:
@@ -161,7 +173,9 @@ def read_release(pkl_dir: str | Path, image_root: str | Path) -> tuple[list[dict
         counts["images"] += 1
         for sid in _ids(_field(group, "inner_sent_id", gpath, gid)):
             if sid not in sents:
-                raise DataError(f"{gpath}: group {gid!r} names sentence {sid!r}, which {spath} lacks; use one release's files")
+                raise DataError(
+                    f"{gpath}: group {gid!r} names sentence {sid!r}, which {spath} lacks; use one release's files"
+                )
             boxes = sorted(by_sent.get(sid, []), key=lambda b: (b[1], b[0]))
             if not boxes:
                 counts["negatives"] += 1
@@ -243,7 +257,9 @@ def main(argv: list[str] | None = None) -> int:
         ".jsonl for configs/ovd_3b.yaml (data_root: OUT_DIR, image_root: D3_IMAGES).",
     )
     ap.add_argument("images", metavar="D3_IMAGES", help="the folder d3_images.zip extracts to")
-    ap.add_argument("pkl", metavar="D3_PKL", help="the folder d3_pkl.zip extracts to (images.pkl, annotations.pkl, ...)")
+    ap.add_argument(
+        "pkl", metavar="D3_PKL", help="the folder d3_pkl.zip extracts to (images.pkl, annotations.pkl, ...)"
+    )
     ap.add_argument("out", metavar="OUT_DIR", help="where d3_train.jsonl, d3_val.jsonl and d3_test.jsonl go")
     ap.add_argument("--val", type=float, default=0.1, help="fraction of each group's images for val (default 0.1)")
     ap.add_argument("--test", type=float, default=0.1, help="fraction of each group's images for test (default 0.1)")
