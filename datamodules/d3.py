@@ -24,7 +24,7 @@ random with ``--seed`` (``--val``, ``--test``: fractions), so every split has ev
 
 CLI::
 
-    python -m datamodules.d3 D3_IMAGES D3_PKL OUT_DIR [--val 0.1] [--test 0.1] [--seed 0]
+    python -m datamodules.d3 D3_IMAGES D3_PKL OUT_DIR [--val 0.1] [--test 0.1] [--seed 0] [--trust-pickles]
 
 writes ``OUT_DIR/d3_{train,val,test}.jsonl`` (``configs/ovd_3b.yaml``'s names); image paths are relative to
 ``D3_IMAGES`` (the config's ``data.init_args.image_root``). Every defect raises ``DataError`` naming the file and
@@ -78,19 +78,20 @@ class _ReleaseUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         if (module, name) not in _ALLOWED:
             raise DataError(
-                f"{self.path}: holds a pickled {module}.{name}, which D3's annotation pickles do not; "
-                "use the files of the official d3_pkl.zip"
+                f"{self.path}: holds a pickled {module}.{name}, which D3's annotation pickles do not; use the files "
+                "of the official d3_pkl.zip (or, for a copy you trust, --trust-pickles)"
             )
         return super().find_class(module, name)
 
 
-def _load_pkl(path: Path) -> dict:
+def _load_pkl(path: Path, trust: bool = False) -> dict:
     if not path.is_file():
         raise DataError(
             f"{path}: missing; D3_PKL must be the folder d3_pkl.zip extracts to (it holds {', '.join(PKL_FILES)})"
         )
     try:
-        obj = _ReleaseUnpickler(io.BytesIO(path.read_bytes()), path).load()
+        fh = io.BytesIO(path.read_bytes())
+        obj = pickle.Unpickler(fh).load() if trust else _ReleaseUnpickler(fh, path).load()
     except DataError:
         raise
     except Exception as err:  # a truncated or foreign file: pickle raises many kinds
@@ -128,7 +129,9 @@ def _xyxy(raw: Any, path: Path, aid: Any) -> list[float]:
     return [x, y, x + w, y + h]
 
 
-def read_release(pkl_dir: str | Path, image_root: str | Path) -> tuple[list[dict], dict[str, int]]:
+def read_release(
+    pkl_dir: str | Path, image_root: str | Path, trust_pickles: bool = False
+) -> tuple[list[dict], dict[str, int]]:
     """Every (image, description) line of the release (all splits, in image id order) and counts: ``images``,
     ``lines``, ``boxes``, ``negatives`` (pairs without a box), ``clipped`` / ``dropped`` (boxes cut to the image /
     empty once cut)."""
@@ -137,7 +140,7 @@ def read_release(pkl_dir: str | Path, image_root: str | Path) -> tuple[list[dict
         raise DataError(f"{pkl_dir}: no such folder; pass the folder d3_pkl.zip extracts to as D3_PKL")
     if not image_root.is_dir():
         raise DataError(f"{image_root}: no such folder; pass the folder d3_images.zip extracts to as D3_IMAGES")
-    images, annos, sents, groups = (_load_pkl(pkl_dir / name) for name in PKL_FILES)
+    images, annos, sents, groups = (_load_pkl(pkl_dir / name, trust_pickles) for name in PKL_FILES)
     ipath, apath, spath, gpath = (pkl_dir / name for name in PKL_FILES)
     counts = {"images": 0, "lines": 0, "boxes": 0, "negatives": 0, "clipped": 0, "dropped": 0}
     lines = []
@@ -235,10 +238,17 @@ def split_images(lines: list[dict], val: float, test: float, seed: int) -> dict[
 
 
 def convert(
-    image_root: str | Path, pkl_dir: str | Path, out_dir: str | Path, val: float = 0.1, test: float = 0.1, seed: int = 0
+    image_root: str | Path,
+    pkl_dir: str | Path,
+    out_dir: str | Path,
+    val: float = 0.1,
+    test: float = 0.1,
+    seed: int = 0,
+    trust_pickles: bool = False,
 ) -> dict[str, Any]:
-    """Write ``out_dir/d3_{train,val,test}.jsonl``; returns the counts of ``read_release`` and lines per split."""
-    lines, counts = read_release(pkl_dir, image_root)
+    """Write ``out_dir/d3_{train,val,test}.jsonl``; returns the counts of ``read_release`` and lines per split.
+    ``trust_pickles`` reads the pickles without the allow-list (any class they name is built: a copy you trust)."""
+    lines, counts = read_release(pkl_dir, image_root, trust_pickles)
     splits = split_images(lines, val, test, seed)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -264,9 +274,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--val", type=float, default=0.1, help="fraction of each group's images for val (default 0.1)")
     ap.add_argument("--test", type=float, default=0.1, help="fraction of each group's images for test (default 0.1)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the image split (default 0)")
+    ap.add_argument(
+        "--trust-pickles",
+        action="store_true",
+        help="read the pickles without the allow-list of classes (a pickle can run code: only for a copy you trust)",
+    )
     args = ap.parse_args(argv)
     try:
-        c = convert(args.images, args.pkl, args.out, args.val, args.test, args.seed)
+        c = convert(args.images, args.pkl, args.out, args.val, args.test, args.seed, args.trust_pickles)
     except DataError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

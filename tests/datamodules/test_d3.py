@@ -122,3 +122,12 @@ def test_cli_converts_and_reports_a_wrong_folder_in_one_line(tmp_path, capsys):
     assert main([str(IMAGES), str(D3 / "d3_json"), str(tmp_path / "x")]) == 2  # the evaluation JSON's folder
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "d3_json: no such folder; pass the folder d3_pkl.zip extracts to" in err
+
+
+def test_trust_pickles_builds_what_the_allow_list_refuses(tmp_path):
+    images, pkl = _copy(tmp_path)
+    _edit(pkl, "annotations.pkl", lambda d: {**d, 100: _Foreign()})
+    with pytest.raises(DataError, match="--trust-pickles"):
+        convert(images, pkl, tmp_path / "out")
+    with pytest.raises(DataError, match="expected a dict of id -> record"):  # built, then refused as a record
+        convert(images, pkl, tmp_path / "out", trust_pickles=True)
