@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from datamodules.d3 import OVD_ROW_FORMAT, OVD_ROW_LEAD
+
 # Special tokens of the Qwen2.5-VL vocabulary that the project's tiny tokenizer reproduces.
 QWEN_SPECIAL_TOKENS = (
     "<|endoftext|>",
@@ -121,6 +123,18 @@ PROMPT_TEMPLATES = {
 # "<image>Please provide the bounding box coordinate of the region this sentence describes: the man on the left."
 _INSTRUCTIONS = (REC_QUESTION, OVD_QUESTION)
 
+# How a template asks an OVD row that carries VLM-R1's whole question (``datamodules.d3.ovd_row_question``: the lead,
+# the descriptions, VLM-R1's answer format). ``vlm_r1`` asks it as VLM-R1 does: om-ai-lab/VLM-R1 @ 90052f4,
+# src/open-r1-multimodal/src/open_r1/vlm_modules/qwen_module.py:76-83, get_question_template("odLength"), the
+# instruction, a newline, then the row's question as it is. A template not listed here keeps the row's question up to
+# its answer format and adds its own (syn_grpo: Syn-GRPO's four parts in place of VLM-R1's JSON sentence).
+VLM_R1_OVD_THINK = (
+    "First thinks about the reasoning process in the mind and then provides the user with the answer. The reasoning "
+    "process and answer are enclosed within <think> </think> and <answer> </answer> tags, respectively, i.e., "
+    "<think> reasoning process here </think><answer> answer here </answer>"
+)
+OVD_ROW_TEMPLATES = {"vlm_r1": VLM_R1_OVD_THINK + "\n{question}"}
+
 
 def question_text(query: str, *, task: str = "rec", template: str | None = "syn_grpo") -> str:
     """The text of the user turn: ``query`` in the named template, or ``query`` as it is when ``template`` is None (a
@@ -129,10 +143,16 @@ def question_text(query: str, *, task: str = "rec", template: str | None = "syn_
     A template states its instruction once. A query that already begins with the template's instruction (a released
     row's own question) is kept as it is, followed only by what the template adds after the instruction (the answer
     format), as VLM-R1's ``get_question_template`` does ("{Question} First output the thinking process ..."). A bare
-    query (the toy world's rows) gets the whole template."""
+    query (the toy world's rows) gets the whole template. An OVD row carrying VLM-R1's question (D3's converter) is
+    asked as ``OVD_ROW_TEMPLATES`` says, or in the template's own answer format in place of VLM-R1's."""
     if template is None:
         return query
     spec = PROMPT_TEMPLATES[template][task]
+    if task == "ovd" and query.startswith(OVD_ROW_LEAD):  # a D3 row in VLM-R1's layout (datamodules/d3.py)
+        if template in OVD_ROW_TEMPLATES:
+            return OVD_ROW_TEMPLATES[template].format(question=query)
+        if spec.startswith(OVD_QUESTION):
+            return query.removesuffix(OVD_ROW_FORMAT) + spec[len(OVD_QUESTION) :]
     for instruction in _INSTRUCTIONS:
         lead = instruction.split("{query}")[0]
         if spec.startswith(instruction) and query.startswith(lead):

@@ -264,3 +264,58 @@ def test_mmk12_row_is_asked_as_evolved_grpo_asks_it(tmp_path, processor, problem
         " \\boxed{}."
     )
     assert MathAnswer().prompt(processor, sample, "syn_grpo") == expected  # the answer model's training prompt
+
+
+# --- D3 (OVD), converted by datamodules/d3.py ------------------------------------------------------------------------
+
+
+def test_d3_row_is_asked_as_vlm_r1_asks_its_ovd_rows(tmp_path, processor):
+    # tests/data/d3: D3's release layout; configs/ovd_3b.yaml's reader over the converter's JSONL
+    from datamodules.d3 import convert
+
+    d3 = DATA / "d3"
+    convert(d3 / "d3_images", d3 / "d3_pkl", tmp_path)
+    dm = SyntheticDataModule(data_root=str(tmp_path), image_root=str(d3 / "d3_images"), train_files=["d3_train.jsonl"])
+    dm.setup("fit")
+    sample = next(s for s in dm.train_samples() if s.sample_id == "d3-20-5")
+    # the row's question, as VLM-R1's OVD rows carry it (om-ai-lab/VLM-R1 issue 246: a maintainer's D3 training row)
+    question = (
+        'Please carefully check the image and detect the following objects: ["equestrian rider\'s helmet"]. Output the'
+        " bbox coordinates of detected objects in JSON format in <answer></answer>. The bbox coordinate format should"
+        ' be: \n```json\n[{"bbox_2d": [x1, y1, x2, y2], "label": "object name"}]\n```\n. If no targets are detected in'
+        ' the image, simply respond with "None".'
+    )
+
+    # om-ai-lab/VLM-R1 @ 90052f4, grpo_jsonl.py with --task_type odLength (the OVD reward's name; no OVD run script
+    # is merged): src/open-r1-multimodal/src/open_r1/grpo_jsonl.py:979 problem = the human turn without "<image>",
+    # :1008 an image item, then question_prompt.format(Question=problem); src/open-r1-multimodal/src/open_r1/
+    # vlm_modules/qwen_module.py:76-83 (get_question_template("odLength")): its instruction, "\n", then the question
+    vlm_r1 = (
+        "First thinks about the reasoning process in the mind and then provides the user with the answer. The reasoning"
+        " process and answer are enclosed within <think> </think> and <answer> </answer> tags, respectively, i.e.,"
+        " <think> reasoning process here </think><answer> answer here </answer>\n" + question
+    )
+    assert GRPO().prompt(processor, sample, "vlm_r1") == qwen_turn(vlm_r1)  # the GRPO baselines on ovd_3b.yaml
+
+    # Syn-GRPO (no seed code): the row's question up to VLM-R1's answer format, then Syn-GRPO's four parts; neither
+    # OVD_QUESTION in front nor two answer formats
+    syn_grpo = (
+        'Please carefully check the image and detect the following objects: ["equestrian rider\'s helmet"]. First'
+        " output the thinking process in <think> </think> tags. Then estimate how diverse your answers to this question"
+        " would be, a number in [0, 1], in <diversity> </diversity> tags, and describe a new background for this image"
+        " that would make the question more informative to practise on, in <description> </description> tags."
+        " Finally output the answer as [x1, y1, x2, y2] in <answer> </answer> tags."
+    )
+    assert SynGRPO().prompt(processor, sample, "syn_grpo") == qwen_turn(syn_grpo)
+
+
+def test_bare_ovd_queries_render_as_before(tmp_path, processor):
+    # the toy world's OVD rows and ISR's converter carry the bare query: the whole template, as before
+    path = export_jsonl(tmp_path, "train", 1, seed=0, size=112, task="ovd")
+    (s,) = [load_sample(r) for r in read_jsonl(path)]
+    assert not s.query.startswith("Please") and s.task == "ovd"
+    assert GRPO().prompt(processor, s, "vlm_r1") == qwen_turn(
+        f"Please output the bounding box coordinates of every object that matches: {s.query}. First output the"
+        " thinking process in <think> </think> tags and then output the final answer in <answer> </answer> tags."
+        " Output the final answer in JSON format."
+    )

@@ -78,11 +78,13 @@ def _print_config(args: list[str]) -> dict:
     return yaml.safe_load(buf.getvalue())
 
 
-def test_the_two_sweeps_exist_with_the_papers_grids():
+def test_the_sweeps_exist_with_the_papers_grids():
     beta = yaml.safe_load((REPO / "configs/sweeps/beta.yaml").read_text())
     kl = yaml.safe_load((REPO / "configs/sweeps/kl_beta.yaml").read_text())
     assert beta["parameters"]["model.init_args.method.init_args.diversity_beta"]["values"] == [0.1, 0.3, 0.5, 0.7, 0.9]
     assert kl["parameters"]["model.init_args.kl.coef"]["values"] == [0.0, 0.01, 0.04, 0.1]
+    size = yaml.safe_load((REPO / "configs/sweeps/data_size.yaml").read_text())  # the paper's 400 -> 2,000 samples
+    assert size["parameters"]["data.init_args.max_train_samples"]["values"] == [400, 800, 1200, 1600, 2000]
 
 
 def test_render_follows_wandb_macros():
@@ -108,7 +110,9 @@ def test_cli_accepts_every_sweep_command(path, monkeypatch):
     for values, argv in runs:
         assert argv[:3] == ["/usr/bin/env", "python", sweep["program"]]
         args = argv[3:]
-        assert args[0] == "fit" and any(a.startswith("--model.init_args.") and "=" in a for a in args)
+        assert args[0] == "fit" and any(
+            a.startswith(("--model.init_args.", "--data.init_args.")) and "=" in a for a in args
+        )
         printed = _print_config(args)
         for name, value in values.items():
             assert _get(printed, name) == pytest.approx(value), (name, argv)
