@@ -92,6 +92,7 @@ from lightning_modules.methods.cycle_rewards import (
     raw_caption,
     released_cycle_rewards,
     released_no_target_rewards,
+    repository_rows,
     side_ids,
 )
 from lightning_modules.models.prompts import build_prompt_text
@@ -122,8 +123,10 @@ class CycleGRPO(Method):
         no_target_groundings: the grounding group size of a no-target sample (default: K).
         lambda_cap: the caption side's loss weight (its rows' token-mean loss, surrogate and KL), full cycle only.
         lambda_loc: the grounding side's loss weight (the cycle's and the no-target queries' groundings).
-        reward_composition: ``seed`` (``alpha * s + Phi``, papers 002 / 004) or ``released`` (the public
-            repository's ``text2mask.py``; images only). docs/cycle_grpo.md, "Rewards".
+        reward_composition: ``seed`` (``alpha * s + Phi``, papers 002 / 004), ``released`` (the public
+            repository's ``text2mask.py`` formulas on the project's parse; images only) or ``repository`` (the same
+            as its code runs them: span strings, nothing decoded; ``region_space: mask``). docs/cycle_grpo.md,
+            "Rewards".
         mask_tokenizer: ``region_space: mask``: the mask tokenizer's folder (``checkpoints/toy-mask-tokenizer``).
         mask_reward: ``region_space: mask``: ``tokens`` (code match 1 / 0.4 / 0) or ``iou`` (decoded mask IoU).
         judge: an OpenAI-compatible judge endpoint (`JudgeConfig`) for the reference-based caption reward; None: off.
@@ -176,6 +179,11 @@ class CycleGRPO(Method):
             raise ValueError(
                 "--model.method.init_args.reward_composition released is the repository's image composition; "
                 f"region_space {region_space!r} (video) takes reward_composition seed"
+            )
+        if reward_composition == "repository" and region_space != "mask":
+            raise ValueError(
+                "--model.method.init_args.reward_composition repository compares mask-token spans as the repository's "
+                f"code does; it needs region_space mask, got {region_space!r} (released scores boxes the same way)"
             )
         if region_space not in ("box", "mask", *VIDEO_SPACES):
             raise ValueError(
@@ -253,6 +261,9 @@ class CycleGRPO(Method):
         return [b for b, h in enumerate(has) if h], [b for b, h in enumerate(has) if not h]
 
     def _has_target(self, sample) -> bool:
+        codes = (getattr(sample, "meta", None) or {}).get("mask_codes")
+        if self.composition == "repository" and codes is not None:  # the row's spans, decoded or not
+            return bool(codes)
         return self._gt_region(sample) is not NO_TARGET
 
     def sample_index(self, batch, ro: Rollout) -> list[int]:
@@ -283,19 +294,22 @@ class CycleGRPO(Method):
                 [p is not None and p is not NO_TARGET for p in preds],
             )
 
-        # the cycle: caption i's K groundings against its sample's region
-        cyc = [
-            groundings(batch[targets[i // N]], self._gt_region(batch[targets[i // N]]), n_cap + i * K, K)
-            for i in range(n_cap)
-        ]
-        # the no-target samples: their K0 groundings against NO_TARGET (no caption level)
-        nt = [groundings(batch[b], NO_TARGET, n_cap * (1 + K) + u * K0, K0) for u, b in enumerate(rejects)]
         phi_cap = [caption_phi(raw_caption(ro.texts[i])) for i in range(n_cap)]  # the leak is judged before stripping
-        s, phi_loc, gate, shaping, answers, has_region = ([row[f] for row in cyc] for f in range(6))
+        if self.composition == "repository":  # span strings of the whole texts, nothing decoded
+            gt_texts = [self.region_text(None, batch[b]) for b in targets]
+            cyc, nt, r_cap, r_loc, r_nt = repository_rows(ro.texts, gt_texts, N, K, K0)
+            s = [row[0] for row in cyc]
+        else:  # the cycle: caption i's K groundings against its sample's region; no-target ones against NO_TARGET
+            cyc = [
+                groundings(batch[targets[i // N]], self._gt_region(batch[targets[i // N]]), n_cap + i * K, K)
+                for i in range(n_cap)
+            ]
+            nt = [groundings(batch[b], NO_TARGET, n_cap * (1 + K) + u * K0, K0) for u, b in enumerate(rejects)]
+            s, phi_loc, gate, shaping, answers, has_region = ([row[f] for row in cyc] for f in range(6))
         if self.composition == "released":
             r_cap, r_loc = released_cycle_rewards(s, [raw_caption(t) for t in ro.texts[:n_cap]], answers, has_region)
             r_nt = [released_no_target_rewards(row[4], row[5]) for row in nt]
-        else:
+        elif self.composition == "seed":
             r_cap, r_loc = cycle_rewards(s, phi_cap, phi_loc, alpha=self.alpha, gate=gate, shaping=shaping)
             r_nt = [
                 [localization_reward(v, ph, self.alpha, g, sh) for v, ph, g, sh in zip(*row[:4])] for row in nt
