@@ -129,6 +129,7 @@ class CycleGRPO(Method):
             "Rewards".
         mask_tokenizer: ``region_space: mask``: the mask tokenizer's folder (``checkpoints/toy-mask-tokenizer``).
         mask_reward: ``region_space: mask``: ``tokens`` (code match 1 / 0.4 / 0) or ``iou`` (decoded mask IoU).
+        mask_device: ``region_space: mask``: where the mask tokenizer runs (``cpu``, ``cuda:1``); None: the policy's.
         judge: an OpenAI-compatible judge endpoint (`JudgeConfig`) for the reference-based caption reward; None: off.
         judge_weight: weight of the judge reward added to ``r_cap`` of caption rows that have a reference.
         judge_reference_key: the sample ``meta`` key of the reference caption (rows without it are not judged).
@@ -152,6 +153,7 @@ class CycleGRPO(Method):
         reward_composition: str = "seed",
         mask_tokenizer: str | None = None,
         mask_reward: str = "tokens",
+        mask_device: str | None = None,
         judge: JudgeConfig | None = None,
         judge_weight: float = 1.0,
         judge_reference_key: str = "reference_caption",
@@ -195,7 +197,11 @@ class CycleGRPO(Method):
                 f"--model.method.init_args.mask_tokenizer is read by region_space mask only, got region_space "
                 f"{region_space!r}: drop it, or set region_space mask"
             )
-        self.masks = MaskRegions(mask_tokenizer, mask_reward) if region_space == "mask" else None
+        if mask_device is not None and region_space != "mask":
+            raise ValueError(
+                f"--model.method.init_args.mask_device is read by region_space mask only, got {region_space!r}"
+            )
+        self.masks = MaskRegions(mask_tokenizer, mask_reward, mask_device) if region_space == "mask" else None
         self.judge = None if judge is None else CaptionJudge(judge, judge_weight, judge_reference_key, judge_prompt)
         """The mask tokenizer and the per-sample bound spaces of ``region_space: mask`` (else None)."""
         self.N, self.K, self.alpha, self.mode = n_captions, k_groundings, alpha, mode
@@ -221,6 +227,9 @@ class CycleGRPO(Method):
         self._check_samples(batch)
         if self.masks is not None:
             self.masks.check_processor(processor)
+            self.masks.place(module.device)
+            if self.composition != "repository":  # the ground truths' spans, decoded in one batched call
+                self.masks.prefetch((s, self.masks.region_text(s)) for s in batch)
         targets, rejects = self.layout(batch)
         parts, texts = [], []
         if targets:
@@ -300,6 +309,9 @@ class CycleGRPO(Method):
             cyc, nt, r_cap, r_loc, r_nt = repository_rows(ro.texts, gt_texts, N, K, K0)
             s = [row[0] for row in cyc]
         else:  # the cycle: caption i's K groundings against its sample's region; no-target ones against NO_TARGET
+            if self.masks is not None:  # every grounding's spans decoded in batched calls, each code pair once
+                index = self.sample_index(batch, ro)
+                self.masks.prefetch((batch[index[j]], ro.texts[j]) for j in range(n_cap, len(ro.texts)))
             cyc = [
                 groundings(batch[targets[i // N]], self._gt_region(batch[targets[i // N]]), n_cap + i * K, K)
                 for i in range(n_cap)
@@ -488,6 +500,8 @@ class CycleGRPO(Method):
         template = self.ctx.eval_template
         if self.video or self.masks is not None:
             n = self.ctx.max_new_tokens
+            if self.masks is not None:
+                self.masks.place(module.device)
             self.evaluate_clips(module.policy, module.processor, engine, batch, key, template, n, module.device)
             return True
         from lightning_modules.evaluation.cycle_metrics import Locatability
@@ -545,6 +559,8 @@ class CycleGRPO(Method):
             RolloutRequest(self._prompt(processor, s.query, template), s.image, 1, i) for i, s in enumerate(batch)
         ]
         ro = engine.generate(policy, processor, requests, sampling)
+        if self.masks is not None:
+            self.masks.prefetch(zip(batch, ro.texts))
         preds = [self._predicted_region(s, t, None, wh) for s, t, wh in zip(batch, ro.texts, ro.input_wh)]
         return list(ro.texts), [self._gt_region(s) for s in batch], preds
 
@@ -607,6 +623,8 @@ class CycleGRPO(Method):
         engine = module.rollout_engine.for_evaluation()
         template = self.ctx.eval_template
         sampling = _greedy(self.ctx.max_new_tokens)
+        if self.masks is not None:
+            self.masks.place(module.device)
         if self.video or self.masks is not None:  # masks: the REC records read boxes
             texts, gts, preds = self._ground_clips(module.policy, module.processor, engine, batch, template, sampling)
             rows = [self._clip_record(s, t, g, p) for s, t, g, p in zip(batch, texts, gts, preds)]
