@@ -38,6 +38,7 @@ a tiny configuration in the released layout and load them back (docs/mask_tokens
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -371,7 +372,9 @@ class VQSam2MaskTokenizer(MaskTokenizer):
     Runs on ``device`` (``to(device)`` moves it; images go there, masks come back as numpy). ``decode_batch`` runs the
     image encoder once per distinct image (by object: a bound mask space passes the same array for all its spans) and
     SAM 2's mask decoder on up to ``batch_size`` code pairs of that image at a time; ``n_decoded`` / ``n_images``
-    count the code pairs and image encodings decoded so far (the benchmark's and the tests' counters)."""
+    count the code pairs and image encodings decoded so far and ``seconds`` the wall time of ``encode`` / ``decode``
+    calls (each ends by copying its result to the host, so the time includes the device's work): the benchmark's and
+    the tests' counters."""
 
     def __init__(
         self, net: VQSam2Net, threshold: float = 0.5, device: str | torch.device = "cpu", batch_size: int = 32
@@ -387,6 +390,7 @@ class VQSam2MaskTokenizer(MaskTokenizer):
         self.num_codebooks = net.quantizer.depth
         self.device = torch.device("cpu")
         self.n_decoded = self.n_images = 0
+        self.seconds = {"encode": 0.0, "decode": 0.0}
         self.to(device)
 
     def to(self, device: str | torch.device) -> VQSam2MaskTokenizer:
@@ -456,6 +460,7 @@ class VQSam2MaskTokenizer(MaskTokenizer):
 
     @torch.no_grad()
     def encode_batch(self, images, masks, boxes=None) -> list[Codes]:
+        t0 = time.perf_counter()
         pixels, sizes = self._pixels(images)
         boxes = list(boxes) if boxes is not None else [None] * len(images)
         s = self.net.input_size
@@ -473,7 +478,9 @@ class VQSam2MaskTokenizer(MaskTokenizer):
         z = self.net.encode_latent(
             pixels, torch.cat(ms).to(self.device), torch.tensor(bs, dtype=torch.float32, device=self.device)
         )
-        return [(int(a), int(b)) for a, b in self.net.quantizer.encode(z).tolist()]
+        out = [(int(a), int(b)) for a, b in self.net.quantizer.encode(z).tolist()]
+        self.seconds["encode"] += time.perf_counter() - t0
+        return out
 
     @torch.no_grad()
     def decode_batch(self, codes, images) -> list[np.ndarray]:
@@ -481,6 +488,7 @@ class VQSam2MaskTokenizer(MaskTokenizer):
             raise ValueError(
                 f"decode_batch takes one image per code pair, got {len(codes)} codes, {len(images)} images"
             )
+        t0 = time.perf_counter()
         checked = [self.check_codes(c) for c in codes]
         by_image: dict[int, list[int]] = {}  # one image encoding per distinct image object
         for i, im in enumerate(images):
@@ -498,4 +506,5 @@ class VQSam2MaskTokenizer(MaskTokenizer):
                 for i, mask in zip(chunk, (full > self.threshold).cpu().numpy()):
                     out[i] = mask
                 self.n_decoded += len(chunk)
+        self.seconds["decode"] += time.perf_counter() - t0
         return out
