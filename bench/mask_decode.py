@@ -91,6 +91,17 @@ def build_net(size: str, seed: int = 0):
     return net
 
 
+def _cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else ``platform.processor()``."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -230,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "size": args.size,
         "device": str(tok.device),
-        "device_name": torch.cuda.get_device_name(tok.device) if tok.device.type == "cuda" else platform.processor(),
+        "device_name": torch.cuda.get_device_name(tok.device) if tok.device.type == "cuda" else _cpu_name(),
         "threads": torch.get_num_threads(),
         "image_size": [h, w],
         "batch_size": args.batch_size,
