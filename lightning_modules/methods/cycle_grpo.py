@@ -7,7 +7,8 @@ enters a grounding prompt (no coordinate leakage); for each caption K groundings
     r_cap_i  = alpha * mean_k s_ik + Phi_cap(C_i)        (Phi: leakage, repetition, empty / over-long caption)
     r_loc_ik = alpha * s_ik        + Phi_loc(answer_ik)   (Phi: unreadable serialization, a looped mask span)
 
-(``reward_composition: released`` scores as the public repository does instead: ``methods/cycle_rewards.py``.)
+(``reward_composition: repository`` scores as the public repository's code does instead, ``released`` its formulas
+on the project's parse: ``methods/cycle_rewards.py``.)
 
 Two-level advantages: the N captions of a sample form one group, the K groundings under one caption another; the two
 never mix (group ids: sample ``b`` -> ``b``, caption row ``i`` -> ``B + i``). **The loss has equal weight per side**
