@@ -183,10 +183,11 @@ class CycleGRPO(Method):
                 "--model.method.init_args.reward_composition released is the repository's image composition; "
                 f"region_space {region_space!r} (video) takes reward_composition seed"
             )
-        if reward_composition == "repository" and region_space != "mask":
+        if reward_composition == "repository" and (region_space != "mask" or mask_reward != "tokens"):
             raise ValueError(
-                "--model.method.init_args.reward_composition repository compares mask-token spans as the repository's "
-                f"code does; it needs region_space mask, got {region_space!r} (released scores boxes the same way)"
+                "--model.method.init_args.reward_composition repository compares mask-token spans as text, as the "
+                f"repository's code does: it needs region_space mask and mask_reward tokens, got {region_space!r}, "
+                f"{mask_reward!r} (released scores boxes and the decoded IoU with the same formulas)"
             )
         if region_space not in ("box", "mask", *VIDEO_SPACES):
             raise ValueError(

@@ -6,8 +6,9 @@ ground-truth codes whose span decodes to an empty mask, and out-of-range spans."
 from __future__ import annotations
 
 import pytest
+from method_util import build_test_method  # tests/lightning_modules is on sys.path under pytest
 from test_cycle_grpo import _rollout
-from test_cycle_masks import _Codec, _method, _toy_sample, tokenizer_dir  # noqa: F401 (the fixture)
+from test_cycle_masks import _Codec, _hp, _method, _toy_sample, tokenizer_dir  # noqa: F401 (the fixture)
 
 from core.regions.mask_rewards import (
     mask_token_consistency,
@@ -93,7 +94,6 @@ def test_cycle_grpo_repository_composition_by_hand(tokenizer_dir):  # noqa: F811
     assert repo.layout([row, nt]) == ([0], [1])
     assert _method(tokenizer_dir, EmptyFirst()).layout([row, nt]) == ([], [0, 1])
     with pytest.raises(ValueError, match="repository.*region_space mask"):
-        from method_util import build_test_method
-        from test_cycle_masks import _hp
-
         build_test_method("cycle_grpo", _hp(), {"reward_composition": "repository"})
+    with pytest.raises(ValueError, match="repository.*mask_reward tokens"):
+        _method(tokenizer_dir, reward_composition="repository", mask_reward="iou")
