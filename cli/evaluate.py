@@ -116,7 +116,7 @@ def _run(
     else:
         records = read_groundingsuite(args.data, args.image_root, max_samples=args.max_samples)
     records = take_shard(records, shard)
-    tokenizer = load_mask_tokenizer(args.mask_tokenizer, args.sam2) if args.mask_tokenizer else None
+    tokenizer = load_mask_tokenizer(args.mask_tokenizer, args.sam2, args.device) if args.mask_tokenizer else None
     info = run_info(args, command, max_new_tokens, split=getattr(args, "split", None), template=template)
     model = processor = predictions = None
     if args.predictions is not None:

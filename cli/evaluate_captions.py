@@ -79,7 +79,7 @@ def _dlc(args: argparse.Namespace, command: str) -> int:
     if args.predictions is not None:
         predictions = read_dlc_predictions(args.predictions)
     else:
-        tokenizer = load_mask_tokenizer(args.mask_tokenizer, args.sam2)
+        tokenizer = load_mask_tokenizer(args.mask_tokenizer, args.sam2, args.device)
         model, processor = load_policy_on_device(args, info)
     judge = open_judge(args, max_tokens=args.judge_max_tokens, max_concurrency=args.judge_concurrency)
     res = with_judge(

@@ -68,7 +68,7 @@ def _gcg(args: argparse.Namespace, command: str) -> int:
     budget = args.max_new_tokens or GCG_MAX_NEW_TOKENS
     info = run_info(args, command, budget, split=args.split)
     similarity = BertSimilarity(args.text_encoder) if args.text_encoder else None
-    tokenizer = load_mask_tokenizer(args.mask_tokenizer, args.sam2) if args.mask_tokenizer else None
+    tokenizer = load_mask_tokenizer(args.mask_tokenizer, args.sam2, args.device) if args.mask_tokenizer else None
     model = processor = predictions = None
     if args.predictions is not None:
         predictions = read_gcg_predictions(args.predictions)
@@ -102,7 +102,7 @@ def _gar(args: argparse.Namespace, command: str) -> int:
     if args.predictions is not None:
         predictions = read_gar_predictions(args.predictions)
     else:
-        tokenizer = load_mask_tokenizer(args.mask_tokenizer, args.sam2)
+        tokenizer = load_mask_tokenizer(args.mask_tokenizer, args.sam2, args.device)
         model, processor = load_policy_on_device(args, info)
     res = evaluate_gar(
         records, args.out, model=model, processor=processor, tokenizer=tokenizer, predictions=predictions,

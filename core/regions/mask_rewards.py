@@ -32,6 +32,21 @@ times; ``has_region``: the answer holds a readable region (the repository: at le
 ``r_loc``'s product: the repository multiplies a grounding's own consistency by its caption's mean consistency (the
 segmentation rows carry the caption's mean as ``iou_scores``), so a grounding of a caption that seldom grounds back
 earns less for the same answer.
+
+**The repository's live code, as it runs** (``repository_*``; ``reward_composition: repository``). The same formulas,
+read the way the repository's code reads text rather than through the project's parse:
+
+- token consistency (``repository_token_consistency``, its ``verl/workers/fsdp_workers.py`` ~1430-1470) compares
+  *span strings*: every ``<|mt_start|><|mt_DDDD|><|mt_DDDD|><|mt_end|>`` (no whitespace, any four digits, so a span
+  whose codes lie in the wrong codebook's range is counted in ``max(#pred, #gt)`` and matched as text) of the whole
+  response against those of the ground-truth text; nothing is decoded, so the ground truth's own codes score 1.0 even
+  where they decode to an empty mask (the project's ``mask_token_consistency`` reads codes with ``parse_masks``,
+  which drops out-of-range spans, and the method scores an answer whose spans decode to nothing as a rejection);
+- a no-target row (``repository_no_target_reward``: ``text2mask.py`` ~1131-1144 calls ``no_target_check_bbox``,
+  ~206) earns 0 for an integer ``[a, b, c, d]`` box, 1.0 when the response contains ``"No target."`` exactly (case
+  and period), else 0.2, plus ``non_repeat_reward`` (~897): a mask-span answer scores 0.2 + 1 = 1.2 (the project's
+  ``released``: 0 + 1) and a lower-case ``no target`` 1.2 (``released``: 1 + 1);
+- ``has_region`` (``mask_token_format_reward``, ~572) and ``no_mask_repeat`` count the same regex's spans.
 """
 
 from __future__ import annotations
@@ -60,6 +75,15 @@ __all__ = [
     "released_grounding_reward",
     "released_no_repeat_3gram",
     "released_no_target_reward",
+    "repository_caption_reward",
+    "repository_grounding_reward",
+    "repository_has_region",
+    "repository_no_mask_repeat",
+    "repository_no_target_check",
+    "repository_no_target_reward",
+    "repository_span_match",
+    "repository_spans",
+    "repository_token_consistency",
 ]
 
 FIRST_CODE_CREDIT = 0.4
@@ -197,3 +221,77 @@ def released_grounding_reward(
 def released_no_target_reward(answer: str, has_region: bool) -> float:
     """``no_target_reward + no_mask_repeat`` for a grounding of a no-target query."""
     return no_target_reward(answer, has_region) + (0.0 if mask_token_repetition(answer) else 1.0)
+
+
+# --- the repository's live code, as it runs (module docstring) -------------------------------------------------------
+
+REPOSITORY_NO_TARGET = "No target."
+"""The ground truth ``text2mask.py`` gives a ``gres_no_target`` row (~1132), matched as a substring, case and period."""
+_REPO_SPAN = re.compile(r"<\|mt_start\|><\|mt_\d{4}\|><\|mt_\d{4}\|><\|mt_end\|>")
+_REPO_TOKEN = re.compile(r"<\|[^|]*\|>")
+
+
+def repository_spans(text: str) -> list[str]:
+    """Every mask-token span of ``text`` as the repository's regex finds it: no whitespace inside, any four digits."""
+    return _REPO_SPAN.findall(text[:_MAX_CHARS]) if isinstance(text, str) else []
+
+
+def repository_span_match(pred: str, gt: str) -> float:
+    """One span string against another (``compute_mask_token_accuracy_by_grading``): 1.0 equal; 0.8 all tokens but
+    the last equal (unreachable for two whole spans, kept as written); 0.4 the start and first code equal; else 0."""
+    a, g = _REPO_TOKEN.findall(pred), _REPO_TOKEN.findall(gt)
+    if pred == gt:
+        return 1.0
+    if "".join(a[:-1]) == "".join(g[:-1]):
+        return 0.8
+    return FIRST_CODE_CREDIT if "".join(a[:-2]) == "".join(g[:-2]) else 0.0
+
+
+def repository_token_consistency(response: str, ground_truth: str) -> float:
+    """``fsdp_workers.py``'s ``mask_token_accuracy_reward``: ``sum over the distinct predicted spans of the best
+    match among the distinct ground-truth spans / max(#pred, #gt)`` (counts with repeats); none on either side 1.0,
+    on one side 0."""
+    pred, gt = repository_spans(response), repository_spans(ground_truth)
+    if not pred and not gt:
+        return 1.0
+    if not pred or not gt:
+        return 0.0
+    unique_gt = list(dict.fromkeys(gt))
+    total = sum(max(repository_span_match(p, g) for g in unique_gt) for p in dict.fromkeys(pred))
+    return total / max(len(pred), len(gt))
+
+
+def repository_has_region(response: str) -> float:
+    """1.0 when ``response`` holds a span by the repository's regex (``mask_token_format_reward``)."""
+    return 1.0 if repository_spans(response) else 0.0
+
+
+def repository_no_mask_repeat(response: str) -> float:
+    """``non_repeat_reward``: 0 when some span string occurs more than 3 times in ``response``, else 1."""
+    if not isinstance(response, str):
+        return 0.0
+    text = response[:_MAX_CHARS]
+    return 0.0 if any(text.count(span) > 3 for span in repository_spans(text)) else 1.0
+
+
+def repository_no_target_check(response: str) -> float:
+    """``no_target_check_bbox(response, "No target.")``: 0 for an integer ``[a, b, c, d]`` box, 1.0 when the exact
+    phrase is in the response, 0.2 otherwise (a mask span is no box: 0.2)."""
+    text = response[:_MAX_CHARS] if isinstance(response, str) else ""
+    return 0.0 if _INT_BOX.search(text) else 1.0 if REPOSITORY_NO_TARGET in text else NO_TARGET_PARTIAL
+
+
+def repository_no_target_reward(response: str) -> float:
+    """A ``gres_no_target`` row: ``no_target_check_bbox + non_repeat_reward`` on the whole response."""
+    return repository_no_target_check(response) + repository_no_mask_repeat(response)
+
+
+def repository_caption_reward(mean_s: float, response: str, weight: float = RELEASED_IOU_WEIGHT) -> float:
+    """``released_caption_reward`` on the whole response (the repository checks ``reward_input["response"]``, think
+    part included)."""
+    return released_caption_reward(mean_s, response, weight)
+
+
+def repository_grounding_reward(s: float, mean_s: float, response: str, weight: float = RELEASED_IOU_WEIGHT) -> float:
+    """``10 * s * mean_s + non_repeat_reward + mask_token_format_reward`` on the whole response."""
+    return weight * float(s) * float(mean_s) + repository_no_mask_repeat(response) + repository_has_region(response)

@@ -51,8 +51,10 @@ def code_token(global_index: int) -> str:
 
 def mask_token_strings() -> list[str]:
     """All ``2 + NUM_CODEBOOKS * CODEBOOK_SIZE`` (= 514) added token strings, in vocabulary order: ``MT_START``,
-    ``MT_END``, then ``<|mt_0000|>``..``<|mt_0511|>``."""
-    return [MT_START, MT_END, *(code_token(i) for i in range(NUM_CODEBOOKS * CODEBOOK_SIZE))]
+    ``<|mt_0000|>``..``<|mt_0511|>``, then ``MT_END``, the order of the repository's
+    ``projects/vlm/tokenmask/utils/add_special_tokens.py`` (line 99), so tokens added to a base tokenizer here get the
+    ids a released tokenizer gives them (base vocabulary + 0, + 1 .. + 512, + 513)."""
+    return [MT_START, *(code_token(i) for i in range(NUM_CODEBOOKS * CODEBOOK_SIZE)), MT_END]
 
 
 def format_mask(codes: tuple[int, int]) -> str:

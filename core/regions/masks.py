@@ -156,12 +156,20 @@ class MaskSpace(RegionSpace):
         """The bound image's pixel mask of one code pair (cached)."""
         key = (int(codes[0]), int(codes[1]))
         if key not in self._decoded:
-            if len(self._decoded) >= self.DECODE_CACHE:
-                self._decoded.clear()
-            mask = np.asarray(self.codec.decode(key, self._need_image("parse")), dtype=bool)
-            mask.setflags(write=False)
-            self._decoded[key] = mask
+            self.store(key, self.codec.decode(key, self._need_image("parse")))
         return self._decoded[key]
+
+    def is_decoded(self, codes: Sequence[int]) -> bool:
+        """Whether ``codes``' mask is in this bound space's decode cache."""
+        return (int(codes[0]), int(codes[1])) in self._decoded
+
+    def store(self, codes: Sequence[int], mask: Any) -> None:
+        """Put a mask decoded elsewhere (a batched decode of a step's spans) into the decode cache."""
+        if len(self._decoded) >= self.DECODE_CACHE:
+            self._decoded.clear()
+        mask = np.asarray(mask, dtype=bool)
+        mask.setflags(write=False)
+        self._decoded[(int(codes[0]), int(codes[1]))] = mask
 
     def serialize_objects(self, masks: Sequence[Any]) -> str:
         """One mask-token span per (non-empty) object mask, concatenated; ``no target`` when all are empty."""

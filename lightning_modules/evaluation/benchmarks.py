@@ -73,15 +73,19 @@ class _ScoringOnly:
         raise RuntimeError("benchmarks: the scoring space does not decode")
 
 
-def load_mask_tokenizer(path: str | Path, sam2: str | Path | None = None):
+def load_mask_tokenizer(path: str | Path, sam2: str | Path | None = None, device: str | None = None):
     """The mask tokenizer that decodes the policy's spans: a toy tokenizer folder (``config.json`` +
     ``model.safetensors``), or, with ``sam2`` (Meta's ``.pt`` or a transformers SAM 2 folder), the release's
-    VQ-SAM2 state file (``mask_tokenizer_256x2.pth``)."""
+    VQ-SAM2 state file (``mask_tokenizer_256x2.pth``), on ``device`` (the commands' ``--device``; default cuda when
+    available, as the policy; the toy tokenizer runs on the CPU)."""
     path = Path(path)
     if sam2 is not None:
+        import torch
+
         from lightning_modules.models.mask_tokenizer.vq_sam2 import VQSam2MaskTokenizer
 
-        return VQSam2MaskTokenizer.from_files(sam2, path)
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        return VQSam2MaskTokenizer.from_files(sam2, path, device=device)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"--mask-tokenizer {str(path)!r}: no toy mask tokenizer there (config.json + model.safetensors; build one "

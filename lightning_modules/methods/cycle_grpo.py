@@ -7,7 +7,8 @@ enters a grounding prompt (no coordinate leakage); for each caption K groundings
     r_cap_i  = alpha * mean_k s_ik + Phi_cap(C_i)        (Phi: leakage, repetition, empty / over-long caption)
     r_loc_ik = alpha * s_ik        + Phi_loc(answer_ik)   (Phi: unreadable serialization, a looped mask span)
 
-(``reward_composition: released`` scores as the public repository does instead: ``methods/cycle_rewards.py``.)
+(``reward_composition: repository`` scores as the public repository's code does instead, ``released`` its formulas
+on the project's parse: ``methods/cycle_rewards.py``.)
 
 Two-level advantages: the N captions of a sample form one group, the K groundings under one caption another; the two
 never mix (group ids: sample ``b`` -> ``b``, caption row ``i`` -> ``B + i``). **The loss has equal weight per side**
@@ -92,6 +93,7 @@ from lightning_modules.methods.cycle_rewards import (
     raw_caption,
     released_cycle_rewards,
     released_no_target_rewards,
+    repository_rows,
     side_ids,
 )
 from lightning_modules.models.prompts import build_prompt_text
@@ -122,10 +124,13 @@ class CycleGRPO(Method):
         no_target_groundings: the grounding group size of a no-target sample (default: K).
         lambda_cap: the caption side's loss weight (its rows' token-mean loss, surrogate and KL), full cycle only.
         lambda_loc: the grounding side's loss weight (the cycle's and the no-target queries' groundings).
-        reward_composition: ``seed`` (``alpha * s + Phi``, papers 002 / 004) or ``released`` (the public
-            repository's ``text2mask.py``; images only). docs/cycle_grpo.md, "Rewards".
+        reward_composition: ``seed`` (``alpha * s + Phi``, papers 002 / 004), ``released`` (the public
+            repository's ``text2mask.py`` formulas on the project's parse; images only) or ``repository`` (the same
+            as its code runs them: span strings, nothing decoded; ``region_space: mask``). docs/cycle_grpo.md,
+            "Rewards".
         mask_tokenizer: ``region_space: mask``: the mask tokenizer's folder (``checkpoints/toy-mask-tokenizer``).
         mask_reward: ``region_space: mask``: ``tokens`` (code match 1 / 0.4 / 0) or ``iou`` (decoded mask IoU).
+        mask_device: ``region_space: mask``: where the mask tokenizer runs (``cpu``, ``cuda:1``); None: the policy's.
         judge: an OpenAI-compatible judge endpoint (`JudgeConfig`) for the reference-based caption reward; None: off.
         judge_weight: weight of the judge reward added to ``r_cap`` of caption rows that have a reference.
         judge_reference_key: the sample ``meta`` key of the reference caption (rows without it are not judged).
@@ -149,6 +154,7 @@ class CycleGRPO(Method):
         reward_composition: str = "seed",
         mask_tokenizer: str | None = None,
         mask_reward: str = "tokens",
+        mask_device: str | None = None,
         judge: JudgeConfig | None = None,
         judge_weight: float = 1.0,
         judge_reference_key: str = "reference_caption",
@@ -177,6 +183,12 @@ class CycleGRPO(Method):
                 "--model.method.init_args.reward_composition released is the repository's image composition; "
                 f"region_space {region_space!r} (video) takes reward_composition seed"
             )
+        if reward_composition == "repository" and (region_space != "mask" or mask_reward != "tokens"):
+            raise ValueError(
+                "--model.method.init_args.reward_composition repository compares mask-token spans as text, as the "
+                f"repository's code does: it needs region_space mask and mask_reward tokens, got {region_space!r}, "
+                f"{mask_reward!r} (released scores boxes and the decoded IoU with the same formulas)"
+            )
         if region_space not in ("box", "mask", *VIDEO_SPACES):
             raise ValueError(
                 f"--model.method.init_args.region_space {region_space!r}: 'box' (images) or 'interval' / 'anchor' (video "
@@ -187,7 +199,11 @@ class CycleGRPO(Method):
                 f"--model.method.init_args.mask_tokenizer is read by region_space mask only, got region_space "
                 f"{region_space!r}: drop it, or set region_space mask"
             )
-        self.masks = MaskRegions(mask_tokenizer, mask_reward) if region_space == "mask" else None
+        if mask_device is not None and region_space != "mask":
+            raise ValueError(
+                f"--model.method.init_args.mask_device is read by region_space mask only, got {region_space!r}"
+            )
+        self.masks = MaskRegions(mask_tokenizer, mask_reward, mask_device) if region_space == "mask" else None
         self.judge = None if judge is None else CaptionJudge(judge, judge_weight, judge_reference_key, judge_prompt)
         """The mask tokenizer and the per-sample bound spaces of ``region_space: mask`` (else None)."""
         self.N, self.K, self.alpha, self.mode = n_captions, k_groundings, alpha, mode
@@ -213,6 +229,9 @@ class CycleGRPO(Method):
         self._check_samples(batch)
         if self.masks is not None:
             self.masks.check_processor(processor)
+            self.masks.place(module.device)
+            if self.composition != "repository":  # the ground truths' spans, decoded in one batched call
+                self.masks.prefetch((s, self.masks.region_text(s)) for s in batch)
         targets, rejects = self.layout(batch)
         parts, texts = [], []
         if targets:
@@ -253,6 +272,9 @@ class CycleGRPO(Method):
         return [b for b, h in enumerate(has) if h], [b for b, h in enumerate(has) if not h]
 
     def _has_target(self, sample) -> bool:
+        codes = (getattr(sample, "meta", None) or {}).get("mask_codes")
+        if self.composition == "repository" and codes is not None:  # the row's spans, decoded or not
+            return bool(codes)
         return self._gt_region(sample) is not NO_TARGET
 
     def sample_index(self, batch, ro: Rollout) -> list[int]:
@@ -283,19 +305,25 @@ class CycleGRPO(Method):
                 [p is not None and p is not NO_TARGET for p in preds],
             )
 
-        # the cycle: caption i's K groundings against its sample's region
-        cyc = [
-            groundings(batch[targets[i // N]], self._gt_region(batch[targets[i // N]]), n_cap + i * K, K)
-            for i in range(n_cap)
-        ]
-        # the no-target samples: their K0 groundings against NO_TARGET (no caption level)
-        nt = [groundings(batch[b], NO_TARGET, n_cap * (1 + K) + u * K0, K0) for u, b in enumerate(rejects)]
         phi_cap = [caption_phi(raw_caption(ro.texts[i])) for i in range(n_cap)]  # the leak is judged before stripping
-        s, phi_loc, gate, shaping, answers, has_region = ([row[f] for row in cyc] for f in range(6))
+        if self.composition == "repository":  # span strings of the whole texts, nothing decoded
+            gt_texts = [self.region_text(None, batch[b]) for b in targets]
+            cyc, nt, r_cap, r_loc, r_nt = repository_rows(ro.texts, gt_texts, N, K, K0)
+            s = [row[0] for row in cyc]
+        else:  # the cycle: caption i's K groundings against its sample's region; no-target ones against NO_TARGET
+            if self.masks is not None:  # every grounding's spans decoded in batched calls, each code pair once
+                index = self.sample_index(batch, ro)
+                self.masks.prefetch((batch[index[j]], ro.texts[j]) for j in range(n_cap, len(ro.texts)))
+            cyc = [
+                groundings(batch[targets[i // N]], self._gt_region(batch[targets[i // N]]), n_cap + i * K, K)
+                for i in range(n_cap)
+            ]
+            nt = [groundings(batch[b], NO_TARGET, n_cap * (1 + K) + u * K0, K0) for u, b in enumerate(rejects)]
+            s, phi_loc, gate, shaping, answers, has_region = ([row[f] for row in cyc] for f in range(6))
         if self.composition == "released":
             r_cap, r_loc = released_cycle_rewards(s, [raw_caption(t) for t in ro.texts[:n_cap]], answers, has_region)
             r_nt = [released_no_target_rewards(row[4], row[5]) for row in nt]
-        else:
+        elif self.composition == "seed":
             r_cap, r_loc = cycle_rewards(s, phi_cap, phi_loc, alpha=self.alpha, gate=gate, shaping=shaping)
             r_nt = [
                 [localization_reward(v, ph, self.alpha, g, sh) for v, ph, g, sh in zip(*row[:4])] for row in nt
@@ -474,6 +502,8 @@ class CycleGRPO(Method):
         template = self.ctx.eval_template
         if self.video or self.masks is not None:
             n = self.ctx.max_new_tokens
+            if self.masks is not None:
+                self.masks.place(module.device)
             self.evaluate_clips(module.policy, module.processor, engine, batch, key, template, n, module.device)
             return True
         from lightning_modules.evaluation.cycle_metrics import Locatability
@@ -531,6 +561,8 @@ class CycleGRPO(Method):
             RolloutRequest(self._prompt(processor, s.query, template), s.image, 1, i) for i, s in enumerate(batch)
         ]
         ro = engine.generate(policy, processor, requests, sampling)
+        if self.masks is not None:
+            self.masks.prefetch(zip(batch, ro.texts))
         preds = [self._predicted_region(s, t, None, wh) for s, t, wh in zip(batch, ro.texts, ro.input_wh)]
         return list(ro.texts), [self._gt_region(s) for s in batch], preds
 
@@ -593,6 +625,8 @@ class CycleGRPO(Method):
         engine = module.rollout_engine.for_evaluation()
         template = self.ctx.eval_template
         sampling = _greedy(self.ctx.max_new_tokens)
+        if self.masks is not None:
+            self.masks.place(module.device)
         if self.video or self.masks is not None:  # masks: the REC records read boxes
             texts, gts, preds = self._ground_clips(module.policy, module.processor, engine, batch, template, sampling)
             rows = [self._clip_record(s, t, g, p) for s, t, g, p in zip(batch, texts, gts, preds)]

@@ -26,6 +26,13 @@ Per sample (`MaskRegions`, cached by the sample object for the step):
   span, or a no-target query, scores with the region spaces' no-target table (1 for "no target" against no target,
   0 otherwise), so junk never counts as a rejection.
 
+**Where and how the tokenizer decodes.** It runs on ``mask_device`` when the config names one, else on the policy's
+device (`MaskRegions.place` at each rollout and evaluation; VQ-SAM2 moves, the toy tokenizer stays on the CPU). A
+step decodes in batches (`MaskRegions.prefetch`): the ground truths' spans at the rollout, then every grounding's
+spans at scoring, one ``decode_batch`` call for all of them, each distinct code pair of a sample once (the bound
+space's cache, keyed by the code pair, holds them for the step); VQ-SAM2's ``decode_batch`` encodes each image once.
+The ``repository`` composition decodes nothing while training (it compares span strings).
+
 The ceiling of ``iou`` is the tokenizer's round-trip IoU (0.942 for the toy tokenizer, experiments/mask_tokenizer.md):
 a perfect grounder writes the ground truth's own codes, which decode to an approximation of the exact mask.
 """
@@ -34,7 +41,7 @@ from __future__ import annotations
 
 import itertools
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -194,7 +201,7 @@ class MaskRegions:
     """Samples whose bound space (and its decoded masks) is kept; emptied when full, so a long run holds at most this
     many (a step's or an eval batch's samples; a larger batch only recomputes)."""
 
-    def __init__(self, mask_tokenizer: str | None, mask_reward: str = "tokens"):
+    def __init__(self, mask_tokenizer: str | None, mask_reward: str = "tokens", device: str | None = None):
         if mask_reward not in MASK_REWARDS:
             raise ValueError(
                 f"--model.method.init_args.mask_reward must be one of {MASK_REWARDS} (tokens: code match 1 / 0.4 / 0; "
@@ -202,6 +209,10 @@ class MaskRegions:
             )
         self.reward = mask_reward
         self.codec = load_mask_codec(mask_tokenizer)
+        self.device = device
+        """Where the tokenizer runs: a device name, or None to follow the policy (`place`)."""
+        if device is not None:
+            self._to(device)
         self.space: MaskSpace = region_space("mask", codec=self.codec)
         self._cache: dict[int, _Entry] = {}
         self._checked: set[int] = set()
@@ -221,6 +232,35 @@ class MaskRegions:
                 self._cache.clear()
             entry = self._cache[id(sample)] = _Entry(sample, self.space.for_image(sample.image))
         return entry
+
+    def _to(self, device) -> None:
+        mover = getattr(self.codec, "to", None)  # VQ-SAM2 moves; the toy tokenizer is CPU-only
+        if callable(mover):
+            mover(device)
+
+    def place(self, policy_device) -> None:
+        """Put the tokenizer on the configured device, else on the policy's (a no-op once it is there)."""
+        self._to(self.device if self.device is not None else policy_device)
+
+    def prefetch(self, items: Iterable[tuple[Any, str]]) -> int:
+        """Decode, in one ``decode_batch`` call, every span of the ``(sample, text)`` pairs (the part `predicted`
+        reads) that the samples' bound spaces have not decoded yet, each distinct code pair of a sample once; returns
+        how many were decoded. A tokenizer without ``decode_batch`` decodes them one by one."""
+        todo: dict[tuple[int, tuple[int, int]], MaskSpace] = {}
+        for sample, text in items:
+            space = self.bound(sample)
+            for codes in space.codes(raw_caption(text)):
+                if not space.is_decoded(codes):
+                    todo.setdefault((id(space), codes), space)
+        if not todo:
+            return 0
+        codes = [key[1] for key in todo]
+        images = [space.image for space in todo.values()]
+        batch = getattr(self.codec, "decode_batch", None)
+        masks = batch(codes, images) if callable(batch) else [self.codec.decode(c, im) for c, im in zip(codes, images)]
+        for space, pair, mask in zip(todo.values(), codes, masks):
+            space.store(pair, mask)
+        return len(codes)
 
     def bound(self, sample) -> MaskSpace:
         """The token-mode space bound to ``sample``'s image (one per sample)."""

@@ -8,6 +8,11 @@
 - ``released``, the public repository's ``text2mask.py``: ``r_cap_i = (no_repeat_3gram + 10 * mean_k s_ik) * clean +
   clean``, ``r_loc_ik = 10 * s_ik * mean_k' s_ik' + no_mask_repeat + has_region``, a no-target grounding
   ``no_target_reward + no_mask_repeat`` (``core/regions/mask_rewards.py``). Images only (its video branches differ).
+  Read through the project's parse: a case-free "no target", codes from well-formed in-range spans, decoded regions;
+- ``repository``, the same formulas as the repository's code runs them (``repository_rows``; ``region_space: mask``):
+  ``s`` compares span strings (``fsdp_workers.py``: out-of-range spans counted, nothing decoded), a no-target row
+  earns ``no_target_check_bbox`` (exact "No target.", a mask span 0.2) ``+ non_repeat_reward``, each on the whole
+  response.
 
 **Loss sides** (paper 004, step 7: "the two task losses accumulated with equal weight"; the repository's
 ``cap_grad_weight = seg_grad_weight = 0.5``). The caption rows and the grounding rows (the cycle's and the no-target
@@ -30,6 +35,12 @@ from core.regions.mask_rewards import (
     released_caption_reward,
     released_grounding_reward,
     released_no_target_reward,
+    repository_caption_reward,
+    repository_grounding_reward,
+    repository_no_mask_repeat,
+    repository_no_target_check,
+    repository_no_target_reward,
+    repository_token_consistency,
 )
 
 __all__ = [
@@ -43,13 +54,14 @@ __all__ = [
     "raw_caption",
     "released_cycle_rewards",
     "released_no_target_rewards",
+    "repository_rows",
     "side_ids",
 ]
 
 _ANSWER_RE = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.S)
 _TAG_RE = re.compile(r"</?[a-z_]+>")
 MAX_CAPTION_CHARS = 300
-COMPOSITIONS = ("seed", "released")
+COMPOSITIONS = ("seed", "released", "repository")
 MODES = ("cycle", "caption", "localization")
 CAPTION_SIDE, LOCALIZATION_SIDE = 0, 1
 
@@ -100,6 +112,36 @@ def released_no_target_rewards(answers: Sequence[str], has_region: Sequence[bool
     """The released composition of a no-target query's groundings (``has_region``: the answer parses to a region);
     an answer that writes any mask token also answered a region (the repository's ``no_target_check``)."""
     return [released_no_target_reward(a, h or has_mask_token_leak(a)) for a, h in zip(answers, has_region, strict=True)]
+
+
+def repository_rows(texts: Sequence[str], gt_texts: Sequence[str], n: int, k: int, k0: int) -> tuple[list, ...]:
+    """The ``repository`` composition of one step from its texts alone (nothing decoded): ``texts`` in the step's
+    row layout (``len(gt_texts) * n`` captions, their ``k`` groundings each, then ``k0`` groundings per no-target
+    query), ``gt_texts`` each cycled sample's ground-truth spans -> ``(cyc, nt, r_cap, r_loc, r_nt)``; ``cyc`` / ``nt``
+    rows are ``(s, phi, gate, shaping)`` lists as `CycleGRPO.score` logs them: ``s`` the span-string consistency (a
+    no-target row: 1 for the exact phrase without a box), ``phi`` ``no_mask_repeat - 1``, gate 1, shaping 0."""
+    n_cap = len(gt_texts) * n
+    first = n_cap * (1 + k)
+    caps = texts[:n_cap]
+    s = [
+        [repository_token_consistency(texts[n_cap + i * k + j], gt_texts[i // n]) for j in range(k)]
+        for i in range(n_cap)
+    ]
+    means = [sum(row) / k for row in s]
+    r_cap = [repository_caption_reward(m, t) for m, t in zip(means, caps)]
+    r_loc = [
+        [repository_grounding_reward(v, means[i], texts[n_cap + i * k + j]) for j, v in enumerate(s[i])]
+        for i in range(n_cap)
+    ]
+
+    def row(s_row: list[float], rows: Sequence[str]) -> tuple[list, ...]:
+        return s_row, [repository_no_mask_repeat(t) - 1.0 for t in rows], [1.0] * len(rows), [0.0] * len(rows)
+
+    cyc = [row(s[i], texts[n_cap + i * k : n_cap + (i + 1) * k]) for i in range(n_cap)]
+    nt_texts = [texts[u : u + k0] for u in range(first, len(texts), k0)]
+    nt = [row([float(repository_no_target_check(t) == 1.0) for t in ts], ts) for ts in nt_texts]
+    r_nt = [[repository_no_target_reward(t) for t in ts] for ts in nt_texts]
+    return cyc, nt, r_cap, r_loc, r_nt
 
 
 def check_side_weights(lambda_cap: float, lambda_loc: float, mode: str) -> None:

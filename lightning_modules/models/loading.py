@@ -47,8 +47,8 @@ class PolicyArgs:
             recomputes its activations in backward).
         freeze_vision: keep the vision tower's weights fixed (no gradient, no optimizer state; Generalized CycleGRPO
             freezes it).
-        mask_tokens: add CycleGRPO's 514 mask tokens (``<|mt_start|>``, ``<|mt_end|>``, ``<|mt_0000|>``..
-            ``<|mt_0511|>``) to the tokenizer and the embeddings, new rows at the mean of the old ones
+        mask_tokens: add CycleGRPO's 514 mask tokens (``<|mt_start|>``, ``<|mt_0000|>``..``<|mt_0511|>``,
+            ``<|mt_end|>``: the repository's id order) to the tokenizer and the embeddings, new rows at the mean of the old ones
             (``models/mask_tokenizer/vocab.py``; a no-op for a checkpoint that already has them).
     """
 

@@ -21,9 +21,10 @@ def test_constants_and_token_list():
     toks = mask_token_strings()
     # 2 delimiters + 2 codebooks x 256 codes
     assert len(toks) == 514 and len(set(toks)) == 514
-    assert toks[:4] == ["<|mt_start|>", "<|mt_end|>", "<|mt_0000|>", "<|mt_0001|>"]
-    assert toks[-1] == "<|mt_0511|>"
-    assert toks[2 + 256] == "<|mt_0256|>"  # the first code of the second codebook
+    # the repository's order, <|mt_end|> last (projects/vlm/tokenmask/utils/add_special_tokens.py line 99)
+    assert toks[:3] == ["<|mt_start|>", "<|mt_0000|>", "<|mt_0001|>"]
+    assert toks[-2:] == ["<|mt_0511|>", "<|mt_end|>"]
+    assert toks[1 + 256] == "<|mt_0256|>"  # the first code of the second codebook
 
 
 def test_format_mask_offsets_the_second_codebook():

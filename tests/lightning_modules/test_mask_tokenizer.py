@@ -329,13 +329,17 @@ def test_mask_tokens_added_to_the_toy_policy_generate_save_reload(tmp_path):
     prepare_policy(model, PolicyArgs(mask_tokens=True), processor)  # the loading path a config switches on
     ids = mask_token_ids(processor)
     assert len(ids) == 514 and len(tok) == n_before + 514
-    assert ids == list(range(n_before, n_before + 514))  # vocabulary order: start, end, codes 0..511
+    # the repository's order (add_special_tokens.py line 99): start at n, code c at n + 1 + c, end at n + 513
+    assert ids == list(range(n_before, n_before + 514))
+    vocab = tok.get_vocab()
+    start, code300, end = (vocab[t] for t in ("<|mt_start|>", "<|mt_0300|>", "<|mt_end|>"))
+    assert (start, code300, end) == (n_before, n_before + 301, n_before + 513)
     emb = model.get_input_embeddings().weight
     assert emb.shape[0] >= len(tok)
     assert torch.allclose(emb[ids], old_mean.expand(514, -1))  # mean-initialised rows
     text = "the circle " + format_mask((17, 44))
     encoded = tok(text)["input_ids"]
-    assert encoded[-4:] == [ids[0], ids[2 + 17], ids[2 + 256 + 44], ids[1]]  # one token per mask-token string
+    assert encoded[-4:] == [ids[0], ids[1 + 17], ids[1 + 256 + 44], ids[-1]]  # one token per mask-token string
     # the rollout decodes with skip_special_tokens=True: the mask tokens must survive it
     assert parse_masks(tok.decode(encoded, skip_special_tokens=True)) == [(17, 44)]
     assert add_mask_tokens(model, processor) == ids and len(tok) == n_before + 514  # idempotent

@@ -1,6 +1,6 @@
 """Mask tokens in the policy's vocabulary: the 514 strings of ``core.regions.mask_tokens`` as atomic added tokens.
 
-``add_mask_tokens(model, processor)`` adds ``<|mt_start|>``, ``<|mt_end|>``, ``<|mt_0000|>``..``<|mt_0511|>`` to the
+``add_mask_tokens(model, processor)`` adds ``<|mt_start|>``, ``<|mt_0000|>``..``<|mt_0511|>``, ``<|mt_end|>`` to the
 processor's tokenizer and gives each a row of the policy's input embeddings (and of the LM head when it is not tied)
 initialised to the **mean of the existing rows** (deterministic, so every rank of a DDP run agrees without a
 broadcast; the mean row's logit is the average logit, so a fresh token is neither favoured nor ruled out).
@@ -8,6 +8,9 @@ broadcast; the mean row's logit is the average logit, so a fresh token is neithe
 - Each string is one token (never split into ``<|``, ``m``, ``t`` ...); the tokens are added as *non-special* added
   tokens (``AddedToken(special=False, normalized=False)``), because the rollout decodes completions with
   ``skip_special_tokens=True`` (``engines/base.py``), which would delete special tokens before the reward reads them.
+- In the repository's order (``<|mt_end|>`` last, its ``add_special_tokens.py``), so the ids line up with a released
+  tokenizer's; tokens are looked up by string, so a tokenizer saved in the earlier order (``<|mt_end|>`` second)
+  keeps its ids and still works.
 - Idempotent: a checkpoint saved after ``add_mask_tokens`` (a cold-start co-SFT policy) already has them, and a second
   call adds nothing and touches no weights.
 - ``python -m cli.mask_tokenizer --add-to-policy SRC --out DST`` writes a checkpoint that has them: what an engine

@@ -28,6 +28,9 @@ Weights. ``VQSam2MaskTokenizer.from_files(sam2, tokenizer)`` reads
 own SAM 2 conversion: ``image_encoder.trunk`` -> ``vision_encoder.backbone``, ``mlp.layers.{0,1}`` -> ``proj_in`` /
 ``proj_out``, ``norm`` -> ``layer_norm``, the four point embeddings -> one matrix, ...); SAM 2's video modules
 (memory attention / encoder, object pointers) have no place in an image tokenizer and are skipped, and reported.
+Device and batching: ``VQSam2MaskTokenizer(net, device=...)`` / ``.to(device)`` runs it anywhere (CycleGRPO puts it
+on the policy's device, or on ``mask_device``); ``decode_batch`` encodes each distinct image once and runs the mask
+decoder on up to ``batch_size`` code pairs of it per call (``bench/mask_decode.py`` measures decodes/s).
 Not done: loading the real files has not been tried (they are not available here); the tests save random weights of
 a tiny configuration in the released layout and load them back (docs/mask_tokens.md, "Gaps").
 """
@@ -35,6 +38,7 @@ a tiny configuration in the released layout and load them back (docs/mask_tokens
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -251,10 +255,16 @@ class VQSam2Net(nn.Module):
 
     def decode_logits(self, pixel_values: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         """Quantised latents ``q [B, C]`` -> low-resolution mask logits ``[B, h, w]`` (best of three by IoU)."""
-        emb, pe = self.features(pixel_values)
-        b = pixel_values.shape[0]
-        points = torch.zeros(b, 1, 1, 2, dtype=pixel_values.dtype, device=pixel_values.device)
-        labels = -torch.ones(b, 1, 1, dtype=torch.int32, device=pixel_values.device)
+        return self.decode_features(*self.features(pixel_values), q)
+
+    def decode_features(self, emb: list[torch.Tensor], pe: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """`decode_logits` from the image's features (`features`): each level ``[1 or B, ...]``, a single image's
+        broadcast to the ``B`` latents ``q [B, C]``, so the image encoder runs once for all codes of one image."""
+        b = q.shape[0]
+        emb = [e.expand(b, -1, -1, -1) for e in emb]
+        pe = pe.expand(b, -1, -1, -1)
+        points = torch.zeros(b, 1, 1, 2, dtype=emb[-1].dtype, device=q.device)
+        labels = -torch.ones(b, 1, 1, dtype=torch.int32, device=q.device)
         sparse, dense = self.sam.prompt_encoder(
             input_points=points, input_labels=labels, input_boxes=None, input_masks=None
         )  # [B, 1, 2, C]: the empty point + the padding point
@@ -357,17 +367,51 @@ def _read_state(path: Path) -> dict[str, torch.Tensor]:
 
 
 class VQSam2MaskTokenizer(MaskTokenizer):
-    """``MaskTokenizer`` over a ``VQSam2Net`` (module docstring); ``threshold`` on the resized logits."""
+    """``MaskTokenizer`` over a ``VQSam2Net`` (module docstring); ``threshold`` on the resized logits.
 
-    def __init__(self, net: VQSam2Net, threshold: float = 0.5):
+    Runs on ``device`` (``to(device)`` moves it; images go there, masks come back as numpy). ``decode_batch`` runs the
+    image encoder once per distinct image (by object: a bound mask space passes the same array for all its spans) and
+    SAM 2's mask decoder on up to ``batch_size`` code pairs of that image at a time; ``n_decoded`` / ``n_images``
+    count the code pairs and image encodings decoded so far and ``seconds`` the wall time of ``encode`` / ``decode``
+    calls (each ends by copying its result to the host, so the time includes the device's work): the benchmark's and
+    the tests' counters."""
+
+    def __init__(
+        self, net: VQSam2Net, threshold: float = 0.5, device: str | torch.device = "cpu", batch_size: int = 32
+    ):
+        if batch_size < 1:
+            raise ValueError(
+                f"VQSam2MaskTokenizer(batch_size=...) must be >= 1 code pairs per decoder call, got {batch_size}"
+            )
         self.net = net.eval()
         self.threshold = threshold
+        self.batch_size = batch_size
         self.codebook_size = net.quantizer.size
         self.num_codebooks = net.quantizer.depth
+        self.device = torch.device("cpu")
+        self.n_decoded = self.n_images = 0
+        self.seconds = {"encode": 0.0, "decode": 0.0}
+        self.to(device)
+
+    def to(self, device: str | torch.device) -> VQSam2MaskTokenizer:
+        """Move the network to ``device`` (a no-op when it is there); returns self."""
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if device != self.device:
+            self.net.to(device)
+            self.device = device
+        return self
 
     @classmethod
     def from_files(
-        cls, sam2: str | Path, tokenizer: str | Path | None = None, *, config: Any = None, threshold: float = 0.5
+        cls,
+        sam2: str | Path,
+        tokenizer: str | Path | None = None,
+        *,
+        config: Any = None,
+        threshold: float = 0.5,
+        device: str | torch.device = "cpu",
     ) -> VQSam2MaskTokenizer:
         """SAM 2 from ``sam2`` (a transformers folder, or Meta's ``.pt`` with ``config`` or Hiera-L), then the release's
         tokenizer state from ``tokenizer`` (module docstring). Local files only; raises one clear error per missing
@@ -398,7 +442,7 @@ class VQSam2MaskTokenizer(MaskTokenizer):
                     f"mask tokenizer weights not found at {str(tokenizer)!r} (mask_tokenizer_256x2.pth)"
                 )
             load_released_state(net, _read_state(tokenizer))
-        return cls(net, threshold)
+        return cls(net, threshold, device)
 
     def _pixels(self, images: Sequence[Any]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
         from PIL import Image
@@ -412,10 +456,11 @@ class VQSam2MaskTokenizer(MaskTokenizer):
             sizes.append(arr.shape[:2])
             resized = np.asarray(Image.fromarray(arr).resize((s, s)), dtype=np.float32) / 255.0
             out.append((torch.from_numpy(resized).permute(2, 0, 1) - mean) / std)
-        return torch.stack(out), sizes
+        return torch.stack(out).to(self.device), sizes
 
     @torch.no_grad()
     def encode_batch(self, images, masks, boxes=None) -> list[Codes]:
+        t0 = time.perf_counter()
         pixels, sizes = self._pixels(images)
         boxes = list(boxes) if boxes is not None else [None] * len(images)
         s = self.net.input_size
@@ -430,16 +475,36 @@ class VQSam2MaskTokenizer(MaskTokenizer):
             m = torch.from_numpy(mask.astype(np.float32))[None, None]
             ms.append(F.interpolate(m, size=size, mode="bilinear", align_corners=False, antialias=True))
             bs.append([box[0] * s / w, box[1] * s / h, box[2] * s / w, box[3] * s / h])
-        z = self.net.encode_latent(pixels, torch.cat(ms), torch.tensor(bs, dtype=torch.float32))
-        return [(int(a), int(b)) for a, b in self.net.quantizer.encode(z).tolist()]
+        z = self.net.encode_latent(
+            pixels, torch.cat(ms).to(self.device), torch.tensor(bs, dtype=torch.float32, device=self.device)
+        )
+        out = [(int(a), int(b)) for a, b in self.net.quantizer.encode(z).tolist()]
+        self.seconds["encode"] += time.perf_counter() - t0
+        return out
 
     @torch.no_grad()
     def decode_batch(self, codes, images) -> list[np.ndarray]:
-        pixels, sizes = self._pixels(images)
-        q = self.net.quantizer.lookup(torch.tensor([self.check_codes(c) for c in codes]))
-        logits = self.net.decode_logits(pixels, q)  # [B, h, w]
-        out = []
-        for lg, (h, w) in zip(logits, sizes):
-            full = F.interpolate(lg[None, None].float(), size=(h, w), mode="bilinear", align_corners=False)[0, 0]
-            out.append((full > self.threshold).numpy())
+        if len(codes) != len(images):
+            raise ValueError(
+                f"decode_batch takes one image per code pair, got {len(codes)} codes, {len(images)} images"
+            )
+        t0 = time.perf_counter()
+        checked = [self.check_codes(c) for c in codes]
+        by_image: dict[int, list[int]] = {}  # one image encoding per distinct image object
+        for i, im in enumerate(images):
+            by_image.setdefault(id(im), []).append(i)
+        out: list[np.ndarray | None] = [None] * len(codes)
+        for rows in by_image.values():
+            pixels, ((h, w),) = self._pixels([images[rows[0]]])
+            emb, pe = self.net.features(pixels)  # [1, ...] per level
+            self.n_images += 1
+            for start in range(0, len(rows), self.batch_size):
+                chunk = rows[start : start + self.batch_size]
+                q = self.net.quantizer.lookup(torch.tensor([checked[i] for i in chunk], device=self.device))
+                logits = self.net.decode_features(emb, pe, q)[:, None].float()  # [b, 1, h', w']
+                full = F.interpolate(logits, size=(h, w), mode="bilinear", align_corners=False)[:, 0]
+                for i, mask in zip(chunk, (full > self.threshold).cpu().numpy()):
+                    out[i] = mask
+                self.n_decoded += len(chunk)
+        self.seconds["decode"] += time.perf_counter() - t0
         return out
