@@ -3,6 +3,7 @@ gate case by case, the CLIP similarity on a tiny random CLIP saved to tmp_path, 
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -11,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from core.coevolution import BRIDGE
 from lightning_modules.question_rewards import (
     ClipSimilarity,
     QuestionOutput,
@@ -72,6 +74,8 @@ def test_parse_question_output_gate(text, expected_key):
 
 PROBLEM = "<image>How many red shapes are there?"
 """A row's problem; Q's prompt shows it without ``<image>``."""
+LABELLED_COPY = '{"follow_up_problem": "How many red shapes are there? Follow-up question: -"}'
+COMPOSED_COPY = json.dumps({"follow_up_problem": f"{PROBLEM[7:]}\n\n{BRIDGE}\nWhat is 2x?"})
 
 
 @pytest.mark.parametrize(
@@ -85,10 +89,8 @@ PROBLEM = "<image>How many red shapes are there?"
         ('{"edit_instruction": "Add noise."}', "image", "ok", "Add noise."),  # 10
         ('{"follow_up_problem": "How many red shapes are there?"}', "text", "repeats_problem", None),
         ('{"follow_up_problem": "<image>How many red shapes are there?"}', "text", "repeats_problem", None),
-        ('{"follow_up_problem": "How many red shapes are there? Follow-up question: -"}', "text", "repeats_problem",
-         None),  # fmt: skip
-        ('{"follow_up_problem": "How many red shapes are there?\\n\\nLet x be the answer to the preceding problem. '
-         'Then answer this question in terms of x:\\nWhat is 2x?"}', "text", "ok", "What is 2x?"),  # the copy is cut
+        (LABELLED_COPY, "text", "repeats_problem", None),
+        (COMPOSED_COPY, "text", "ok", "What is 2x?"),  # the copy of the problem and the bridge are cut
         ('{"follow_up_problem": "Follow-up question: What is x + 1?"}', "text", "ok", "What is x + 1?"),
         ('{"follow_up_problem": "What is x + 1?"}', "text", "ok", "What is x + 1?"),
         ('{"follow_up_problem": "x"}', "image", "malformed", None),  # the other kind's key: the JSON gate first
