@@ -1,8 +1,8 @@
 """The question generator's reward (EvolvedGRPO's Q): plain functions, one per term, never raising on model output.
 
 Q reads a row (image, problem, answer x) and answers with exactly one JSON key: ``follow_up_problem`` for a text
-edit, ``edit_instruction`` for an image edit (which kind is the partition's choice, ``core.coevolution.edit_kind``,
-not Q's). Its reward, after the seed (``question_generator_reward.py``)::
+edit, ``edit_instruction`` for an image edit (which kind is the partition's choice,
+``core.coevolution.split_image_rows``, not Q's). Its reward, after the seed (``question_generator_reward.py``)::
 
     reward = max(0, log(p_step) - log(max(0.2, p_answer)) + log(5))
 

@@ -3,8 +3,8 @@
 The policy is Q. A sample is a row of D_k (`datamodules.reasoning.ReasoningSample`: image, problem, answer x). The
 partition fixes which edit the row gets (by default the seed's, drawn anew each round: exactly ``int(0.1 n + 0.5)`` of
 the round's n rows, `core.coevolution.split_image_rows`; or fixed per row id, `edit_kind`), and Q's prompt asks for
-exactly one JSON key: ``follow_up_problem`` (text edit) or ``edit_instruction`` (image edit). Each of Q's G completions is
-judged by a second, frozen model, the answer model A (``answer_model``: a local HF folder, sampled through a rollout
+exactly one JSON key: ``follow_up_problem`` (text edit) or ``edit_instruction`` (image edit). Each of Q's G completions
+is judged by a second, frozen model, the answer model A (``answer_model``: a local HF folder, sampled through a rollout
 engine of the project, :data:`question_rewards.VOTES` samples at temperature 0.7), and rewarded by
 `question_rewards.score_text_edit` / `score_image_edit`::
 
@@ -13,7 +13,8 @@ engine of the project, :data:`question_rewards.VOTES` samples at temperature 0.7
 * text edit: A votes 5 times on the composed problem with x given (the winner, with at least 2 votes, is the new
   label; ``p_step`` its share), then answers the composed problem 5 times without x (``p_answer``: the share right);
 * image edit: the editor (``synth.edit_client.InstructionEditor``, kwargs ``image_editor``) draws the edit, CLIP
-  (``clip_model``), or on the toy world `question_rewards.toy_similarity` (``image_similarity: toy``), gives ``p_step``; A answers the kept problem on the edited image 5 times (``p_answer``).
+  (``clip_model``), or on the toy world `question_rewards.toy_similarity` (``image_similarity: toy``), gives
+  ``p_step``; A answers the kept problem on the edited image 5 times (``p_answer``).
 
 All of A's sampling happens in `QuestionGenerator.rollout`, after Q's own, in at most two batched passes (the votes,
 then every success rate), so the step's ``rollout`` time holds it. A candidate is keyed by its row id, its edit kind,
