@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch.callbacks import Callback
 from PIL import Image
 
 from core.coevolution import EDIT_KEYS, compose_follow_up, edit_kind, split_image_rows
@@ -66,6 +67,7 @@ from lightning_modules.question_rewards import (
 
 __all__ = [
     "GATES",
+    "RoundRows",
     "AnswerModel",
     "CandidateCache",
     "QuestionGenerator",
@@ -277,8 +279,8 @@ class QuestionGenerator(Method):
             image-edit rows get the gate's 0 (``no_clip``), unless ``image_similarity`` is ``toy``.
         image_similarity: ``clip`` (the seed's) or ``toy``: `question_rewards.toy_similarity` of the source and the
             edited toy image stands in for CLIP (no weights; a row without a toy scene gets ``no_clip``).
-        partition: ``per_round`` (the seed's): the round's rows (Q's fit: its training rows; the edit stage: D_k's,
-            `use_rows`) split exactly, ``int(image_share * n + 0.5)`` image rows, seed ``partition_seed +
+        partition: ``per_round`` (the seed's): the round's rows (Q's fit: its training rows, given by the `RoundRows`
+            callback; the edit stage: D_k's; `use_rows`) split exactly, ``int(image_share * n + 0.5)`` image rows, seed ``partition_seed +
             partition_round`` (`core.coevolution.split_image_rows`); a row outside them (validation, prediction)
             takes the fixed draw. ``fixed``: per row id, the same in every round (`core.coevolution.edit_kind` with
             ``partition_seed``; ``image_share`` in expectation).
@@ -349,8 +351,8 @@ class QuestionGenerator(Method):
 
     # ------------------------------------------------------------------------------------------------ prompts
     def use_rows(self, row_ids: Sequence[str]) -> None:
-        """The round's rows, which the ``per_round`` partition splits (Q's fit: its training rows, taken from the
-        datamodule on the first step; the edit stage: D_k's)."""
+        """The round's rows, which the ``per_round`` partition splits (Q's fit: its training rows, from `RoundRows`;
+        the edit stage: D_k's)."""
         self._round_rows = frozenset(str(i) for i in row_ids)
         seed = self.partition_seed + self.partition_round
         self._image_rows = split_image_rows(sorted(self._round_rows), seed, self.image_share)
@@ -361,23 +363,18 @@ class QuestionGenerator(Method):
             return "image" if sample.sample_id in self._image_rows else "text"
         return edit_kind(sample.sample_id, seed=self.partition_seed, image_share=self.image_share)
 
-    def _round_rows_from(self, module: MethodHost) -> None:
-        """``per_round``: the fit's training rows (the datamodule's ``train_set``), once."""
-        if self.partition != "per_round" or self._round_rows is not None:
-            return
-        trainer = getattr(module, "_trainer", None)  # LightningModule.trainer raises when detached
-        train_set = getattr(getattr(trainer, "datamodule", None), "train_set", None)
-        records = getattr(train_set, "records", None)
-        if records:
-            self.use_rows([r.sample_id for r in records])
-
     def prompt(self, processor, sample, template: str) -> str:
         return chat_prompt(processor, question_prompt(sample.problem, sample.answer, self.kind_of(sample)))
 
     # ------------------------------------------------------------------------------------------------ rollout
     def rollout(self, module: MethodHost, batch) -> Rollout:
         """Q's G completions per row, then every candidate judged with A (`judge`) into ``ro.info``."""
-        self._round_rows_from(module)
+        if self.partition == "per_round" and self._round_rows is None:
+            raise RuntimeError(
+                f"{_flag('partition')} per_round splits the round's rows, and this fit gave none: add the callback "
+                "lightning_modules.methods.question_generator.RoundRows (the Q configs list it), or call use_rows(); "
+                f"{_flag('partition')} fixed needs neither"
+            )
         ro = super().rollout(module, batch)
         rows = [batch[i] for i in self.sample_index(batch, ro)]
         ro.info.update(self.judge(module, rows, list(ro.texts)))
@@ -619,3 +616,14 @@ class QuestionGenerator(Method):
                 }
             )
         return out
+
+
+class RoundRows(Callback):
+    """Gives a `QuestionGenerator` the fit's training rows (the datamodule's ``train_set``) when the fit starts: the
+    rows its ``per_round`` partition splits (a method sees only its batches). The Q configs list it."""
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        method = getattr(pl_module, "method", None)
+        records = getattr(getattr(trainer.datamodule, "train_set", None), "records", None)
+        if isinstance(method, QuestionGenerator) and records:
+            method.use_rows([r.sample_id for r in records])
