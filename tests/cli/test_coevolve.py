@@ -20,6 +20,7 @@ import torch
 import yaml
 
 from cli.coevolve import main
+from core.coevolution import split_image_rows
 from datamodules.reasoning import ReasoningDataModule, read_rows
 from lightning_modules.coevolution_edits import (
     EditSettings,
@@ -130,6 +131,14 @@ def test_one_round_killed_in_the_edit_stage_resumes_per_row(tmp_path, monkeypatc
             if rec["kind"] == "text"
             else {"edit_job", "edited_image", "clip"} <= set(rec)
         )
+    # the seed's partition, drawn anew: Q_1's fit split D_1's 4 rows with seed 2025 + 1 (RoundRows), D_2's build with
+    # 2025 + 2, each exactly image_row_count(4) = 1 image row (the fixed draw gives rows 0 and 2 here)
+    ids = [r["id"] for r in d1]
+    q_steps = [json.loads(x) for x in (r1 / "question/metrics.jsonl").read_text().splitlines()]
+    q_steps = [x for x in q_steps if x.get("event") == "train"]
+    assert len(q_steps) == 2 and sum(x["train/q/image_frac"] for x in q_steps) * 2 == 1  # 2 rows a step
+    assert [row["lineage"][1]["kind"] == "image" for row in d2] == [i in split_image_rows(ids, 2027) for i in ids]
+    assert split_image_rows(ids, 2027) == {ids[3]} and split_image_rows(ids, 2026) == {ids[1]}
     dm = ReasoningDataModule(data_root=str(out / "round_2"), train_files=["dataset.jsonl"], batch_size=2)
     dm.setup("fit")  # D_2 is what A_2's fit reads
     assert [s.sample_id for s in next(iter(dm.train_dataloader()))] and len(dm.train_set) == 4
