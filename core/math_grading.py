@@ -19,7 +19,7 @@ answers are the same, in this order:
 5. Otherwise the normalised strings (``$``, ``\\left``/``\\right``, ``\\text{}``, spaces and case removed).
 
 Rounding is not forgiven: ``0.33`` is not ``1/3``. The answer model's reward (the seed's ``math.py``):
-``answer_reward = 0.9 * accuracy + 0.1 * format``.
+``answer_reward = 0.9 * accuracy + 0.1 * format``, the format checked as the seed checks it (:func:`format_ok`).
 """
 
 from __future__ import annotations
@@ -418,11 +418,27 @@ def _answers_match(pred: Any, gold: Any, depth: int) -> bool:
 # --- format and rewards ----------------------------------------------------------------------------------------------
 
 _THINK = re.compile(r"<think>(.*?)</think>(.*)", re.S)
+_TAG_SPACE = re.compile(r"\s*(<|>|/)\s*")
 
 
-def format_ok(completion: Any) -> bool:
-    """``<think>...</think> ... \\boxed{...}``: the text (whitespace around it aside) starts with one think part,
-    no other think tag follows, and a closed ``\\boxed{}`` comes after it."""
+def format_ok(completion: Any, strict: bool = False) -> bool:
+    """Whether a completion has the answer format, ``<think>...</think> ... \\boxed{...}``.
+
+    Default, the seed's check (SHENZHEBEI/EvolvedGRPO@2dffc532, ``EasyR1/examples/score_function/math.py``,
+    ``compute_score`` then ``format_reward``): whitespace around every ``<``, ``>`` and ``/`` removed, then the whole
+    text must read ``<think>``, anything, ``</think>``, anything, ``\\boxed{``, anything, ``}``, anything (the regex
+    ``<think>.*</think>.*\\boxed\\{.*\\}.*``, DOTALL), decided here in one linear pass. So ``< think >`` counts as a
+    tag, a second think part passes, and the box's braces need not balance.
+
+    ``strict`` (the project's earlier check): the text (whitespace around it aside) is one think part, no other think
+    tag after it, then a closed ``\\boxed{}``."""
+    if not strict:
+        text = _TAG_SPACE.sub(r"\1", _text(completion))
+        if not text.startswith("<think>"):
+            return False
+        close = text.find("</think>", len("<think>"))  # the earliest of each leaves the most room for the rest
+        box = text.find("\\boxed{", close + len("</think>")) if close >= 0 else -1
+        return box >= 0 and "}" in text[box + len("\\boxed{") :]
     text = _text(completion).strip()
     m = _THINK.fullmatch(text)
     if m is None or "<think>" in m.group(1) or "<think>" in m.group(2) or "</think>" in m.group(2):
@@ -448,9 +464,9 @@ def accuracy_reward(completions: Sequence[Any], answers: Any, **kwargs: Any) -> 
     return [1.0 if answers_match(extract_boxed(c), g) else 0.0 for c, g in zip(completions, gold)]
 
 
-def format_reward(completions: Sequence[Any], **kwargs: Any) -> list[float]:
-    """1.0 for :func:`format_ok` completions, else 0.0."""
-    return [1.0 if format_ok(c) else 0.0 for c in completions]
+def format_reward(completions: Sequence[Any], strict: bool = False, **kwargs: Any) -> list[float]:
+    """1.0 for :func:`format_ok` completions (the seed's check, or with ``strict`` the earlier one), else 0.0."""
+    return [1.0 if format_ok(c, strict) else 0.0 for c in completions]
 
 
 def answer_reward(completions: Sequence[Any], answers: Any, format_weight: float = 0.1, **kwargs: Any) -> list[float]:

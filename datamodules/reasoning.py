@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
@@ -345,9 +344,14 @@ class ReasoningDataModule(L.LightningDataModule):
     def train_dataloader(self):
         if self.train_set is None:
             raise DataError("no training data: set --data.train_files (or --data.toy for the toy math world)")
-        generator = torch.Generator().manual_seed(self.seed)
-        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=self.shuffle, generator=generator,
-                          num_workers=self.num_workers, collate_fn=collate_reasoning)  # fmt: skip
+        from datamodules.resumable import EpochSampler, ResumableLoader
+
+        # resumable mid-epoch (a killed round's fit resumes with the batches it had not trained on, not epoch 0's)
+        trainer = self.trainer  # LightningDataModule's attribute; None outside a fit
+        world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        sampler = EpochSampler(len(self.train_set), self.shuffle, self.seed, num_replicas=world, rank=rank)
+        return ResumableLoader(self.train_set, batch_size=self.batch_size, sampler=sampler,
+                               num_workers=self.num_workers, collate_fn=collate_reasoning)  # fmt: skip
 
     def _eval_loaders(self, kind: str):
         return [

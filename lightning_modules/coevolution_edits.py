@@ -3,8 +3,9 @@
 One pass over D_k's rows, in order, in chunks of ``chunk`` rows (the unit of resumption):
 
 1. Q_k writes one output per row, sampled (the seed's ``augment_dataset.py generate``: temperature 0.4, top-p 0.95,
-   one attempt), from the prompt it trained on (`question_generator.question_prompt` of the row's kind, the fixed
-   partition `core.coevolution.edit_kind`);
+   one attempt), from the prompt it trained on (`question_generator.question_prompt` of the row's kind: by default
+   the seed's partition of D_k's rows for round k + 1, exactly ``int(0.1 n + 0.5)`` image rows drawn with seed
+   ``2025 + k + 1`` as the seed's ``build_round_k.sh``, `core.coevolution.split_image_rows`);
 2. the outputs are judged exactly as Q's reward judges them (`QuestionGenerator.judge`): the JSON gate; for a text
    edit A_k's 5 votes on the composed problem told x (the winner, with >= 2 votes, is the new label), for an image
    edit the editor (`synth.edit_client.InstructionEditor`) and CLIP; then A_k's success rate on the edited row and
@@ -241,7 +242,8 @@ def build_next_dataset(
             q = AnswerModel(question_model, engine=settings.engine, votes=1, temperature=settings.temperature,
                             top_p=settings.top_p, max_new_tokens=settings.max_new_tokens,
                             dtype=settings.dtype).load(device)  # fmt: skip
-            judge = _RecordingJudge(**{**judge_args, "answer_model": str(answer_model)})
+            judge = _RecordingJudge(**{**judge_args, "answer_model": str(answer_model), "partition_round": round_k + 1})
+            judge.use_rows([r.sample_id for r in records])  # the partition splits all of D_k, not a chunk
         torch.manual_seed(_chunk_seed(seed, round_k, c))
         chunk = [load_reasoning_sample(r) for r in records[start : start + n_chunk]]
         kinds = [judge.kind_of(s) for s in chunk]

@@ -375,7 +375,8 @@ class Rounds:
         self.stage(f"round_{k}/answer_eval", partial(self._eval, a_run, a_k))
         if cfg.mode == "plain":
             return a_k, prev_q
-        q_model = {"policy": {"model_name_or_path": prev_q}, "method": {"init_args": {"answer_model": a_k}}}
+        q_method = {"answer_model": a_k, "partition_round": k}  # the seed's Q_k rows: partition seed 2025 + k
+        q_model = {"policy": {"model_name_or_path": prev_q}, "method": {"init_args": q_method}}
         q_base = _merge(on_d_k, {"model": {"init_args": q_model}})
         self.stage(f"round_{k}/question_fit", partial(self._fit, f"round_{k}/question_fit", cfg.question_config, q_run,
                                                        q_base, q_seed, cfg.question_args))  # fmt: skip

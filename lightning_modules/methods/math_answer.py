@@ -8,7 +8,8 @@ turn ``reasoning.answer_prompt(problem)`` with the row's image (the seed's EasyR
     accuracy_weight * accuracy + format_weight * format        (0.9 and 0.1, --model.method.init_args.*)
 
 ``accuracy``: the last closed ``\\boxed{}`` of the completion matches the row's answer (`core.math_grading
-.answers_match`); ``format``: one ``<think>...</think>`` part, then a closed box (`core.math_grading.format_ok`).
+.answers_match`); ``format``: ``<think>...</think>`` then a box, as the seed's ``math.py`` checks it
+(`core.math_grading.format_ok`; ``format_check: strict`` the project's earlier, stricter check).
 
 Validation and test (greedy, one completion a row, through the module's rollout engine for evaluation):
 ``<kind>/<set>/accuracy`` and ``<kind>/<set>/format`` per named eval set; ``train.py predict`` writes one record
@@ -18,6 +19,7 @@ per row with the same two numbers.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from core.math_grading import accuracy_reward, extract_boxed, format_reward
@@ -53,9 +55,9 @@ def math_accuracy(ctx: RewardContext) -> list[float]:
     return accuracy_reward(ctx.texts, [s.answer for s in ctx.samples])
 
 
-def math_format(ctx: RewardContext) -> list[float]:
-    """1 for a ``<think>...</think>`` part followed by a closed ``\\boxed{}``, else 0."""
-    return format_reward(ctx.texts)
+def math_format(ctx: RewardContext, strict: bool = False) -> list[float]:
+    """1 for a ``<think>...</think>`` part followed by a ``\\boxed{}`` (`core.math_grading.format_ok`), else 0."""
+    return format_reward(ctx.texts, strict)
 
 
 class MathAnswer(Method):
@@ -64,13 +66,18 @@ class MathAnswer(Method):
     Args:
         accuracy_weight: weight of the accuracy term (the seed: 0.9 = 1 - format_weight).
         format_weight: weight of the format term (the seed's ``format_weight``: 0.1).
+        format_check: ``seed`` (the seed's ``math.py``: spaces inside tags allowed, a second think part passes) or
+            ``strict`` (one think part, no other think tag, a closed box), `core.math_grading.format_ok`.
     """
 
     grounding = False
     format = "math"
 
-    def __init__(self, accuracy_weight: float = 0.9, format_weight: float = 0.1) -> None:
+    def __init__(self, accuracy_weight: float = 0.9, format_weight: float = 0.1, format_check: str = "seed") -> None:
         super().__init__()
+        if format_check not in ("seed", "strict"):
+            raise ValueError(f"{_flag('format_check')} must be seed or strict, got {format_check!r}")
+        self.strict_format = format_check == "strict"
         for arg, value in (("accuracy_weight", accuracy_weight), ("format_weight", format_weight)):
             if value < 0:
                 raise ValueError(f"{_flag(arg)} must be >= 0, got {value}")
@@ -83,7 +90,7 @@ class MathAnswer(Method):
     def reward_terms(self) -> list[RewardTerm]:
         return [
             RewardTerm("accuracy", self.accuracy_weight, math_accuracy),
-            RewardTerm("format", self.format_weight, math_format),
+            RewardTerm("format", self.format_weight, partial(math_format, strict=self.strict_format)),
         ]
 
     def train_logs(self, scores: Scores, ro: Rollout) -> dict[str, float]:
@@ -116,7 +123,7 @@ class MathAnswer(Method):
             }
         mets = self._eval_metrics[key]
         mets["accuracy"].update([a >= 1.0 for a in accuracy_reward(texts, [s.answer for s in batch])])
-        mets["format"].update([f >= 1.0 for f in format_reward(texts)])
+        mets["format"].update([f >= 1.0 for f in format_reward(texts, self.strict_format)])
         return True
 
     def eval_logs(self, kind: str) -> dict[str, float]:
@@ -136,7 +143,7 @@ class MathAnswer(Method):
         """Per row: the greedy completion, its boxed answer, the gold answer, and the accuracy and format rewards."""
         texts = self._greedy(module, batch)
         acc = accuracy_reward(texts, [s.answer for s in batch])
-        fmt = format_reward(texts)
+        fmt = format_reward(texts, self.strict_format)
         return [
             {
                 "sample_id": s.sample_id,

@@ -1,9 +1,10 @@
 """EvolvedGRPO's question generator Q as a GRPO method on reasoning rows (issue 43; docs/evolved_coevolution.md).
 
 The policy is Q. A sample is a row of D_k (`datamodules.reasoning.ReasoningSample`: image, problem, answer x). The
-partition (`core.coevolution.edit_kind` of the row id) fixes which edit the row gets, and Q's prompt asks for exactly
-one JSON key: ``follow_up_problem`` (text edit) or ``edit_instruction`` (image edit). Each of Q's G completions is
-judged by a second, frozen model, the answer model A (``answer_model``: a local HF folder, sampled through a rollout
+partition fixes which edit the row gets (by default the seed's, drawn anew each round: exactly ``int(0.1 n + 0.5)`` of
+the round's n rows, `core.coevolution.split_image_rows`; or fixed per row id, `edit_kind`), and Q's prompt asks for
+exactly one JSON key: ``follow_up_problem`` (text edit) or ``edit_instruction`` (image edit). Each of Q's G completions
+is judged by a second, frozen model, the answer model A (``answer_model``: a local HF folder, sampled through a rollout
 engine of the project, :data:`question_rewards.VOTES` samples at temperature 0.7), and rewarded by
 `question_rewards.score_text_edit` / `score_image_edit`::
 
@@ -12,7 +13,8 @@ engine of the project, :data:`question_rewards.VOTES` samples at temperature 0.7
 * text edit: A votes 5 times on the composed problem with x given (the winner, with at least 2 votes, is the new
   label; ``p_step`` its share), then answers the composed problem 5 times without x (``p_answer``: the share right);
 * image edit: the editor (``synth.edit_client.InstructionEditor``, kwargs ``image_editor``) draws the edit, CLIP
-  (``clip_model``) gives ``p_step``; A answers the kept problem on the edited image 5 times (``p_answer``).
+  (``clip_model``), or on the toy world `question_rewards.toy_similarity` (``image_similarity: toy``), gives
+  ``p_step``; A answers the kept problem on the edited image 5 times (``p_answer``).
 
 All of A's sampling happens in `QuestionGenerator.rollout`, after Q's own, in at most two batched passes (the votes,
 then every success rate), so the step's ``rollout`` time holds it. A candidate is keyed by its row id, its edit kind,
@@ -39,9 +41,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch.callbacks import Callback
 from PIL import Image
 
-from core.coevolution import EDIT_KEYS, compose_follow_up, edit_kind
+from core.coevolution import EDIT_KEYS, compose_follow_up, edit_kind, split_image_rows
 from core.math_grading import extract_boxed
 from datamodules.reasoning import answer_prompt
 from lightning_modules import rewards
@@ -58,10 +61,13 @@ from lightning_modules.question_rewards import (
     parse_question_output,
     score_image_edit,
     score_text_edit,
+    screen_output,
+    toy_similarity,
 )
 
 __all__ = [
     "GATES",
+    "RoundRows",
     "AnswerModel",
     "CandidateCache",
     "QuestionGenerator",
@@ -91,10 +97,18 @@ QUESTION_PROMPTS = {
 }
 """Q's user text per edit kind (ours; the seed's ``TEXT_AGENT_PROMPT`` / ``IMAGE_AGENT_PROMPT`` ask the same)."""
 
-GATES = ("ok", "malformed", "no_consensus", "few_votes", "low_clip", "no_editor", "no_clip", "edit_failed")
+PARTITIONS = ("per_round", "fixed")
+"""``partition``'s values: the seed's exact split of each round's rows, or a fixed draw per row id."""
+
+GATES = (
+    "ok", "malformed", "short_instruction", "repeats_problem", "no_consensus", "few_votes", "low_clip", "no_editor",
+    "no_clip", "edit_failed",
+)  # fmt: skip
 """Every gate reason a row can get (``train/q/gate/<reason>``): `question_rewards`' and the method's own
-(``no_editor``: an image edit with ``image_editor`` null; ``no_clip``: with ``clip_model`` null; ``edit_failed``: the
-editor returned an error)."""
+(``no_editor``: an image edit with ``image_editor`` null; ``no_clip``: with ``clip_model`` null, or with the toy
+similarity on a row that is not a toy math row; ``edit_failed``: the editor returned an error)."""
+SIMILARITIES = ("clip", "toy")
+"""``image_similarity``'s values: CLIP (``clip_model``) or the toy world's `question_rewards.toy_similarity`."""
 
 
 def question_prompt(problem: str, answer: str, kind: str) -> str:
@@ -262,9 +276,18 @@ class QuestionGenerator(Method):
             ``server_overrides``, ``output_dir``, ``timeout_s``); null: image-edit rows get the gate's 0
             (``no_editor``).
         clip_model: a local CLIP folder (`question_rewards.ClipSimilarity`) for an image edit's ``p_step``; null:
-            image-edit rows get the gate's 0 (``no_clip``).
-        partition_seed: the edit partition's seed (`core.coevolution.edit_kind`; the seed's 2025).
-        image_share: the expected share of image-edit rows (the seed's 0.1).
+            image-edit rows get the gate's 0 (``no_clip``), unless ``image_similarity`` is ``toy``.
+        image_similarity: ``clip`` (the seed's) or ``toy``: `question_rewards.toy_similarity` of the source and the
+            edited toy image stands in for CLIP (no weights; a row without a toy scene gets ``no_clip``).
+        partition: ``per_round`` (the seed's): the round's rows (Q's fit: its training rows, given by the `RoundRows`
+            callback; the edit stage: D_k's; `use_rows`) split exactly, ``int(image_share * n + 0.5)`` image rows, seed ``partition_seed +
+            partition_round`` (`core.coevolution.split_image_rows`); a row outside them (validation, prediction)
+            takes the fixed draw. ``fixed``: per row id, the same in every round (`core.coevolution.edit_kind` with
+            ``partition_seed``; ``image_share`` in expectation).
+        partition_round: the round k whose partition this is (the rounds set it: Q_k's fit k, the build of D_{k+1}
+            k + 1, as the seed's scripts).
+        partition_seed: the edit partition's base seed (the seed's 2025).
+        image_share: the share of image-edit rows (the seed's 0.1).
         cache_size: candidates (and unedited rows) the cache keeps, least recently used dropped first.
     """
 
@@ -282,6 +305,9 @@ class QuestionGenerator(Method):
         answer_batch: int = 16,
         image_editor: dict[str, Any] | None = None,
         clip_model: str | None = None,
+        image_similarity: str = "clip",
+        partition: str = "per_round",
+        partition_round: int = 1,
         partition_seed: int = 2025,
         image_share: float = 0.1,
         cache_size: int = 100_000,
@@ -299,6 +325,10 @@ class QuestionGenerator(Method):
             )
         if cache_size < 1:
             raise ValueError(f"{_flag('cache_size')} must be >= 1, got {cache_size}")
+        if image_similarity not in SIMILARITIES:
+            raise ValueError(f"{_flag('image_similarity')} must be one of {SIMILARITIES}, got {image_similarity!r}")
+        if partition not in PARTITIONS:
+            raise ValueError(f"{_flag('partition')} must be one of {PARTITIONS}, got {partition!r}")
         self.answer = AnswerModel(
             answer_model,
             engine=answer_engine,
@@ -308,16 +338,29 @@ class QuestionGenerator(Method):
             dtype=answer_dtype,
             batch=answer_batch,
         )
-        self.image_editor, self.clip_model = image_editor, clip_model
+        self.image_editor, self.clip_model, self.image_similarity = image_editor, clip_model, image_similarity
+        self.partition, self.partition_round = partition, partition_round
         self.partition_seed, self.image_share = partition_seed, image_share
+        self._round_rows: frozenset[str] | None = None
+        self._image_rows: frozenset[str] = frozenset()
         self.cache = CandidateCache(cache_size)
         self._editor = None
-        self._clip: ClipSimilarity | None = None
+        self._clip: Any = None  # ClipSimilarity, or toy_similarity
         self._sources: tempfile.TemporaryDirectory | None = None
         self._eval_metrics: dict[str, Any] = {}
 
     # ------------------------------------------------------------------------------------------------ prompts
+    def use_rows(self, row_ids: Sequence[str]) -> None:
+        """The round's rows, which the ``per_round`` partition splits (Q's fit: its training rows, from `RoundRows`;
+        the edit stage: D_k's)."""
+        self._round_rows = frozenset(str(i) for i in row_ids)
+        seed = self.partition_seed + self.partition_round
+        self._image_rows = split_image_rows(sorted(self._round_rows), seed, self.image_share)
+
     def kind_of(self, sample) -> str:
+        """The row's edit kind: ``image`` or ``text`` (the ``partition`` argument)."""
+        if self.partition == "per_round" and self._round_rows is not None and sample.sample_id in self._round_rows:
+            return "image" if sample.sample_id in self._image_rows else "text"
         return edit_kind(sample.sample_id, seed=self.partition_seed, image_share=self.image_share)
 
     def prompt(self, processor, sample, template: str) -> str:
@@ -326,6 +369,12 @@ class QuestionGenerator(Method):
     # ------------------------------------------------------------------------------------------------ rollout
     def rollout(self, module: MethodHost, batch) -> Rollout:
         """Q's G completions per row, then every candidate judged with A (`judge`) into ``ro.info``."""
+        if self.partition == "per_round" and self._round_rows is None:
+            raise RuntimeError(
+                f"{_flag('partition')} per_round splits the round's rows, and this fit gave none: add the callback "
+                "lightning_modules.methods.question_generator.RoundRows (the Q configs list it), or call use_rows(); "
+                f"{_flag('partition')} fixed needs neither"
+            )
         ro = super().rollout(module, batch)
         rows = [batch[i] for i in self.sample_index(batch, ro)]
         ro.info.update(self.judge(module, rows, list(ro.texts)))
@@ -339,11 +388,11 @@ class QuestionGenerator(Method):
         hits = 0
         for i, (s, text) in enumerate(zip(rows, texts)):
             kind = self.kind_of(s)
-            out = parse_question_output(text, EDIT_KEYS[kind])
+            out, gate = screen_output(text, kind, s.problem)
             if out is None:
-                scores[i] = QuestionScore(0.0, "malformed")
+                scores[i] = QuestionScore(0.0, gate)
                 continue
-            if kind == "image" and (self.image_editor is None or self.clip_model is None):
+            if kind == "image" and (self.image_editor is None or not self._can_compare(s)):
                 scores[i] = QuestionScore(0.0, "no_editor" if self.image_editor is None else "no_clip", output=out)
                 continue
             key = candidate_key(s.sample_id, kind, out.text, image_hash(s.image))
@@ -389,7 +438,7 @@ class QuestionGenerator(Method):
             p.votes = [extract_boxed(c) for c in completions]
             p.label = majority_vote(p.votes).label
             if p.label is None:
-                p.score = score_text_edit(p.raw, p.votes, [])
+                p.score = score_text_edit(p.raw, p.votes, [], p.sample.problem)
         images = [p for p in pending.values() if p.kind == "image"]
         if images:
             self._edit_images(images, module.device)
@@ -402,20 +451,29 @@ class QuestionGenerator(Method):
         ]
         for p, completions in zip(critic, answer.sample(items) if items else []):
             if p.kind == "text":
-                p.score = score_text_edit(p.raw, p.votes, completions)
+                p.score = score_text_edit(p.raw, p.votes, completions, p.sample.problem)
             else:
                 p.score = score_image_edit(p.raw, p.clip, completions, p.sample.answer)
 
+    def _can_compare(self, sample) -> bool:
+        """Whether an image edit of ``sample`` can get a similarity: a CLIP folder, or the toy's on a toy math row."""
+        if self.image_similarity == "toy":
+            return "scene" in (sample.meta or {})
+        return self.clip_model is not None
+
     def _edit_images(self, images: list[_Pending], device: torch.device) -> None:
-        """Draw every image edit through the editor (one call), CLIP each against its source; an editor error gates
-        the candidate (``edit_failed``), a low similarity is `score_image_edit`'s gate."""
+        """Draw every image edit through the editor (one call), compare each with its source (CLIP or the toy's
+        similarity); an editor error gates the candidate (``edit_failed``), a low similarity is `score_image_edit`'s
+        gate."""
         from synth.edit_client import InstructionEdit, InstructionEditor  # the data side's editor, only when used
 
         if self._editor is None:
             self._editor = InstructionEditor(**dict(self.image_editor or {}))
             weakref.finalize(self, self._editor.close)
-        if self._clip is None:
-            self._clip = ClipSimilarity(self.clip_model, device=str(device))  # fp32, on the trainer's device
+        if self._clip is None:  # fp32, on the trainer's device
+            self._clip = (
+                toy_similarity if self.image_similarity == "toy" else ClipSimilarity(self.clip_model, str(device))
+            )
         edits = [
             InstructionEdit(
                 row_id=p.sample.sample_id,
@@ -558,3 +616,14 @@ class QuestionGenerator(Method):
                 }
             )
         return out
+
+
+class RoundRows(Callback):
+    """Gives a `QuestionGenerator` the fit's training rows (the datamodule's ``train_set``) when the fit starts: the
+    rows its ``per_round`` partition splits (a method sees only its batches). The Q configs list it."""
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        method = getattr(pl_module, "method", None)
+        records = getattr(getattr(trainer.datamodule, "train_set", None), "records", None)
+        if isinstance(method, QuestionGenerator) and records:
+            method.use_rows([r.sample_id for r in records])

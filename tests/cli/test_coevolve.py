@@ -2,7 +2,8 @@
 and Q (lightning_modules/coevolution_rounds.py, docs/evolved_coevolution.md, "The rounds").
 
 The toy checkpoint never writes Q's JSON, so every row is kept (gate ``malformed``): these tests check the machinery
-(stages, files, lineage, metrics, resumption, determinism), not learning.
+(stages, files, lineage, metrics, resumption, determinism), not learning. Its rewards are 0, so its GRPO steps leave
+the weights as they were; the resume test adds an entropy bonus (`LEARNING`) so that A_1 and Q_1 differ from A_0, Q_0.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 import yaml
 
 from cli.coevolve import main
+from core.coevolution import split_image_rows
 from datamodules.reasoning import ReasoningDataModule, read_rows
 from lightning_modules.coevolution_edits import (
     EditSettings,
@@ -32,6 +35,8 @@ from lightning_modules.coevolution_rounds import STOP_ENV, Rounds, RoundsConfig,
 REPO = Path(__file__).resolve().parents[2]
 TOY = REPO / "checkpoints/toy-qwen2.5-vl"
 STAGES = ("answer_fit", "answer_export", "answer_eval", "question_fit", "question_export", "edit")
+LEARNING = {"model.init_args.optimisation.entropy_coef": 0.1, "model.init_args.optimizer.init_args.lr": 1e-3}
+"""A and Q keys under which the toy checkpoint's weights move (with all rewards 0 its GRPO gradient is 0)."""
 
 
 def write_config(tmp: Path, **over) -> Path:
@@ -65,6 +70,12 @@ def write_config(tmp: Path, **over) -> Path:
     return path
 
 
+def write_learning_config(tmp: Path, **over) -> Path:
+    """`write_config` with `LEARNING` in A's and Q's keys: a round whose weights move."""
+    base = yaml.safe_load(write_config(tmp).read_text())
+    return write_config(tmp, **{k: {**base[k], **LEARNING} for k in ("answer_args", "question_args")}, **over)
+
+
 def stages(out: Path) -> dict:
     return json.loads((out / "state.json").read_text())["stages"]
 
@@ -73,7 +84,7 @@ def test_one_round_killed_in_the_edit_stage_resumes_per_row(tmp_path, monkeypatc
     """One round end to end, stopped after D_2's first chunk; the same command finishes it without re-running a
     finished stage or row, and the rows it writes are the rows an uninterrupted build writes."""
     monkeypatch.chdir(tmp_path)
-    config, out = write_config(tmp_path), tmp_path / "run"
+    config, out = write_learning_config(tmp_path), tmp_path / "run"
     monkeypatch.setenv(STOP_ENV, "round_1/edit:rows2")
     monkeypatch.setenv("COEVOLVE_STOP_HOW", "raise")
     with pytest.raises(StopRequested):
@@ -94,6 +105,12 @@ def test_one_round_killed_in_the_edit_stage_resumes_per_row(tmp_path, monkeypatc
     # the files of a round
     r1 = out / "round_1"
     assert (r1 / "answer/hf/config.json").is_file() and (r1 / "question/hf/config.json").is_file()
+    from safetensors.torch import load_file
+
+    w0 = load_file(TOY / "model.safetensors")
+    for role in ("answer", "question"):  # the round's weights moved: the resume and the build use A_1, Q_1, not A_0
+        w1 = load_file(r1 / role / "hf/model.safetensors")
+        assert any(not torch.equal(w1[k], w0[k]) for k in w0 if k in w1), role
     assert (r1 / "answer/final.ckpt").is_file() and (r1 / "answer/checkpoints/last.ckpt").is_file()
     d1, d2 = read_jsonl_rows(r1 / "dataset.jsonl"), read_jsonl_rows(out / "round_2/dataset.jsonl")
     assert (
@@ -114,6 +131,14 @@ def test_one_round_killed_in_the_edit_stage_resumes_per_row(tmp_path, monkeypatc
             if rec["kind"] == "text"
             else {"edit_job", "edited_image", "clip"} <= set(rec)
         )
+    # the seed's partition, drawn anew: Q_1's fit split D_1's 4 rows with seed 2025 + 1 (RoundRows), D_2's build with
+    # 2025 + 2, each exactly image_row_count(4) = 1 image row (the fixed draw gives rows 0 and 2 here)
+    ids = [r["id"] for r in d1]
+    q_steps = [json.loads(x) for x in (r1 / "question/metrics.jsonl").read_text().splitlines()]
+    q_steps = [x for x in q_steps if x.get("event") == "train"]
+    assert len(q_steps) == 2 and sum(x["train/q/image_frac"] for x in q_steps) * 2 == 1  # 2 rows a step
+    assert [row["lineage"][1]["kind"] == "image" for row in d2] == [i in split_image_rows(ids, 2027) for i in ids]
+    assert split_image_rows(ids, 2027) == {ids[3]} and split_image_rows(ids, 2026) == {ids[1]}
     dm = ReasoningDataModule(data_root=str(out / "round_2"), train_files=["dataset.jsonl"], batch_size=2)
     dm.setup("fit")  # D_2 is what A_2's fit reads
     assert [s.sample_id for s in next(iter(dm.train_dataloader()))] and len(dm.train_set) == 4
@@ -245,6 +270,49 @@ def test_image_edits_through_the_real_editor_carry_the_edited_scene_into_the_nex
     assert [r["reason"] for r in rows[0]["lineage"]] == ["ok", "ok"]
 
 
+def test_a_toy_rounds_image_rows_reach_ok_through_the_shipped_toy_editor_and_similarity(tmp_path):
+    """The edit stage's judge as the rounds build it from configs/coevolve/tiny.yaml, whose Q config wires the
+    procedural toy-math editor and the toy similarity (image_similarity: toy), on D_k = 20 toy rows: the partition
+    for round k + 1 takes exactly int(0.1 * 20 + 0.5) = 2 image rows (EvolvedGRPO@2dffc532 build_round_k.sh: seed
+    2025 + target_round). Q's image outputs are what the toy math checkpoint's Q learns to write
+    (`datamodules.sft_math.edit_instruction_target`, an instruction of the toy grammar that keeps the answer); the
+    toy checkpoint is A. Each image row is edited, compared with its source and reaches ``ok``."""
+    import numpy as np
+    import torch
+
+    from core.coevolution import split_image_rows
+    from datamodules.reasoning import load_reasoning_sample
+    from datamodules.sft_math import edit_instruction_target
+    from datamodules.toy_math import export_split
+    from lightning_modules.coevolution_edits import _RecordingJudge
+
+    src = export_split(tmp_path / "toy", "train", 20, seed=0)
+    raws, samples = read_jsonl_rows(src), [load_reasoning_sample(r) for r in read_rows(src)]
+    args = Rounds(RoundsConfig.from_yaml(write_config(tmp_path)), tmp_path / "run")._judge_args(
+        str(TOY), tmp_path / "run/round_3/images"
+    )
+    assert args["image_similarity"] == "toy" and args["image_editor"]["output_dir"].endswith("round_3/images")
+    judge = _RecordingJudge(**{**args, "answer_max_new_tokens": 8, "answer_dtype": "fp32", "partition_round": 3})
+    judge.use_rows([s.sample_id for s in samples])  # as build_next_dataset does for D_2 -> D_3
+    image = [(s, r) for s, r in zip(samples, raws) if judge.kind_of(s) == "image"]
+    assert {s.sample_id for s, _ in image} == split_image_rows([s.sample_id for s in samples], 2028) and len(image) == 2
+    rng = np.random.default_rng(0)
+    texts = [edit_instruction_target(r["meta"], rng) for _, r in image]
+    host, models = SimpleNamespace(device=torch.device("cpu"), rollout_engine=None), {"question": "Q", "answer": "A"}
+    try:
+        info = judge.judge(host, [s for s, _ in image], texts)
+    finally:
+        judge._editor.close()
+    rows = []
+    for (s, raw), text, score, harder in zip(image, texts, info["question_scores"], info["harder"]):
+        assert score.gate == "ok" and 0.2 <= score.p_step <= 1.0 and score.label == s.answer, (text, score)
+        ev = {**judge.evidence[f"{s.sample_id}\x00{score.output.text}"], "row_id": s.sample_id}
+        rec = lineage_record(2, "image", text, score, ev, harder, None, models)
+        rows.append(next_row(raw, s, "image", score, ev, rec, tmp_path / "run/round_3"))
+        assert rec["clip"] == score.p_step and Path(rec["edited_image"]).is_file()  # the toy similarity's value
+    assert edit_stats(rows, 3)["reasons"] == {"ok": 2}
+
+
 def test_a_run_folder_refuses_another_config_and_a_config_names_its_unknown_key(tmp_path, capsys):
     out = tmp_path / "run"
     out.mkdir()
@@ -271,11 +339,13 @@ def test_shipped_rounds_configs_read():
 def test_killed_mid_fit_in_a_subprocess_resumes_to_the_uninterrupted_result(tmp_path):
     """The command in a process of its own, train.py in processes of their own (launcher subprocess), killed in A's
     fit of round 1 after its first step, then in D_2's build; started again, it finishes with the datasets and metrics
-    of an uninterrupted (in-process) run, and the stages finished before a kill were not run again."""
+    of an uninterrupted (in-process) run, and the stages finished before a kill were not run again. The weights move
+    (`LEARNING`): the resumed A_1 and Q_1 are the uninterrupted run's, bit for bit (the fit resumes from last.ckpt
+    with its RNG state)."""
     ref_dir, run_dir = tmp_path / "ref", tmp_path / "killed"
     ref_dir.mkdir(), run_dir.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "cli.coevolve", "--config", str(write_config(run_dir, launcher="subprocess"))]
+    cmd = [sys.executable, "-m", "cli.coevolve", "--config", str(write_learning_config(run_dir, launcher="subprocess"))]
     cmd += ["--out", str(run_dir / "out")]
     for stop in ("round_1/answer_fit:step2", "round_1/edit:rows2"):
         proc = subprocess.run(cmd, cwd=REPO, env={**env, STOP_ENV: stop}, capture_output=True, text=True)
@@ -291,7 +361,14 @@ def test_killed_mid_fit_in_a_subprocess_resumes_to_the_uninterrupted_result(tmp_
     assert len(fit["starts"]) == 2 and fit["result"]["resumed_from"].endswith("last.ckpt")
     for s in STAGES[:-1]:
         assert after[f"round_1/{s}"] == before[f"round_1/{s}"], s
-    main(["--config", str(write_config(ref_dir)), "--out", str(ref_dir / "out")])
+    main(["--config", str(write_learning_config(ref_dir)), "--out", str(ref_dir / "out")])
+    from safetensors.torch import load_file
+
+    w0 = load_file(TOY / "model.safetensors")
+    for role in ("answer", "question"):
+        ours, ref = (load_file(d / "out/round_1" / role / "hf/model.safetensors") for d in (run_dir, ref_dir))
+        assert ours.keys() == ref.keys() and all(torch.equal(ours[k], ref[k]) for k in ref), role
+        assert any(not torch.equal(ref[k], w0[k]) for k in w0 if k in ref), role  # and they moved
     for name in ("round_1/dataset.jsonl", "round_2/dataset.jsonl"):
         ours, ref = read_jsonl_rows(run_dir / "out" / name), read_jsonl_rows(ref_dir / "out" / name)
         strip = lambda rows, root: json.loads(json.dumps(rows).replace(str(root), "<tmp>"))  # noqa: E731

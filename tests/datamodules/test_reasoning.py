@@ -191,6 +191,17 @@ def test_data_module_on_the_toy_math_world(tmp_path):
     val, ood = dm.val_dataloader()
     assert [len(b) for b in val] == [2, 1] and len(list(ood)) == 1
     assert next(iter(val))[0].prompt.endswith(ANSWER_FORMAT)
+    # resumable mid-epoch (a killed co-evolution fit resumes from last.ckpt): after the first batch of epoch 1 the
+    # loader's checkpointed state gives a new loader the rest of that epoch, not epoch 1 from its start again
+    full = dm.train_dataloader()
+    full.sampler.set_epoch(1)
+    epoch_1 = [[s.sample_id for s in b] for b in full]
+    again = dm.train_dataloader()
+    again.load_state_dict({**full.state_dict(), "batches": 1})
+    again.sampler.set_epoch(1)
+    assert [[s.sample_id for s in b] for b in again] == epoch_1[1:] and epoch_1 != [
+        [s.sample_id for s in b] for b in batches
+    ]
 
 
 def test_data_module_files_and_errors(folder):

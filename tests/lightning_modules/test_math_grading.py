@@ -159,23 +159,27 @@ def test_numbers_choices_and_normalisation():
 
 
 @pytest.mark.parametrize(
-    ("text", "ok"),
-    [
-        ("<think>count: 3 + 4</think> The answer is \\boxed{7}.", True),
-        ("  <think>\n</think>\\boxed{7}\n", True),  # whitespace around; an empty think part is allowed (as the seed)
-        ("<think>3 + 4</think> 7", False),  # no box
-        ("<think>\\boxed{7}</think> 7", False),  # the box inside the reasoning
-        ("\\boxed{7}", False),  # no think part
-        ("The sum. <think>3 + 4</think>\\boxed{7}", False),  # text before the think part
-        ("<think>a</think><think>b</think>\\boxed{7}", False),  # two think parts
-        ("<think>a</think>\\boxed{7", False),  # unclosed box
-        ("<think>a", False),
-        ("", False),
-        (None, False),
+    ("text", "seed", "strict"),
+    [  # seed: EvolvedGRPO@2dffc532 EasyR1/examples/score_function/math.py, compute_score (line 33: spaces around
+        # < > / removed) then format_reward (lines 21-24: fullmatch of <think>.*</think>.*\\boxed\{.*\}.*, DOTALL)
+        ("<think>count: 3 + 4</think> The answer is \\boxed{7}.", True, True),
+        ("  <think>\n</think>\\boxed{7}\n", True, True),  # whitespace around; an empty think part is allowed
+        ("<think>3 + 4</think> 7", False, False),  # no box
+        ("<think>\\boxed{7}</think> 7", False, False),  # the box only inside the reasoning
+        ("\\boxed{7}", False, False),  # no think part
+        ("The sum. <think>3 + 4</think>\\boxed{7}", False, False),  # text before the think part
+        ("<think>a</think><think>b</think>\\boxed{7}", True, False),  # a second think part: the seed lets it pass
+        ("< think > a < /think > \\boxed{7}", True, False),  # spaces inside the tags: the seed removes them
+        ("<think>a</think>\\boxed{1}\\boxed{", True, False),  # a later unclosed box: the seed's .* takes it
+        ("<think>a</think>\\boxed{7", False, False),  # unclosed box
+        ("<think>a", False, False),
+        ("", False, False),
+        (None, False, False),
     ],
 )
-def test_format(text, ok):
-    assert format_ok(text) is ok
+def test_format(text, seed, strict):
+    assert format_ok(text) is seed
+    assert format_ok(text, strict=True) is strict
 
 
 def test_answer_reward_is_point_nine_accuracy_plus_point_one_format():

@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from core.coevolution import BRIDGE, edit_kind
+from core.coevolution import BRIDGE, edit_kind, split_image_rows
 from datamodules.reasoning import ANSWER_FORMAT, ReasoningSample
 from lightning_modules.engines.base import Sampling
 from lightning_modules.engines.hf import HFRolloutEngine
@@ -22,6 +22,7 @@ from lightning_modules.methods.question_generator import (
     GATES,
     AnswerModel,
     QuestionGenerator,
+    RoundRows,
     candidate_key,
     image_hash,
     question_prompt,
@@ -97,6 +98,39 @@ def test_the_prompt_follows_the_partition(toy_processor):
     assert METHODS.build("question_generator").config() == q.config()
     with pytest.raises(ValueError, match="--model.method.init_args.image_share"):
         QuestionGenerator(image_share=1.5)
+
+
+def test_the_default_partition_is_the_seeds_exact_split_of_the_rounds_rows(tmp_path):
+    """``partition: per_round`` (the default): in a fit the training rows (the datamodule's ``train_set``, given by the
+    `RoundRows` callback) are split exactly, int(0.1 * 25 + 0.5) = 3 image rows, with seed 2025 + partition_round
+    (EvolvedGRPO@2dffc532 augment_dataset.py split_rows_for_augmentation; train_question_generator_8gpu.sh:
+    --seed $((2025 + SOURCE_ROUND))); a row outside them takes the fixed draw; a rollout without the rows refuses to
+    guess; ``partition: fixed`` is the fixed draw for every row."""
+    from types import SimpleNamespace
+
+    from datamodules.reasoning import ReasoningDataModule
+    from datamodules.toy_math import ToyMathSpec
+
+    dm = ReasoningDataModule(data_root=str(tmp_path / "toy_math"), toy=ToyMathSpec(splits={"train": 25}))
+    dm.prepare_data()
+    dm.setup("fit")
+    rows, ids = list(dm.train_set), [r.sample_id for r in dm.train_set.records]
+    trainer = SimpleNamespace(datamodule=dm)  # what the callback reads off the trainer
+    with pytest.raises(RuntimeError, match="RoundRows"):
+        QuestionGenerator().rollout(_host(), rows[:1])
+    picked = {}
+    for k in (1, 2):
+        q = QuestionGenerator(partition_round=k)
+        RoundRows().on_fit_start(trainer, SimpleNamespace(method=q))
+        picked[k] = {r.sample_id for r in rows if q.kind_of(r) == "image"}
+        assert picked[k] == split_image_rows(ids, 2025 + k) and len(picked[k]) == 3
+    assert picked[1] != picked[2]  # drawn anew each round
+    assert q.kind_of(_row("q-outside")) == edit_kind("q-outside")  # not a training row: the fixed draw
+    fixed = QuestionGenerator(partition="fixed")
+    RoundRows().on_fit_start(trainer, SimpleNamespace(method=fixed))
+    assert [fixed.kind_of(r) for r in rows] == [edit_kind(i) for i in ids]
+    with pytest.raises(ValueError, match="--model.method.init_args.partition"):
+        QuestionGenerator(partition="sometimes")
 
 
 def test_candidate_key_is_row_kind_text_and_image():
@@ -181,7 +215,7 @@ def test_the_real_answer_model_samples_each_candidate_once_through_the_engine():
     # Q is the toy checkpoint: its outputs are never the JSON asked for, so a real step is all "malformed"; the
     # candidates below are written by hand and judged by the real frozen A (the toy checkpoint, 8 new tokens).
     model, processor = load_policy(str(TOY_CKPT), dtype="fp32")
-    q = QuestionGenerator(answer_model=str(TOY_CKPT), answer_max_new_tokens=8, answer_dtype="fp32")
+    q = QuestionGenerator(answer_model=str(TOY_CKPT), answer_max_new_tokens=8, answer_dtype="fp32", partition="fixed")
     q.bind(MethodContext(group_size=2, max_new_tokens=8))
     t0, t1 = _ids("text", 2)
     batch = [_row(t0), _row(t1)]

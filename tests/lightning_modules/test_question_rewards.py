@@ -1,8 +1,9 @@
 """The question generator's reward (lightning_modules/question_rewards.py): each term with hand-worked numbers, the
-gate case by case, and the CLIP similarity on a tiny random CLIP saved to tmp_path."""
+gate case by case, the CLIP similarity on a tiny random CLIP saved to tmp_path, and the toy world's stand-in for it."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -11,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from core.coevolution import BRIDGE
 from lightning_modules.question_rewards import (
     ClipSimilarity,
     QuestionOutput,
@@ -21,7 +23,9 @@ from lightning_modules.question_rewards import (
     question_reward,
     score_image_edit,
     score_text_edit,
+    screen_output,
     text_step_probability,
+    toy_similarity,
 )
 
 FOLLOW = '{"follow_up_problem": "What is x + 3?"}'
@@ -66,6 +70,42 @@ def test_parse_question_output_accepts_exactly_one_expected_key():
 )
 def test_parse_question_output_gate(text, expected_key):
     assert parse_question_output(text, expected_key) is None
+
+
+PROBLEM = "<image>How many red shapes are there?"
+"""A row's problem; Q's prompt shows it without ``<image>``."""
+LABELLED_COPY = '{"follow_up_problem": "How many red shapes are there? Follow-up question: -"}'
+COMPOSED_COPY = json.dumps({"follow_up_problem": f"{PROBLEM[7:]}\n\n{BRIDGE}\nWhat is 2x?"})
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "gate", "kept"),
+    [  # EvolvedGRPO@2dffc532 data_augmentation/question_generator_reward.py, normalize_candidate (lines 72-94) calls
+        # augment_dataset.py's normalize_agent_payload: an edit_instruction of < 10 characters (stripped) is refused;
+        # a follow-up loses a copy of the problem (and what precedes it), the bridge, a "Follow-up question:" label
+        # and leading ":- ", and is refused when nothing is left or it equals the problem
+        ('{"edit_instruction": "Blur it."}', "image", "short_instruction", None),  # 8 characters
+        ('{"edit_instruction": "  Add noise  "}', "image", "short_instruction", None),  # 9 once stripped
+        ('{"edit_instruction": "Add noise."}', "image", "ok", "Add noise."),  # 10
+        ('{"follow_up_problem": "How many red shapes are there?"}', "text", "repeats_problem", None),
+        ('{"follow_up_problem": "<image>How many red shapes are there?"}', "text", "repeats_problem", None),
+        (LABELLED_COPY, "text", "repeats_problem", None),
+        (COMPOSED_COPY, "text", "ok", "What is 2x?"),  # the copy of the problem and the bridge are cut
+        ('{"follow_up_problem": "Follow-up question: What is x + 1?"}', "text", "ok", "What is x + 1?"),
+        ('{"follow_up_problem": "What is x + 1?"}', "text", "ok", "What is x + 1?"),
+        ('{"follow_up_problem": "x"}', "image", "malformed", None),  # the other kind's key: the JSON gate first
+    ],
+)
+def test_screen_output_applies_the_seeds_candidate_rules(text, kind, gate, kept):
+    out, got = screen_output(text, kind, PROBLEM)
+    assert got == gate and (out.text if out else None) == kept
+
+
+def test_the_seeds_rules_gate_the_scores():
+    assert score_image_edit('{"edit_instruction": "Blur it."}', 0.9, [], "3").gate == "short_instruction"
+    repeat = '{"follow_up_problem": "How many red shapes are there?"}'
+    assert score_text_edit(repeat, ["3"] * 5, [], PROBLEM).gate == "repeats_problem"
+    assert score_text_edit(repeat, ["3"] * 5, []).gate == "ok"  # without the problem only the JSON gate applies
 
 
 # --- the vote --------------------------------------------------------------------------------------------------------
@@ -204,6 +244,32 @@ def test_clip_similarity_from_a_local_random_clip(tmp_path, vision_only):
     with torch.no_grad():
         emb = model.visual_projection(model.vision_model(pixel_values=pixels).pooler_output)
     assert got == pytest.approx(float(torch.nn.functional.cosine_similarity(emb[0], emb[1], dim=0)), abs=1e-5)
+
+
+def test_toy_similarity_is_the_object_pixels_iou_by_colour():
+    """Source: a red 10 x 10 square and a blue 10 x 10 square on white (200 object pixels)."""
+    from core.toy.grammar import COLOURS
+
+    def image(red_at=(10, 10), blue_colour="blue", background=(255, 255, 255), speck=False):
+        a = np.full((64, 64, 3), background, np.uint8)
+        a[red_at[1] : red_at[1] + 10, red_at[0] : red_at[0] + 10] = COLOURS["red"]
+        a[40:50, 40:50] = COLOURS[blue_colour]
+        if speck:
+            a[0, 0] = (170, 170, 170)  # a grey noise speck: no object colour
+        return Image.fromarray(a)
+
+    src = image()
+    assert toy_similarity(src, image(background=(253, 246, 227), speck=True)) == 1.0  # appearance only
+    # the red square moved 5 px right: it overlaps itself on 50 px; same 150 of a union of 250 = 0.6
+    assert toy_similarity(src, image(red_at=(15, 10))) == pytest.approx(150 / 250)
+    # the blue square recoloured green: 100 same of a union of 200 = 0.5
+    assert toy_similarity(src, image(blue_colour="green")) == pytest.approx(0.5)
+    # the red square moved clear of itself and the blue one recoloured: 0 of 300, below the gate's 0.2
+    assert toy_similarity(src, image(red_at=(25, 10), blue_colour="green")) == 0.0
+    assert image_step_probability(toy_similarity(src, image(red_at=(25, 10), blue_colour="green"))) is None
+    assert toy_similarity(src, src.resize((32, 32))) == 0.0  # another size
+    blank = Image.new("RGB", (8, 8), "white")
+    assert toy_similarity(blank, blank) == 1.0  # nothing to lose
 
 
 def test_clip_similarity_without_a_checkpoint_names_the_folder(tmp_path):
