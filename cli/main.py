@@ -446,6 +446,13 @@ class SynGRPOCLI(LightningCLI):
         data = cfg.get("data")
         dargs = data.get("init_args") if isinstance(data, Namespace) else None
         root = dargs.get("data_root") if dargs is not None else None
+        if root and dargs.get("toy"):  # the toy world is written there: only into an empty or toy-made folder
+            from datamodules.toy_export import ForeignFolderError, check
+
+            try:
+                check(root)
+            except ForeignFolderError as e:
+                fail(str(e))
         if root and not dargs.get("toy") and not Path(root).exists():
             where = locate_value(str(root), files)
             fail(

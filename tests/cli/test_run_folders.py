@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import write_rec_jsonl
 from lightning.pytorch.callbacks import Callback
 
 from cli.run_folder import choose_run_folder, holds_run, resume_command
-from conftest import write_rec_jsonl
 from train import cli_main
 
 
@@ -113,7 +113,17 @@ def test_runs_never_mix_and_a_resume_continues_its_own_run(tmp_path, monkeypatch
     assert f"{first}/ holds a run already: this fit is the run t-v1 in {second}/" in out.err
     ckpt = second / "checkpoints/last.ckpt"
     assert ckpt.is_file() and f"checkpoint (saved at the interrupt): {ckpt}" in out.out
-    resume = ["python", "train.py", "fit", "--config", config, "--callbacks.interrupt", interrupt, "--ckpt_path", str(ckpt)]
+    resume = [
+        "python",
+        "train.py",
+        "fit",
+        "--config",
+        config,
+        "--callbacks.interrupt",
+        interrupt,
+        "--ckpt_path",
+        str(ckpt),
+    ]
     assert f"resume with: {shlex.join(resume)}" in out.out
     assert out.out.rindex("resume with:") > out.out.rindex("run t-v1 (fit) interrupted at step 1")
     end = _events(second)[-1]
@@ -158,3 +168,46 @@ def test_the_folder_rules(tmp_path):
     assert resume_command(argv, "o/x/checkpoints/last.ckpt") == (
         "python train.py fit --config c.yaml --trainer.max_steps 3 --ckpt_path o/x/checkpoints/last.ckpt"
     )
+
+
+def _user_folder(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    user = tmp_path / "mine"
+    (user / "images").mkdir(parents=True)
+    (user / "train.jsonl").write_text('{"id": "a", "image": "images/a.png"}\n')
+    (user / "images/a.png").write_bytes(b"my picture")
+    return user, _files(user)
+
+
+def test_no_writer_of_user_facing_paths_overwrites_a_users_folder(tmp_path, capsys):
+    """Every toy export (images, clips, math rows, offline descriptions), `train.py export --out` and a toy config
+    pointed at one's own data stop with one line before writing; a folder they made (or an empty one) is theirs."""
+    from cli.export import check_out
+    from cli.main import main
+    from datamodules import toy, toy_math, toy_video
+    from datamodules.toy_export import MARKER, ForeignFolderError
+
+    user, before = _user_folder(tmp_path)
+    writers = {
+        "toy": lambda d: toy.export_jsonl(d, "val", 2, seed=0, size=64),
+        "toy offline descriptions": lambda d: toy.export_offline_descriptions(d, "train"),
+        "toy_math": lambda d: toy_math.export_split(d, "val", 2, seed=0),
+        "toy_video": lambda d: toy_video.export_jsonl(d, "val", 1, seed=0, size=84, num_frames=12),
+    }
+    for what, write in writers.items():
+        with pytest.raises(ForeignFolderError, match="holds other files \\(images, train.jsonl\\)"):
+            write(user)
+        assert _files(user) == before, what
+    with pytest.raises(ValueError, match="--out .*holds files no export wrote"):
+        check_out(user)
+    with pytest.raises(SystemExit) as exc:
+        main(["fit", "--config", "configs/tiny.yaml", "--data.init_args.data_root", str(user)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and "--data.init_args.toy null" in err
+    assert _files(user) == before
+
+    ours = tmp_path / "toy"
+    toy.export_jsonl(ours, "val", 2, seed=0, size=64)  # a new folder: marked, then rewritten at will
+    assert (ours / MARKER).is_file()
+    (ours / MARKER).unlink()  # a folder filled before the marker existed: every JSONL has its manifest
+    toy.export_jsonl(ours, "ood", 2, seed=0, size=64)
+    assert (ours / MARKER).is_file() and (ours / "ood.jsonl").is_file()
