@@ -5,7 +5,8 @@ LightningCLI (``parser_mode="omegaconf"``) with what a researcher needs on top (
 * **One folder and one name per run.** ``name`` (and ``method``, which baseline overlays set) make the run name
   ``<name>[-<method>]``; the run folder is ``outputs/<run name>`` unless ``--trainer.default_root_dir`` says otherwise,
   and every output hangs off it: checkpoints, ``metrics.jsonl``, ``config.yaml``, W&B, synthesized images, galleries,
-  results, predictions.
+  results, predictions. Runs never mix (`cli.run_folder`): a new fit whose folder holds a run takes ``<run name>-v1``,
+  a ``--ckpt_path`` inside a run folder continues there; Ctrl-C saves a checkpoint and prints the resume command.
 * **Named callbacks.** ``callbacks:`` is a mapping ``name -> callback``: a later ``--config`` (an overlay) or a flag
   patches one entry's ``init_args``, replaces it (a new ``class_path``), adds one (a new name) or removes one (``null``)
   without dropping the rest. ``trainer.callbacks`` still works and is kept.
