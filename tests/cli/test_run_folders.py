@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
+import shutil
 import signal
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import yaml
 from conftest import write_rec_jsonl
 from lightning.pytorch.callbacks import Callback
 
+from cli.main import main
 from cli.run_folder import choose_run_folder, holds_run, resume_command
 from train import cli_main
 
@@ -77,6 +79,10 @@ def _config(tmp_path: Path, model_dir: Path, data_root: Path) -> Path:
     return path
 
 
+def _model(path: Path) -> list[str]:
+    return ["--model.init_args.policy.model_name_or_path", str(path)]
+
+
 def _files(folder: Path) -> dict[str, str]:
     return {
         str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()
@@ -99,6 +105,15 @@ def test_runs_never_mix_and_a_resume_continues_its_own_run(tmp_path, monkeypatch
     assert f"run folder: {first}/" in out.out and f"checkpoint: {first}/checkpoints/last.ckpt" in out.out
     finished = _files(first)
     assert "checkpoints/last.ckpt" in finished and "config.yaml" in finished
+
+    # a launch into that folder that fails as the model loads (a config.json without weights) writes nothing there
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    shutil.copy(tiny_model_dir / "config.json", broken)
+    with pytest.raises(SystemExit) as exc:
+        main(["fit", "--config", config, "--trainer.default_root_dir", str(first), *_model(broken)])
+    assert exc.value.code == 4 and _files(first) == finished
+    capsys.readouterr()
 
     # the same fit again, stopped by Ctrl-C after one step: its own folder, a checkpoint, the interruption recorded
     interrupt = json.dumps({"class_path": "test_run_folders.InterruptAt", "init_args": {"step": 1}})
@@ -182,7 +197,6 @@ def test_no_writer_of_user_facing_paths_overwrites_a_users_folder(tmp_path, caps
     """Every toy export (images, clips, math rows, offline descriptions), `train.py export --out` and a toy config
     pointed at one's own data stop with one line before writing; a folder they made (or an empty one) is theirs."""
     from cli.export import check_out
-    from cli.main import main
     from datamodules import toy, toy_math, toy_video
     from datamodules.toy_export import MARKER, ForeignFolderError
 
