@@ -82,7 +82,8 @@ def choose_run_folder(
         versioned = re.fullmatch(rf"{re.escape(name)}-v\d+", own.name) is not None
         return str(own), own.name if versioned else name, None
     folder = Path(root) / name
-    if stage == "fit" and holds_run(folder):
+    special = ckpt in ("last", "best", "hpc", "registry")  # Lightning's names: a checkpoint of this folder's run
+    if stage == "fit" and not special and holds_run(folder):
         new = next_free(folder)
         note = (
             f"{folder}/ holds a run already: this fit is the run {new.name} in {new}/ (to continue the earlier one, "

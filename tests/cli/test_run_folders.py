@@ -175,6 +175,7 @@ def test_the_folder_rules(tmp_path):
     root = str(tmp_path / "outputs")
     assert choose_run_folder("fit", "x", None, None, root)[:2] == (f"{root}/x-v1", "x-v1")
     assert choose_run_folder("test", "x", None, None, root)[:2] == (f"{root}/x", "x")  # only a fit opens a run
+    assert choose_run_folder("fit", "x", None, "last", root)[:2] == (f"{root}/x", "x")  # Lightning's newest last*.ckpt
     ckpt = f"{root}/x-v3/checkpoints/last.ckpt"
     assert choose_run_folder("fit", "x", None, ckpt, root) == (f"{root}/x-v3", "x-v3", None)
     folder, name, note = choose_run_folder("fit", "x", str(run), None, root)
