@@ -164,7 +164,7 @@ class RunEnd(Callback):
             )
         else:
             try:
-                trainer.save_checkpoint(path)
+                trainer.save_checkpoint(path, weights_only=False)  # the full state: a resume continues from it
                 self.saved = path
             except Exception as e:  # noqa: BLE001 (any failure is reported, the interrupt goes on)
                 self.not_saved = f"saving {path} failed: {type(e).__name__}: {e}"[:300]
