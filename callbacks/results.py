@@ -138,7 +138,7 @@ def _print(trainer: L.Trainer, text: str) -> None:
 
 def _samples(trainer: L.Trainer, kind: str) -> str:
     """`` on N samples per set`` (the sets' sizes after ``max_eval_samples``), or ``""`` when a loader has no size."""
-    loaders = trainer.val_dataloaders if kind == "val" else trainer.test_dataloaders
+    loaders = getattr(trainer, f"{kind}_dataloaders", None)
     loaders = list(loaders) if isinstance(loaders, list | tuple) else [loaders] if loaders is not None else []
     try:
         sizes = sorted({len(dl.dataset) for dl in loaders})
