@@ -97,7 +97,7 @@ class MetricsJSONL(Callback):
       and the values. Lightning reduces a callback's epoch-end logs after every ``on_train_epoch_end`` hook, so the
       row is written at the next epoch's start, or when training ends.
     * ``end``: when the trainer tears down: ``step``, ``status`` (``finished``, ``failed`` with ``error``, or
-      ``interrupted``).
+      ``interrupted``: written at once after a Ctrl-C, with the ``checkpoint`` it saved or null).
 
     A resumed fit appends to the same file; readers keep the rows of earlier segments up to the resumed step
     (``analysis.read_metrics_jsonl``). Only global rank 0 writes.
@@ -263,24 +263,24 @@ class MetricsJSONL(Callback):
         self._eval_end(trainer, pl_module, "test")
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if isinstance(exception, KeyboardInterrupt):  # Ctrl-C: Lightning exits without the teardown hooks
+            self._end(trainer, _fn(trainer), "interrupted")
+            return
         self._error = f"{type(exception).__name__}: {exception}"[:500]
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # Lightning tears callbacks down while its status still reads "running": say how the stage really ended
         status = str(getattr(trainer.state.status, "value", trainer.state.status))
         status = "interrupted" if status == "interrupted" else "failed" if self._error else "finished"
+        self._end(trainer, stage, status)
+
+    def _end(self, trainer: L.Trainer, stage: str, status: str) -> None:
+        """The ``end`` line (``checkpoint``: what a Ctrl-C saved, `cli.run_folder.RunEnd`), once per stage."""
         if self._fh is not None:
-            self._write(
-                trainer,
-                {
-                    "event": "end",
-                    "stage": stage,
-                    "step": trainer.global_step,
-                    "status": status,
-                    "error": self._error,
-                    "time": time.time(),
-                },
-            )
+            row = {"event": "end", "stage": stage, "step": trainer.global_step, "status": status}
+            if status == "interrupted":
+                row["checkpoint"] = getattr(trainer, "interrupt_checkpoint", None)
+            self._write(trainer, {**row, "error": self._error, "time": time.time()})
             self._fh.close()
             self._fh = None
         self._started = None

@@ -136,6 +136,19 @@ def _print(trainer: L.Trainer, text: str) -> None:
         print(text, flush=True)
 
 
+def _samples(trainer: L.Trainer, kind: str) -> str:
+    """`` on N samples per set`` (the sets' sizes after ``max_eval_samples``), or ``""`` when a loader has no size."""
+    loaders = getattr(trainer, f"{kind}_dataloaders", None)
+    loaders = list(loaders) if isinstance(loaders, list | tuple) else [loaders] if loaders is not None else []
+    try:
+        sizes = sorted({len(dl.dataset) for dl in loaders})
+    except (TypeError, AttributeError):
+        return ""
+    if not sizes:
+        return ""
+    return f" on {sizes[0]} samples per set" if len(sizes) == 1 else f" on {sizes[0]}-{sizes[-1]} samples per set"
+
+
 class ResultsTable(Callback):
     """Print and save the per-set evaluation table at the end of ``validate`` / ``test`` (Table 1 / 2 protocol).
 
@@ -169,6 +182,7 @@ class ResultsTable(Callback):
         self.decimals = decimals
         self.last: dict[str, dict[str, float]] = {}
         """The last table, ``{set: {metric: value}}``."""
+        self._last_line: str | None = None
 
     def render(self, results: Mapping[str, Mapping[str, float]], method: str) -> str:
         return "\n\n".join(
@@ -194,11 +208,22 @@ class ResultsTable(Callback):
         (out / f"{kind}.md").write_text(f"{title}\n\n{text}\n", encoding="utf-8")
         write_csv(results, out / f"{kind}.csv", self.columns)
         scale_note = " (percent)" if self.scale == 100.0 else ""
+        on = _samples(trainer, kind)  # which figures these are: a validation cap is not a held-out split
         if fn == "fit":  # one compact table per validation, above the progress bar
             table = markdown_table(results, self.columns, self.scale, self.decimals)
-            _print(trainer, f"{kind} results{scale_note} at step {trainer.global_step}: {method}\n{table}")
+            _print(trainer, f"{kind} results{scale_note} at step {trainer.global_step}{on}: {method}\n{table}")
         else:
-            _print(trainer, f"\n{kind} results{scale_note}: {method}\n{text}\nwritten to {out / (kind + '.md')}\n")
+            _print(trainer, f"\n{kind} results{scale_note}{on}: {method}\n{text}\nwritten to {out / (kind + '.md')}\n")
+        metric = next((c for c in self.paper_columns if any(c in r for r in results.values())), None)
+        figures = ", ".join(
+            f"{name} {_fmt(r.get(metric), self.scale, self.decimals)}" for name, r in results.items() if metric
+        )
+        label = METRIC_LABELS.get(metric or "", metric)
+        self._last_line = f"{kind} {label} at step {trainer.global_step}{on}: {figures} ({out / (kind + '.md')})"
+
+    def summary_lines(self) -> list[str]:
+        """The run's last table in one line, for the lines a run ends with (`cli.run_folder.end_lines`)."""
+        return [self._last_line] if self._last_line else []
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._report(trainer, "val")

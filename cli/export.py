@@ -62,6 +62,24 @@ def _sharded_policy_state(path: Path, model: L.LightningModule) -> tuple[dict[st
     return policy, {"global_step": meta.get("global_step"), "epoch": meta.get("epoch")}
 
 
+EXPORT_MARKER = ".train-py-export"
+"""The file that marks a folder as written by ``train.py export`` (and its to rewrite)."""
+
+
+def check_out(out: Path) -> None:
+    """An export writes only into a new or empty folder or one an export wrote (its marker, or the
+    ``prompt_template.json`` only an export writes): never over a model or files of one's own."""
+    if not out.is_dir() or (out / EXPORT_MARKER).is_file() or (out / "prompt_template.json").is_file():
+        return
+    theirs = sorted(p.name for p in out.iterdir())
+    if theirs:
+        shown = ", ".join(theirs[:3]) + (f" and {len(theirs) - 3} more" if len(theirs) > 3 else "")
+        raise ConfigError(
+            f"--out {out}: holds files no export wrote ({shown}), which an export would overwrite; pass a new or "
+            "empty folder"
+        )
+
+
 def export_policy(
     model: L.LightningModule,
     ckpt_path: str | Path | None,
@@ -72,6 +90,7 @@ def export_policy(
     it, with its processor, to ``out``; returns ``out``."""
     if not hasattr(model, "policy"):
         raise ConfigError(f"export needs a module with a policy (GRPOModule, SFTModule), got {type(model).__name__}")
+    check_out(Path(out))  # before the weights load: a refused folder costs nothing
     model.inference_only = True
     model.configure_model()
     facts: dict[str, Any] = {}
@@ -86,6 +105,7 @@ def export_policy(
             )
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    (out / EXPORT_MARKER).write_text("Written by train.py export, which rewrites this folder.\n")
     model.policy.save_pretrained(out)
     model.processor.save_pretrained(out)
     hp = flat_hparams(model.hparams)

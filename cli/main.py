@@ -5,7 +5,8 @@ LightningCLI (``parser_mode="omegaconf"``) with what a researcher needs on top (
 * **One folder and one name per run.** ``name`` (and ``method``, which baseline overlays set) make the run name
   ``<name>[-<method>]``; the run folder is ``outputs/<run name>`` unless ``--trainer.default_root_dir`` says otherwise,
   and every output hangs off it: checkpoints, ``metrics.jsonl``, ``config.yaml``, W&B, synthesized images, galleries,
-  results, predictions.
+  results, predictions. Runs never mix (`cli.run_folder`): a new fit whose folder holds a run takes ``<run name>-v1``,
+  a ``--ckpt_path`` inside a run folder continues there; Ctrl-C saves a checkpoint and prints the resume command.
 * **Named callbacks.** ``callbacks:`` is a mapping ``name -> callback``: a later ``--config`` (an overlay) or a flag
   patches one entry's ``init_args``, replaces it (a new ``class_path``), adds one (a new name) or removes one (``null``)
   without dropping the rest. ``trainer.callbacks`` still works and is kept.
@@ -56,6 +57,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from cli.errors import ConfigError, config_key_error, explain, fail, init_flags, locate_value  # noqa: E402
 from cli.help import HelpFormatter, method_help_value, print_method_help  # noqa: E402
 from cli.resume_checks import finished_run_line, missing_checkpoint_line  # noqa: E402
+from cli.run_folder import RunEnd, choose_run_folder, print_end, remember_folder  # noqa: E402
 from cli.toy_checkpoints import missing_checkpoint_message  # noqa: E402
 from core.records import DataError  # noqa: E402
 from lightning_modules.methods.base import METHODS  # noqa: E402
@@ -224,7 +226,29 @@ class RunConfigCallback(SaveConfigCallback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._trainer = trainer
-        if not self.already_saved and self.save_to_log_dir:
+        resolved = _plain(self.parser.dump(self.config, skip_none=False, format="yaml"))
+        for lg in trainer.loggers:
+            if hasattr(lg, "run_config"):
+                lg.run_config = resolved
+
+    # The copy is written once the model has loaded and the stage starts (not at setup): a launch that fails before
+    # (a model path without weights, a data error) writes no config-N.yaml into a run folder.
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._save(trainer, pl_module, "fit")
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._save(trainer, pl_module, "validate")
+
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._save(trainer, pl_module, "test")
+
+    def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._save(trainer, pl_module, "predict")
+
+    def _save(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.already_saved:
+            return
+        if self.save_to_log_dir:
             log_dir = trainer.log_dir  # broadcasts the directory: every rank calls it
             name = (
                 self.config_name(log_dir, stage, resumed=bool(self.config.get("ckpt_path")))
@@ -232,10 +256,6 @@ class RunConfigCallback(SaveConfigCallback):
                 else None
             )
             self.config_filename = trainer.strategy.broadcast(name)
-        resolved = _plain(self.parser.dump(self.config, skip_none=False, format="yaml"))
-        for lg in trainer.loggers:
-            if hasattr(lg, "run_config"):
-                lg.run_config = resolved
         super().setup(trainer, pl_module, stage)
 
     @staticmethod
@@ -323,6 +343,7 @@ class SynGRPOCLI(LightningCLI):
 
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
         _project_classes()
+        self._args = [str(a) for a in args] if isinstance(args, list) else None
         super().__init__(
             L.LightningModule,
             L.LightningDataModule,
@@ -388,15 +409,20 @@ class SynGRPOCLI(LightningCLI):
         cfg = self._sub()
         if cfg.get("name") is None:  # a config without a name: a W&B logger's explicit name names the run
             cfg.name = next((lg.init_args.get("name") for lg in _logger_specs(cfg) if "Wandb" in lg.class_path), None)
+        self._check_paths(cfg)  # before choosing a folder: a failed launch leaves no trace
+        given, ckpt = cfg.trainer.get("default_root_dir"), cfg.get("ckpt_path")
         name = run_name(cfg.get("name"), cfg.get("method"))
-        root = cfg.trainer.get("default_root_dir") or f"{RUN_ROOT}/{name}"
+        root, name, note = choose_run_folder(self.subcommand, name, given, ckpt and str(ckpt), RUN_ROOT)
+        if note and self.subcommand:
+            print(note, file=sys.stderr, flush=True)
+        remember_folder(root)
         cfg.trainer.default_root_dir = str(root)
         self.run_name = name
         self._fill_loggers(cfg, name, str(root))
         for cb in (cfg.get("callbacks") or {}).values():
             if cb is not None and cb.class_path.endswith("ModelCheckpoint") and cb.init_args.get("dirpath") is None:
                 cb.init_args.dirpath = str(Path(root) / "checkpoints")
-        self._check_paths(cfg)
+                cb.init_args.enable_version_counter = False  # last.ckpt is the newest run's, never last-v1.ckpt
 
     @staticmethod
     def _fill_loggers(cfg: Namespace, name: str, root: str) -> None:
@@ -432,6 +458,13 @@ class SynGRPOCLI(LightningCLI):
         data = cfg.get("data")
         dargs = data.get("init_args") if isinstance(data, Namespace) else None
         root = dargs.get("data_root") if dargs is not None else None
+        if root and dargs.get("toy"):  # the toy world is written there: only into an empty or toy-made folder
+            from datamodules.toy_export import ForeignFolderError, check
+
+            try:
+                check(root)
+            except ForeignFolderError as e:
+                fail(str(e))
         if root and not dargs.get("toy") and not Path(root).exists():
             where = locate_value(str(root), files)
             fail(
@@ -495,7 +528,22 @@ class SynGRPOCLI(LightningCLI):
         trainer = self._instantiate_trainer(config, extra + named)
         trainer.run_name = getattr(self, "run_name", None)
         _checkpoint_temps(trainer)
+        trainer.callbacks.insert(0, RunEnd())  # first: Ctrl-C's checkpoint exists before the others record it
         return trainer
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """The subcommand, then the lines the run ends with (the results, the run folder, the checkpoint, and after a
+        Ctrl-C the resume command), after what the loggers print at their end (W&B's summary)."""
+        if subcommand == "export":
+            return super()._run_subcommand(subcommand)
+        argv = list(sys.argv[1:] if self._args is None else self._args)
+        try:
+            super()._run_subcommand(subcommand)
+        except SystemExit:  # Lightning exits with 1 after a Ctrl-C (its on_exception hooks have run)
+            if any(isinstance(cb, RunEnd) and cb.interrupted for cb in self.trainer.callbacks):
+                print_end(self.trainer, argv, interrupted=True)
+            raise
+        print_end(self.trainer, argv)
 
 
 def _checkpoint_temps(trainer: L.Trainer) -> None:

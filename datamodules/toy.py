@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from core.toy.grammar import OBJECT_COLOURS, SHAPES, SIZE_FRACTIONS, SIZES, Desc
 from core.toy.query import NP, _descs, decompose, format_query, parse_query, resolve
 from core.toy.scene import difficulty, first_free_square, guard_description, target_index
 from datamodules.edit_plans import edit_query
+from datamodules.toy_export import atomic_write, claim, export_rows, reusable  # noqa: F401 (reusable: its old home)
 
 TOY_VERSION = 1
 """Bump when the generator's output changes, so exported splits with a stale manifest are regenerated."""
@@ -578,54 +578,6 @@ def jsonl_path(out_dir: str | Path, split: str, task: str = "rec") -> Path:
     return Path(out_dir) / (f"{split}.jsonl" if task == "rec" else f"{split}_{task}.jsonl")
 
 
-def atomic_write(path: Path, write) -> None:
-    """``write(tmp)`` to a temporary name beside ``path`` (same suffix, so writers that infer the format from it work),
-    then rename it over ``path``: a reader never sees a half-written file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp{path.suffix}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def reusable(path: Path, manifest: Path, params: dict[str, Any], file_key: str = "image") -> bool:
-    """An export at ``path`` made with ``params`` (its manifest) whose every line's ``file_key`` file exists."""
-    if not (path.exists() and manifest.exists()):
-        return False
-    try:
-        if json.loads(manifest.read_text()) != params:
-            return False
-        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except (OSError, ValueError):
-        return False
-    return len(lines) == params["n"] and all((path.parent / rec[file_key]).exists() for rec in lines)
-
-
-def export_rows(path: Path, params: dict[str, Any], rows, *, ensure_ascii: bool = True) -> Path:
-    """Write an image dataset's export: ``rows`` (an iterable of dicts, each with ``id`` and a PIL ``image``) as
-    PNGs under ``path.parent/images/`` and one JSON line per row at ``path`` (``id`` and the relative ``image``
-    first, then the row's other keys), then a manifest of ``params``. Idempotent: with the same ``params`` and every
-    file present it returns at once (``rows`` is not consumed). Every file is written to a temp name and renamed; the
-    manifest goes last."""
-    manifest = path.with_name(path.name + ".manifest.json")
-    if reusable(path, manifest, params):
-        return path
-    (path.parent / "images").mkdir(parents=True, exist_ok=True)
-    if manifest.exists():
-        manifest.unlink()
-    lines = []
-    for row in rows:
-        rest = dict(row)
-        rel, image = f"images/{rest.pop('id')}.png", rest.pop("image")
-        atomic_write(path.parent / rel, lambda p, im=image: im.save(p, format="PNG"))
-        lines.append(json.dumps({"id": row["id"], "image": rel, **rest}, ensure_ascii=ensure_ascii) + "\n")
-    atomic_write(path, lambda p: p.write_text("".join(lines)))
-    atomic_write(manifest, lambda p: p.write_text(json.dumps(params, indent=1) + "\n"))
-    return path
-
-
 def export_jsonl(out_dir: str | Path, split: str, n: int, seed: int, task: str = "rec", size: int = 224) -> Path:
     """Write ``n`` scenes of ``split`` as PNGs under ``out_dir/images/`` and a VLM-R1 JSONL (``jsonl_path``) whose
     image paths are relative to ``out_dir``; returns the JSONL path.
@@ -692,7 +644,7 @@ def export_offline_descriptions(
         for _ in range(per_sample):
             text = guard_description(str(grammar.random_description(rng)), rec.get("meta") or {})
             lines.append(json.dumps({"sample_id": rec["id"], "description": text}) + "\n")
-    atomic_write(path, lambda tmp: tmp.write_text("".join(lines)))
+    atomic_write(claim(path.parent) / path.name, lambda tmp: tmp.write_text("".join(lines)))
     return path
 
 

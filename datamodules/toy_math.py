@@ -27,7 +27,8 @@ import numpy as np
 from core.toy_math import KINDS, ToyProblem, exact_answer, follow_up, make_query, make_scene, random_follow_up, render
 from core.toy_math.follow_up import FollowUp
 from core.toy_math.world import SCENE_OF
-from datamodules.toy import export_rows, split_counts
+from datamodules.toy import split_counts
+from datamodules.toy_export import export_rows
 
 TOY_MATH_VERSION = 1
 """Bump when the generator's output changes, so exported splits with a stale manifest are regenerated."""

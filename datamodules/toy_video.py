@@ -49,7 +49,8 @@ from PIL import Image
 from core.regions import AnchorSpace, IntervalSpace
 from core.toy.grammar import COLOURS, OBJECT_COLOURS, SHAPES, SIZE_FRACTIONS, SIZES, draw_shape
 from core.video import VideoClip, video_processor_kwargs
-from datamodules.toy import atomic_write, reusable, split_counts
+from datamodules.toy import split_counts
+from datamodules.toy_export import atomic_write, claim, reusable
 
 TOY_VIDEO_VERSION = 1
 """Bump when the generator's output changes, so exported splits with a stale manifest are regenerated."""
@@ -488,9 +489,8 @@ def export_jsonl(
     }
     if reusable(path, manifest, params, file_key="video"):
         return path
-    (out_dir / "videos").mkdir(parents=True, exist_ok=True)
-    if manifest.exists():
-        manifest.unlink()
+    (claim(out_dir) / "videos").mkdir(exist_ok=True)  # a folder of other files stops it here
+    manifest.unlink(missing_ok=True)
     lines = []
     for rec in iter_split(split, n, seed, size=size, num_frames=num_frames, fps=fps):
         rel = f"videos/{rec['id']}.npz"

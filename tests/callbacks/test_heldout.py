@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from callbacks.heldout import HeldOutSummary
+from callbacks.heldout import CI_NOTE, HeldOutSummary, wilson
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,15 +39,21 @@ def test_fit_prints_and_writes_start_and_final(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "held-out greedy Acc@0.5 at the start: val" in out.stdout
-    line = next(
-        x for x in out.stdout.splitlines() if x.startswith("held-out greedy Acc@0.5 (4 toy scenes each of val + ood")
-    )
+    assert "held-out greedy Acc@0.5 at the start: 2 x 4 toy scenes ..." in out.stdout  # progress as it measures
+    lines = out.stdout.splitlines()
+    at = lines.index("held-out greedy Acc@0.5 (4 toy scenes each of val + ood, seed 0; 95% CI: " + CI_NOTE + "):")
     record = json.loads((tmp_path / "run" / "results" / "heldout.json").read_text())
     assert set(record["start"]) == set(record["final"]) == {"val", "ood"} and record["step"] == 1
-    for split in ("val", "ood"):
+    for split, line in zip(("val", "ood"), lines[at + 1 : at + 3]):
         assert record["start"][split] in {0, 0.25, 0.5, 0.75, 1.0}  # 4 scenes: a share of them
-        assert f"{split} {100 * record['start'][split]:.1f} -> {100 * record['final'][split]:.1f}" in line
+        start, final, ci = record["start"][split], record["final"][split], record["ci95"][split]
+        lo, hi = ci["final"]
+        assert lo <= final <= hi and ci["change"][0] <= final - start <= ci["change"][1]
+        assert line.startswith(f"  {split} {100 * start:.1f} [") and f"-> {100 * final:.1f} [{100 * lo:.1f}, " in line
+    # the run ends with its result lines, then its folder and checkpoint, after everything else
+    tail = lines[-5:]
+    assert tail[0] == lines[at] and tail[3] == f"run tiny (fit) finished at step 1; run folder: {tmp_path}/run/"
+    assert tail[4] == f"checkpoint: {tmp_path}/run/checkpoints/last.ckpt"
 
 
 def test_resume_keeps_the_runs_start_and_bad_settings_say_where():
@@ -63,3 +69,5 @@ def test_resume_keeps_the_runs_start_and_bad_settings_say_where():
         HeldOutSummary(splits=("nope",))
     with pytest.raises(ValueError, match="scenes and batch_size"):
         HeldOutSummary(scenes=0)
+    lo, hi = wilson(0, 4)  # Wilson: 0 of 4 still leaves room above 0 (the normal interval would be [0, 0])
+    assert lo == 0.0 and 0.45 < hi < 0.5
