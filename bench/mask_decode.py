@@ -48,35 +48,9 @@ TOY_FIT = ["configs/cycle_tiny.yaml", "configs/overlays/cycle_tiny_mask.yaml"]
 
 def sam2_config(size: str):
     """transformers' ``Sam2Config`` of ``size``: ``tiny`` (64-pixel input, a few blocks) or ``hiera-l``."""
-    from transformers import Sam2Config
+    from lightning_modules.models.mask_tokenizer.vq_sam2 import hiera_large_config, tiny_config
 
-    from lightning_modules.models.mask_tokenizer.vq_sam2 import hiera_large_config
-
-    if size == "hiera-l":
-        return hiera_large_config()
-    backbone = dict(
-        model_type="sam2_hiera_det_model",
-        hidden_size=16,
-        num_attention_heads=1,
-        image_size=[64, 64],
-        blocks_per_stage=[1, 1, 2, 1],
-        embed_dim_per_stage=[16, 32, 64, 128],
-        num_attention_heads_per_stage=[1, 1, 1, 1],
-        window_size_per_stage=[4, 4, 4, 2],
-        global_attention_blocks=[3],
-        window_positional_embedding_background_size=[2, 2],
-    )
-    vision = dict(
-        backbone_config=backbone,
-        backbone_channel_list=[128, 64, 32, 16],
-        backbone_feature_sizes=[[16, 16], [8, 8], [4, 4]],
-        fpn_hidden_size=32,
-    )
-    return Sam2Config(
-        vision_config=vision,
-        prompt_encoder_config=dict(hidden_size=32, image_size=64, patch_size=16),
-        mask_decoder_config=dict(hidden_size=32, mlp_dim=64, num_attention_heads=2, iou_head_hidden_dim=32),
-    )
+    return hiera_large_config() if size == "hiera-l" else tiny_config()
 
 
 def build_net(size: str, seed: int = 0):
