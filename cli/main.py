@@ -542,6 +542,7 @@ class SynGRPOCLI(LightningCLI):
         except SystemExit:  # Lightning exits with 1 after a Ctrl-C (its on_exception hooks have run)
             if any(isinstance(cb, RunEnd) and cb.interrupted for cb in self.trainer.callbacks):
                 print_end(self.trainer, argv, interrupted=True)
+                raise SystemExit(EXIT_CODES["interrupted"]) from None  # not 1, which the scheme keeps for a bug
             raise
         print_end(self.trainer, argv)
 
@@ -633,10 +634,11 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
     return SynGRPOCLI(args=args, run=run)
 
 
-EXIT_CODES = {"config": 2, "data": 3, "model": 4}
+EXIT_CODES = {"config": 2, "data": 3, "model": 4, "interrupted": 130}
 """One exit status per class of error: 2 a flag or config file (argparse's usage status), 3 a data file, 4 a model
 that cannot be loaded (a path without weights, a hub id with no local copy) or a judge endpoint that does not answer
-(``judge.on_failure: raise``); 1 is an unexpected error (a bug), which keeps its traceback."""
+(``judge.on_failure: raise``); 130 a run stopped by Ctrl-C (the shell's 128 + SIGINT; the checkpoint saved and the
+resume command printed); 1 is an unexpected error (a bug), which keeps its traceback."""
 
 
 def error_class(e: BaseException) -> str | None:
