@@ -66,7 +66,8 @@ _ALLOWED |= {("_codecs", "encode"), ("builtins", "bytes"), ("collections", "Orde
 
 
 def ovd_row_question(descriptions: Sequence[str]) -> str:
-    """The question of a VLM-R1 OVD row asking for ``descriptions`` (``['a dog not held by a leash']``)."""
+    """The question of a VLM-R1 OVD row asking for ``descriptions`` (``['a dog not held by a leash']``): the human
+    turn of every OVD line a converter writes (this one's, ``datamodules.isr``'s)."""
     return f"{OVD_ROW_LEAD}{list(descriptions)!s}.{OVD_ROW_FORMAT}"
 
 

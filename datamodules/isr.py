@@ -20,10 +20,13 @@ The accepted render layout (one folder, searched recursively; the project does n
 ``bbox`` is ``[x1, y1, x2, y2]`` in pixels of the rendered image (the reader's and the reward's frame): BlenderProc's
 ``bproc.writer.write_coco_annotations`` writes COCO's ``[x, y, w, h]``, so convert (x2 = x + w) when exporting.
 
-One JSONL line per (view, category) by default (``--group category``): the query names one category and the solution
-holds every box of it in the view, as D3's OVD samples do, so the class-agnostic OVD reward checks exactly what was
-asked. ``--group view`` writes one line per view whose query lists every category in it (the reward then does not
-check which box is which category).
+One JSONL line per (view, category) by default (``--group category``): the question names one category and the
+solution holds every box of it in the view, as D3's OVD samples do, so the class-agnostic OVD reward checks exactly
+what was asked. ``--group view`` writes one line per view whose question lists every category in it (the reward then
+does not check which box is which category). A line is laid out as the D3 converter's: the human turn is VLM-R1's OVD
+question (``datamodules.d3.ovd_row_question``: "Please carefully check the image and detect the following objects:
+['dining chair']." and VLM-R1's answer format), so ``prompts.question_text`` asks it as VLM-R1 does; the gpt turn is
+VLM-R1's labelled JSON answer (each box with its category); the reader takes the boxes from ``solution``.
 
 CLI::
 
@@ -49,6 +52,7 @@ from typing import Any
 from PIL import Image
 
 from core.records import DataError
+from datamodules.d3 import ovd_row_question
 
 VIEW_FIELDS = ("image", "width", "height", "scene", "room", "view", "camera", "objects")
 """The keys a view JSON may have (anything else is an error: a typo must not silently drop data)."""
@@ -192,17 +196,19 @@ def iter_views(root: str | Path, image_root: str | Path | None = None) -> Iterat
         yield read_view(p, root if image_root is None else image_root)
 
 
-def _line(view: View, key: str, query: str, boxes: list[tuple[float, ...]], categories: list[str]) -> dict:
-    solution = sorted(([round(v, 2) for v in b] for b in boxes), key=lambda b: (b[1], b[0]))
+def _line(view: View, key: str, labelled: list[tuple[str, tuple[float, ...]]], categories: list[str]) -> dict:
+    """The line asking ``view`` for ``categories``; ``labelled``: every (category, box) of the answer."""
+    answer = [{"bbox_2d": [round(v, 2) for v in b], "label": c} for c, b in labelled]
+    answer.sort(key=lambda a: (a["bbox_2d"][1], a["bbox_2d"][0]))
     stem = Path(view.image_rel).with_suffix("").as_posix().replace("/", "-")
     return {
         "id": f"isr-{stem}" + (f"-{key.replace(' ', '_')}" if key else ""),
         "image": view.image_rel,
         "conversations": [
-            {"from": "human", "value": f"<image>{query}"},
-            {"from": "gpt", "value": json.dumps(solution)},
+            {"from": "human", "value": "<image>" + ovd_row_question(categories)},
+            {"from": "gpt", "value": f"```json\n{json.dumps(answer)}\n```"},
         ],
-        "solution": solution,
+        "solution": [a["bbox_2d"] for a in answer],
         "task": "ovd",
         "width": view.width,
         "height": view.height,
@@ -223,8 +229,8 @@ def view_lines(view: View, group: str = "category", min_side: float = 0.0) -> li
         return []
     if group == "view":
         cats = sorted(by_cat)
-        return [_line(view, "", ", ".join(cats), [b for c in cats for b in by_cat[c]], cats)]
-    return [_line(view, c, c, boxes, [c]) for c, boxes in sorted(by_cat.items())]
+        return [_line(view, "", [(c, b) for c in cats for b in by_cat[c]], cats)]
+    return [_line(view, c, [(c, b) for b in boxes], [c]) for c, boxes in sorted(by_cat.items())]
 
 
 def convert(

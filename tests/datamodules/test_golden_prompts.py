@@ -11,6 +11,7 @@ import pytest
 import torch
 from PIL import Image
 from test_cycle_data import write_gres_fixture  # tests/datamodules is on sys.path under pytest
+from test_isr import _render
 
 from core.regions.mask_tokens import format_mask
 from datamodules.cycle_parquet import caption_question, read_cycle_parquet, row_sample
@@ -266,7 +267,31 @@ def test_mmk12_row_is_asked_as_evolved_grpo_asks_it(tmp_path, processor, problem
     assert MathAnswer().prompt(processor, sample, "syn_grpo") == expected  # the answer model's training prompt
 
 
-# --- D3 (OVD), converted by datamodules/d3.py ------------------------------------------------------------------------
+# --- D3 and ISR (OVD), converted by datamodules/d3.py and datamodules/isr.py -----------------------------------------
+
+# VLM-R1's OVD rows (om-ai-lab/VLM-R1 issue 246: a maintainer's D3 training row): the lead, the descriptions as a
+# Python list, then this answer format
+VLM_R1_OVD_FORMAT = (
+    " Output the bbox coordinates of detected objects in JSON format in <answer></answer>. The bbox coordinate format"
+    ' should be: \n```json\n[{"bbox_2d": [x1, y1, x2, y2], "label": "object name"}]\n```\n. If no targets are'
+    ' detected in the image, simply respond with "None".'
+)
+# om-ai-lab/VLM-R1 @ 90052f4, grpo_jsonl.py with --task_type odLength (the OVD reward's name; no OVD run script
+# is merged): src/open-r1-multimodal/src/open_r1/grpo_jsonl.py:979 problem = the human turn without "<image>",
+# :1008 an image item, then question_prompt.format(Question=problem); src/open-r1-multimodal/src/open_r1/
+# vlm_modules/qwen_module.py:76-83 (get_question_template("odLength")): this instruction, "\n", then the question
+VLM_R1_ODLENGTH = (
+    "First thinks about the reasoning process in the mind and then provides the user with the answer. The reasoning"
+    " process and answer are enclosed within <think> </think> and <answer> </answer> tags, respectively, i.e.,"
+    " <think> reasoning process here </think><answer> answer here </answer>\n"
+)
+# Syn-GRPO (no seed code): the row's question up to VLM-R1's answer format, then Syn-GRPO's four parts
+SYN_GRPO_PARTS = (
+    " First output the thinking process in <think> </think> tags. Then estimate how diverse your answers to this"
+    " question would be, a number in [0, 1], in <diversity> </diversity> tags, and describe a new background for this"
+    " image that would make the question more informative to practise on, in <description> </description> tags."
+    " Finally output the answer as [x1, y1, x2, y2] in <answer> </answer> tags."
+)
 
 
 def test_d3_row_is_asked_as_vlm_r1_asks_its_ovd_rows(tmp_path, processor):
@@ -278,39 +303,39 @@ def test_d3_row_is_asked_as_vlm_r1_asks_its_ovd_rows(tmp_path, processor):
     dm = SyntheticDataModule(data_root=str(tmp_path), image_root=str(d3 / "d3_images"), train_files=["d3_train.jsonl"])
     dm.setup("fit")
     sample = next(s for s in dm.train_samples() if s.sample_id == "d3-20-5")
-    # the row's question, as VLM-R1's OVD rows carry it (om-ai-lab/VLM-R1 issue 246: a maintainer's D3 training row)
-    question = (
-        'Please carefully check the image and detect the following objects: ["equestrian rider\'s helmet"]. Output the'
-        " bbox coordinates of detected objects in JSON format in <answer></answer>. The bbox coordinate format should"
-        ' be: \n```json\n[{"bbox_2d": [x1, y1, x2, y2], "label": "object name"}]\n```\n. If no targets are detected in'
-        ' the image, simply respond with "None".'
-    )
+    # the row's question, as VLM-R1's OVD rows carry it
+    lead = 'Please carefully check the image and detect the following objects: ["equestrian rider\'s helmet"].'
+    # the GRPO baselines on ovd_3b.yaml: VLM-R1's odLength instruction (grpo_jsonl.py, qwen_module.py:76-83 above)
+    assert GRPO().prompt(processor, sample, "vlm_r1") == qwen_turn(VLM_R1_ODLENGTH + lead + VLM_R1_OVD_FORMAT)
+    # Syn-GRPO: neither OVD_QUESTION in front nor two answer formats
+    assert SynGRPO().prompt(processor, sample, "syn_grpo") == qwen_turn(lead + SYN_GRPO_PARTS)
 
-    # om-ai-lab/VLM-R1 @ 90052f4, grpo_jsonl.py with --task_type odLength (the OVD reward's name; no OVD run script
-    # is merged): src/open-r1-multimodal/src/open_r1/grpo_jsonl.py:979 problem = the human turn without "<image>",
-    # :1008 an image item, then question_prompt.format(Question=problem); src/open-r1-multimodal/src/open_r1/
-    # vlm_modules/qwen_module.py:76-83 (get_question_template("odLength")): its instruction, "\n", then the question
-    vlm_r1 = (
-        "First thinks about the reasoning process in the mind and then provides the user with the answer. The reasoning"
-        " process and answer are enclosed within <think> </think> and <answer> </answer> tags, respectively, i.e.,"
-        " <think> reasoning process here </think><answer> answer here </answer>\n" + question
-    )
-    assert GRPO().prompt(processor, sample, "vlm_r1") == qwen_turn(vlm_r1)  # the GRPO baselines on ovd_3b.yaml
 
-    # Syn-GRPO (no seed code): the row's question up to VLM-R1's answer format, then Syn-GRPO's four parts; neither
-    # OVD_QUESTION in front nor two answer formats
-    syn_grpo = (
-        'Please carefully check the image and detect the following objects: ["equestrian rider\'s helmet"]. First'
-        " output the thinking process in <think> </think> tags. Then estimate how diverse your answers to this question"
-        " would be, a number in [0, 1], in <diversity> </diversity> tags, and describe a new background for this image"
-        " that would make the question more informative to practise on, in <description> </description> tags."
-        " Finally output the answer as [x1, y1, x2, y2] in <answer> </answer> tags."
-    )
-    assert SynGRPO().prompt(processor, sample, "syn_grpo") == qwen_turn(syn_grpo)
+@pytest.mark.parametrize(
+    "group, sample_id, objects",
+    [
+        ("category", "isr-scene_a-0000-dining_chair", "['dining chair']"),
+        ("view", "isr-scene_a-0000", "['coffee table', 'dining chair']"),  # every category of the view, one question
+    ],
+)
+def test_isr_row_is_asked_as_vlm_r1_asks_its_ovd_rows(tmp_path, processor, group, sample_id, objects):
+    # tests/datamodules/test_isr.py's renders; configs/isr_3b.yaml's reader over the converter's JSONL
+    from datamodules.isr import convert
+
+    root = _render(tmp_path / "renders")
+    convert(root, tmp_path / "isr_train.jsonl", group=group)
+    dm = SyntheticDataModule(data_root=str(tmp_path), image_root=str(root), train_files=["isr_train.jsonl"])
+    dm.setup("fit")
+    sample = next(s for s in dm.train_samples() if s.sample_id == sample_id)
+    # the row's question, laid out as VLM-R1's OVD rows (and the D3 converter's), asked as VLM-R1 asks them
+    # (grpo_jsonl.py:979, :1008, qwen_module.py:76-83 above); before, the bare category under OVD_QUESTION
+    lead = f"Please carefully check the image and detect the following objects: {objects}."
+    assert GRPO().prompt(processor, sample, "vlm_r1") == qwen_turn(VLM_R1_ODLENGTH + lead + VLM_R1_OVD_FORMAT)
+    assert SynGRPO().prompt(processor, sample, "syn_grpo") == qwen_turn(lead + SYN_GRPO_PARTS)
 
 
 def test_bare_ovd_queries_render_as_before(tmp_path, processor):
-    # the toy world's OVD rows and ISR's converter carry the bare query: the whole template, as before
+    # the toy world's OVD rows (the toy ISR rooms' too) carry the bare query: the whole template, as before
     path = export_jsonl(tmp_path, "train", 1, seed=0, size=112, task="ovd")
     (s,) = [load_sample(r) for r in read_jsonl(path)]
     assert not s.query.startswith("Please") and s.task == "ovd"

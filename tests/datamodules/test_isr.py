@@ -9,6 +9,7 @@ import pytest
 from PIL import Image
 
 from core.records import DataError
+from datamodules.d3 import ovd_row_question
 from datamodules.isr import convert, main, normalise_category
 from datamodules.rec import RECDataModule, load_sample, read_jsonl
 
@@ -53,7 +54,7 @@ def test_converted_jsonl_loads_through_the_ovd_reader_with_the_right_boxes_and_c
         "isr-scene_b-0000-bed",
     ]
     chairs = samples["isr-scene_a-0000-dining_chair"]
-    assert chairs.task == "ovd" and chairs.query == "dining chair"
+    assert chairs.task == "ovd" and chairs.query == ovd_row_question(["dining chair"])  # VLM-R1's question, as D3's
     assert chairs.boxes == [[10.0, 20.0, 30.0, 50.0], [40.0, 22.0, 58.0, 50.0]]  # both instances, one query
     assert chairs.size == (96, 80) and chairs.image_path == str(root / "scene_a/0000.png")
     assert chairs.meta["room"] == "LivingRoom-1" and chairs.meta["categories"] == ["dining chair"]
@@ -66,7 +67,7 @@ def test_a_perfect_answer_to_a_converted_sample_earns_the_full_ovd_reward(tmp_pa
 
     root = _render(tmp_path / "renders")
     convert(root, tmp_path / "isr.jsonl")
-    chairs = next(r for r in read_jsonl(tmp_path / "isr.jsonl", root) if r.query == "dining chair")
+    chairs = next(r for r in read_jsonl(tmp_path / "isr.jsonl", root) if r.meta["categories"] == ["dining chair"])
     perfect = f"<answer>{json.dumps(chairs.boxes)}</answer>"
     extra = f"<answer>{json.dumps([*chairs.boxes, [5, 60, 70, 79]])}</answer>"  # the table boxed too
     # both chairs exactly: mAP 1, s_ovd 1; one box too many: s_ovd = 2/3 (the table is not what was asked)
@@ -95,8 +96,13 @@ def test_group_view_writes_one_line_per_view_listing_its_categories(tmp_path):
     root = _render(tmp_path / "renders", {"s/0": VIEWS["scene_a/0000"]})
     convert(root, tmp_path / "isr.jsonl", group="view", min_side=0)
     (s,) = [load_sample(r) for r in read_jsonl(tmp_path / "isr.jsonl", root)]
-    assert s.query == "coffee table, dining chair, lamp" and len(s.boxes) == 4
+    assert s.query == ovd_row_question(["coffee table", "dining chair", "lamp"]) and len(s.boxes) == 4
     assert s.meta["categories"] == ["coffee table", "dining chair", "lamp"]
+    # the gpt turn labels each box with its category (VLM-R1's answer), in the solution's order
+    (row,) = [json.loads(x) for x in (tmp_path / "isr.jsonl").read_text().splitlines()]
+    answer = json.loads(row["conversations"][1]["value"].removeprefix("```json\n").removesuffix("\n```"))
+    assert [a["bbox_2d"] for a in answer] == row["solution"] == s.boxes
+    assert [a["label"] for a in answer] == ["lamp", "dining chair", "dining chair", "coffee table"]
 
 
 def test_the_seeded_draw_is_the_data_modules(tmp_path):
