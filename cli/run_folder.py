@@ -51,13 +51,19 @@ def next_free(folder: Path) -> Path:
     return candidate
 
 
-def checkpoint_run_folder(ckpt: str | None) -> Path | None:
-    """The run folder of a checkpoint in ``<run folder>/checkpoints/`` (a file, or a distributed checkpoint's folder);
-    None for one elsewhere and for Lightning's ``last`` / ``best`` / ``hpc`` / ``registry``."""
+def checkpoint_run_folder(ckpt: str | None, root: str = "outputs") -> Path | None:
+    """The run folder of a checkpoint in ``<run folder>/checkpoints/`` (a file, or a distributed checkpoint's folder):
+    one below ``root`` or one a run wrote (a config copy, ``metrics.jsonl``). None for a checkpoint elsewhere (a
+    user's own ``~/checkpoints/`` is no run folder: the fit must not write its outputs beside it) and for Lightning's
+    ``last`` / ``best`` / ``hpc`` / ``registry``."""
     if not ckpt or ckpt in ("last", "best", "hpc", "registry"):
         return None
     parent = Path(ckpt).parent
-    return parent.parent if parent.name == "checkpoints" else None
+    if parent.name != "checkpoints":
+        return None
+    folder = parent.parent
+    wrote = any(folder.glob("config*.yaml")) or (folder / "metrics.jsonl").is_file()
+    return folder if wrote or folder.resolve().is_relative_to(Path(root).resolve()) else None
 
 
 def choose_run_folder(
@@ -77,7 +83,7 @@ def choose_run_folder(
                 "another folder)"
             )
         return str(given), name, note
-    own = checkpoint_run_folder(ckpt)
+    own = checkpoint_run_folder(ckpt, root)
     if own is not None:  # a resume or an evaluation of a run continues in that run's folder
         versioned = re.fullmatch(rf"{re.escape(name)}-v\d+", own.name) is not None
         return str(own), own.name if versioned else name, None
@@ -139,13 +145,26 @@ class RunEnd(Callback):
     """Ctrl-C in a fit saves ``last.ckpt`` (or says why it cannot); the CLI adds it to every trainer, first, so the
     checkpoint exists before ``MetricsJSONL`` records the interruption. What it saved is kept for :func:`end_lines`.
 
-    Lightning catches ``KeyboardInterrupt`` around the stage, calls ``on_exception`` and exits with status 1 without
-    the ``teardown`` hooks: this is the one place left to save."""
+    Lightning catches ``KeyboardInterrupt`` around the stage and calls ``on_exception`` without the ``teardown`` hooks
+    (the CLI then exits with status 130): this is the one place left to save. It saves only a state worth keeping: a
+    fit that completed at least one step in this process (an interrupt while a resume is still loading would replace
+    the good ``last.ckpt`` with an untrained one), and never in the middle of an optimizer step (some parameters or
+    moments updated, the step not counted: a resume would replay half a step); then the newest checkpoint there stays
+    the one to resume."""
 
     def __init__(self) -> None:
         self.interrupted = False
         self.saved: Path | None = None
         self.not_saved: str | None = None
+        self._steps_done = 0
+        self._in_step = False
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
+        self._in_step = True
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        self._in_step = False
+        self._steps_done += 1
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if not isinstance(exception, KeyboardInterrupt):
@@ -161,6 +180,15 @@ class RunEnd(Callback):
             self.not_saved = (
                 f"a save needs all {trainer.world_size} processes, which Ctrl-C stops one by one; the newest periodic "
                 "checkpoint is in " + str(path.parent)
+            )
+        elif self._steps_done == 0:
+            self.not_saved = (
+                f"no step was completed since this process started; the checkpoints in {path.parent} are unchanged"
+            )
+        elif self._in_step:
+            self.not_saved = (
+                "the interrupt came in the middle of an optimizer step, whose state would not resume exactly; the "
+                f"newest checkpoint in {path.parent} is unchanged"
             )
         else:
             try:

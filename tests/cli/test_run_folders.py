@@ -4,6 +4,7 @@ naming its folder and checkpoint (cli/run_folder.py, docs/outputs.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shlex
@@ -177,7 +178,14 @@ def test_the_folder_rules(tmp_path):
     assert choose_run_folder("test", "x", None, None, root)[:2] == (f"{root}/x", "x")  # only a fit opens a run
     assert choose_run_folder("fit", "x", None, "last", root)[:2] == (f"{root}/x", "x")  # Lightning's newest last*.ckpt
     ckpt = f"{root}/x-v3/checkpoints/last.ckpt"
+    Path(ckpt).parent.mkdir(parents=True)
+    Path(ckpt).write_bytes(b"")
     assert choose_run_folder("fit", "x", None, ckpt, root) == (f"{root}/x-v3", "x-v3", None)
+    # a user's own checkpoints/ folder is no run folder: the fit does not write its outputs beside it
+    mine = tmp_path / "home/checkpoints/pretrained.ckpt"
+    mine.parent.mkdir(parents=True)
+    mine.write_bytes(b"")
+    assert choose_run_folder("fit", "x", None, str(mine), root)[:2] == (f"{root}/x-v1", "x-v1")
     folder, name, note = choose_run_folder("fit", "x", str(run), None, root)
     assert (folder, name) == (str(run), "x") and "holds a run already" in note
     argv = ["fit", "--config", "c.yaml", "--ckpt_path", "old", "--ckpt_path=older", "--trainer.max_steps", "3"]
@@ -226,3 +234,45 @@ def test_no_writer_of_user_facing_paths_overwrites_a_users_folder(tmp_path, caps
     (ours / MARKER).unlink()  # a folder filled before the marker existed: every JSONL has its manifest
     toy.export_jsonl(ours, "ood", 2, seed=0, size=64)
     assert (ours / MARKER).is_file() and (ours / "ood.jsonl").is_file()
+
+
+def test_ctrl_c_before_a_step_or_inside_an_optimizer_step_keeps_the_newest_checkpoint(tmp_path):
+    """An interrupt while a resume is still being set up, or in the middle of an optimizer step, saves nothing: the
+    run's ``last.ckpt`` stays the one to resume (a save there would replace it with an untrained or half-stepped
+    state)."""
+    import lightning as L
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    from cli.run_folder import RunEnd
+
+    last = tmp_path / "checkpoints" / "last.ckpt"
+
+    def fit(model, steps, ckpt=None) -> RunEnd:
+        end = RunEnd()
+        trainer = L.Trainer(
+            default_root_dir=tmp_path, max_steps=steps, logger=False, enable_progress_bar=False,
+            enable_model_summary=False, num_sanity_val_steps=0, accelerator="cpu",
+            callbacks=[end, ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_last=True)],
+        )  # fmt: skip
+        with contextlib.suppress(SystemExit):
+            trainer.fit(model, ckpt_path=ckpt)
+        return end
+
+    fit(BoringModel(), 5)
+    assert torch.load(last, weights_only=False)["global_step"] == 5
+
+    class InterruptedWhileResuming(BoringModel):
+        def configure_optimizers(self):
+            raise KeyboardInterrupt
+
+    class InterruptedInsideTheStep(BoringModel):
+        def on_before_optimizer_step(self, optimizer):
+            if self.trainer.global_step == 6:
+                raise KeyboardInterrupt
+
+    for model in (InterruptedWhileResuming(), InterruptedInsideTheStep()):
+        end = fit(model, 20, ckpt=str(last))
+        assert end.interrupted and end.saved is None and "unchanged" in end.not_saved, end.not_saved
+        assert torch.load(last, weights_only=False)["global_step"] == 5
