@@ -65,18 +65,21 @@ def _unlink_below(output_dir: Path, path: str | None) -> None:
         unlink_quietly(d, parts[-1])
 
 
-def _publish(output_dir: Path, tmp_path: str, output_path: str) -> tuple[int, ...]:
+def _publish(output_dir: Path, tmp_path: str, output_path: str, written: tuple[int, ...] | None) -> tuple[int, ...]:
     """Rename a worker's audited temp file over ``output_path`` inside the client's folder, reached from
-    ``output_dir`` without following a link; returns the published file's identity (taken after the rename, which
-    sets its change time)."""
+    ``output_dir`` without following a link, only if it is still the file the worker wrote and audited (``written``:
+    its :func:`synth.inputs.file_identity` once written: a file put in its place has another change time, an inode
+    number reused or not) with one link; returns the published file's identity (taken after the rename, which sets
+    its change time)."""
     parts, tmp_parts = relative_parts(output_path, output_dir), relative_parts(tmp_path, output_dir)
     if not parts or tmp_parts is None or tmp_parts[:-1] != parts[:-1]:
         raise OSError(f"{output_path!r} and its temp file are not in one folder below {str(output_dir)!r}")
     with opened_dir(output_dir, parts[:-1]) as d:
         fd = open_file(d, tmp_parts[-1])
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise OSError(f"{tmp_path!r} is not a regular file")
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or file_identity(st) != tuple(written or ()):
+                raise OSError(f"{tmp_path!r} is not the file the worker wrote and audited (replaced or linked)")
             os.replace(tmp_parts[-1], parts[-1], src_dir_fd=d, dst_dir_fd=d)
             return file_identity(os.fstat(fd))
         finally:
@@ -312,7 +315,9 @@ class JobManager:
             job.run_s, job.paint_s, job.finished_at = r.get("run_s"), r.get("paint_s"), now
             if r["ok"]:
                 try:
-                    job.output_identity = _publish(self.output_dir, r["tmp_path"], r["result"]["output_path"])
+                    job.output_identity = _publish(
+                        self.output_dir, r["tmp_path"], r["result"]["output_path"], r.get("tmp_identity")
+                    )
                 except OSError as e:
                     _unlink_below(self.output_dir, r.get("tmp_path"))
                     job.error = f"could not publish the output {r['result']['output_path']!r}: {e}"

@@ -39,7 +39,7 @@ from synth.compose import (
     place_image,
 )
 from synth.foreground import build_masker, keep_mask, keep_masks, load_masker
-from synth.inputs import open_input
+from synth.inputs import file_identity, open_input
 from synth.painters import PaintJob, build_painter
 
 
@@ -398,11 +398,13 @@ def _write_audited(
                     return _failure(item, f"refusing to overwrite the input image {item['image_path']}")
         written = False
         try:
-            with os.fdopen(open_file(d, tmp_name, os.O_RDWR | os.O_CREAT | os.O_TRUNC), "w+b") as f:
+            unlink_quietly(d, tmp_name)  # a killed earlier attempt's; the name is this job's own
+            with os.fdopen(open_file(d, tmp_name, os.O_RDWR | os.O_CREAT | os.O_EXCL), "w+b") as f:
                 Image.fromarray(final, "RGB").save(f, format="PNG", compress_level=1)
                 f.flush()
                 if item.get("fsync"):
                     os.fsync(f.fileno())
+                tmp_identity = file_identity(os.fstat(f.fileno()))  # what the server may publish, and nothing else
                 f.seek(0)
                 with Image.open(f) as on_file:
                     on_disk = np.asarray(on_file.convert("RGB"), dtype=np.uint8)
@@ -427,4 +429,7 @@ def _write_audited(
         batch_size=batch_size,
         scene=scene,
     )
-    return dict(uid=item["uid"], job_id=item["job_id"], ok=True, error=None, detail=None, result=result, tmp_path=tmp)
+    return dict(
+        uid=item["uid"], job_id=item["job_id"], ok=True, error=None, detail=None, result=result, tmp_path=tmp,
+        tmp_identity=tmp_identity,
+    )  # fmt: skip
