@@ -527,7 +527,7 @@ class SynGRPOCLI(LightningCLI):
         named = [cb for cb in named if type(cb) not in listed_types]
         trainer = self._instantiate_trainer(config, extra + named)
         trainer.run_name = getattr(self, "run_name", None)
-        _checkpoint_temps(trainer)
+        _checkpoint_temps(trainer, clean=self.subcommand == "fit")
         trainer.callbacks.insert(0, RunEnd())  # first: Ctrl-C's checkpoint exists before the others record it
         return trainer
 
@@ -547,15 +547,16 @@ class SynGRPOCLI(LightningCLI):
         print_end(self.trainer, argv)
 
 
-def _checkpoint_temps(trainer: L.Trainer) -> None:
+def _checkpoint_temps(trainer: L.Trainer, clean: bool) -> None:
     """Single-file saves write their temporary file beside the checkpoint (`BesideCheckpointIO`, not ``/tmp``), and
-    what a killed save left in the checkpoint folders is removed now, in one line."""
+    with ``clean`` (a fit: the subcommand that saves) what a killed save of this machine left in the checkpoint
+    folders is removed now, in one line (`remove_stale_temps`)."""
     from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
     from lightning_modules.checkpoints import remove_stale_temps, use_beside_temp
 
     use_beside_temp(trainer.strategy)
-    if rank_zero_only.rank != 0:  # the launcher's rank (the strategy's is set at fit)
+    if not clean or rank_zero_only.rank != 0:  # the launcher's rank (the strategy's is set at fit)
         return
     for folder in dict.fromkeys(cb.dirpath for cb in trainer.checkpoint_callbacks if cb.dirpath):
         if removed := remove_stale_temps(Path(folder)):

@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import struct
 import zipfile
 import zlib
@@ -95,12 +96,20 @@ def switch(staging: Path, final: Path) -> None:
 # Single files: the temporary file beside the checkpoint
 # ---------------------------------------------------------------------------------------------------------------------
 
-TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>[0-9]+)\.tmp$")
-"""``.last.ckpt.<pid>.tmp``: a single-file checkpoint being written by process ``pid``, beside its final name."""
+TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<host>[A-Za-z0-9-]+)\.(?P<pid>[0-9]+)\.tmp$")
+"""``.last.ckpt.<host>.<pid>.tmp``: a single-file checkpoint being written by process ``pid`` of the machine ``host``
+(`host`), beside its final name. The host: on a filesystem that several machines share, a pid says nothing of another
+machine's processes."""
+
+
+def host() -> str:
+    """This machine's name as a temp name carries it: ``socket.gethostname()`` with every character but
+    ``[A-Za-z0-9-]`` as ``-`` (``node1.cluster`` -> ``node1-cluster``)."""
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "-"
 
 
 def temp_path(final: Path) -> Path:
-    return final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    return final.with_name(f".{final.name}.{host()}.{os.getpid()}.tmp")
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -121,8 +130,9 @@ class BesideCheckpointIO(TorchCheckpointIO):
     Why: Lightning's atomic save serialises the whole checkpoint into memory, then fsspec writes it to a file made by
     ``tempfile.mkstemp()`` (``/tmp``) and moves it in. A kill mid-write left that file in ``/tmp`` for good
     (gigabytes per kill at model size), and where ``/tmp`` is another filesystem the "move" is a second full copy,
-    not a rename. Here ``torch.save`` streams into ``.<name>.<pid>.tmp`` in the checkpoint's folder (no copy in memory),
-    syncs it and renames it over ``<name>``; a later start removes what a killed save left (`remove_stale_temps`).
+    not a rename. Here ``torch.save`` streams into ``.<name>.<host>.<pid>.tmp`` in the checkpoint's folder (no copy in
+    memory), syncs it and renames it over ``<name>``; a later fit on that machine removes what a killed save left
+    (`remove_stale_temps`).
     Paths with a scheme (``s3://...``) keep Lightning's save."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
@@ -161,16 +171,18 @@ def _alive(pid: int) -> bool:
 
 
 def remove_stale_temps(folder: Path) -> list[tuple[Path, int]]:
-    """Remove the temporary files of single-file saves in ``folder`` (`TEMP`) whose process is gone, or is this one (a
-    container restarted under the same pid: nothing of this process is being saved before its first save); returns
-    them with their sizes. Called at the start of a run; a file of a live process (another run saving into the same
-    folder) is kept."""
+    """Remove the temporary files of single-file saves in ``folder`` (`TEMP`) that a process of this machine wrote and
+    that is gone, or is this one (a container restarted under the same pid: nothing of this process is being saved
+    before its first save); returns them with their sizes. Called at the start of a fit (cli/main.py). Kept: a file of
+    a live process (another run saving into the same folder), every file of another machine (a shared filesystem:
+    whether its process lives cannot be told from here), and every name but ``.<name>.<host>.<pid>.tmp`` with this
+    machine's `host` (``.notes.2024.tmp`` is a user's)."""
     if not folder.is_dir():
         return []
-    removed = []
+    removed, here = [], host()
     for p in sorted(folder.iterdir()):
         m = TEMP.match(p.name)
-        if m is None or not p.is_file() or p.is_symlink():
+        if m is None or m["host"] != here or not p.is_file() or p.is_symlink():
             continue
         pid = int(m["pid"])
         if pid != os.getpid() and _alive(pid):

@@ -314,29 +314,38 @@ def _killed_save(path: Path, systmp: Path) -> int:
     return pid
 
 
-def test_a_killed_single_file_save_leaves_its_temp_beside_the_checkpoint_and_a_start_removes_it(tmp_path, monkeypatch):
+def test_a_killed_single_file_save_leaves_its_temp_beside_the_checkpoint_and_a_fit_removes_it(tmp_path, monkeypatch):
     """Lightning's own atomic save wrote into ``tempfile.mkstemp()`` (``/tmp``: gigabytes per kill at model size).
-    `BesideCheckpointIO` writes ``.last.ckpt.<pid>.tmp`` in the checkpoint's folder (a rename, never a copy, puts it
-    in place); a SIGKILL before the rename leaves that file and the previous ``last.ckpt``, and the next start removes
-    the file (its process is dead) in one log line, keeping a live process's."""
+    `BesideCheckpointIO` writes ``.last.ckpt.<host>.<pid>.tmp`` in the checkpoint's folder (a rename, never a copy,
+    puts it in place); a SIGKILL before the rename leaves that file and the previous ``last.ckpt``, and the next fit
+    removes the file (its process is dead) in one log line. Kept: a live process's, another machine's (a shared
+    filesystem: a pid there says nothing here), a user's ``.notes.2024.tmp``; and a start other than a fit removes
+    nothing."""
     ckpts, systmp = tmp_path / "checkpoints", tmp_path / "systmp"
     systmp.mkdir()
     last = ckpts / "last.ckpt"
     checkpoints.BesideCheckpointIO().save_checkpoint({"state_dict": {"w": torch.zeros(4)}, "global_step": 1}, last)
     pid = _killed_save(last, systmp)
     (partial,) = [p for p in ckpts.iterdir() if p.name != "last.ckpt"]
-    assert partial.name == f".last.ckpt.{pid}.tmp" and partial.stat().st_size > 2**20
+    here = checkpoints.host()
+    assert partial.name == f".last.ckpt.{here}.{pid}.tmp" and partial.stat().st_size > 2**20
     assert not list(systmp.iterdir()) and torch.load(last)["global_step"] == 1  # nothing in TMPDIR; the old one whole
 
-    live = ckpts / f".epoch=0-step=1.ckpt.{os.getppid()}.tmp"  # another run's save in progress: kept
-    live.write_bytes(b"PK")
+    live = ckpts / f".epoch=0-step=1.ckpt.{here}.{os.getppid()}.tmp"  # another run's save in progress: kept
+    elsewhere = ckpts / f".last.ckpt.other-machine.{pid}.tmp"  # pid is dead here, maybe not there: kept
+    notes = ckpts / ".notes.2024.tmp"
+    kept = sorted(p.name for p in (live, elsewhere, notes, last))
+    for p in (live, elsewhere, notes):
+        p.write_bytes(b"PK")
     logged = []
     monkeypatch.setattr("lightning.pytorch.utilities.rank_zero_info", logged.append)
     trainer = SimpleNamespace(strategy=SimpleNamespace(checkpoint_io=TorchCheckpointIO()),
                               checkpoint_callbacks=[SimpleNamespace(dirpath=str(ckpts))])  # fmt: skip
-    _checkpoint_temps(trainer)  # what the CLI does with every trainer it makes
+    _checkpoint_temps(trainer, clean=False)  # what the CLI does with the trainer of validate, test, predict
     assert isinstance(trainer.strategy.checkpoint_io, checkpoints.BesideCheckpointIO)
-    assert sorted(p.name for p in ckpts.iterdir()) == [live.name, "last.ckpt"]
+    assert partial.exists() and not logged
+    _checkpoint_temps(trainer, clean=True)  # ... and of a fit
+    assert sorted(p.name for p in ckpts.iterdir()) == kept
     assert logged == [
         f"removed 1 partial checkpoint file(s) (1.0 MB) that killed saves left in {ckpts}: {partial.name}"
     ]
@@ -379,9 +388,15 @@ def test_truncated_last_ckpt_is_one_line_and_resume_intact_uses_the_newest_intac
     assert f"--ckpt_path {last} is damaged: truncated" in err
     assert f"newest intact checkpoint there is {intact}: pass --ckpt_path {shlex.quote(str(intact))}" in err
 
+    if (pid := os.fork()) == 0:  # a process of this machine that is gone
+        os._exit(0)
+    os.waitpid(pid, 0)
+    stale = run / f"checkpoints/.last.ckpt.{checkpoints.host()}.{pid}.tmp"
+    stale.write_bytes(b"PK")
     main(_args(tiny_model_dir, rec_dir, run, "--ckpt_path", str(last), "--resume_intact", "true",
                "--trainer.max_steps", "3", *every, *_started(tmp_path)))  # fmt: skip
     assert f"using the newest intact checkpoint {intact}" in capsys.readouterr().err
+    assert not stale.exists()  # a fit removes what a killed save of this machine left
     assert json.loads((tmp_path / "steps.json").read_text()) == {"start": 2, "end": 3}
     assert damage(last) is None  # the resumed fit saved a whole one
 
