@@ -9,8 +9,9 @@ until then. A kill leaves a staging folder that the next save of that name remov
 
 `damage` says why a checkpoint is not intact without loading its tensors; `newest_intact` finds the one to resume from
 instead (``--resume_intact``, cli/main.py). Changed bytes are found by checksums read in one streamed pass (~1 GB/s):
-a file's zip records carry their CRC-32; a distributed checkpoint's shards carry none of their own, so the save writes
-the CRC-32 of every file into ``checksums.json`` (`MANIFEST`) as its last file.
+a file's zip records carry their CRC-32 (not when saved with ``torch.serialization.set_crc32_options(False)``: then
+its structure is checked only); a distributed checkpoint's shards carry none of their own, so the save writes the
+CRC-32 of every file into ``checksums.json`` (`MANIFEST`) as its last file.
 """
 
 from __future__ import annotations
@@ -247,8 +248,15 @@ def damage(path: str | Path, contents: bool = True) -> str | None:
     long as the last byte it needs there, ``meta.pt`` loadable, and every file's size and CRC-32 as `MANIFEST` recorded
     them at save (a folder saved before the manifest existed gets the other checks only).
 
-    ``contents=False`` skips reading the tensors' bytes (the records' CRCs but ``data.pkl``'s, the manifest's CRCs):
-    the ranks of a multi-process run other than 0 check the structure only, rank 0 reads the bytes once."""
+    ``contents=False`` skips reading the tensors' bytes (the records' CRCs but ``data.pkl``'s, the manifest's CRCs).
+    What it finds ``contents=True`` finds too, so it serves only where a damage that the bytes alone show changes
+    nothing for this process (cli/main.py `intact_checkpoint`: the ranks other than 0, when a damaged checkpoint stops
+    the run). Where the answer picks the checkpoint to load (``--resume_intact``), every rank must read the bytes:
+    ranks that checked differently would resume from different checkpoints.
+
+    A record whose CRC-32 is 0 both in the zip directory and in its own header or data descriptor has no checksum
+    (``torch.serialization.set_crc32_options(False)`` saves every record so): its bytes are read (a truncated record is
+    found) but not compared; a CRC zeroed in only one of the two places is damage."""
     p = Path(path)
     if p.is_dir():
         return _folder_damage(p, contents)
@@ -283,7 +291,7 @@ def _file_damage(p: Path, contents: bool) -> str | None:
                 if why is not None:
                     return f"record {info.filename} {why}"
         for info in infos if contents else [pkl]:
-            if (why := _record_damage(z, info)) is not None:
+            if (why := _record_damage(z, info, checked=info.CRC != 0)) is not None:  # 0: none recorded (see above)
                 return f"record {info.filename} {why}"
     try:  # torch reads the directory with its own zip reader (miniz), stricter than zipfile on some fields
         torch._C.PyTorchFileReader(str(p))
@@ -327,11 +335,14 @@ def _entry_damage(raw: Any, info: zipfile.ZipInfo) -> str | None:
     return None
 
 
-def _record_damage(z: zipfile.ZipFile, info: zipfile.ZipInfo) -> str | None:
+def _record_damage(z: zipfile.ZipFile, info: zipfile.ZipInfo, checked: bool = True) -> str | None:
     """Why one record of ``z`` does not read back as saved: zipfile checks its local header and, at its end, its
-    CRC-32."""
+    CRC-32 (with ``checked``; without, for a record saved with no checksum, only that all its bytes are there).
+    `_entry_damage` has found the directory's CRC equal to the record's own, so a CRC of 0 there is 0 in both."""
     try:
         with z.open(info) as f:
+            if not checked:
+                f._expected_crc = None  # zipfile's own "no CRC to compare" (what it sets for a ZipInfo without one)
             while f.read(CHUNK):
                 pass
     except zipfile.BadZipFile as e:
@@ -403,8 +414,9 @@ def _written_at(p: Path) -> float:
 
 
 def candidates(folder: Path) -> list[Path]:
-    """The checkpoints in ``folder``, newest first: ``*.ckpt`` files and folders with a ``meta.pt`` or ``.metadata``
-    (a staging folder included: complete, it may hold the newest state after a kill between two renames)."""
+    """The checkpoints in ``folder``, newest first (the same time: by name, so that every rank walks them in one
+    order): ``*.ckpt`` files and folders with a ``meta.pt`` or ``.metadata`` (a staging folder included: complete, it
+    may hold the newest state after a kill between two renames)."""
     if not folder.is_dir():
         return []
     found = [
@@ -413,7 +425,7 @@ def candidates(folder: Path) -> list[Path]:
         if (p.is_file() and p.name.endswith(".ckpt"))
         or (p.is_dir() and any((p / n).is_file() for n in ("meta.pt", ".metadata")))
     ]
-    return sorted(found, key=_written_at, reverse=True)
+    return sorted(found, key=lambda p: (_written_at(p), p.name), reverse=True)  # the name: one order on every rank
 
 
 def newest_intact(folder: Path, skip: Path | None = None, contents: bool = True) -> Path | None:
