@@ -527,7 +527,7 @@ class SynGRPOCLI(LightningCLI):
         named = [cb for cb in named if type(cb) not in listed_types]
         trainer = self._instantiate_trainer(config, extra + named)
         trainer.run_name = getattr(self, "run_name", None)
-        _checkpoint_temps(trainer)
+        _checkpoint_temps(trainer, clean=self.subcommand == "fit")
         trainer.callbacks.insert(0, RunEnd())  # first: Ctrl-C's checkpoint exists before the others record it
         return trainer
 
@@ -547,15 +547,16 @@ class SynGRPOCLI(LightningCLI):
         print_end(self.trainer, argv)
 
 
-def _checkpoint_temps(trainer: L.Trainer) -> None:
+def _checkpoint_temps(trainer: L.Trainer, clean: bool) -> None:
     """Single-file saves write their temporary file beside the checkpoint (`BesideCheckpointIO`, not ``/tmp``), and
-    what a killed save left in the checkpoint folders is removed now, in one line."""
+    with ``clean`` (a fit: the subcommand that saves) what a killed save of this machine left in the checkpoint
+    folders is removed now, in one line (`remove_stale_temps`)."""
     from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
     from lightning_modules.checkpoints import remove_stale_temps, use_beside_temp
 
     use_beside_temp(trainer.strategy)
-    if rank_zero_only.rank != 0:  # the launcher's rank (the strategy's is set at fit)
+    if not clean or rank_zero_only.rank != 0:  # the launcher's rank (the strategy's is set at fit)
         return
     for folder in dict.fromkeys(cb.dirpath for cb in trainer.checkpoint_callbacks if cb.dirpath):
         if removed := remove_stale_temps(Path(folder)):
@@ -569,14 +570,20 @@ def intact_checkpoint(ckpt: str, *, use_intact: bool = False, run: str = "run") 
     """``ckpt`` when it is intact (lightning_modules/checkpoints.py: its structure, and every record's or shard's
     checksum, read once, without loading a tensor). A damaged one (truncated, bytes changed, shards missing) or a
     missing one (a save killed between two renames leaves a complete staging folder) stops with one line naming the
-    newest intact checkpoint in its folder; with ``use_intact`` (``--resume_intact``) that one is used. Only rank 0
-    reads the bytes (every rank of a multi-process run checks here; the others check the structure)."""
+    newest intact checkpoint in its folder; with ``use_intact`` (``--resume_intact``) that one is used.
+
+    Every rank of a multi-process run checks here (Lightning's launcher and torchrun start each with the command line).
+    With ``use_intact`` every rank reads the bytes: the answer is the checkpoint to load, and ranks that checked
+    differently (rank 0 the bytes, the others the structure) resumed from different checkpoints after one changed
+    byte. Without it only rank 0 reads them (a multi-GB checkpoint read once, not once per rank): the answer is
+    ``ckpt`` or a stop, and a damage that only the bytes show stops rank 0 and so the run (Lightning's launcher starts
+    the other ranks after this check; torchrun ends them when one fails), so no rank loads another checkpoint."""
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
     from lightning_modules.checkpoints import damage, newest_intact
 
     path = Path(ckpt)
-    contents = rank_zero_only.rank == 0
+    contents = use_intact or rank_zero_only.rank == 0
     reason = damage(path, contents)
     if reason is None:
         return ckpt

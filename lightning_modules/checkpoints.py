@@ -9,8 +9,9 @@ until then. A kill leaves a staging folder that the next save of that name remov
 
 `damage` says why a checkpoint is not intact without loading its tensors; `newest_intact` finds the one to resume from
 instead (``--resume_intact``, cli/main.py). Changed bytes are found by checksums read in one streamed pass (~1 GB/s):
-a file's zip records carry their CRC-32; a distributed checkpoint's shards carry none of their own, so the save writes
-the CRC-32 of every file into ``checksums.json`` (`MANIFEST`) as its last file.
+a file's zip records carry their CRC-32 (not when saved with ``torch.serialization.set_crc32_options(False)``: then
+its structure is checked only); a distributed checkpoint's shards carry none of their own, so the save writes the
+CRC-32 of every file into ``checksums.json`` (`MANIFEST`) as its last file.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import struct
 import zipfile
 import zlib
@@ -95,12 +97,20 @@ def switch(staging: Path, final: Path) -> None:
 # Single files: the temporary file beside the checkpoint
 # ---------------------------------------------------------------------------------------------------------------------
 
-TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>[0-9]+)\.tmp$")
-"""``.last.ckpt.<pid>.tmp``: a single-file checkpoint being written by process ``pid``, beside its final name."""
+TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<host>[A-Za-z0-9-]+)\.(?P<pid>[0-9]+)\.tmp$")
+"""``.last.ckpt.<host>.<pid>.tmp``: a single-file checkpoint being written by process ``pid`` of the machine ``host``
+(`host`), beside its final name. The host: on a filesystem that several machines share, a pid says nothing of another
+machine's processes."""
+
+
+def host() -> str:
+    """This machine's name as a temp name carries it: ``socket.gethostname()`` with every character but
+    ``[A-Za-z0-9-]`` as ``-`` (``node1.cluster`` -> ``node1-cluster``)."""
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "-"
 
 
 def temp_path(final: Path) -> Path:
-    return final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    return final.with_name(f".{final.name}.{host()}.{os.getpid()}.tmp")
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -121,8 +131,9 @@ class BesideCheckpointIO(TorchCheckpointIO):
     Why: Lightning's atomic save serialises the whole checkpoint into memory, then fsspec writes it to a file made by
     ``tempfile.mkstemp()`` (``/tmp``) and moves it in. A kill mid-write left that file in ``/tmp`` for good
     (gigabytes per kill at model size), and where ``/tmp`` is another filesystem the "move" is a second full copy,
-    not a rename. Here ``torch.save`` streams into ``.<name>.<pid>.tmp`` in the checkpoint's folder (no copy in memory),
-    syncs it and renames it over ``<name>``; a later start removes what a killed save left (`remove_stale_temps`).
+    not a rename. Here ``torch.save`` streams into ``.<name>.<host>.<pid>.tmp`` in the checkpoint's folder (no copy in
+    memory), syncs it and renames it over ``<name>``; a later fit on that machine removes what a killed save left
+    (`remove_stale_temps`).
     Paths with a scheme (``s3://...``) keep Lightning's save."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
@@ -161,16 +172,18 @@ def _alive(pid: int) -> bool:
 
 
 def remove_stale_temps(folder: Path) -> list[tuple[Path, int]]:
-    """Remove the temporary files of single-file saves in ``folder`` (`TEMP`) whose process is gone, or is this one (a
-    container restarted under the same pid: nothing of this process is being saved before its first save); returns
-    them with their sizes. Called at the start of a run; a file of a live process (another run saving into the same
-    folder) is kept."""
+    """Remove the temporary files of single-file saves in ``folder`` (`TEMP`) that a process of this machine wrote and
+    that is gone, or is this one (a container restarted under the same pid: nothing of this process is being saved
+    before its first save); returns them with their sizes. Called at the start of a fit (cli/main.py). Kept: a file of
+    a live process (another run saving into the same folder), every file of another machine (a shared filesystem:
+    whether its process lives cannot be told from here), and every name but ``.<name>.<host>.<pid>.tmp`` with this
+    machine's `host` (``.notes.2024.tmp`` is a user's)."""
     if not folder.is_dir():
         return []
-    removed = []
+    removed, here = [], host()
     for p in sorted(folder.iterdir()):
         m = TEMP.match(p.name)
-        if m is None or not p.is_file() or p.is_symlink():
+        if m is None or m["host"] != here or not p.is_file() or p.is_symlink():
             continue
         pid = int(m["pid"])
         if pid != os.getpid() and _alive(pid):
@@ -235,8 +248,15 @@ def damage(path: str | Path, contents: bool = True) -> str | None:
     long as the last byte it needs there, ``meta.pt`` loadable, and every file's size and CRC-32 as `MANIFEST` recorded
     them at save (a folder saved before the manifest existed gets the other checks only).
 
-    ``contents=False`` skips reading the tensors' bytes (the records' CRCs but ``data.pkl``'s, the manifest's CRCs):
-    the ranks of a multi-process run other than 0 check the structure only, rank 0 reads the bytes once."""
+    ``contents=False`` skips reading the tensors' bytes (the records' CRCs but ``data.pkl``'s, the manifest's CRCs).
+    What it finds ``contents=True`` finds too, so it serves only where a damage that the bytes alone show changes
+    nothing for this process (cli/main.py `intact_checkpoint`: the ranks other than 0, when a damaged checkpoint stops
+    the run). Where the answer picks the checkpoint to load (``--resume_intact``), every rank must read the bytes:
+    ranks that checked differently would resume from different checkpoints.
+
+    A record whose CRC-32 is 0 both in the zip directory and in its own header or data descriptor has no checksum
+    (``torch.serialization.set_crc32_options(False)`` saves every record so): its bytes are read (a truncated record is
+    found) but not compared; a CRC zeroed in only one of the two places is damage."""
     p = Path(path)
     if p.is_dir():
         return _folder_damage(p, contents)
@@ -271,7 +291,7 @@ def _file_damage(p: Path, contents: bool) -> str | None:
                 if why is not None:
                     return f"record {info.filename} {why}"
         for info in infos if contents else [pkl]:
-            if (why := _record_damage(z, info)) is not None:
+            if (why := _record_damage(z, info, checked=info.CRC != 0)) is not None:  # 0: none recorded (see above)
                 return f"record {info.filename} {why}"
     try:  # torch reads the directory with its own zip reader (miniz), stricter than zipfile on some fields
         torch._C.PyTorchFileReader(str(p))
@@ -315,11 +335,14 @@ def _entry_damage(raw: Any, info: zipfile.ZipInfo) -> str | None:
     return None
 
 
-def _record_damage(z: zipfile.ZipFile, info: zipfile.ZipInfo) -> str | None:
+def _record_damage(z: zipfile.ZipFile, info: zipfile.ZipInfo, checked: bool = True) -> str | None:
     """Why one record of ``z`` does not read back as saved: zipfile checks its local header and, at its end, its
-    CRC-32."""
+    CRC-32 (with ``checked``; without, for a record saved with no checksum, only that all its bytes are there).
+    `_entry_damage` has found the directory's CRC equal to the record's own, so a CRC of 0 there is 0 in both."""
     try:
         with z.open(info) as f:
+            if not checked:
+                f._expected_crc = None  # zipfile's own "no CRC to compare" (what it sets for a ZipInfo without one)
             while f.read(CHUNK):
                 pass
     except zipfile.BadZipFile as e:
@@ -391,8 +414,9 @@ def _written_at(p: Path) -> float:
 
 
 def candidates(folder: Path) -> list[Path]:
-    """The checkpoints in ``folder``, newest first: ``*.ckpt`` files and folders with a ``meta.pt`` or ``.metadata``
-    (a staging folder included: complete, it may hold the newest state after a kill between two renames)."""
+    """The checkpoints in ``folder``, newest first (the same time: by name, so that every rank walks them in one
+    order): ``*.ckpt`` files and folders with a ``meta.pt`` or ``.metadata`` (a staging folder included: complete, it
+    may hold the newest state after a kill between two renames)."""
     if not folder.is_dir():
         return []
     found = [
@@ -401,7 +425,7 @@ def candidates(folder: Path) -> list[Path]:
         if (p.is_file() and p.name.endswith(".ckpt"))
         or (p.is_dir() and any((p / n).is_file() for n in ("meta.pt", ".metadata")))
     ]
-    return sorted(found, key=_written_at, reverse=True)
+    return sorted(found, key=lambda p: (_written_at(p), p.name), reverse=True)  # the name: one order on every rank
 
 
 def newest_intact(folder: Path, skip: Path | None = None, contents: bool = True) -> Path | None:

@@ -175,6 +175,24 @@ def _tensor_entry_as_folder(p: Path) -> None:  # the DOS folder attribute: torch
         f.write(b"\x10")
 
 
+def _zero_directory_crc(p: Path) -> None:  # the zip directory's CRC of a tensor zeroed, its data descriptor's kept
+    with open(p, "r+b") as f:
+        f.seek(_directory_entry(p, "last/data/0") + 16)
+        f.write(bytes(4))
+
+
+def _zero_descriptor_crc(p: Path) -> None:  # the data descriptor's CRC zeroed (after the bytes), the directory's kept
+    import zipfile
+
+    with zipfile.ZipFile(p) as z:
+        size = z.getinfo("last/data/0").compress_size
+    at = _record_data(p, "last/data/0") + size
+    with open(p, "r+b") as f:
+        f.seek(at)
+        assert f.read(4) == b"PK\x07\x08"
+        f.write(bytes(4))
+
+
 def _break_directory(p: Path) -> None:  # the end of central directory record overwritten
     with open(p, "r+b") as f:
         f.seek(p.stat().st_size - 22)
@@ -189,7 +207,30 @@ FILE_DAMAGE = {
     "zip-directory-broken": (_break_directory, "its end overwritten"),
     "directory-entry-zeroed": (_empty_pickle_entry, "record last/data.pkl disagrees with its zip directory entry"),
     "directory-entry-a-folder": (_tensor_entry_as_folder, "record last/data/0 is marked as a folder"),
+    # a CRC of 0 in both places is "none recorded" (crc32 off), in one of them damage
+    "directory-crc-zeroed": (_zero_directory_crc, "record last/data/0 disagrees with its zip directory entry"),
+    "descriptor-crc-zeroed": (_zero_descriptor_crc, "record last/data/0 disagrees with its zip directory entry"),
 }
+
+
+def _as_rank(monkeypatch, rank: int) -> None:
+    """This process as rank ``rank`` of a multi-process run: the environment a launcher gives it, and the rank
+    Lightning reads from it at import (``rank_zero_only.rank``, what cli/main.py asks)."""
+    from lightning.fabric.utilities.rank_zero import _get_rank, rank_zero_only
+
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("LOCAL_RANK", str(rank))
+    monkeypatch.setattr(rank_zero_only, "rank", _get_rank())
+
+
+def _every_rank_resumes_from(ckpt: Path, monkeypatch, capsys) -> set[str]:
+    """The checkpoints that ranks 0 and 1 resume from with ``--resume_intact true`` (a set of one when they agree)."""
+    picked = set()
+    for rank in (0, 1):
+        _as_rank(monkeypatch, rank)
+        picked.add(intact_checkpoint(str(ckpt), use_intact=True))
+    capsys.readouterr()
+    return picked
 
 
 def _one_line(ckpt: Path, capsys) -> str:
@@ -202,7 +243,7 @@ def _one_line(ckpt: Path, capsys) -> str:
 
 
 @pytest.mark.parametrize("kind", list(FILE_DAMAGE))
-def test_damaged_file_is_one_line_naming_the_newest_intact(tmp_path, capsys, kind):
+def test_damaged_file_is_one_line_naming_the_newest_intact(tmp_path, capsys, monkeypatch, kind):
     """Each way a single-file checkpoint is found damaged (the probe's 1 MB zeroed in the middle ended in a 58-line
     traceback) stops in one line naming the damage and the newest intact checkpoint, before Lightning reads it."""
     ckpts = tmp_path / "checkpoints"
@@ -222,6 +263,33 @@ def test_damaged_file_is_one_line_naming_the_newest_intact(tmp_path, capsys, kin
     assert f"the newest intact checkpoint there is {older}: pass --ckpt_path {older}" in err
     assert intact_checkpoint(str(last), use_intact=True) == str(older)
     assert f"using the newest intact checkpoint {older}" in capsys.readouterr().err
+    # every rank picks the same one (rank 1 checked the structure only and kept last.ckpt after a flipped byte)
+    assert _every_rank_resumes_from(last, monkeypatch, capsys) == {str(older)}
+
+
+def test_file_saved_without_crcs_is_intact(tmp_path, monkeypatch, capsys):
+    """``torch.serialization.set_crc32_options(False)`` (a documented option: faster saves) writes CRC 0 for every
+    record, in the zip directory and in the data descriptor: no checksum recorded, not a damage. The structure is
+    still checked (a cut-short file is found)."""
+    older, last = tmp_path / "epoch=0-step=1.ckpt", tmp_path / "last.ckpt"
+    saved = {"state_dict": {"w": torch.arange(4096.0)}, "global_step": 2}
+    torch.save({**saved, "global_step": 1}, older)
+    os.utime(older, (1_000_000, 1_000_000))
+    assert torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(False)
+    try:
+        torch.save(saved, last)
+    finally:
+        torch.serialization.set_crc32_options(True)
+    import zipfile
+
+    with zipfile.ZipFile(last) as z:
+        assert {i.CRC for i in z.infolist()} == {0}
+    assert damage(last) is None and damage(last, contents=False) is None
+    assert _same(saved, torch.load(last, weights_only=False))
+    assert _every_rank_resumes_from(last, monkeypatch, capsys) == {str(last)}
+    _truncate(last)
+    assert "truncated" in damage(last) and _every_rank_resumes_from(last, monkeypatch, capsys) == {str(older)}
 
 
 def _same(a, b) -> bool:
@@ -278,7 +346,7 @@ DCP_DAMAGE = {
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 @pytest.mark.parametrize("kind", list(DCP_DAMAGE))
-def test_damaged_distributed_checkpoint_is_one_line_naming_the_newest_intact(tmp_path, capsys, kind):
+def test_damaged_distributed_checkpoint_is_one_line_naming_the_newest_intact(tmp_path, capsys, monkeypatch, kind):
     """A distributed checkpoint carries the CRC-32 of every file (``checksums.json``, written at save): a shard with
     changed bytes is found as a missing one is."""
     strategy, ckpts = FSDP2Strategy(), tmp_path / "checkpoints"
@@ -294,8 +362,9 @@ def test_damaged_distributed_checkpoint_is_one_line_naming_the_newest_intact(tmp
     assert f"--ckpt_path {last} is damaged: " in err and reason in err
     assert f"the newest intact checkpoint there is {older}: pass --ckpt_path {older}" in err
     assert intact_checkpoint(str(last), use_intact=True) == str(older)
-    if "flipped" in kind:  # ranks other than 0 leave the bytes to rank 0
+    if "flipped" in kind:  # the structure is whole: only the bytes show it
         assert damage(last, contents=False) is None
+    assert _every_rank_resumes_from(last, monkeypatch, capsys) == {str(older)}
 
 
 def _killed_save(path: Path, systmp: Path) -> int:
@@ -314,29 +383,38 @@ def _killed_save(path: Path, systmp: Path) -> int:
     return pid
 
 
-def test_a_killed_single_file_save_leaves_its_temp_beside_the_checkpoint_and_a_start_removes_it(tmp_path, monkeypatch):
+def test_a_killed_single_file_save_leaves_its_temp_beside_the_checkpoint_and_a_fit_removes_it(tmp_path, monkeypatch):
     """Lightning's own atomic save wrote into ``tempfile.mkstemp()`` (``/tmp``: gigabytes per kill at model size).
-    `BesideCheckpointIO` writes ``.last.ckpt.<pid>.tmp`` in the checkpoint's folder (a rename, never a copy, puts it
-    in place); a SIGKILL before the rename leaves that file and the previous ``last.ckpt``, and the next start removes
-    the file (its process is dead) in one log line, keeping a live process's."""
+    `BesideCheckpointIO` writes ``.last.ckpt.<host>.<pid>.tmp`` in the checkpoint's folder (a rename, never a copy,
+    puts it in place); a SIGKILL before the rename leaves that file and the previous ``last.ckpt``, and the next fit
+    removes the file (its process is dead) in one log line. Kept: a live process's, another machine's (a shared
+    filesystem: a pid there says nothing here), a user's ``.notes.2024.tmp``; and a start other than a fit removes
+    nothing."""
     ckpts, systmp = tmp_path / "checkpoints", tmp_path / "systmp"
     systmp.mkdir()
     last = ckpts / "last.ckpt"
     checkpoints.BesideCheckpointIO().save_checkpoint({"state_dict": {"w": torch.zeros(4)}, "global_step": 1}, last)
     pid = _killed_save(last, systmp)
     (partial,) = [p for p in ckpts.iterdir() if p.name != "last.ckpt"]
-    assert partial.name == f".last.ckpt.{pid}.tmp" and partial.stat().st_size > 2**20
+    here = checkpoints.host()
+    assert partial.name == f".last.ckpt.{here}.{pid}.tmp" and partial.stat().st_size > 2**20
     assert not list(systmp.iterdir()) and torch.load(last)["global_step"] == 1  # nothing in TMPDIR; the old one whole
 
-    live = ckpts / f".epoch=0-step=1.ckpt.{os.getppid()}.tmp"  # another run's save in progress: kept
-    live.write_bytes(b"PK")
+    live = ckpts / f".epoch=0-step=1.ckpt.{here}.{os.getppid()}.tmp"  # another run's save in progress: kept
+    elsewhere = ckpts / f".last.ckpt.other-machine.{pid}.tmp"  # pid is dead here, maybe not there: kept
+    notes = ckpts / ".notes.2024.tmp"
+    kept = sorted(p.name for p in (live, elsewhere, notes, last))
+    for p in (live, elsewhere, notes):
+        p.write_bytes(b"PK")
     logged = []
     monkeypatch.setattr("lightning.pytorch.utilities.rank_zero_info", logged.append)
     trainer = SimpleNamespace(strategy=SimpleNamespace(checkpoint_io=TorchCheckpointIO()),
                               checkpoint_callbacks=[SimpleNamespace(dirpath=str(ckpts))])  # fmt: skip
-    _checkpoint_temps(trainer)  # what the CLI does with every trainer it makes
+    _checkpoint_temps(trainer, clean=False)  # what the CLI does with the trainer of validate, test, predict
     assert isinstance(trainer.strategy.checkpoint_io, checkpoints.BesideCheckpointIO)
-    assert sorted(p.name for p in ckpts.iterdir()) == [live.name, "last.ckpt"]
+    assert partial.exists() and not logged
+    _checkpoint_temps(trainer, clean=True)  # ... and of a fit
+    assert sorted(p.name for p in ckpts.iterdir()) == kept
     assert logged == [
         f"removed 1 partial checkpoint file(s) (1.0 MB) that killed saves left in {ckpts}: {partial.name}"
     ]
@@ -379,9 +457,15 @@ def test_truncated_last_ckpt_is_one_line_and_resume_intact_uses_the_newest_intac
     assert f"--ckpt_path {last} is damaged: truncated" in err
     assert f"newest intact checkpoint there is {intact}: pass --ckpt_path {shlex.quote(str(intact))}" in err
 
+    if (pid := os.fork()) == 0:  # a process of this machine that is gone
+        os._exit(0)
+    os.waitpid(pid, 0)
+    stale = run / f"checkpoints/.last.ckpt.{checkpoints.host()}.{pid}.tmp"
+    stale.write_bytes(b"PK")
     main(_args(tiny_model_dir, rec_dir, run, "--ckpt_path", str(last), "--resume_intact", "true",
                "--trainer.max_steps", "3", *every, *_started(tmp_path)))  # fmt: skip
     assert f"using the newest intact checkpoint {intact}" in capsys.readouterr().err
+    assert not stale.exists()  # a fit removes what a killed save of this machine left
     assert json.loads((tmp_path / "steps.json").read_text()) == {"start": 2, "end": 3}
     assert damage(last) is None  # the resumed fit saved a whole one
 
