@@ -24,7 +24,6 @@ import json
 import logging
 import os
 import re
-import shlex
 import sys
 import warnings
 from pathlib import Path
@@ -56,7 +55,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 
 from cli.errors import ConfigError, config_key_error, explain, fail, init_flags, locate_value  # noqa: E402
 from cli.help import HelpFormatter, method_help_value, print_method_help  # noqa: E402
-from cli.resume_checks import finished_run_line, missing_checkpoint_line  # noqa: E402
+from cli.resume_checks import checkpoint_temps, finished_run_line, intact_checkpoint  # noqa: E402
 from cli.run_folder import RunEnd, choose_run_folder, print_end, remember_folder  # noqa: E402
 from cli.toy_checkpoints import missing_checkpoint_message  # noqa: E402
 from core.records import DataError  # noqa: E402
@@ -482,7 +481,9 @@ class SynGRPOCLI(LightningCLI):
         ckpt = cfg.get("ckpt_path") if cfg is not None else None
         if ckpt and ckpt not in ("last", "best", "hpc", "registry"):
             run = run_name(cfg.get("name"), cfg.get("method"))
-            cfg.ckpt_path = intact_checkpoint(str(ckpt), use_intact=bool(cfg.get("resume_intact")), run=run)
+            cfg.ckpt_path = intact_checkpoint(
+                str(ckpt), use_intact=bool(cfg.get("resume_intact")), run=run, run_root=RUN_ROOT
+            )
         self._apply_ckpt_hparams()
         cfg = self.config[sub] if sub == "fit" else None
         if cfg is not None and cfg.get("ckpt_path") and Path(cfg.ckpt_path).is_file():
@@ -527,7 +528,7 @@ class SynGRPOCLI(LightningCLI):
         named = [cb for cb in named if type(cb) not in listed_types]
         trainer = self._instantiate_trainer(config, extra + named)
         trainer.run_name = getattr(self, "run_name", None)
-        _checkpoint_temps(trainer, clean=self.subcommand == "fit")
+        checkpoint_temps(trainer, clean=self.subcommand == "fit")
         trainer.callbacks.insert(0, RunEnd())  # first: Ctrl-C's checkpoint exists before the others record it
         return trainer
 
@@ -545,65 +546,6 @@ class SynGRPOCLI(LightningCLI):
                 raise SystemExit(EXIT_CODES["interrupted"]) from None  # not 1, which the scheme keeps for a bug
             raise
         print_end(self.trainer, argv)
-
-
-def _checkpoint_temps(trainer: L.Trainer, clean: bool) -> None:
-    """Single-file saves write their temporary file beside the checkpoint (`BesideCheckpointIO`, not ``/tmp``), and
-    with ``clean`` (a fit: the subcommand that saves) what a killed save of this machine left in the checkpoint
-    folders is removed now, in one line (`remove_stale_temps`)."""
-    from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
-
-    from lightning_modules.checkpoints import remove_stale_temps, use_beside_temp
-
-    use_beside_temp(trainer.strategy)
-    if not clean or rank_zero_only.rank != 0:  # the launcher's rank (the strategy's is set at fit)
-        return
-    for folder in dict.fromkeys(cb.dirpath for cb in trainer.checkpoint_callbacks if cb.dirpath):
-        if removed := remove_stale_temps(Path(folder)):
-            mb = sum(size for _, size in removed) / 2**20
-            names = ", ".join(p.name for p, _ in removed)
-            what = f"{len(removed)} partial checkpoint file(s) ({mb:.1f} MB) that killed saves left"
-            rank_zero_info(f"removed {what} in {folder}: {names}")
-
-
-def intact_checkpoint(ckpt: str, *, use_intact: bool = False, run: str = "run") -> str:
-    """``ckpt`` when it is intact (lightning_modules/checkpoints.py: its structure, and every record's or shard's
-    checksum, read once, without loading a tensor). A damaged one (truncated, bytes changed, shards missing) or a
-    missing one (a save killed between two renames leaves a complete staging folder) stops with one line naming the
-    newest intact checkpoint in its folder; with ``use_intact`` (``--resume_intact``) that one is used.
-
-    Every rank of a multi-process run checks here (Lightning's launcher and torchrun start each with the command line).
-    With ``use_intact`` every rank reads the bytes: the answer is the checkpoint to load, and ranks that checked
-    differently (rank 0 the bytes, the others the structure) resumed from different checkpoints after one changed
-    byte. Without it only rank 0 reads them (a multi-GB checkpoint read once, not once per rank): the answer is
-    ``ckpt`` or a stop, and a damage that only the bytes show stops rank 0 and so the run (Lightning's launcher starts
-    the other ranks after this check; torchrun ends them when one fails), so no rank loads another checkpoint."""
-    from lightning.fabric.utilities.rank_zero import rank_zero_only
-
-    from lightning_modules.checkpoints import damage, newest_intact
-
-    path = Path(ckpt)
-    contents = use_intact or rank_zero_only.rank == 0
-    reason = damage(path, contents)
-    if reason is None:
-        return ckpt
-    intact = newest_intact(path.parent, skip=path, contents=contents)
-    if reason == "missing":
-        if intact is None:
-            fail(missing_checkpoint_line(ckpt, run, RUN_ROOT))  # the checkpoints that exist (cli/resume_checks.py)
-        what = f"--ckpt_path {ckpt}: no such file or folder"
-    else:
-        what = f"--ckpt_path {ckpt} is damaged: {reason}"
-    if intact is None:
-        fail(f"{what}; no intact checkpoint beside it in {path.parent}: pass another --ckpt_path or none")
-    if not use_intact:
-        fail(
-            f"{what}; the newest intact checkpoint there is {intact}: pass --ckpt_path {shlex.quote(str(intact))} "
-            "(or --resume_intact true to use it)"
-        )
-    if rank_zero_only.rank == 0:
-        print(f"warning: {what}; using the newest intact checkpoint {intact} (--resume_intact)", file=sys.stderr)
-    return str(intact)
 
 
 def _say_if_finished(ckpt: str, trainer: Any) -> None:

@@ -250,7 +250,7 @@ def damage(path: str | Path, contents: bool = True) -> str | None:
 
     ``contents=False`` skips reading the tensors' bytes (the records' CRCs but ``data.pkl``'s, the manifest's CRCs).
     What it finds ``contents=True`` finds too, so it serves only where a damage that the bytes alone show changes
-    nothing for this process (cli/main.py `intact_checkpoint`: the ranks other than 0, when a damaged checkpoint stops
+    nothing for this process (cli/resume_checks.py `intact_checkpoint`: the ranks other than 0, when a damaged checkpoint stops
     the run). Where the answer picks the checkpoint to load (``--resume_intact``), every rank must read the bytes:
     ranks that checked differently would resume from different checkpoints.
 

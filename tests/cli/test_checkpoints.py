@@ -20,7 +20,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from test_cli import _error  # one line on stderr, exit status 2
 
-from cli.main import _checkpoint_temps, intact_checkpoint, main
+from cli.main import checkpoint_temps, intact_checkpoint, main
 from lightning_modules import checkpoints
 from lightning_modules.checkpoints import damage, leftovers, staging_path
 from lightning_modules.models.fsdp import FSDP2Strategy
@@ -410,10 +410,10 @@ def test_a_killed_single_file_save_leaves_its_temp_beside_the_checkpoint_and_a_f
     monkeypatch.setattr("lightning.pytorch.utilities.rank_zero_info", logged.append)
     trainer = SimpleNamespace(strategy=SimpleNamespace(checkpoint_io=TorchCheckpointIO()),
                               checkpoint_callbacks=[SimpleNamespace(dirpath=str(ckpts))])  # fmt: skip
-    _checkpoint_temps(trainer, clean=False)  # what the CLI does with the trainer of validate, test, predict
+    checkpoint_temps(trainer, clean=False)  # what the CLI does with the trainer of validate, test, predict
     assert isinstance(trainer.strategy.checkpoint_io, checkpoints.BesideCheckpointIO)
     assert partial.exists() and not logged
-    _checkpoint_temps(trainer, clean=True)  # ... and of a fit
+    checkpoint_temps(trainer, clean=True)  # ... and of a fit
     assert sorted(p.name for p in ckpts.iterdir()) == kept
     assert logged == [
         f"removed 1 partial checkpoint file(s) (1.0 MB) that killed saves left in {ckpts}: {partial.name}"
