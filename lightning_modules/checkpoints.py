@@ -32,6 +32,8 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
+from core.processes import pid_alive
+
 STAGING = ".partial-"
 """``last.ckpt.partial-<id>``: a distributed checkpoint being written (complete only once it replaced ``last.ckpt``)."""
 ASIDE = ".old-"
@@ -161,16 +163,6 @@ def use_beside_temp(strategy: Any) -> None:
         strategy.checkpoint_io = BesideCheckpointIO()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True  # a live process of another user (or a number no process can have: kept, to be safe)
-    return True
-
-
 def remove_stale_temps(folder: Path) -> list[tuple[Path, int]]:
     """Remove the temporary files of single-file saves in ``folder`` (`TEMP`) that a process of this machine wrote and
     that is gone, or is this one (a container restarted under the same pid: nothing of this process is being saved
@@ -186,7 +178,7 @@ def remove_stale_temps(folder: Path) -> list[tuple[Path, int]]:
         if m is None or m["host"] != here or not p.is_file() or p.is_symlink():
             continue
         pid = int(m["pid"])
-        if pid != os.getpid() and _alive(pid):
+        if pid != os.getpid() and pid_alive(pid):
             continue
         size = p.stat().st_size
         p.unlink(missing_ok=True)

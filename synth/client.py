@@ -40,6 +40,7 @@ from typing import Any
 
 import httpx
 
+from core.processes import pid_alive
 from synth.api import ADMIN_CLIENT, Ack, Health, JobList, JobRequest, JobState, JobStatus, client_token, is_client_token
 
 log = logging.getLogger("synth.client")
@@ -493,16 +494,6 @@ _LOCAL_DIR = re.compile(rf"^{LOCAL_DIR_PREFIX}(?P<pid>[0-9]+)-")
 _own_local_dirs: set[str] = set()  # this process's running servers' folders
 
 
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True  # another user's live process (or a number no process can have): kept, to be safe
-    return True
-
-
 def remove_stale_local_dirs(parent: str | os.PathLike | None = None) -> list[Path]:
     """Remove the `LocalServer` folders in ``parent`` (default: the system temp folder) whose owner is gone: a killed
     trainer cannot remove its own. The owner is the pid in the name; a folder of this pid that none of this process's
@@ -516,7 +507,7 @@ def remove_stale_local_dirs(parent: str | os.PathLike | None = None) -> list[Pat
             if m is None or str(p) in _own_local_dirs or not p.is_dir() or p.is_symlink():
                 continue
             pid = int(m["pid"])
-            if pid != os.getpid() and _process_alive(pid):
+            if pid != os.getpid() and pid_alive(pid):
                 continue
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p)
