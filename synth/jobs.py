@@ -35,7 +35,7 @@ from synth.api import (
     Timings,
     WorkerInfo,
 )
-from synth.beneath import LinkError, open_file, opened_dir, relative_parts, unlink_quietly
+from synth.beneath import LinkError, open_file, opened_dir, relative_parts
 from synth.config import ServerConfig
 from synth.inputs import ApiError, PreparedInput, file_identity, open_output
 
@@ -56,13 +56,18 @@ def temp_path(output_path: str, uid: str) -> str:
     return os.path.join(head, f".{name}.{uid}.tmp")
 
 
-def _unlink_below(output_dir: Path, path: str | None) -> None:
-    """Remove a file the server or a worker wrote below ``output_dir``, reaching it without following a link."""
+def _unlink_below(output_dir: Path, path: str | None) -> bool:
+    """Remove a file the server or a worker wrote below ``output_dir``, reaching it without following a link; whether
+    a file was removed (not when a link stood on the way, or the file was gone or could not be removed)."""
     parts = relative_parts(path, output_dir) if path else None
     if not parts:
-        return
-    with contextlib.suppress(FileNotFoundError, LinkError), opened_dir(output_dir, parts[:-1]) as d:
-        unlink_quietly(d, parts[-1])
+        return False
+    try:
+        with opened_dir(output_dir, parts[:-1]) as d:
+            os.unlink(parts[-1], dir_fd=d)
+    except (FileNotFoundError, LinkError, PermissionError):
+        return False
+    return True
 
 
 def _publish(output_dir: Path, tmp_path: str, output_path: str, written: tuple[int, ...] | None) -> tuple[int, ...]:
@@ -187,8 +192,7 @@ class JobManager:
         for folder in folders:
             for entry in os.scandir(folder):
                 if TEMP_NAME.match(entry.name) and entry.is_file(follow_symlinks=False):
-                    _unlink_below(self.output_dir, entry.path)
-                    n += 1
+                    n += _unlink_below(self.output_dir, entry.path)
         if n:
             log.warning("removed %d temp files left in %s by an earlier run", n, self.output_dir)
         return n
