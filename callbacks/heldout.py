@@ -1,5 +1,6 @@
 """The toy run's held-out summary: greedy Acc@0.5 of the policy before and after training on the toy yardstick's
-fixed splits, printed when the fit ends (`make train` adds it through ``configs/overlays/heldout_summary.yaml``)::
+fixed splits, among the lines the run ends with (`summary_lines`, printed by `cli.run_folder.end_lines` after the
+loggers' output; `make train` adds it through ``configs/overlays/heldout_summary.yaml``)::
 
     held-out greedy Acc@0.5 (512 toy scenes each of val + ood, seed 0; 95% CI: Wilson per figure, paired bootstrap
     over the scenes for the change):
@@ -125,7 +126,6 @@ class HeldOutSummary(Callback):
                 f"  {s} {100 * self.start[s]:.1f} {_pct(ci['start'])} -> {100 * self.final[s]:.1f} "
                 f"{_pct(ci['final'])}  change {change}"
             )
-        print("\n".join(self.lines), flush=True)
         record = {
             "what": self._what(),
             "metric": "greedy Acc@0.5",

@@ -229,11 +229,10 @@ def config_key_error(message: str, config_files: Sequence[str], argv: Sequence[s
     file, line, written = hit
     close = difflib.get_close_matches("--" + ".".join(path), known_flags, n=1, cutoff=0.75)
     hint = f" (did you mean {close[0].rsplit('.', 1)[-1]}?)" if close else ""
+    if path[0] not in ("model", "data"):
+        return f"{file}:{line}: unknown key {'.'.join(written)}{hint}; `python train.py fit --help` lists the keys"
     where = ".".join(written[:-1])
-    return (
-        f"{file}:{line}: unknown key {written[-1]}" + (f" under {where}" if where else "") + f"{hint}; "
-        f"`python train.py fit --{'model.method' if path[:2] == ['model', 'method'] else path[0]}.help CLASS` lists "
-        "the keys"
-        if path[0] in ("model", "data")
-        else f"{file}:{line}: unknown key {'.'.join(written)}{hint}; `python train.py fit --help` lists the keys"
-    )
+    group = "model.method" if path[:2] == ["model", "method"] else path[0]
+    under = f" under {where}" if where else ""
+    lister = f"`python train.py fit --{group}.help CLASS` lists the keys"
+    return f"{file}:{line}: unknown key {written[-1]}{under}{hint}; {lister}"

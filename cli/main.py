@@ -71,8 +71,8 @@ Project options: --name / --method (the run and its folder outputs/<name>[-<meth
 (named callbacks: checkpoint, synthesis, metrics, gallery, results, progress, completions, predictions; null removes
 one). A module's own arguments: --model.help GRPOModule (or SFTModule); a method's: --model.method.help SynGRPO;
 data: --data.help SyntheticDataModule.
-Errors print one line and exit 2 (a flag or config), 3 (a data file) or 4 (a model that cannot be loaded)
-(docs/outputs.md, "Exit status"); --debug shows the traceback."""
+Errors print one line and exit 2 (a flag or config), 3 (a data file) or 4 (a model that cannot be loaded); Ctrl-C
+saves a checkpoint and exits 130 (docs/outputs.md, "Exit status"); --debug shows the traceback."""
 
 RUN_ROOT = "outputs"
 """Run folders go under this folder (relative to the working directory) unless --trainer.default_root_dir is set."""
@@ -484,21 +484,19 @@ class SynGRPOCLI(LightningCLI):
             cfg.ckpt_path = intact_checkpoint(
                 str(ckpt), use_intact=bool(cfg.get("resume_intact")), run=run, run_root=RUN_ROOT
             )
-        self._apply_ckpt_hparams()
-        cfg = self.config[sub] if sub == "fit" else None
-        if cfg is not None and cfg.get("ckpt_path") and Path(cfg.ckpt_path).is_file():
-            _say_if_finished(cfg.ckpt_path, cfg.get("trainer"))
-
-    def _apply_ckpt_hparams(self) -> None:
-        """As LightningCLI's ``_parse_ckpt_path``: the checkpoint's hyperparameters override the config's (a resume
-        trains what was trained), given as the module's ``init_args``; a checkpoint of the flat ``GRPOModule`` arguments
-        (before the typed groups) is read through `cli.migrate_config.migrate_init_args`."""
-        sub = self.config.get("subcommand")
         ckpt = self.config[sub].get("ckpt_path") if sub else None
         if not ckpt or not Path(ckpt).is_file():
             return
-        # memory-mapped: only the hyperparameters are read, not a multi-GB state dict
-        hparams = dict(torch.load(ckpt, weights_only=True, map_location="cpu", mmap=True).get("hyper_parameters") or {})
+        # memory-mapped, read once: the hyperparameters and the loop state, not a multi-GB state dict
+        state = torch.load(ckpt, weights_only=True, map_location="cpu", mmap=True)
+        self._apply_ckpt_hparams(sub, ckpt, dict(state.get("hyper_parameters") or {}))
+        if sub == "fit":
+            _say_if_finished(ckpt, state, self.config[sub].get("trainer"))
+
+    def _apply_ckpt_hparams(self, sub: str, ckpt: str, hparams: dict[str, Any]) -> None:
+        """As LightningCLI's ``_parse_ckpt_path``: the checkpoint's hyperparameters override the config's (a resume
+        trains what was trained), given as the module's ``init_args``; a checkpoint of the flat ``GRPOModule`` arguments
+        (before the typed groups) is read through `cli.migrate_config.migrate_init_args`."""
         hparams.pop("_instantiator", None)
         class_path = hparams.pop("_class_path", None)
         if not hparams or class_path is None:
@@ -548,12 +546,11 @@ class SynGRPOCLI(LightningCLI):
         print_end(self.trainer, argv)
 
 
-def _say_if_finished(ckpt: str, trainer: Any) -> None:
-    """One line on stderr when ``ckpt``'s run has reached the trainer's ``max_steps`` / ``max_epochs`` (a resume that
-    trains nothing would otherwise end with no word)."""
+def _say_if_finished(ckpt: str, state: dict[str, Any], trainer: Any) -> None:
+    """One line on stderr when ``ckpt``'s run (its loaded ``state``) has reached the trainer's ``max_steps`` /
+    ``max_epochs`` (a resume that trains nothing would otherwise end with no word)."""
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-    state = torch.load(ckpt, weights_only=True, map_location="cpu", mmap=True)  # memory-mapped: no tensors read
     line = finished_run_line(ckpt, {k: state.get(k) for k in ("epoch", "global_step", "loops")}, trainer)
     if line and rank_zero_only.rank == 0:
         print(f"note: {line}", file=sys.stderr, flush=True)

@@ -22,7 +22,8 @@ SHOWN = 5
 
 def existing_checkpoints(missing: str | Path, run: str, run_root: str = "outputs") -> tuple[str, list[Path]]:
     """(where, checkpoints) to name for a ``--ckpt_path`` that does not exist: those of its own folder, else those of
-    the run's folder (``outputs/<run>/checkpoints``), else every run's ``last.ckpt`` under ``run_root``, newest first."""
+    the run's folder (``outputs/<run>/checkpoints``), else every run's ``last.ckpt`` under ``run_root``, newest
+    first."""
     from lightning_modules.checkpoints import candidates
 
     own = Path(missing).parent

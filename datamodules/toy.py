@@ -43,7 +43,7 @@ from core.toy.grammar import OBJECT_COLOURS, SHAPES, SIZE_FRACTIONS, SIZES, Desc
 from core.toy.query import NP, _descs, decompose, format_query, parse_query, resolve
 from core.toy.scene import difficulty, first_free_square, guard_description, target_index
 from datamodules.edit_plans import edit_query
-from datamodules.toy_export import atomic_write, claim, export_rows, reusable  # noqa: F401 (reusable: its old home)
+from datamodules.toy_export import atomic_write, claim, export_rows
 
 TOY_VERSION = 1
 """Bump when the generator's output changes, so exported splits with a stale manifest are regenerated."""
@@ -644,7 +644,8 @@ def export_offline_descriptions(
         for _ in range(per_sample):
             text = guard_description(str(grammar.random_description(rng)), rec.get("meta") or {})
             lines.append(json.dumps({"sample_id": rec["id"], "description": text}) + "\n")
-    atomic_write(claim(path.parent) / path.name, lambda tmp: tmp.write_text("".join(lines)))
+    claim(path.parent)  # a folder of other files stops it here
+    atomic_write(path, lambda tmp: tmp.write_text("".join(lines)))
     return path
 
 

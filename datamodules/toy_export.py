@@ -66,7 +66,7 @@ def claim(folder: str | Path, flag: str = "--data.init_args.data_root") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     marker = folder / MARKER
     if not marker.is_file():
-        marker.write_text("Written by the project's toy world exports (datamodules/toy_folder.py), which rewrite it.\n")
+        marker.write_text("Written by the project's toy world exports (datamodules/toy_export.py), which rewrite it.\n")
     return folder
 
 

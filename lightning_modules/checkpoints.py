@@ -242,9 +242,9 @@ def damage(path: str | Path, contents: bool = True) -> str | None:
 
     ``contents=False`` skips reading the tensors' bytes (the records' CRCs but ``data.pkl``'s, the manifest's CRCs).
     What it finds ``contents=True`` finds too, so it serves only where a damage that the bytes alone show changes
-    nothing for this process (cli/resume_checks.py `intact_checkpoint`: the ranks other than 0, when a damaged checkpoint stops
-    the run). Where the answer picks the checkpoint to load (``--resume_intact``), every rank must read the bytes:
-    ranks that checked differently would resume from different checkpoints.
+    nothing for this process (cli/resume_checks.py `intact_checkpoint`: the ranks other than 0, when a damaged
+    checkpoint stops the run). Where the answer picks the checkpoint to load (``--resume_intact``), every rank must
+    read the bytes: ranks that checked differently would resume from different checkpoints.
 
     A record whose CRC-32 is 0 both in the zip directory and in its own header or data descriptor has no checksum
     (``torch.serialization.set_crc32_options(False)`` saves every record so): its bytes are read (a truncated record is

@@ -639,7 +639,8 @@ class JobManager:
             )
 
     def _client_counts(self, client: str | None) -> dict[str, int]:
-        """Jobs held by state: every client's (None, the admin's view), else only ``client``'s (caller holds the lock)."""
+        """Jobs held by state: every client's (None, the admin's view), else only ``client``'s (caller holds the
+        lock)."""
         if client is None:
             return {s.value: self._counts[s.value] for s in JobState}
         counts = collections.Counter(job.state.value for (c, _), job in self._jobs.items() if c == client)

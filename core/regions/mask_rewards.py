@@ -75,7 +75,6 @@ __all__ = [
     "released_grounding_reward",
     "released_no_repeat_3gram",
     "released_no_target_reward",
-    "repository_caption_reward",
     "repository_grounding_reward",
     "repository_has_region",
     "repository_no_mask_repeat",
@@ -284,12 +283,6 @@ def repository_no_target_check(response: str) -> float:
 def repository_no_target_reward(response: str) -> float:
     """A ``gres_no_target`` row: ``no_target_check_bbox + non_repeat_reward`` on the whole response."""
     return repository_no_target_check(response) + repository_no_mask_repeat(response)
-
-
-def repository_caption_reward(mean_s: float, response: str, weight: float = RELEASED_IOU_WEIGHT) -> float:
-    """``released_caption_reward`` on the whole response (the repository checks ``reward_input["response"]``, think
-    part included)."""
-    return released_caption_reward(mean_s, response, weight)
 
 
 def repository_grounding_reward(s: float, mean_s: float, response: str, weight: float = RELEASED_IOU_WEIGHT) -> float:

@@ -35,7 +35,6 @@ from core.regions.mask_rewards import (
     released_caption_reward,
     released_grounding_reward,
     released_no_target_reward,
-    repository_caption_reward,
     repository_grounding_reward,
     repository_no_mask_repeat,
     repository_no_target_check,
@@ -128,7 +127,7 @@ def repository_rows(texts: Sequence[str], gt_texts: Sequence[str], n: int, k: in
         for i in range(n_cap)
     ]
     means = [sum(row) / k for row in s]
-    r_cap = [repository_caption_reward(m, t) for m, t in zip(means, caps)]
+    r_cap = [released_caption_reward(m, t) for m, t in zip(means, caps)]  # on the whole response, think part too
     r_loc = [
         [repository_grounding_reward(v, means[i], texts[n_cap + i * k + j]) for j, v in enumerate(s[i])]
         for i in range(n_cap)

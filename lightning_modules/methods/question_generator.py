@@ -280,9 +280,9 @@ class QuestionGenerator(Method):
         image_similarity: ``clip`` (the seed's) or ``toy``: `question_rewards.toy_similarity` of the source and the
             edited toy image stands in for CLIP (no weights; a row without a toy scene gets ``no_clip``).
         partition: ``per_round`` (the seed's): the round's rows (Q's fit: its training rows, given by the `RoundRows`
-            callback; the edit stage: D_k's; `use_rows`) split exactly, ``int(image_share * n + 0.5)`` image rows, seed ``partition_seed +
-            partition_round`` (`core.coevolution.split_image_rows`); a row outside them (validation, prediction)
-            takes the fixed draw. ``fixed``: per row id, the same in every round (`core.coevolution.edit_kind` with
+            callback; the edit stage: D_k's; `use_rows`) split exactly, ``int(image_share * n + 0.5)`` image rows,
+            seed ``partition_seed + partition_round`` (`core.coevolution.split_image_rows`); a row outside them
+            (validation, prediction) takes the fixed draw. ``fixed``: per row id, the same in every round (`core.coevolution.edit_kind` with
             ``partition_seed``; ``image_share`` in expectation).
         partition_round: the round k whose partition this is (the rounds set it: Q_k's fit k, the build of D_{k+1}
             k + 1, as the seed's scripts).

@@ -33,6 +33,7 @@ only the ``hf`` engine goes through the normal forward (the ``fast`` engine call
 from __future__ import annotations
 
 import contextlib
+import re
 import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -41,6 +42,9 @@ from typing import Any
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
 from torch import nn
+
+_SHARD = re.compile(r"__(\d+)_")
+"""A DCP shard file name, ``__<writing rank>_<n>.distcp``."""
 
 
 class FSDP2Strategy(ModelParallelStrategy):
@@ -66,8 +70,8 @@ class FSDP2Strategy(ModelParallelStrategy):
         """A distributed checkpoint is written into a staging folder beside ``filepath`` and switched into place only
         once every rank has written its shard and rank 0 ``meta.pt`` and the checksums of every file
         (``checksums.json``, verified before a resume): a kill mid-save (minutes for a 7B run) leaves the previous
-        checkpoint whole and a staging folder that the next save removes (lightning_modules/checkpoints.py). A single file (``save_distributed_checkpoint=False``) is Lightning's own
-        atomic save."""
+        checkpoint whole and a staging folder that the next save removes (lightning_modules/checkpoints.py). A single
+        file (``save_distributed_checkpoint=False``) is Lightning's own atomic save."""
         if not self._save_distributed_checkpoint:
             return super().save_checkpoint(checkpoint, filepath, storage_options)
         from lightning_modules.checkpoints import staging_path, switch, write_manifest
@@ -85,8 +89,10 @@ class FSDP2Strategy(ModelParallelStrategy):
         self.barrier("FSDP2Strategy.save_checkpoint: switched")
 
     def _checksums(self, staging: Path) -> dict[str, list]:
-        """The CRC-32 of every file of the staging folder, each rank reading its share (rank 0 lists the files: one
-        listing, whatever a network filesystem's directory cache shows the others) and rank 0 receiving them all."""
+        """The CRC-32 of every file of the staging folder, each rank reading the shards it wrote (DCP names them
+        ``__<rank>_<n>.distcp``: just written, they are likely in its page cache, and no rank reads another's over a
+        network filesystem) and rank 0 the rest; rank 0 lists the files (one listing, whatever a network filesystem's
+        directory cache shows the others) and receives every rank's sums."""
         import torch.distributed as dist
 
         from lightning_modules.checkpoints import checksums
@@ -95,8 +101,9 @@ class FSDP2Strategy(ModelParallelStrategy):
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return checksums(staging, names)
         rank, world = dist.get_rank(), dist.get_world_size()
+        own = [n for n in names if (int(m[1]) % world if (m := _SHARD.match(n)) else 0) == rank]
         shares: list[Any] = [None] * world
-        dist.all_gather_object(shares, checksums(staging, names[rank::world]))
+        dist.all_gather_object(shares, checksums(staging, own))
         return {name: s for share in shares for name, s in share.items()}
 
     def _write_staging(self, checkpoint: dict[str, Any], staging: Path, storage_options: Any = None) -> None:

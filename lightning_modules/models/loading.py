@@ -48,8 +48,8 @@ class PolicyArgs:
         freeze_vision: keep the vision tower's weights fixed (no gradient, no optimizer state; Generalized CycleGRPO
             freezes it).
         mask_tokens: add CycleGRPO's 514 mask tokens (``<|mt_start|>``, ``<|mt_0000|>``..``<|mt_0511|>``,
-            ``<|mt_end|>``: the repository's id order) to the tokenizer and the embeddings, new rows at the mean of the old ones
-            (``models/mask_tokenizer/vocab.py``; a no-op for a checkpoint that already has them).
+            ``<|mt_end|>``: the repository's id order) to the tokenizer and the embeddings, new rows at the mean of the
+            old ones (``models/mask_tokenizer/vocab.py``; a no-op for a checkpoint that already has them).
     """
 
     model_name_or_path: str = "checkpoints/toy-qwen2.5-vl"
