@@ -25,7 +25,7 @@ and groundingsuite; ``BENCHMARK_MODULES`` add the others (``cli/evaluate_regions
 
 GRES / GroundingSuite read the benchmark (``datamodules/gres.py``), answer each expression greedily with the policy
 under the released question (``--template``), decode the answer's mask tokens with the mask tokenizer and score the
-masks (``lightning_modules/evaluation/benchmarks.py``: GRES gIoU / cIoU / N-acc / T-acc; GroundingSuite gIoU per
+masks (``evals/benchmarks.py``: GRES gIoU / cIoU / N-acc / T-acc; GroundingSuite gIoU per
 class). A data defect exits 3 with the file and row; a flag mistake or a missing file exits 2; an unreachable judge
 under ``--judge-on-failure raise`` exits 4.
 """
@@ -36,6 +36,7 @@ import argparse
 import importlib
 import sys
 
+from cli.errors import fail
 from cli.evaluate_common import (
     add_run_flags,
     check_run_flags,
@@ -44,6 +45,10 @@ from cli.evaluate_common import (
     run_info,
     take_shard,
 )
+from core.records import DataError
+from datamodules.gres import read_gres, read_groundingsuite
+from evals.benchmarks import evaluate_benchmark, load_mask_tokenizer, read_predictions
+from lightning_modules.models.prompts import PROMPT_TEMPLATES
 
 BENCHMARK_MODULES: tuple[str, ...] = ("cli.evaluate_video", "cli.evaluate_regions", "cli.evaluate_captions")
 """Modules that add more benchmarks: each has ``register(subparsers)``, which adds its sub-commands with
@@ -78,9 +83,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cli.errors import fail
-    from core.records import DataError
-
     args = _parser().parse_args(argv)
     command = "python -m cli.evaluate " + " ".join(sys.argv[1:] if argv is None else argv)
     try:
@@ -93,12 +95,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _masks(args: argparse.Namespace, command: str) -> int:
     """GRES / GroundingSuite: the policy's mask tokens decoded and scored."""
-    from cli.errors import fail
-
     shard = check_run_flags(args, args.benchmark, ("--mask-tokenizer", "to decode the answers' mask tokens"))
     template, budget = DEFAULTS[args.benchmark]
     template = args.template or template
-    from lightning_modules.models.prompts import PROMPT_TEMPLATES
 
     if template not in PROMPT_TEMPLATES:
         fail(f"--template {template!r} is not a prompt template; one of {sorted(PROMPT_TEMPLATES)}")
@@ -108,9 +107,6 @@ def _masks(args: argparse.Namespace, command: str) -> int:
 def _run(
     args: argparse.Namespace, template: str, max_new_tokens: int, command: str, shard: tuple[int, int] | None
 ) -> int:
-    from datamodules.gres import read_gres, read_groundingsuite
-    from lightning_modules.evaluation.benchmarks import evaluate_benchmark, load_mask_tokenizer, read_predictions
-
     if args.benchmark == "gres":
         records = read_gres(args.grefs, args.instances, args.image_root, args.split, max_samples=args.max_samples)
     else:

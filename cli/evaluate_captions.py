@@ -8,7 +8,7 @@ through its ``BENCHMARK_MODULES``).
         --judge-url http://127.0.0.1:8000/v1 --out results/dlc_again.json     # re-judge saved captions
     python -m cli.evaluate dlc-bench ... --predictions model_outputs/release_cache.json ...   # the release's captions
 
-DLC-Bench (`lightning_modules/evaluation/dlc_bench.py`): the policy captions each region (its mask written as a
+DLC-Bench (`evals/dlc_bench.py`): the policy captions each region (its mask written as a
 mask-token span by the mask tokenizer), a text-only judge answers the benchmark's questions from the caption, and the
 scores are the benchmark's (positive, negative, their average). Writes ``<out stem>.predictions.jsonl`` (captions and
 the judge's answers), which ``--predictions`` judges again. A data defect exits 3 with the file and key, a flag
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from cli.errors import fail
 from cli.evaluate_common import (
     NEEDS_MASK_TOKENIZER,
     add_judge_flags,
@@ -32,6 +33,8 @@ from cli.evaluate_common import (
     take_shard,
     with_judge,
 )
+from evals.benchmarks import load_mask_tokenizer
+from evals.dlc_bench import DLC_MAX_NEW_TOKENS, evaluate_dlc, read_dlc_bench, read_dlc_predictions
 
 __all__ = ["register"]
 
@@ -57,15 +60,6 @@ def register(sub: Any) -> None:
 
 
 def _dlc(args: argparse.Namespace, command: str) -> int:
-    from cli.errors import fail
-    from lightning_modules.evaluation.benchmarks import load_mask_tokenizer
-    from lightning_modules.evaluation.dlc_bench import (
-        DLC_MAX_NEW_TOKENS,
-        evaluate_dlc,
-        read_dlc_bench,
-        read_dlc_predictions,
-    )
-
     shard = check_run_flags(args, "dlc-bench", NEEDS_MASK_TOKENIZER)
     if args.judge_url is None:
         fail("cli.evaluate dlc-bench needs --judge-url: a text-only LLM judge answers the benchmark's questions "

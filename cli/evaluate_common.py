@@ -19,6 +19,11 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from cli.errors import fail
+from lightning_modules.judge import JudgeClient, JudgeConfig, JudgeUnavailable
+from lightning_modules.models.loading import load_policy
+from lightning_modules.models.mask_tokenizer.vocab import add_mask_tokens
+
 __all__ = [
     "NEEDS_MASK_TOKENIZER",
     "add_judge_flags",
@@ -84,8 +89,6 @@ def add_judge_flags(p: argparse.ArgumentParser, *, url_help: str, failure_help: 
 
 def parse_shard(text: str) -> tuple[int, int]:
     """``--shard I/N`` as ``(I, N)``; a malformed one exits 2 with its line."""
-    from cli.errors import fail
-
     try:
         i, n = (int(v) for v in text.split("/"))
     except ValueError:
@@ -108,8 +111,6 @@ def check_run_flags(
     ``policy_needs`` is ``(flag, why)`` for a flag that ``--policy`` cannot run without, e.g. ``("--mask-tokenizer",
     "to decode the answers' mask tokens")``.
     """
-    from cli.errors import fail
-
     if (args.policy is None) == (args.predictions is None):
         fail(f"cli.evaluate {name}: give --policy (run the policy) or --predictions (score a file), one")
     if policy_needs is not None and args.policy is not None:
@@ -145,12 +146,8 @@ def load_policy_on_device(args: argparse.Namespace, info: dict[str, Any], mask_t
     for a policy that has them, so a fresh one can be run too)."""
     import torch
 
-    from lightning_modules.models.loading import load_policy
-
     model, processor = load_policy(args.policy, dtype=args.dtype)
     if mask_tokens:
-        from lightning_modules.models.mask_tokenizer.vocab import add_mask_tokens
-
         add_mask_tokens(model, processor)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device).eval()
@@ -165,8 +162,6 @@ def log_line(line: str) -> None:
 
 def open_judge(args: argparse.Namespace, max_tokens: int, max_concurrency: int = 4) -> Any:
     """A ``JudgeClient`` for ``--judge-url`` (None without one), with the ``--judge-*`` flags' settings."""
-    from lightning_modules.judge import JudgeClient, JudgeConfig
-
     if args.judge_url is None:
         return None
     cfg = JudgeConfig(
@@ -183,9 +178,6 @@ def open_judge(args: argparse.Namespace, max_tokens: int, max_concurrency: int =
 def with_judge(judge: Any, run: Callable[[Any], T]) -> T:
     """``run(judge)``, closing the judge afterwards; an unreachable judge under ``--judge-on-failure raise`` exits 4
     with its one line."""
-    from cli.errors import fail
-    from lightning_modules.judge import JudgeUnavailable
-
     try:
         return run(judge)
     except JudgeUnavailable as err:

@@ -10,9 +10,9 @@ its ``BENCHMARK_MODULES``).
     python -m cli.evaluate gar-bench ... --predictions release_output.json --out results/release.json
     python -m cli.evaluate gar-bench ... --shard 3/8 --out results/gar_3.json     # one GPU's share
 
-GCG (`lightning_modules/evaluation/gcg.py`): each GranD-f image asked the release's question, the caption, phrases
+GCG (`evals/gcg.py`): each GranD-f image asked the release's question, the caption, phrases
 and decoded masks scored as GLaMM does (AP50, mIoU, recall, CIDEr-D; METEOR a named gap). GAR-Bench VQA
-(`lightning_modules/evaluation/gar_bench.py`): each question asked with its regions written as mask-token spans by the
+(`evals/gar_bench.py`): each question asked with its regions written as mask-token spans by the
 mask tokenizer, scored by exact match per category. Both write ``<out stem>.predictions.jsonl``, which
 ``--predictions`` scores again; ``--predictions`` also reads the released scripts' outputs. A data defect exits 3
 with the file and row, a flag mistake 2.
@@ -32,6 +32,9 @@ from cli.evaluate_common import (
     run_info,
     take_shard,
 )
+from evals.benchmarks import load_mask_tokenizer
+from evals.gar_bench import GAR_MAX_NEW_TOKENS, evaluate_gar, read_gar_predictions, read_gar_vqa
+from evals.gcg import GCG_MAX_NEW_TOKENS, BertSimilarity, evaluate_gcg, read_gcg, read_gcg_predictions
 
 __all__ = ["register"]
 
@@ -54,15 +57,6 @@ def register(sub: Any) -> None:
 
 
 def _gcg(args: argparse.Namespace, command: str) -> int:
-    from lightning_modules.evaluation.benchmarks import load_mask_tokenizer
-    from lightning_modules.evaluation.gcg import (
-        GCG_MAX_NEW_TOKENS,
-        BertSimilarity,
-        evaluate_gcg,
-        read_gcg,
-        read_gcg_predictions,
-    )
-
     shard = check_run_flags(args, args.benchmark, NEEDS_MASK_TOKENIZER)
     records = take_shard(read_gcg(args.annotations, args.image_root, args.split, max_samples=args.max_samples), shard)
     budget = args.max_new_tokens or GCG_MAX_NEW_TOKENS
@@ -86,14 +80,6 @@ def _gcg(args: argparse.Namespace, command: str) -> int:
 
 
 def _gar(args: argparse.Namespace, command: str) -> int:
-    from lightning_modules.evaluation.benchmarks import load_mask_tokenizer
-    from lightning_modules.evaluation.gar_bench import (
-        GAR_MAX_NEW_TOKENS,
-        evaluate_gar,
-        read_gar_predictions,
-        read_gar_vqa,
-    )
-
     shard = check_run_flags(args, args.benchmark, NEEDS_MASK_TOKENIZER)
     records = take_shard(read_gar_vqa(args.data, args.image_root, max_samples=args.max_samples), shard)
     budget = args.max_new_tokens or GAR_MAX_NEW_TOKENS

@@ -7,9 +7,9 @@ entry of ``cli/evaluate.py``).
     python -m cli.evaluate vstar ... --predictions qwen2-5_answer.json --out results/vstar.json   # V-STaR's results
     python -m cli.evaluate dove --data dove.jsonl --video-root videos/ --policy CKPT --judge-url URL --out dove.json
 
-V-STaR (``lightning_modules/evaluation/vstar.py``): the policy answers each item's what / when / where questions in
+V-STaR (``evals/vstar.py``): the policy answers each item's what / when / where questions in
 both chain orders; mAM and mLGM as V-STaR's ``eval.py`` defines them (*what* rated by the judge, or by exact match
-without ``--judge-url``). DOVE (``lightning_modules/evaluation/dove.py``): the policy captions each occurrence of a
+without ``--judge-url``). DOVE (``evals/dove.py``): the policy captions each occurrence of a
 contrast group, a text-only judge answers the Order / State / Outcome probes from the caption alone; TEC per probe
 type, their macro average, and N/M. Both write the results to ``--out`` and every item's answers to
 ``<out stem>.predictions.jsonl``, which ``--predictions`` scores again (``--shard I/N`` runs every N-th item, for one
@@ -23,6 +23,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from cli.errors import fail
 from cli.evaluate_common import (
     add_judge_flags,
     add_run_flags,
@@ -34,6 +35,10 @@ from cli.evaluate_common import (
     take_shard,
     with_judge,
 )
+from evals.dove import evaluate_dove, read_dove, read_dove_predictions
+from evals.video_inputs import VideoIndex
+from evals.vstar import VSTAR_PROMPTS, evaluate_vstar, read_vstar, read_vstar_predictions
+from lightning_modules.models.prompts import PROMPT_TEMPLATES
 
 __all__ = ["register"]
 
@@ -79,8 +84,6 @@ def register(sub: Any) -> None:
 
 def _common(args: argparse.Namespace, name: str, command: str, **extra: Any) -> tuple[tuple[int, int] | None, dict]:
     """Flag checks shared by both benchmarks; the shard and the run's ``info`` (``extra`` is the benchmark's own)."""
-    from cli.errors import fail
-
     shard = check_run_flags(args, name, ("--video-root", "for the benchmark's videos"))
     if args.max_frames < 1:
         fail(f"--max-frames must be >= 1, got {args.max_frames}")
@@ -93,8 +96,6 @@ def _common(args: argparse.Namespace, name: str, command: str, **extra: Any) -> 
 def _inputs(args: argparse.Namespace, info: dict, read_predictions: Callable[[list[str]], dict]) -> dict[str, Any]:
     """The keyword arguments both ``evaluate_vstar`` and ``evaluate_dove`` take: the ``--predictions`` read by
     ``read_predictions``, or the policy on its device with the videos under ``--video-root``; the frame sampling."""
-    from lightning_modules.evaluation.video_inputs import VideoIndex
-
     model = processor = videos = predictions = None
     if args.predictions is not None:
         predictions = read_predictions(args.predictions)
@@ -109,9 +110,6 @@ def _inputs(args: argparse.Namespace, info: dict, read_predictions: Callable[[li
 
 
 def _vstar(args: argparse.Namespace, command: str) -> int:
-    from cli.errors import fail
-    from lightning_modules.evaluation.vstar import VSTAR_PROMPTS, evaluate_vstar, read_vstar, read_vstar_predictions
-
     if args.prompts not in VSTAR_PROMPTS:
         fail(f"--prompts {args.prompts!r}: one of {sorted(VSTAR_PROMPTS)}")
     shard, info = _common(args, "vstar", command, prompts=args.prompts)
@@ -132,10 +130,6 @@ def _vstar(args: argparse.Namespace, command: str) -> int:
 
 
 def _dove(args: argparse.Namespace, command: str) -> int:
-    from cli.errors import fail
-    from lightning_modules.evaluation.dove import evaluate_dove, read_dove, read_dove_predictions
-    from lightning_modules.models.prompts import PROMPT_TEMPLATES
-
     if args.caption_template not in PROMPT_TEMPLATES:
         fail(
             f"--caption-template {args.caption_template!r} is not a prompt template; one of {sorted(PROMPT_TEMPLATES)}"

@@ -52,6 +52,7 @@ from PIL import Image
 
 from core.records import DataError, Sample
 from core.regions.mask_tokens import format_mask, parse_masks
+from core.toy.masks import mask_box
 
 __all__ = [
     "REQUIRED_COLUMNS",
@@ -228,8 +229,6 @@ def row_sample(row: CycleRow, target: int | None = None, codec: Any = None) -> S
     boxes: list[list[float]] = []
     if codec is not None and codes:
         import numpy as np
-
-        from core.toy.masks import mask_box
 
         union = np.zeros((image.size[1], image.size[0]), dtype=bool)
         for pair in codes:

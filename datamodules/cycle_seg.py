@@ -36,10 +36,12 @@ import numpy as np
 
 from core.records import DataError, Sample
 from core.regions.mask_tokens import format_mask
+from core.toy.masks import object_masks
 from datamodules.cycle_parquet import CycleRow, read_cycle_parquet, row_sample
 from datamodules.gres import SegRecord, load_seg_sample, read_gres
 from datamodules.rec import RECDataModule, Record, cap_pixels, load_sample
 from datamodules.resumable import EpochSampler, ResumableLoader
+from datamodules.toy import ToySceneDataset
 
 __all__ = ["CycleSegDataModule", "CycleSegDataset", "EpochKeySampler", "GresFiles", "draw_target", "export_toy_parquet"]
 
@@ -204,9 +206,6 @@ def export_toy_parquet(path: str | Path, codec: Any, n: int = 8, seed: int = 0, 
     ``codec``: a mask tokenizer (``encode(image, mask, box) -> (c1, c2)``)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from core.toy.masks import object_masks
-    from datamodules.toy import ToySceneDataset
 
     path = Path(path)
     (path.parent / "images").mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from core.regions.boxes import box_intersection
 from core.toy import grammar
 from core.toy.edits import (
     ISOLATE_KIND,
@@ -220,8 +221,6 @@ def plan_inpaint(
     "Visual edits of real images"). What the painter draws in a region is not checked: the clutter is a difficulty,
     not a label.
     """
-    from core.regions.boxes import box_intersection
-
     if level < 1:
         return None
     w, h = int(size[0]), int(size[1])

@@ -38,6 +38,7 @@ from typing import Any, Literal
 import numpy as np
 from PIL import Image
 
+from core.boxes import extract_boxes, iou, rescale_box
 from core.toy.edits import ISOLATE_KIND, SUB_VISUAL_KIND, SUB_VISUAL_KINDS, VISUAL_KINDS, ZOOM_KIND, execute_job
 from core.toy.query import GUIDE_MARK, Step, decompose, guided_query
 from core.toy.scene import render_meta, target_index
@@ -84,8 +85,6 @@ _STEP_RE = re.compile(r"<step>(.*?)</step>", re.DOTALL)
 def parse_steps(text: str, answer_tag: str = "answer") -> list[list[float] | None]:
     """The boxes of the ``<step>...</step>`` parts written before the first ``<answer>``, in order; a step whose
     content holds no box is None (it breaks the prefix). Never raises."""
-    from core.boxes import extract_boxes
-
     if not isinstance(text, str):
         return []
     cut = text.find(f"<{answer_tag}>")
@@ -100,8 +99,6 @@ def parse_steps(text: str, answer_tag: str = "answer") -> list[list[float] | Non
 def prefix_credit(pred: Sequence[Sequence[float] | None], gold: Sequence[Sequence[float]], thr: float = 0.5) -> float:
     """Fraction of ``gold`` steps in the longest correct prefix: step k counts only if steps 1..k all reach IoU >=
     ``thr`` with their gold boxes, in order. 0 for no gold steps."""
-    from core.boxes import iou
-
     if not gold:
         return 0.0
     k = 0
@@ -143,8 +140,6 @@ def prefix_process_reward(
 def written_steps(text: str, input_wh: Any = None, orig_wh: Any = None) -> list[list[float] | None]:
     """``parse_steps`` of a completion, its boxes rescaled from the model input ``input_wh`` to original pixels
     ``orig_wh`` (as ``rec_accuracy_reward`` does; unscaled when either is None)."""
-    from core.boxes import rescale_box
-
     pred = parse_steps(text)
     if input_wh is None or orig_wh is None:
         return pred

@@ -12,7 +12,8 @@ defect (bad JSON, a missing or empty key, two images, a duplicate id, a missing 
 
 The answer model's prompt is the seed's (EasyR1's math format prompt): the problem, then "You FIRST think about the
 reasoning process as an internal monologue and then provide the final answer. The reasoning process MUST BE
-enclosed within <think> </think> tags. The final answer MUST BE put in \\boxed{}." (:func:`answer_prompt`).
+enclosed within <think> </think> tags. The final answer MUST BE put in \\boxed{}." (``core.math_prompts.answer_prompt``,
+which the methods that ask the answer model use too).
 """
 
 from __future__ import annotations
@@ -28,42 +29,21 @@ import lightning as L
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
+from core.math_prompts import answer_prompt
 from core.records import DataError, jsonl_objects
+from datamodules.resumable import EpochSampler, ResumableLoader
 from datamodules.toy_math import ToyMathSpec
 
 __all__ = [
-    "ANSWER_FORMAT",
     "ReasoningDataModule",
     "ReasoningDataset",
     "ReasoningRecord",
     "ReasoningSample",
-    "answer_prompt",
     "collate_reasoning",
     "load_reasoning_sample",
     "read_rows",
     "write_jsonl",
 ]
-
-ANSWER_FORMAT = (
-    "You FIRST think about the reasoning process as an internal monologue and then provide the final answer. "
-    "The reasoning process MUST BE enclosed within <think> </think> tags. The final answer MUST BE put in \\boxed{}."
-)
-"""The seed's format instruction for the answer model (appended to the problem)."""
-
-
-def answer_prompt(problem: str) -> str:
-    """The answer model's user text (the image is shown before it): the problem, a space, and :data:`ANSWER_FORMAT`.
-
-    As the seed builds it (EasyR1's ``RLHFDataset._build_messages`` with ``math_format.jinja``): the problem is
-    trimmed, and a leading ``<image>`` becomes the image, the text after it kept as it is ("<image>\\nIn the figure"
-    reads "\\nIn the figure" after the image). Any other ``<image>`` is removed (the seed would show the image there;
-    here it always comes first)."""
-    text = problem.strip()
-    if text.startswith("<image>"):
-        text = text[len("<image>") :]
-    elif "<image>" in text:
-        text = text.replace("<image>", "").strip()
-    return f"{text.replace('<image>', '')} {ANSWER_FORMAT}"
 
 
 @dataclass
@@ -344,7 +324,6 @@ class ReasoningDataModule(L.LightningDataModule):
     def train_dataloader(self):
         if self.train_set is None:
             raise DataError("no training data: set --data.train_files (or --data.toy for the toy math world)")
-        from datamodules.resumable import EpochSampler, ResumableLoader
 
         # resumable mid-epoch (a killed round's fit resumes with the batches it had not trained on, not epoch 0's)
         trainer = self.trainer  # LightningDataModule's attribute; None outside a fit

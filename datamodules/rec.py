@@ -25,6 +25,8 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from core.records import DataError, Sample
+from datamodules.resumable import EpochSampler, ResumableLoader
+from datamodules.toy import ToySceneDataset, export_jsonl, export_offline_descriptions
 
 
 @dataclass
@@ -286,8 +288,6 @@ class RECDataModule(L.LightningDataModule):
 
     def prepare_data(self) -> None:
         if self.toy is not None:
-            from datamodules.toy import export_jsonl, export_offline_descriptions
-
             for split, n in self.toy.splits.items():
                 if split == "train" and self.toy.render_train:
                     continue
@@ -316,8 +316,6 @@ class RECDataModule(L.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         if stage in (None, "fit") and self.train_set is None and self.toy is not None and self.toy.render_train:
-            from datamodules.toy import ToySceneDataset
-
             n = self.toy.splits.get("train", 0)
             if self.max_train_samples is not None:
                 n = min(n, self.max_train_samples)
@@ -379,8 +377,6 @@ class RECDataModule(L.LightningDataModule):
         return ds.records
 
     def _resumable_loader(self, dataset, collate_fn, persistent_workers: bool = True):
-        from datamodules.resumable import EpochSampler, ResumableLoader
-
         # LightningDataModule's attribute (``_trainer`` does not exist: every rank read rank 0's shard)
         trainer = self.trainer
         world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)

@@ -41,7 +41,7 @@ from core.coevolution import EDIT_KEYS
 from core.toy import grammar
 from core.toy_math.edits import BACKGROUNDS, InstructionError, edit_problem
 from core.toy_math.follow_up import FollowUp, parse_follow_up, random_follow_up
-from core.toy_math.world import LETTERS
+from core.toy_math.world import LETTERS, evaluate
 from datamodules.reasoning import (
     ReasoningDataModule,
     ReasoningDataset,
@@ -133,8 +133,6 @@ _EXPR = {"add": "{x} + {k}", "sub": "{x} - {k}", "mul": "{k} * {x}", "rsub": "{k
 def answer_reasoning(meta: dict[str, Any]) -> str:
     """The reasoning of a toy math row (its ``meta``: ``scene``, ``query``, ``follow_ups``): the base problem read off
     the scene, then for each follow-up ``So x = <x> and <x op k> = <y>.``"""
-    from core.toy_math.world import evaluate
-
     scene, query = meta["scene"], meta["query"]
     text, x = _base_reasoning(scene, query), evaluate(scene, query)
     for f in meta.get("follow_ups") or []:

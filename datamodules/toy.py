@@ -40,9 +40,11 @@ from PIL import Image
 from core.records import Sample
 from core.toy import grammar
 from core.toy.grammar import OBJECT_COLOURS, SHAPES, SIZE_FRACTIONS, SIZES, Description
+from core.toy.indoor import indoor_scene
 from core.toy.query import NP, _descs, decompose, format_query, parse_query, resolve
 from core.toy.scene import difficulty, first_free_square, guard_description, target_index
 from datamodules.edit_plans import edit_query
+from datamodules.evolve import Level, evolve
 from datamodules.toy_export import atomic_write, claim, export_rows
 
 TOY_VERSION = 1
@@ -457,8 +459,6 @@ def _draw_scene(split: str, index: int, seed: int, size: int, task: str, rng: np
 def _isr_scene(split: str, index: int, seed: int, size: int, rng: np.random.Generator) -> dict[str, Any]:
     """A toy ISR room (``core.toy.indoor``): the split is out-of-domain when its backgrounds are textured (``ood``,
     ``test_ood*``). The record is an OVD sample (``task: ovd``), as ``datamodules.isr`` writes rendered views."""
-    from core.toy.indoor import indoor_scene
-
     room = indoor_scene(rng, size, ood=set(SPLITS[split].backgrounds) <= set(grammar.TEXTURED_BACKGROUNDS))
     query, solution = room["query"], room["solution"]
     objects = [
@@ -546,8 +546,6 @@ class ToySceneDataset:
         image, query, meta = rec["image"], rec["meta"]["query"], rec["meta"]
         rng = np.random.default_rng([self.seed, index, 18])
         if self.evolve and boxes and rng.random() < self.evolve:  # an evolved version of the scene, when one exists
-            from datamodules.evolve import Level, evolve
-
             # relations and two hops (levels 3 and 5: the multi-step questions) twice as often as the other levels;
             # text edits three times as often as visual ones (the step format is what the stage teaches)
             level = Level(int(rng.choice(EVOLVE_LEVELS)), bool(rng.random() < 0.5))

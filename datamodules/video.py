@@ -31,6 +31,7 @@ from core.records import DataError
 from core.regions import NO_TARGET
 from core.video import VideoClip
 from datamodules.rec import RECDataModule, ToySpec
+from datamodules.toy_video import _check_args, export_jsonl, jsonl_path, load_frames, make_clip
 
 
 @dataclass
@@ -132,8 +133,6 @@ def read_video_jsonl(path: str | Path, root: str | Path | None = None) -> list[V
 
 
 def load_video_sample(rec: VideoRecord) -> VideoSample:
-    from datamodules.toy_video import load_frames
-
     try:
         frames = load_frames(rec.raw, rec.root)
     except FileNotFoundError as err:
@@ -181,8 +180,6 @@ class ToyClipDataset(Dataset):
     ``datamodules.toy.ToySceneDataset``: a long SFT run draws fresh clips in its loader workers)."""
 
     def __init__(self, split: str, n: int, seed: int, size: int = 112, num_frames: int = 16, fps: float = 2.0):
-        from datamodules.toy_video import _check_args
-
         _check_args(split, size, num_frames, fps)
         self.split, self.n, self.seed = split, n, seed
         self.size, self.num_frames, self.fps = size, num_frames, fps
@@ -191,8 +188,6 @@ class ToyClipDataset(Dataset):
         return self.n
 
     def __getitem__(self, index: int) -> VideoSample:
-        from datamodules.toy_video import make_clip
-
         if not 0 <= index < self.n:
             raise IndexError(f"clip {index} out of range for {self.n} {self.split} clips")
         rec = make_clip(self.split, index, self.seed, self.size, self.num_frames, self.fps)
@@ -256,8 +251,6 @@ class VideoGroundingDataModule(RECDataModule):
 
     def prepare_data(self) -> None:
         if self.toy is not None:
-            from datamodules.toy_video import export_jsonl
-
             t = self.toy
             for split, n in t.splits.items():
                 export_jsonl(self.data_root, split, n, t.seed, size=t.size, num_frames=t.num_frames, fps=t.fps)
@@ -397,8 +390,6 @@ class ImageVideoSFTDataModule(RECDataModule):
     def prepare_data(self) -> None:
         super().prepare_data()
         if self.video is not None and self.video.val:
-            from datamodules.toy_video import export_jsonl
-
             v = self.video
             export_jsonl(self.data_root, "val", v.val, v.seed, size=v.size, num_frames=v.num_frames, fps=v.fps)
 
@@ -410,8 +401,6 @@ class ImageVideoSFTDataModule(RECDataModule):
         if stage in (None, "fit") and self.clip_set is None:
             self.clip_set = ToyClipDataset("train", v.train, v.seed, v.size, v.num_frames, v.fps)
         if v.val and stage in (None, "fit", "validate") and v.val_name not in self.eval_sets["val"]:
-            from datamodules.toy_video import jsonl_path
-
             records = read_video_jsonl(jsonl_path(self.data_root, "val"), self.image_root)
             limit = v.val if self.max_eval_samples is None else min(v.val, self.max_eval_samples)
             self.eval_sets["val"][v.val_name] = VideoDataset(records[:limit])

@@ -37,6 +37,7 @@ from typing import Any, Literal, NamedTuple
 
 from core.coevolution import BRIDGE, EDIT_KEYS
 from core.math_grading import answers_match, extract_boxed, normalize_answer
+from core.toy.grammar import COLOURS, OBJECT_COLOURS
 
 __all__ = [
     "ClipSimilarity",
@@ -356,8 +357,6 @@ def toy_similarity(source: Any, edited: Any) -> float:
     Images of different sizes score 0.
     """
     import numpy as np
-
-    from core.toy.grammar import COLOURS, OBJECT_COLOURS
 
     a = np.asarray(source.convert("RGB"), dtype=np.int32)  # [H, W, 3]
     b = np.asarray(edited.convert("RGB"), dtype=np.int32)

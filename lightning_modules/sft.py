@@ -148,7 +148,7 @@ TARGETS = {
 def pair_prompt(processor, pair) -> str:
     """The chat prompt of a toy math SFT pair (``datamodules.sft_math.MathPair``): A's prompt as ``MathAnswer`` asks
     it, or Q's as ``QuestionGenerator`` does, so the math stage teaches what the EvolvedGRPO runs ask."""
-    from datamodules.reasoning import answer_prompt
+    from core.math_prompts import answer_prompt
     from lightning_modules.methods.math_answer import chat_prompt
     from lightning_modules.methods.question_generator import question_prompt
 

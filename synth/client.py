@@ -41,7 +41,18 @@ from typing import Any
 import httpx
 
 from core.processes import pid_alive
-from synth.api import ADMIN_CLIENT, Ack, Health, JobList, JobRequest, JobState, JobStatus, client_token, is_client_token
+from synth.api import (
+    ADMIN_CLIENT,
+    Ack,
+    Health,
+    JobList,
+    JobRequest,
+    JobState,
+    JobStatus,
+    Timings,
+    client_token,
+    is_client_token,
+)
 
 log = logging.getLogger("synth.client")
 
@@ -417,8 +428,6 @@ class AsyncSubmitter:
         return [o for o in pending if o is not None]
 
     def _reject(self, req: JobRequest, error: str) -> None:
-        from synth.api import Timings
-
         log.warning("synth job %s dropped: %s", req.job_id, error)
         status = JobStatus(
             job_id=req.job_id,

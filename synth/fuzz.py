@@ -19,6 +19,8 @@ from typing import Any
 
 import httpx
 
+from synth.api import client_token
+
 CHECK_NAMES = (
     "not_a_server_error",
     "status_code_conformance",
@@ -426,8 +428,6 @@ def fuzz_clients(
     The isolation report counts every marked job that was touched or vanished (the goal: 0)."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
-
-    from synth.api import client_token
 
     iso = IsolationReport()
     reports = {name: FuzzReport() for name in clients}

@@ -31,6 +31,10 @@ from typing import Any, Protocol
 import numpy as np
 from PIL import Image
 
+from core.toy import grammar
+from synth import random_instruct
+from synth.random_sdxl import build_random_sdxl_components
+
 
 @dataclass
 class PaintJob:
@@ -84,8 +88,6 @@ class ProceduralPainter:
         self._grammar = None
 
     def load(self) -> None:
-        from core.toy import grammar
-
         self._grammar = grammar
 
     def description_for(self, text: str):
@@ -254,8 +256,6 @@ class DiffusersOutpainter:
         if self.pipe is not None:
             return
         import diffusers
-
-        from synth.random_sdxl import build_random_sdxl_components
 
         dtype = self._torch_dtype()
         if self.tiny:
@@ -464,8 +464,6 @@ class InstructionEditPainter:
         diffusers.utils.logging.set_verbosity_error()
         dtype = self._torch_dtype()
         if self.tiny:
-            from synth import random_instruct
-
             build = (
                 random_instruct.build_random_qwen_image_edit_components
                 if self.pipeline_kind == "qwen_image_edit"

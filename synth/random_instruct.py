@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from synth.random_sdxl import SCHEDULER, TINY_TEXT, TINY_VAE, tiny_clip_tokenizer
+from synth.random_sdxl import SCHEDULER, TINY_TEXT, TINY_VAE, _bytes_to_unicode, tiny_clip_tokenizer
 
 TINY_PIX2PIX_UNET: dict[str, Any] = dict(
     block_out_channels=(32, 64),
@@ -81,8 +81,6 @@ def tiny_qwen_tokenizer():
     """A ``Qwen2Tokenizer`` that needs no files: the 256 byte characters, reserved filler ids up to 151643 and Qwen2's
     special tokens at their real ids (the pipeline's prompt template and the VL processor's image tokens need them)."""
     from transformers import Qwen2Tokenizer
-
-    from synth.random_sdxl import _bytes_to_unicode
 
     vocab = {c: i for i, c in enumerate(_bytes_to_unicode().values())}
     vocab.update({f"<|reserved_{i}|>": i for i in range(len(vocab), QWEN_FIRST_SPECIAL_ID)})

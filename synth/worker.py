@@ -28,6 +28,9 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from core.toy.edits import ZOOM_KIND, execute_job, zoom_array, zoom_box
+from core.toy.scene import foreground_mask
+from core.toy_math.edits import edit_problem, render
 from synth.beneath import open_file, opened_dir, relative_parts, unlink_quietly
 from synth.compose import (
     Audit,
@@ -283,9 +286,6 @@ def _toy_edit(item: dict[str, Any], image: Image.Image | Exception, masker) -> d
     A ``zoom`` step maps the boxes, and the audit's reference and foreground with them (``core.toy.edits.zoom_array``: the
     input's pixels repeated): the target's pixels must be the input's wherever the input's shape maps onto the
     re-drawn shape (the larger drawing adds edge pixels of its own, which are checked against the shape's colour)."""
-    from core.toy.edits import ZOOM_KIND, execute_job, zoom_array, zoom_box
-    from core.toy.scene import foreground_mask
-
     try:
         if isinstance(image, Exception):
             raise image
@@ -324,8 +324,6 @@ def _toy_math_edit(item: dict[str, Any], image: Image.Image | Exception, masker)
     scene; the instruction is executed on the scene, the problem's answer re-derived (an answer-changing or unknown
     instruction fails the job, so the caller keeps its row), and the edited scene re-rendered. No boxes: the audit
     checks the file as written against that render, pixel for pixel."""
-    from core.toy_math.edits import edit_problem, render
-
     try:
         if isinstance(image, Exception):
             raise image

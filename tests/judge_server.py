@@ -190,10 +190,10 @@ TOY_CHECKPOINT = str(Path(__file__).resolve().parents[1] / "checkpoints" / "toy-
 
 @contextmanager
 def running_toy_judge(path: str = TOY_CHECKPOINT, name: str = "judge", max_tokens: int = 16) -> Iterator[str]:
-    """The product's judge server (``lightning_modules/judge_server.py``, what ``python -m cli.judge_server`` runs)
+    """The product's judge server (``cli/judge_server.py``, what ``python -m cli.judge_server`` runs)
     over the toy checkpoint, in a thread; yields its base URL ``http://127.0.0.1:<port>/v1``. Its replies are whatever
     the toy model says."""
-    from lightning_modules.judge_server import build_app, load_generator
+    from cli.judge_server import build_app, load_generator
 
     gen = load_generator(path, name, dtype="fp32", device="cpu", max_tokens=max_tokens)
     with serve_in_thread(build_app(gen)) as url:

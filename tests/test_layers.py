@@ -1,10 +1,12 @@
 """The product's layout holds (docs/layout.md): imports go only downward through the layers, no import cycle, no
-product file over 700 lines.
+product file over 700 lines, and imports of project modules sit at the top of the module.
 
-Layers, lowest first: ``core`` < ``synth`` < ``datamodules`` < ``lightning_modules`` < ``callbacks`` < ``cli`` <
-``train.py``. A module may import its own layer and the ones below. The product is those packages and every in-repo
-module they import (found by reading the source: every ``import`` statement counts, the ones inside functions too).
-Pure AST, no imports of the project, a fraction of a second. Findings are reported per area (top-level package).
+Layers, lowest first: ``core`` < ``synth`` < ``datamodules`` < ``lightning_modules`` < ``callbacks`` < ``evals`` and
+``runner`` < ``cli`` < ``train.py``. A module may import its own layer and the ones below; two packages of one layer
+(``evals``, ``runner``) do not import each other. The product is those packages and every in-repo module they import
+(found by reading the source: every ``import`` statement counts, the ones inside functions too). An import of a project
+module inside a function is allowed only where ``LAZY`` names it (an optional heavy dependency). Pure AST, no imports
+of the project, a fraction of a second. Findings are reported per area (top-level package).
 """
 
 from __future__ import annotations
@@ -16,9 +18,25 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-LAYERS = {"core": 0, "synth": 1, "datamodules": 2, "lightning_modules": 3, "callbacks": 4, "cli": 5, "train": 6}
+LAYERS = {
+    "core": 0,
+    "synth": 1,
+    "datamodules": 2,
+    "lightning_modules": 3,
+    "callbacks": 4,
+    "evals": 5,
+    "runner": 5,
+    "cli": 6,
+    "train": 7,
+}
 ROOTS = tuple(LAYERS)
 MAX_LINES = 700
+LAZY = {
+    ("lightning_modules.engines.vllm_backend", "lightning_modules.engines.vllm_qwen"): "imports vllm at its top",
+}
+"""The imports of project modules allowed inside a function, ``(module, imported module): why``: only an optional heavy
+dependency (a module that imports vllm, diffusers, ... at its top), imported where it is used."""
+MAX_LAZY = 20
 SKIP_DIRS = {"tests", "experiments", "notebooks", "outputs", "checkpoints", "data", "build", "dist", "__pycache__"}
 
 
@@ -63,6 +81,36 @@ def _imports(path: Path, mod: str, known: dict[str, Path]) -> set[str]:
                 n = n.rpartition(".")[0]
             if n and n != mod:
                 out.add(n)
+    return out
+
+
+def _resolve(name: str, known: dict[str, Path]) -> str:
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def _lazy_imports(path: Path, mod: str, known: dict[str, Path]) -> list[tuple[int, str]]:
+    """``(line, project module)`` of every import statement inside a function body of ``path`` (the most specific
+    module each names: ``from a.b import c`` is ``a.b.c`` when that is a module, else ``a.b``)."""
+    pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+    out = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if in_function and isinstance(child, ast.Import):
+                out.extend((child.lineno, n) for a in child.names if (n := _resolve(a.name, known)))
+            elif in_function and isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    parts = pkg.split(".")
+                    parts = parts[: len(parts) - child.level + 1] if child.level > 1 else parts
+                    base = ".".join([p for p in parts if p] + ([base] if base else []))
+                names = {_resolve(f"{base}.{a.name}", known) for a in child.names} - {""}
+                out.extend((child.lineno, n) for n in sorted(names))
+            visit(child, in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda))
+
+    visit(ast.parse(path.read_text(encoding="utf-8")), False)
     return out
 
 
@@ -156,7 +204,8 @@ def _too_long(known, graph, area):
 
 def test_the_product_is_found(product):
     known, graph = product
-    assert {_area(m) for m in graph} >= set(LAYERS), sorted({_area(m) for m in graph})
+    present = {a for a in LAYERS if (REPO / a).is_dir() or (REPO / f"{a}.py").is_file()}
+    assert {_area(m) for m in graph} >= present, sorted({_area(m) for m in graph})
     assert len(graph) >= 30, f"only {len(graph)} product modules found"
 
 
@@ -165,6 +214,18 @@ def test_imports_go_only_downward(product, area):
     _, graph = product
     bad = _upward(graph, area)
     assert not bad, f"{area} imports a layer above it (docs/layout.md):\n" + "\n".join(bad)
+
+
+def test_packages_of_one_layer_do_not_import_each_other(product):
+    _, graph = product
+    bad = sorted(
+        f"{m} -> {n}"
+        for m, deps in graph.items()
+        for n in deps
+        if _area(m) in LAYERS and _area(n) in LAYERS and _area(m) != _area(n)
+        if LAYERS[_area(m)] == LAYERS[_area(n)]
+    )
+    assert not bad, "packages of one layer import each other (docs/layout.md):\n" + "\n".join(bad)
 
 
 def test_no_import_cycle_across_areas(product):
@@ -201,3 +262,22 @@ def test_core_imports_nothing_of_the_project_above_it(product):
     assert not bad, (
         "core is the low layer: it imports only the standard library and third-party packages\n" + "\n".join(bad)
     )
+
+
+def test_project_imports_sit_at_the_top_of_the_module(product):
+    """Inside a function only what ``LAZY`` lists (at most ``MAX_LAZY``); every entry of ``LAZY`` is still used."""
+    known, graph = product
+    found = {
+        (m, n): f"{known[m].relative_to(REPO)}:{line}: {n}"
+        for m in sorted(graph)
+        if _area(m) in LAYERS
+        for line, n in _lazy_imports(known[m], m, known)
+        if n != m
+    }
+    bad = [where for key, where in found.items() if key not in LAZY]
+    assert not bad, (
+        f"{len(bad)} imports of project modules inside functions: move them to the top of the module, or, for an "
+        "optional heavy dependency, name them in LAZY with the reason\n" + "\n".join(bad)
+    )
+    assert not set(LAZY) - set(found), f"LAZY names imports that are gone: {sorted(set(LAZY) - set(found))}"
+    assert len(LAZY) <= MAX_LAZY, f"{len(LAZY)} lazy imports allowed, the goal is at most {MAX_LAZY}"

@@ -19,8 +19,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from core.regions import NO_TARGET, region_space
+from datamodules import evolve
 from lightning_modules import rewards
 from lightning_modules.engines.base import RolloutEngine, RolloutRequest, Sampling, build_rollout_engine
+from lightning_modules.evaluation.cycle_metrics import RegionGroundingMetrics
+from lightning_modules.evaluation.metrics import DetectionMetrics, FormatRate, GroundingAccuracy, MeanIoU
 from lightning_modules.models.prompts import build_prompt_text
 from lightning_modules.models.rollout import Rollout
 
@@ -101,8 +105,6 @@ def answered_region(text: str, parsed: rewards.ParsedCompletion, input_wh, size,
     answer part's first box (``parsed``), else what the box space (``space``, default ``box``) parses from the whole
     text (a box; ``NO_TARGET`` for "no target" and close phrasings), else None (unreadable). CycleGRPO's grounding
     reward reads image answers with it, and the evaluator's GRES metrics score them with it."""
-    from core.regions import NO_TARGET, region_space
-
     if parsed.boxes:
         return tuple(rewards.rescale_box(parsed.boxes[0], input_wh, size))
     pred = (space or region_space("box")).parse(text)
@@ -118,8 +120,6 @@ def step_scores(sample, text: str, input_wh, iou_threshold: float = 0.5) -> dict
     process reward's fraction of steps in the longest correct prefix) and ``step1`` (the anchor's box at IoU >= 0.5).
     ``train.py predict`` records it, so a held-out multi-step split shows whether the steps are grounded or only
     written (docs/evolved_grpo.md)."""
-    from datamodules import evolve
-
     if sample.task != "rec" or not sample.meta:
         return None
     chain = [st.box for st in evolve.query_steps(sample.meta, sample.query)]
@@ -138,8 +138,6 @@ def rec_records(samples: Sequence[Any], answers: Sequence[Answer], *, format: st
     """``train.py predict``'s REC / OVD records (`GRPOModule.predict_step`): per sample its greedy answer, the
     answer's boxes, the ground truth, whether it follows answer format ``format``, and its accuracy and format rewards
     (a no-target query: 1 for answering "no target"; a multi-step question adds its `step_scores`)."""
-    from core.regions import NO_TARGET
-
     fmt = rewards.format_reward([a.text for a in answers], format=format, parsed=[a.parsed for a in answers])
     out = []
     for s, a, f in zip(samples, answers, fmt):
@@ -181,9 +179,6 @@ class Evaluator(nn.Module):
         self.sets = nn.ModuleDict()
 
     def build(self, trainer, stage: str) -> None:
-        from lightning_modules.evaluation.cycle_metrics import RegionGroundingMetrics
-        from lightning_modules.evaluation.metrics import DetectionMetrics, FormatRate, GroundingAccuracy, MeanIoU
-
         dm = getattr(trainer, "datamodule", None)
         for kind in {"fit": ["val"], "validate": ["val"], "test": ["test"]}.get(stage, []):
             for name in eval_set_names(trainer, kind):
@@ -203,8 +198,6 @@ class Evaluator(nn.Module):
 
     def update(self, kind: str, name: str, samples: Sequence[Any], answers: Sequence[Answer], *, format: str):
         """Update set ``kind/name`` with the answers; returns the metric objects to log (``self.log_dict``)."""
-        from core.regions import NO_TARGET
-
         mets = self.sets[f"{kind}__{name}"]
         fmt = rewards.format_reward([a.text for a in answers], format=format, parsed=[a.parsed for a in answers])
         mets["format"].update(torch.tensor([f >= 1.0 for f in fmt]))

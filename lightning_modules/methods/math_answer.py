@@ -23,7 +23,7 @@ from functools import partial
 from typing import Any
 
 from core.math_grading import accuracy_reward, extract_boxed, format_reward
-from datamodules.reasoning import answer_prompt
+from core.math_prompts import answer_prompt
 from lightning_modules import objective
 from lightning_modules.engines.base import RolloutRequest, Sampling
 from lightning_modules.methods.base import Method, MethodHost, RewardContext, RewardTerm, Scores, _flag

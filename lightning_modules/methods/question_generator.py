@@ -46,7 +46,7 @@ from PIL import Image
 
 from core.coevolution import EDIT_KEYS, compose_follow_up, edit_kind, split_image_rows
 from core.math_grading import extract_boxed
-from datamodules.reasoning import answer_prompt
+from core.math_prompts import answer_prompt
 from lightning_modules import rewards
 from lightning_modules.engines.base import RolloutEngine, RolloutRequest, Sampling, build_rollout_engine
 from lightning_modules.methods.base import Method, MethodHost, Scores, _flag

@@ -43,6 +43,8 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
 from torch import nn
 
+from lightning_modules.checkpoints import checksums, leftovers, remove, staging_path, switch, write_manifest
+
 _SHARD = re.compile(r"__(\d+)_")
 """A DCP shard file name, ``__<writing rank>_<n>.distcp``."""
 
@@ -74,7 +76,6 @@ class FSDP2Strategy(ModelParallelStrategy):
         file (``save_distributed_checkpoint=False``) is Lightning's own atomic save."""
         if not self._save_distributed_checkpoint:
             return super().save_checkpoint(checkpoint, filepath, storage_options)
-        from lightning_modules.checkpoints import staging_path, switch, write_manifest
 
         # every rank writes into the same staging folder: rank 0 names it
         final, token = self.broadcast((str(filepath), secrets.token_hex(4)))
@@ -95,8 +96,6 @@ class FSDP2Strategy(ModelParallelStrategy):
         directory cache shows the others) and receives every rank's sums."""
         import torch.distributed as dist
 
-        from lightning_modules.checkpoints import checksums
-
         names = self.broadcast(sorted(p.name for p in staging.iterdir()) if self.global_rank == 0 else None)
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return checksums(staging, names)
@@ -113,8 +112,6 @@ class FSDP2Strategy(ModelParallelStrategy):
         """Also removes what a killed save of ``filepath`` left behind (ModelCheckpoint's ``save_top_k``)."""
         super().remove_checkpoint(filepath)
         if self.global_rank == 0:
-            from lightning_modules.checkpoints import leftovers, remove
-
             for p in leftovers(Path(filepath)):
                 remove(p)
 

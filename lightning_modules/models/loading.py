@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 import torch
 
+from lightning_modules.models.mask_tokenizer.vocab import add_mask_tokens
+
 
 def dtype_from_name(name: str | torch.dtype | None) -> torch.dtype | None:
     """``"bf16"``, ``"bfloat16"``, ``"fp16"``, ``"fp32"``, ``"auto"`` (bf16 on CUDA, fp32 on CPU) or ``None``."""
@@ -87,7 +89,6 @@ def prepare_policy(model, p: PolicyArgs, processor=None) -> None:
     if p.mask_tokens:
         if processor is None:
             raise ValueError("--model.policy.mask_tokens: prepare_policy(model, p, processor) needs the processor")
-        from lightning_modules.models.mask_tokenizer.vocab import add_mask_tokens
 
         add_mask_tokens(model, processor)
     if p.freeze_vision:

@@ -98,7 +98,7 @@ PROMPT_TEMPLATES = {
         "[start, end] in <answer> </answer> tags, or no target if it never happens."
     },
     # The released CycleGRPO evaluation's questions (evaluation/gres, evaluation/groundingsuite): answered with mask
-    # tokens; ``python -m cli.evaluate gres | groundingsuite`` (lightning_modules/evaluation/benchmarks.py)
+    # tokens; ``python -m cli.evaluate gres | groundingsuite`` (evals/benchmarks.py)
     "gres": {"rec": "Please segment {query} in this image."},
     # CycleGRPO's grounding prompt for a caption, as the repository asks it on images in mask tokens
     # (verl/utils/dataset.py, RLHFDataset._build_gen_seg_messages; configs/overlays/cycle_4b_parquet.yaml)

@@ -1,6 +1,6 @@
 """``python -m cli.evaluate gres | groundingsuite``: the scores by hand, the toy checkpoint end to end on tiny GRES
 fixtures with an untrained tiny mask tokenizer, and the predictions-file mode (our own files and the released
-GroundingSuite script's) (cli/evaluate.py, lightning_modules/evaluation/benchmarks.py)."""
+GroundingSuite script's) (cli/evaluate.py, evals/benchmarks.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from cli.evaluate import main
+from core.regions.coco_masks import rle_decode, rle_encode
 from core.regions.mask_tokens import format_mask
-from datamodules.gres import load_seg_sample, read_gres, rle_decode, rle_encode
-from lightning_modules.evaluation.benchmarks import GresScorer, GroundingSuiteScorer
+from datamodules.gres import load_seg_sample, read_gres
+from evals.benchmarks import GresScorer, GroundingSuiteScorer
 from tests.datamodules.test_cycle_data import write_gres_fixture, write_groundingsuite_fixture
 
 TOY = "checkpoints/toy-qwen2.5-vl"

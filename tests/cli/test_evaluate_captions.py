@@ -1,7 +1,7 @@
 """``python -m cli.evaluate dlc-bench``: a tiny DLC-Bench folder written here (2 images, 3 regions, a few questions),
 the scores worked by hand from hand-written captions and a scripted judge (tests/judge_server.py), the toy checkpoint
 end to end with an untrained tiny mask tokenizer and the product's toy judge server, and the judge's failure policies
-(cli/evaluate_captions.py, lightning_modules/evaluation/dlc_bench.py)."""
+(cli/evaluate_captions.py, evals/dlc_bench.py)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 from cli.evaluate import main  # noqa: E402
-from datamodules.gres import rle_encode  # noqa: E402
-from lightning_modules.evaluation.dlc_bench import parse_choice, read_dlc_bench, recognition_question  # noqa: E402
+from core.regions.coco_masks import rle_encode  # noqa: E402
+from evals.dlc_bench import parse_choice, read_dlc_bench, recognition_question  # noqa: E402
 from tests.cli.test_evaluate import TOY, tiny_mask_tokenizer  # noqa: E402
 from tests.judge_server import free_port, running_judge_server, running_toy_judge  # noqa: E402
 

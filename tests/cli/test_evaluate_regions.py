@@ -1,7 +1,7 @@
 """``python -m cli.evaluate gcg | gar-bench``: tiny GranD-f and GAR-Bench fixtures written here, the toy checkpoint end
 to end with an untrained tiny mask tokenizer, hand-written completions decoded, the released scripts' outputs and our
 own predictions files scored again, a tiny random BERT as the recall's text encoder, and the errors
-(cli/evaluate_regions.py, lightning_modules/evaluation/{gcg,gar_bench}.py)."""
+(cli/evaluate_regions.py, evals/{gcg,gar_bench}.py)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import pytest
 from PIL import Image
 
 from cli.evaluate import main
+from core.regions.coco_masks import rle_decode, rle_encode
 from core.regions.mask_tokens import format_mask
-from datamodules.gres import rle_decode, rle_encode
-from lightning_modules.evaluation.gar_bench import gar_question, read_gar_vqa, region_spans
-from lightning_modules.evaluation.gcg import read_gcg
+from evals.gar_bench import gar_question, read_gar_vqa, region_spans
+from evals.gcg import read_gcg
 from tests.cli.test_evaluate import TOY, tiny_mask_tokenizer
 
 
@@ -173,7 +173,7 @@ def test_gcg_scores_the_released_per_image_files(fx, tmp_path, capsys):
     m = json.loads(out.read_text())["metrics"]
     # "Two dogs" matches itself (cosine 1). On sa_1 the best pair (IoU 1) pairs "A man" with "a horse" (cosine -1/15):
     # GLaMM's loop stops there, though the masks match, so recall is 1 of 3 phrases
-    from lightning_modules.evaluation.gcg import BertSimilarity
+    from evals.gcg import BertSimilarity
 
     sim = BertSimilarity(bert)
     assert sim("Two dogs", "two dogs") == pytest.approx(1.0) and sim("A man", "a horse") == pytest.approx(-1 / 15)

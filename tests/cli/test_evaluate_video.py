@@ -1,7 +1,7 @@
 """``python -m cli.evaluate vstar | dove``: the toy video checkpoint end to end on two-clip V-STaR and one-group DOVE
 fixtures made from the toy video world, DOVE judged by a real local OpenAI-compatible server (tests/judge_server.py)
 running a rule-based text-only judge, the predictions-file mode, shards, and the exit codes of the common mistakes
-(cli/evaluate_video.py, lightning_modules/evaluation/vstar.py, dove.py)."""
+(cli/evaluate_video.py, evals/vstar.py, dove.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import re
 import pytest
 
 from cli.evaluate import main
-from lightning_modules.evaluation.vstar import CHAIN_KEYS, parse_interval, spatial_miou, temporal_iou
-from tests.lightning_modules.video_bench_fixtures import write_dove_fixture, write_vstar_fixture
+from evals.vstar import CHAIN_KEYS, parse_interval, spatial_miou, temporal_iou
+from tests.evals.video_bench_fixtures import write_dove_fixture, write_vstar_fixture
 
 TOY_VIDEO = "checkpoints/toy-qwen2.5-vl-cycle-video"
 

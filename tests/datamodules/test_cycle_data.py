@@ -1,6 +1,7 @@
 """CycleGRPO's real-data readers: GRES / gRefCOCO and GroundingSuite (exact masks from polygons and COCO RLE) and the
-released RL parquet (datamodules/gres.py, datamodules/cycle_parquet.py). Every fixture is written here: a few PNGs,
-a grefs json, a COCO instances json, a GroundingSuite JSONL, parquet files in the release's schema."""
+released RL parquet (datamodules/gres.py, core/regions/coco_masks.py, datamodules/cycle_parquet.py). Every fixture is
+written here: a few PNGs, a grefs json, a COCO instances json, a GroundingSuite JSONL, parquet files in the release's
+schema."""
 
 from __future__ import annotations
 
@@ -12,16 +13,10 @@ import pytest
 from PIL import Image
 
 from core.records import DataError
+from core.regions.coco_masks import polygons_to_mask, rle_decode, rle_encode
 from core.regions.mask_tokens import format_mask
 from datamodules.cycle_parquet import read_cycle_parquet, row_sample
-from datamodules.gres import (
-    load_seg_sample,
-    polygons_to_mask,
-    read_gres,
-    read_groundingsuite,
-    rle_decode,
-    rle_encode,
-)
+from datamodules.gres import load_seg_sample, read_gres, read_groundingsuite
 
 # --- fixtures --------------------------------------------------------------------------------------------------------
 

@@ -9,15 +9,9 @@ import json
 import pytest
 from PIL import Image
 
+from core.math_prompts import ANSWER_FORMAT, answer_prompt
 from core.records import DataError
-from datamodules.reasoning import (
-    ANSWER_FORMAT,
-    ReasoningDataset,
-    answer_prompt,
-    load_reasoning_sample,
-    read_rows,
-    write_jsonl,
-)
+from datamodules.reasoning import ReasoningDataset, load_reasoning_sample, read_rows, write_jsonl
 
 
 def _png(path, colour=(200, 30, 30)) -> None:

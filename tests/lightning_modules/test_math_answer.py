@@ -11,7 +11,8 @@ import pytest
 import torch
 from method_util import text_rollout
 
-from datamodules.reasoning import ANSWER_FORMAT, ReasoningDataModule, ReasoningSample
+from core.math_prompts import ANSWER_FORMAT
+from datamodules.reasoning import ReasoningDataModule, ReasoningSample
 from datamodules.toy_math import ToyMathSpec
 from lightning_modules.engines.base import Sampling
 from lightning_modules.engines.hf import HFRolloutEngine

@@ -13,7 +13,8 @@ import torch
 from PIL import Image
 
 from core.coevolution import BRIDGE, edit_kind, split_image_rows
-from datamodules.reasoning import ANSWER_FORMAT, ReasoningSample
+from core.math_prompts import ANSWER_FORMAT
+from datamodules.reasoning import ReasoningSample
 from lightning_modules.engines.base import Sampling
 from lightning_modules.engines.hf import HFRolloutEngine
 from lightning_modules.grpo.step import PolicyHost

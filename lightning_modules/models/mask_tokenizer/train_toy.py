@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from core.toy.masks import mask_box
 from core.toy.scene import owner_map
+from datamodules.toy import make_scene
 from lightning_modules.models.mask_tokenizer.toy import ToyMaskTokenizer, ToyVQConfig, ToyVQNet, frame_grid
 
 __all__ = ["EVAL_SPLITS", "TRAIN_SPLITS", "MaskSet", "ToyTrainArgs", "build_mask_set", "evaluate", "train_toy"]
@@ -56,8 +57,6 @@ class MaskSet:
 
 def build_mask_set(splits: Sequence[str], n_scenes: int, seed: int, size: int = 224) -> MaskSet:
     """The visible objects of ``n_scenes`` toy scenes drawn round-robin from ``splits``."""
-    from datamodules.toy import make_scene
-
     images, owners, image_index, object_index, boxes = [], [], [], [], []
     for i in range(n_scenes):
         rec = make_scene(splits[i % len(splits)], i // len(splits), seed, size=size)

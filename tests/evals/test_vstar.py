@@ -1,6 +1,6 @@
 """V-STaR's scores by hand: tIoU, the per-item box mIoU, the judge's 0-3 rating, AM / LGM per chain and mAM / mLGM,
 the two bbox layouts of the annotation file, and V-STaR's own result files as predictions
-(lightning_modules/evaluation/vstar.py)."""
+(evals/vstar.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import math
 import pytest
 
 from core.records import DataError
-from lightning_modules.evaluation.vstar import (
+from evals.vstar import (
     evaluate_vstar,
     exact_rating,
     parse_interval,
@@ -23,7 +23,7 @@ from lightning_modules.evaluation.vstar import (
     temporal_iou,
     vstar_questions,
 )
-from tests.lightning_modules.video_bench_fixtures import write_vstar_fixture
+from tests.evals.video_bench_fixtures import write_vstar_fixture
 
 
 def test_temporal_iou_and_interval_answers():
@@ -147,7 +147,7 @@ def test_load_clip_samples_an_mp4_at_the_asked_rate(tmp_path):
     cv2 = pytest.importorskip("cv2")
     import numpy as np
 
-    from lightning_modules.evaluation.video_inputs import VideoIndex, load_clip
+    from evals.video_inputs import VideoIndex, load_clip
 
     path = tmp_path / "sub" / "vid7.mp4"
     path.parent.mkdir()

@@ -1,4 +1,4 @@
-"""GCG's and GAR-Bench's scores by hand (lightning_modules/evaluation/{gcg,gar_bench,caption_metrics}.py): the PTB-like
+"""GCG's and GAR-Bench's scores by hand (evals/{gcg,gar_bench,caption_metrics}.py): the PTB-like
 tokenizer, CIDEr-D, COCO AP50 (also against pycocotools' COCOeval), GLaMM's mIoU and recall with their quirks, and
 the GAR-Bench question and exact match."""
 
@@ -10,10 +10,10 @@ import io
 import numpy as np
 import pytest
 
-from datamodules.gres import rle_encode
-from lightning_modules.evaluation.caption_metrics import cider_d, ptb_tokenize
-from lightning_modules.evaluation.gar_bench import GarRecord, GarScorer, clean_answer, gar_question
-from lightning_modules.evaluation.gcg import (
+from core.regions.coco_masks import rle_encode
+from evals.caption_metrics import cider_d, ptb_tokenize
+from evals.gar_bench import GarRecord, GarScorer, clean_answer, gar_question
+from evals.gcg import (
     _ap_flags,
     coco_ap50,
     glamm_miou,

@@ -36,8 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.records import DataError
-from lightning_modules.evaluation.bench_files import predictions_path, require_predictions, write_results
+from core.records import DataError, jsonl_objects
+from core.regions.coco_masks import segmentation_to_mask
+from core.regions.mask_tokens import format_mask
+from evals.bench_files import predictions_path, require_predictions, write_results
+from evals.region_benchmarks import greedy_texts, open_image
 
 __all__ = [
     "GAR_MAX_NEW_TOKENS",
@@ -120,9 +123,6 @@ def region_spans(rec: GarRecord, image: Any, tokenizer: Any) -> tuple[list[str],
     """The mask-token span and codes of each region of ``rec`` on its opened ``image``."""
     import numpy as np
 
-    from core.regions.mask_tokens import format_mask
-    from datamodules.gres import segmentation_to_mask
-
     arr = np.asarray(image)
     spans, codes = [], []
     for i, rle in enumerate(rec.mask_rles):
@@ -178,8 +178,6 @@ def read_gar_predictions(paths: str | Path | Sequence[str | Path]) -> dict[str, 
     """Answers by id: JSONL lines ``{"id", "completion"}`` (what `evaluate_gar` writes), or the release's output
     JSON (the benchmark's list with ``model_output`` added; item ``i`` is ``gar-<i>``). A second answer for an id is
     an error."""
-    from core.records import jsonl_objects
-
     out: dict[str, dict[str, Any]] = {}
 
     def add(key: Any, text: Any, where: str) -> None:
@@ -230,8 +228,6 @@ def evaluate_gar(
     """Score ``records`` from the policy (``model``, ``processor`` and the mask ``tokenizer`` that writes the
     regions) or from ``predictions`` (`read_gar_predictions`). Writes ``<out stem>.predictions.jsonl`` (id, type,
     question, the regions' codes, completion, answer, correct) and the results to ``out``; returns the results."""
-    from lightning_modules.evaluation.region_benchmarks import greedy_texts, open_image
-
     if (model is None) == (predictions is None):
         raise ValueError("evaluate_gar: give the policy (model, processor) or predictions, not both")
     if model is not None and tokenizer is None:

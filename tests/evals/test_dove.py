@@ -1,5 +1,5 @@
 """DOVE's scores by hand: the judge's reply read as an option or N/M, TEC per probe type and macro, N/M, the group
-bootstrap, and the reader's errors (lightning_modules/evaluation/dove.py)."""
+bootstrap, and the reader's errors (evals/dove.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 import pytest
 
 from core.records import DataError
-from lightning_modules.evaluation.dove import Probe, judge_prompt, read_choice, read_dove, summarize_dove
-from tests.lightning_modules.video_bench_fixtures import write_dove_fixture
+from evals.dove import Probe, judge_prompt, read_choice, read_dove, summarize_dove
+from tests.evals.video_bench_fixtures import write_dove_fixture
 
 
 def test_read_choice():

@@ -27,6 +27,7 @@ from PIL import Image
 
 from core.records import DataError
 from core.video import VideoClip
+from lightning_modules.engines.base import RolloutRequest, Sampling, build_rollout_engine
 
 __all__ = ["VIDEO_SUFFIXES", "VideoIndex", "answer_part", "greedy_video_answers", "load_clip", "video_prompt"]
 
@@ -128,8 +129,6 @@ def greedy_video_answers(
 ) -> tuple[list[str], list[tuple[int, int]]]:
     """One greedy answer per (question, clip) in one generate call: the texts and each clip's model-input frame
     size (width, height) (the frame the answer's boxes are in; the 0-1000 grid for Qwen3-VL)."""
-    from lightning_modules.engines.base import RolloutRequest, Sampling, build_rollout_engine
-
     if len(questions) != len(clips):
         raise ValueError(f"greedy_video_answers: {len(questions)} questions for {len(clips)} clips")
     if not questions:

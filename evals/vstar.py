@@ -53,10 +53,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.records import DataError
+from core.records import DataError, jsonl_objects
 from core.regions import NO_TARGET, AnchorSpace
 from core.regions.boxes import box_iou
-from lightning_modules.evaluation.bench_files import predictions_path, require_predictions, write_results
+from evals.bench_files import predictions_path, require_predictions, write_results
+from evals.video_inputs import answer_part, greedy_video_answers, load_clip
 
 __all__ = [
     "CHAIN_KEYS",
@@ -256,8 +257,6 @@ _NUMBER = re.compile(r"\b\d+(?:\.\d+)?\b")
 
 
 def _answer(text: str) -> str:
-    from lightning_modules.evaluation.video_inputs import answer_part
-
     return answer_part(text)
 
 
@@ -433,8 +432,6 @@ def read_vstar_predictions(paths: str | Path | Sequence[str | Path]) -> dict[str
     where_2, when_2}, "input_wh"}``) or V-STaR's own result JSON (the annotation list with ``answer_vqa``,
     ``answer_temporal``, ``answer_spatial``, ``answer_spatial_2``, ``answer_temporal_2`` added, boxes already in
     video pixels; ids ``<vid>#<index>`` as `read_vstar` numbers them). A second answer for one id is an error."""
-    from core.records import jsonl_objects
-
     out: dict[str, dict[str, Any]] = {}
 
     def add(key: str, entry: dict[str, Any], where: str) -> None:
@@ -530,8 +527,6 @@ def evaluate_vstar(
     item's row (`score_vstar_item`) to ``<out stem>.predictions.jsonl`` and the results (`summarize_vstar`,
     ``info``) to ``out``; returns the results."""
     import time
-
-    from lightning_modules.evaluation.video_inputs import greedy_video_answers, load_clip
 
     if (model is None) == (predictions is None):
         raise ValueError("evaluate_vstar: give the policy (model, processor, videos) or predictions, one")

@@ -1,6 +1,6 @@
 """Tiny V-STaR and DOVE fixtures made from the toy video world (``datamodules/toy_video.py``), with the toy clips'
 frames saved as ``<vid>.npz`` (what ``--video-root`` finds): V-STaR's public annotation layout, and the DOVE JSONL this
-project defines (``lightning_modules/evaluation/dove.py``). Used by tests/lightning_modules/test_vstar.py,
+project defines (``evals/dove.py``). Used by tests/evals/test_vstar.py,
 test_dove.py and tests/cli/test_evaluate_video.py."""
 
 from __future__ import annotations

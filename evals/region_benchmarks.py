@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from datamodules.gres import open_image  # re-exported: the benchmarks open their images with it
+from lightning_modules.engines.base import RolloutRequest, Sampling, build_rollout_engine
 
 __all__ = ["greedy_texts", "open_image"]
 
@@ -23,8 +24,6 @@ def greedy_texts(
     """One greedy completion of ``model`` per ``(image, question)``, the question sent verbatim after the image
     (module docstring); ``engine`` is a registered rollout engine name or instance."""
     import torch
-
-    from lightning_modules.engines.base import RolloutRequest, Sampling, build_rollout_engine
 
     def prompt(question: str) -> str:
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]

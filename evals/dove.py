@@ -42,8 +42,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.records import DataError
-from lightning_modules.evaluation.bench_files import predictions_path, require_predictions, write_results
+from core.records import DataError, jsonl_objects
+from core.regions import IntervalSpace
+from evals.bench_files import predictions_path, require_predictions, write_results
+from evals.video_inputs import answer_part, greedy_video_answers, load_clip
+from lightning_modules.models.prompts import PROMPT_TEMPLATES
 
 __all__ = [
     "DOVE_JUDGE_PROMPT",
@@ -110,8 +113,6 @@ def _probe(obj: Any, where: str) -> Probe:
 
 def read_dove(path: str | Path, max_samples: int | None = None) -> list[DoveGroup]:
     """The contrast groups of a DOVE JSONL file (module docstring); ``max_samples``: only the first N groups."""
-    from core.records import jsonl_objects
-
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"--data {path}: no such file (DOVE contrast groups as JSONL)")
@@ -218,8 +219,6 @@ def summarize_dove(rows: Sequence[dict[str, Any]], bootstrap: int = 0) -> dict[s
 def read_dove_predictions(paths: str | Path | Sequence[str | Path]) -> dict[str, dict[str, Any]]:
     """Captions by occurrence id from ``<stem>.predictions.jsonl`` files (``{"id", "caption"}`` lines, one per
     occurrence, as `evaluate_dove` writes them); a second caption for one id is an error."""
-    from core.records import jsonl_objects
-
     out: dict[str, dict[str, Any]] = {}
     for path in [paths] if isinstance(paths, str | Path) else paths:
         path = Path(path)
@@ -239,10 +238,6 @@ def read_dove_predictions(paths: str | Path | Sequence[str | Path]) -> dict[str,
 
 def _captions(groups, model, processor, videos, template, fps, max_frames, max_pixels, max_new_tokens, batch, log):
     """The policy's caption of every occurrence (its interval written as the captioning prompt's region), greedily."""
-    from core.regions import IntervalSpace
-    from lightning_modules.evaluation.video_inputs import greedy_video_answers, load_clip
-    from lightning_modules.models.prompts import PROMPT_TEMPLATES
-
     space, out, done = IntervalSpace(), {}, 0
     total = sum(len(g.occurrences) for g in groups)
     for start in range(0, len(groups), batch):
@@ -290,8 +285,6 @@ def evaluate_dove(
     every probe from its caption, and score (`summarize_dove`). Writes one line per occurrence (caption, each
     probe's reply, choice and correctness) to ``<out stem>.predictions.jsonl`` and the results to ``out``."""
     import time
-
-    from lightning_modules.evaluation.video_inputs import answer_part
 
     if (model is None) == (predictions is None):
         raise ValueError("evaluate_dove: give the policy (model, processor, videos) or predictions, one")

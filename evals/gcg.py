@@ -50,8 +50,12 @@ from typing import Any
 
 import numpy as np
 
-from core.records import DataError
-from lightning_modules.evaluation.bench_files import predictions_path, require_predictions, write_results
+from core.records import DataError, jsonl_objects
+from core.regions import MaskSpace
+from core.regions.coco_masks import rle_decode, rle_encode, segmentation_to_mask
+from evals.bench_files import predictions_path, require_predictions, write_results
+from evals.caption_metrics import cider_d
+from evals.region_benchmarks import greedy_texts, open_image
 
 __all__ = [
     "GCG_MAX_NEW_TOKENS",
@@ -92,8 +96,6 @@ class GcgRecord:
 
     def masks(self, size: tuple[int, int]) -> list[np.ndarray]:
         """bool ``[h, w]`` per grounded phrase on an image of ``size`` (width, height)."""
-        from datamodules.gres import segmentation_to_mask
-
         out = []
         for i, seg in enumerate(self.segmentations):
             try:
@@ -197,8 +199,6 @@ class GcgPrediction:
 
 
 def _from_completion(sample_id: str, text: str, image: Any, tokenizer: Any) -> GcgPrediction:
-    from core.regions import MaskSpace
-
     caption, phrases = read_gcg_completion(text)
     bound = MaskSpace(codec=tokenizer).for_image(image)
     codes = bound.codes(text)
@@ -210,8 +210,6 @@ def predict_gcg(
     question: str = GCG_QUESTION, engine: Any = "hf",
 ) -> list[GcgPrediction]:  # fmt: skip
     """Greedy GCG answers of ``model`` for ``records`` (their opened ``images``), read and decoded."""
-    from lightning_modules.evaluation.region_benchmarks import greedy_texts
-
     texts = greedy_texts(
         model, processor, images, [question] * len(records), max_new_tokens=max_new_tokens, engine=engine
     )
@@ -223,8 +221,6 @@ def read_gcg_predictions(paths: str | Path | Sequence[str | Path]) -> dict[str, 
     ``{"id", "caption", "phrases", "masks": [RLE]}``, scored as they are) and/or folders of the released script's
     per-image files (``<image id>.json``: ``{"image_id", "caption", "phrases", "pred_masks": [RLE]}``, optionally
     nested one level under a key, as GLaMM's scorer accepts). A second prediction for an image is an error."""
-    from core.records import jsonl_objects
-
     out: dict[str, dict[str, Any]] = {}
 
     def add(obj: Any, key: Any, where: str) -> None:
@@ -263,8 +259,6 @@ def read_gcg_predictions(paths: str | Path | Sequence[str | Path]) -> dict[str, 
 
 
 def _from_file(rec: GcgRecord, line: dict[str, Any], image: Any, tokenizer: Any) -> GcgPrediction:
-    from datamodules.gres import rle_decode
-
     if line.get("masks") is not None:
         try:
             masks = [rle_decode(m) for m in line["masks"]]
@@ -432,8 +426,6 @@ class GcgScorer:
         return row
 
     def compute(self) -> dict[str, Any]:
-        from lightning_modules.evaluation.caption_metrics import cider_d
-
         cider, _ = cider_d(self.captions, self.references)
         positives = self.positives or float("nan")
         return {
@@ -471,9 +463,6 @@ def evaluate_gcg(
     (`read_gcg_predictions`). Writes ``<out stem>.predictions.jsonl`` (per image: id, completion, caption, phrases,
     codes, masks as COCO RLE, its mIoU and match counts), ``<out stem>.captions.json`` (COCO caption results, for
     METEOR elsewhere) and the results to ``out``; returns the results."""
-    from datamodules.gres import rle_encode
-    from lightning_modules.evaluation.region_benchmarks import open_image
-
     if (model is None) == (predictions is None):
         raise ValueError("evaluate_gcg: give the policy (model, processor) or predictions, not both")
     if batch_size < 1:

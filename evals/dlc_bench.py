@@ -46,8 +46,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.records import DataError
-from lightning_modules.evaluation.bench_files import predictions_path, require_predictions, write_results
+from core.records import DataError, jsonl_objects
+from core.regions.coco_masks import segmentation_to_mask
+from core.regions.mask_tokens import format_mask
+from evals.bench_files import predictions_path, require_predictions, write_results
+from evals.region_benchmarks import greedy_texts, open_image
 
 __all__ = [
     "DLC_MAX_NEW_TOKENS",
@@ -165,9 +168,6 @@ def caption_question(span: str) -> str:
 def region_span(rec: DlcRecord, image: Any, tokenizer: Any) -> tuple[str, tuple[int, int]]:
     """The mask-token span and codes of ``rec``'s region on its opened ``image``."""
     import numpy as np
-
-    from core.regions.mask_tokens import format_mask
-    from datamodules.gres import segmentation_to_mask
 
     arr = np.asarray(image)
     try:
@@ -305,8 +305,6 @@ class DlcScorer:
 def read_dlc_predictions(paths: str | Path | Sequence[str | Path]) -> dict[str, dict[str, Any]]:
     """Captions by region id: the release's cache JSON (``{annotation id: caption}``, ``model_outputs/<name>.json``)
     or JSONL lines ``{"id", "caption"}`` (what `evaluate_dlc` writes). A second caption for an id is an error."""
-    from core.records import jsonl_objects
-
     out: dict[str, dict[str, Any]] = {}
 
     def add(key: Any, text: Any, where: str) -> None:
@@ -354,8 +352,6 @@ def evaluate_dlc(
     regions) or take the captions from ``predictions`` (`read_dlc_predictions`), judge them with ``judge`` (a
     `JudgeClient`), and score. Writes ``<out stem>.predictions.jsonl`` (id, class name, codes, caption, the judge's
     replies and scores) and the results to ``out``; returns the results."""
-    from lightning_modules.evaluation.region_benchmarks import greedy_texts, open_image
-
     if (model is None) == (predictions is None):
         raise ValueError("evaluate_dlc: give the policy (model, processor) or predictions, not both")
     if model is not None and tokenizer is None:

@@ -34,8 +34,15 @@ from typing import Any
 
 import numpy as np
 
+from core.records import DataError, jsonl_objects
 from core.regions import NO_TARGET, MaskSpace
-from lightning_modules.evaluation.bench_files import predictions_path, require_predictions, write_results
+from core.regions.coco_masks import rle_decode, rle_encode
+from datamodules.gres import load_seg_sample
+from evals.bench_files import predictions_path, require_predictions, write_results
+from lightning_modules.evaluation.cycle_metrics import RegionGroundingMetrics
+from lightning_modules.evaluation.evaluator import greedy_answers
+from lightning_modules.models.mask_tokenizer.toy import ToyMaskTokenizer
+from lightning_modules.models.mask_tokenizer.vq_sam2 import VQSam2MaskTokenizer
 
 __all__ = [
     "SCORERS",
@@ -82,8 +89,6 @@ def load_mask_tokenizer(path: str | Path, sam2: str | Path | None = None, device
     if sam2 is not None:
         import torch
 
-        from lightning_modules.models.mask_tokenizer.vq_sam2 import VQSam2MaskTokenizer
-
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         return VQSam2MaskTokenizer.from_files(sam2, path, device=device)
     if not (path / "config.json").is_file():
@@ -92,7 +97,6 @@ def load_mask_tokenizer(path: str | Path, sam2: str | Path | None = None, device
             "with `python -m cli.mask_tokenizer --out checkpoints/toy-mask-tokenizer`), and no --sam2 given for a "
             "released VQ-SAM2 state file"
         )
-    from lightning_modules.models.mask_tokenizer.toy import ToyMaskTokenizer
 
     return ToyMaskTokenizer.load(path)
 
@@ -126,8 +130,6 @@ def predict_masks(
     """Greedy mask predictions of ``model`` for ``samples`` (`Sample` s: image, query), ``batch_size`` at a time,
     prompted with ``template`` (``lightning_modules.models.prompts.PROMPT_TEMPLATES``); ``progress(done, total)``
     is called after each batch."""
-    from lightning_modules.evaluation.evaluator import greedy_answers
-
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
     space = MaskSpace(codec=tokenizer)
@@ -151,8 +153,6 @@ class GresScorer:
     ``giou``, ``ciou``, ``n_acc``, ``t_acc`` (nan when nothing was counted)."""
 
     def __init__(self) -> None:
-        from lightning_modules.evaluation.cycle_metrics import RegionGroundingMetrics
-
         self.space = MaskSpace(codec=_ScoringOnly())
         self.metric = RegionGroundingMetrics(self.space)
 
@@ -202,8 +202,6 @@ def read_predictions(paths: str | Path | Sequence[str | Path]) -> dict[str, dict
     is), ``{"id", "completion"}`` (decoded by the mask tokenizer on the image), or the released GroundingSuite
     script's ``{"idx", "predicted_segmentation": RLE}`` (id ``gsuite-<idx>``); `evaluate_benchmark` writes the first
     two together. A second line for one id, in any file, is an error."""
-    from core.records import DataError, jsonl_objects
-
     out: dict[str, dict[str, Any]] = {}
     for path in [paths] if isinstance(paths, str | Path) else paths:
         path = Path(path)
@@ -226,9 +224,6 @@ def read_predictions(paths: str | Path | Sequence[str | Path]) -> dict[str, dict
 def _from_file(rec: Any, line: dict[str, Any], space: MaskSpace | None) -> MaskPrediction:
     """One line of a predictions file as a prediction: its RLE ``mask`` as it is, else its ``completion`` decoded
     on the record's image (``space``: the token-mode space of the mask tokenizer)."""
-    from core.records import DataError
-    from datamodules.gres import load_seg_sample, rle_decode
-
     if line.get("mask") is not None:
         try:
             mask = rle_decode(line["mask"])
@@ -265,9 +260,6 @@ def evaluate_benchmark(
     returns the results. One batch of images and masks is in memory at a time."""
     import json
     import time
-
-    from core.records import DataError
-    from datamodules.gres import load_seg_sample, rle_encode
 
     if benchmark not in SCORERS:
         raise ValueError(f"unknown benchmark {benchmark!r}; choose one of {tuple(SCORERS)}")
