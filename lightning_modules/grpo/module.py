@@ -316,24 +316,20 @@ class GRPOModule(L.LightningModule):
         timer.lap("rewards")
         o, engine = self.optim_args, self.update_engine
         mask = ro.completion_mask.to(self.device).float()
-        # DDP and FSDP2 average the ranks' gradients, so each rank divides by the ranks' *mean* count (of tokens for
-        # token-mean, of rows otherwise), not its own: the averaged gradient is then the aggregation over the global
-        # batch, whatever each rank holds (one process: its own count)
-        count = mask.sum().clamp(min=1) if o.aggregation == "token-mean" else torch.tensor(float(mask.shape[0]))
         self.policy.train()
         prepared = engine.prepare(self.policy, self.processor, ro, self.device)
-        denom = self._rank_mean(count.to(self.device))
+        # the step's normaliser, once: its micro-batches' loss and the side weights divide by the ranks' mean count
+        count = objective.loss_count(mask, o.aggregation, self._rank_mean)
         row_weights = None  # one aggregation over all rows, unless the method's rows form sides (CycleGRPO)
         if (sides := self.method.loss_sides(scores, ro)) is not None:
-            per_row = mask.sum(1) if o.aggregation == "token-mean" else torch.ones(mask.shape[0], device=self.device)
-            row_weights = objective.side_row_weights(per_row, sides[0], sides[1], denom, self._rank_mean)
+            row_weights = objective.side_row_weights(count, sides[0], sides[1], self._rank_mean)
         loss = StepLoss(
             o,
             self.kl_args,
             self.sampling_args.max_new_tokens,
             adv=adv,
             mask=mask,
-            denom=denom,
+            count=count,
             row_weights=row_weights,
             ref_logp=engine.logprobs(self.reference, prepared) if self.reference is not None else None,
             old_logp=engine.logprobs(self.policy, prepared) if o.num_iterations > 1 else None,

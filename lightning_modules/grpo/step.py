@@ -58,18 +58,26 @@ class PolicyHost:
 
 class StepLoss:
     """The loss of a step's micro-batches, as the update engine asks for it: ``loss(logp, ent, rows)`` is the share of
-    rows ``rows`` of the full-batch loss, weighted so the accumulated gradient equals the full-batch aggregation
-    (``denom``: the ranks' mean count of tokens under ``token-mean``, of rows otherwise). The first iteration also
-    accumulates this rank's logged statistics (``stats``) and its entropy sum."""
+    rows ``rows`` of the full-batch loss, weighted by the step's `objective.LossCount` (``count``, computed once per
+    step) so the accumulated gradient equals the full-batch aggregation. The first iteration also accumulates this
+    rank's logged statistics (``stats``) and its entropy sum."""
 
     def __init__(
-        self, optim: OptimArgs, kl: KLArgs, max_length: int, *, adv, mask, denom, old_logp, ref_logp, row_weights=None
+        self,
+        optim: OptimArgs,
+        kl: KLArgs,
+        max_length: int,
+        *,
+        adv: torch.Tensor,
+        mask: torch.Tensor,
+        count: objective.LossCount,
+        old_logp: torch.Tensor | None,
+        ref_logp: torch.Tensor | None,
+        row_weights: torch.Tensor | None = None,
     ):
         self.optim, self.kl, self.max_length = optim, kl, max_length
-        self.adv, self.mask, self.denom, self.old_logp, self.ref_logp = adv, mask, denom, old_logp, ref_logp
+        self.adv, self.mask, self.count, self.old_logp, self.ref_logp = adv, mask, count, old_logp, ref_logp
         self.row_weights = row_weights  # [N] or None (`Method.loss_sides`)
-        self.token_mean = optim.aggregation == "token-mean"
-        self.total = mask.sum().clamp(min=1) if self.token_mean else torch.tensor(float(mask.shape[0]))
         self.first = True
         self.stats: dict[str, float] = {}
         self.entropy_sum = torch.zeros((), dtype=torch.float32, device=mask.device)
@@ -79,14 +87,13 @@ class StepLoss:
             self.optim, self.kl, self.max_length, logp, ent, rows,
             adv=self.adv, mask=self.mask, old_logp=self.old_logp, ref_logp=self.ref_logp, row_weights=self.row_weights,
         )  # fmt: skip
-        m = self.mask[rows]
-        share = m.sum() if self.token_mean else torch.tensor(float(len(rows)), device=m.device)
+        share = self.count.share(rows)
         if self.first:  # the logged stats are this rank's aggregation
-            local = float(share / self.total)
+            local = float(share / self.count.local)
             for k, v in stats.items():
                 self.stats[k] = self.stats.get(k, 0.0) + float(v) * local
-            self.entropy_sum = self.entropy_sum + (ent.detach() * m).sum()
-        return loss * (share / self.denom)
+            self.entropy_sum = self.entropy_sum + (ent.detach() * self.mask[rows]).sum()
+        return loss * (share / self.count.denom)
 
     def entropy(self) -> torch.Tensor:
         """The mean token entropy of the rollout (this rank's)."""
