@@ -22,7 +22,7 @@ How this departs from textbook GRPO (DeepSeekMath), and why:
   ``old_logp`` is the detached current log-prob; with ``num_iterations > 1`` old log-probs are computed once per
   rollout before the first update.
 * **Selection**: after each batch, per prompt, the description of the completion with the highest ``R_diversity``
-  (among completions whose description parses) is returned in the step's ``outputs["evolution"]`` for the
+  (among completions whose description parses) is returned in the step's `StepOutput` (``evolution``) for the
   synthesis callback.
 * **Methods and engines are plug-ins.** The step is the same for every method: plan -> generate -> score ->
   advantage -> update -> log. What a method changes (its rollout plan, reward terms, advantage groups, evolution
@@ -49,6 +49,7 @@ from lightning_modules import objective, rewards
 from lightning_modules.engines.base import Sampling, build_rollout_engine, build_update_engine
 from lightning_modules.evaluation.evaluator import Evaluator, eval_set_name, greedy_answers, rec_records
 from lightning_modules.grpo.args import EngineArgs, EvalArgs, KLArgs, OptimArgs, PolicyArgs, SamplingArgs, as_group
+from lightning_modules.grpo.outputs import STEP_KEY
 from lightning_modules.grpo.step import PhaseTimer, PolicyHost, StepLoss, step_output, train_logs
 from lightning_modules.methods.base import METHODS, Method, MethodContext, Scores, Selection, build_method
 from lightning_modules.models import fsdp
@@ -150,7 +151,7 @@ class GRPOModule(L.LightningModule):
         self.processor = None
         self._ref: list[nn.Module] = []  # a list so the reference is neither a submodule nor in the checkpoint
         self.last_selections: list[Selection] = []
-        """The last step's evolution requests (also in its ``outputs["evolution"]``), kept for the checkpoint."""
+        """The last step's evolution requests (also in its `StepOutput`'s ``evolution``), kept for the checkpoint."""
         self.evaluator = Evaluator()
         self._sharded = False
         """Whether the policy is sharded with FSDP2 (set by ``configure_model``)."""
@@ -347,7 +348,8 @@ class GRPOModule(L.LightningModule):
         self.last_selections = evolution
         stats = {**loss.stats, **{f"time/{k}_s": v for k, v in timer.times.items()}}
         self._log_train(scores, ro, stats, loss.entropy(), len(batch))
-        return step_output(self.method, batch, ro, scores, evolution)
+        # Lightning takes a mapping from a training step and hands it to on_train_batch_end (`StepOutput.of`)
+        return {STEP_KEY: step_output(self.method, batch, ro, scores, evolution)}
 
     def _rank_mean(self, count: torch.Tensor) -> torch.Tensor:
         """The mean of ``count`` (a tensor) over the ranks; ``count`` itself on one process."""

@@ -1,6 +1,6 @@
 """The parts of a GRPO step that need no Lightning: the view of the policy a method gets (`PolicyHost`), timing the
 step's phases, the loss of its micro-batches (`StepLoss`, which the update engine calls), its ``train/*`` logs, and
-what it hands the callbacks. `GRPOModule.training_step` (``module.py``) strings them together; the math is
+what it hands the callbacks (`outputs.StepOutput`). `GRPOModule.training_step` (``module.py``) strings them together; the math is
 ``objective.py``'s.
 """
 
@@ -18,6 +18,7 @@ from torch import nn
 from lightning_modules import objective, rewards
 from lightning_modules.engines.base import RolloutEngine, RolloutRequest, Sampling
 from lightning_modules.grpo.args import KLArgs, OptimArgs
+from lightning_modules.grpo.outputs import StepOutput
 from lightning_modules.methods.base import Method, Scores, Selection
 from lightning_modules.models import fsdp
 from lightning_modules.models.rollout import Rollout
@@ -198,24 +199,22 @@ def train_logs(
     return logs
 
 
-def step_output(method: Method, batch, ro: Rollout, scores: Scores, evolution: list[Selection]) -> dict:
-    """What ``on_train_batch_end`` callbacks receive: per completion row its text, its parsed boxes in original
-    pixels (none for a method whose samples are not grounding samples, `Method.grounding`), its reward parts, the index of its sample in the batch and its advantage group; the samples the rows
-    answer (``samples``: the batch's, or the versions a method re-rolled on); the method's evolution requests and
-    its own entries (`Method.step_outputs`)."""
+def step_output(method: Method, batch, ro: Rollout, scores: Scores, evolution: list[Selection]) -> StepOutput:
+    """What ``on_train_batch_end`` callbacks receive (`StepOutput`): per completion row its text, its parsed boxes in
+    original pixels, its reward parts, its sample and its advantage group; the samples the rows answer; the method's
+    evolution requests and its own entries (`Method.step_outputs`)."""
     index = method.sample_index(batch, ro)
     boxes = [
         [rewards.rescale_box(b, in_wh, batch[i].size) for b in p.boxes] if method.grounding else []
         for p, in_wh, i in zip(scores.parsed, ro.input_wh, index)
     ]
-    return {
-        "completions": list(ro.texts),
-        "boxes": boxes,
-        "rewards": {k: [float(v) for v in t] for k, t in scores.parts.items()},
-        "group_size": ro.group_size,
-        "sample_index": index,
-        "group_ids": ro.group_ids.tolist(),
-        "evolution": evolution,
-        "samples": list(batch),
-        **method.step_outputs(batch, ro, scores),
-    }
+    return StepOutput(
+        completions=list(ro.texts),
+        boxes=boxes,
+        rewards={k: [float(v) for v in t] for k, t in scores.parts.items()},
+        sample_index=index,
+        group_ids=ro.group_ids.tolist(),
+        samples=list(batch),
+        evolution=evolution,
+        extras=method.step_outputs(batch, ro, scores),
+    )
