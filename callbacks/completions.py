@@ -1,7 +1,7 @@
 """The completions table: what the policy wrote, its boxes and its rewards, every n training steps (TRL logs the same).
 
-Fed by what ``GRPOModule.training_step`` returns (``completions``, ``boxes`` in original pixels, ``rewards`` per part,
-``group_size``), so nothing is generated or parsed twice. Rows go to
+Fed by what ``GRPOModule.training_step`` returns (its `StepOutput`: ``completions``, ``boxes`` in original pixels,
+``rewards`` per part, each row's sample), so nothing is generated or parsed twice. Rows go to
 
 * W&B as the table ``train/completions`` (one row per completion; the image with its boxes drawn as W&B boxes: GT and
   this completion's prediction), through ``WandbLogger.log_table``;
@@ -19,6 +19,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import WandbLogger
 
 from callbacks.logging import json_safe
+from lightning_modules.grpo.outputs import StepOutput
 
 COLUMNS = [
     "step",
@@ -74,40 +75,36 @@ class CompletionsTable(Callback):
         self.images = images
         self.logged_steps: list[int] = []
 
-    def rows(self, step: int, outputs: dict[str, Any], batch: list) -> list[dict[str, Any]]:
-        n = len(outputs["completions"])
-        G = int(outputs.get("group_size") or max(1, n // max(1, len(batch))))
-        index = outputs.get("sample_index") or [i // G for i in range(n)]  # the sample of each row
-        rewards = outputs.get("rewards") or {}
-        batch = outputs.get("samples") or batch  # the versions the rows answer (a method may re-roll on others)
-        out = []
-        for b, s in enumerate(batch[: self.max_prompts]):
-            for k, i in enumerate(i for i in range(n) if index[i] == b):
-                out.append(
+    def rows(self, step: int, out: StepOutput) -> list[dict[str, Any]]:
+        """One row per completion of the first ``max_prompts`` samples the step's rows answer."""
+        out_rows = []
+        for b, s in enumerate(out.samples[: self.max_prompts]):  # the versions the rows answer (a method may re-roll)
+            for k, i in enumerate(out.rows_of(b)):
+                out_rows.append(
                     {
                         "step": step,
                         "sample_id": s.sample_id,
                         "query": s.query,
                         "k": k,
-                        "completion": outputs["completions"][i],
-                        "boxes": [[round(float(v), 1) for v in box] for box in outputs["boxes"][i]],
+                        "completion": out.completions[i],
+                        "boxes": [[round(float(v), 1) for v in box] for box in out.boxes[i]],
                         "gt_boxes": [[float(v) for v in box] for box in s.boxes],
                         **{
-                            part: rewards[part][i]
+                            part: out.rewards[part][i]
                             for part in ("total", "accuracy", "format", "diversity")
-                            if part in rewards
+                            if part in out.rewards
                         },
                     }
                 )
-        return out
+        return out_rows
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int):
-        step = trainer.global_step
-        if not trainer.is_global_zero or not isinstance(outputs, dict) or "completions" not in outputs:
+        step, out = trainer.global_step, StepOutput.of(outputs)
+        if not trainer.is_global_zero or out is None:
             return
         if step != 1 and step % self.every_n_steps:
             return
-        rows = self.rows(step, outputs, batch)
+        rows = self.rows(step, out)
         if not rows:
             return
         self.logged_steps.append(step)

@@ -22,13 +22,14 @@ Built-in strategies (``--callbacks.synthesis.init_args.strategy``):
 
 * ``instruction_and_image_evolution``: both on one pool: samples at level 0 take the method's repaints (Syn-GRPO),
   evolved ones instruction evolution's edits;
-* ``method``: the evolution requests the training step returned (``outputs["evolution"]``; Syn-GRPO: the selected
-  description of each sample);
+* ``method``: the evolution requests the training step returned (its `StepOutput`'s ``evolution``; Syn-GRPO: the
+  selected description of each sample);
 * ``offline``: descriptions read from a JSONL file, cycled per epoch ("GRPO + Offline Generation");
 * ``random``: a random description of the toy grammar per sample and epoch, seeded (a no-selection control).
 
 A new strategy is a class registered with ``@register_strategy("name")`` whose ``requests`` returns the batch's
-requests; its settings arrive as keyword arguments (``strategy_args``).
+requests (it reads the step's `StepOutput` with `StepOutput.of(outputs)`); its settings arrive as keyword arguments
+(``strategy_args``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
+
+from core.toy import grammar
+from datamodules.edit_plans import plan_inpaint
+from datamodules.evolve import EASIER_KINDS, Level, LevelState, evolve
+from lightning_modules.grpo.outputs import StepOutput
 from lightning_modules.registry import Registry
 
 __all__ = [
@@ -86,7 +93,8 @@ class EvolutionStrategy(ABC):
 
     @abstractmethod
     def requests(self, epoch: int, batch: list[Any], outputs: Any) -> list[EvolutionRequest]:
-        """This batch's requests (``batch``: the training samples; ``outputs``: what the training step returned)."""
+        """This batch's requests (``batch``: the training samples; ``outputs``: what the training step returned, as
+        Lightning hands it to ``on_train_batch_end``, or its `StepOutput`)."""
 
 
 STRATEGIES: Registry[EvolutionStrategy] = Registry(
@@ -98,11 +106,12 @@ build_strategy = STRATEGIES.build
 
 @register_strategy("method")
 class MethodRequests(EvolutionStrategy):
-    """The training step's own requests: ``outputs["evolution"]`` (objects with ``sample_id`` and ``description``,
-    optionally ``query`` and ``level``)."""
+    """The training step's own requests: its `StepOutput`'s ``evolution`` (objects with ``sample_id`` and
+    ``description``, optionally ``query`` and ``level``)."""
 
     def requests(self, epoch, batch, outputs):
-        items = outputs.get("evolution", []) if isinstance(outputs, dict) else []
+        step = StepOutput.of(outputs)
+        items = step.evolution if step is not None else []
         out = []
         for r in items:
             description, query = getattr(r, "description", None), getattr(r, "query", None)
@@ -156,10 +165,6 @@ class RandomDescriptions(EvolutionStrategy):
         self.seed = seed
 
     def requests(self, epoch, batch, outputs):
-        import numpy as np
-
-        from core.toy import grammar
-
         out = []
         for s in batch:
             rng = np.random.default_rng([self.seed, epoch, zlib.crc32(s.sample_id.encode())])
@@ -199,8 +204,6 @@ class InstructionEvolution(EvolutionStrategy):
         sub_levels: int = 1,
         easier: str = "isolate",
     ):
-        from datamodules.evolve import EASIER_KINDS, LevelState
-
         if modality not in ("text", "visual", "any"):
             raise ValueError(f"instruction_evolution modality must be 'text', 'visual' or 'any', got {modality!r}")
         if easier not in EASIER_KINDS:
@@ -221,16 +224,13 @@ class InstructionEvolution(EvolutionStrategy):
         )  # fmt: skip
 
     def requests(self, epoch, batch, outputs):
-        import numpy as np
-
-        from datamodules.evolve import Level, evolve
-
-        if not isinstance(outputs, dict) or "accuracy" not in (outputs.get("rewards") or {}):
+        step = StepOutput.of(outputs)
+        if step is None or "accuracy" not in step.rewards:
             return []
         # the first try of the pool's own versions when the method re-rolled converged groups on others (EvolvedGRPO's
         # in-step evolution): the pool moves by what its version scored
-        acc = outputs.get("pool_accuracy") or outputs["rewards"]["accuracy"]
-        index = outputs.get("sample_index") or [i // outputs["group_size"] for i in range(len(acc))]
+        acc = step.extras.get("pool_accuracy") or step.rewards["accuracy"]
+        index = step.sample_index
         out = []
         for b, s in enumerate(batch):
             meta = getattr(s, "meta", None) or {}
@@ -264,10 +264,6 @@ class InstructionEvolution(EvolutionStrategy):
         its level counts painted clutter (``edit_plans.plan_inpaint``: ``level`` regions of objects the query does not
         name, around the kept target, painted by the data server). A solved group moves it a level up, a failed one a
         level down (its original image at level 0); each version is an edit of the original image."""
-        import numpy as np
-
-        from datamodules.edit_plans import plan_inpaint
-
         before = self.levels.get(s.sample_id)
         after = self.levels.update(s.sample_id, correct, sub_levels=0)  # no eased version: a failure steps down
         if after == before:
@@ -293,7 +289,7 @@ class InstructionEvolution(EvolutionStrategy):
 class InstructionAndImageEvolution(EvolutionStrategy):
     """EvolvedGRPO's instruction evolution and Syn-GRPO's image evolution on one pool (``configs/overlays/evolved_syn
     .yaml``, docs/decisions.md). A sample at level 0 (its original question, not a sub-problem) takes the method's
-    repaints (``outputs["evolution"]``: Syn-GRPO's selected descriptions), as in Syn-GRPO; once its level moves,
+    repaints (the step's ``evolution``: Syn-GRPO's selected descriptions), as in Syn-GRPO; once its level moves,
     instruction evolution owns it: its versions are edits of the original scene (a repaint would change the objects a
     harder question relies on, so its label would no longer be exact), and it takes no repaints until it is back at
     level 0. Args: those of ``instruction_evolution`` (``modality`` defaults to ``any``)."""
@@ -315,8 +311,6 @@ class InstructionAndImageEvolution(EvolutionStrategy):
         self.images = MethodRequests()
 
     def requests(self, epoch, batch, outputs):
-        from datamodules.evolve import Level
-
         edits = self.instructions.requests(epoch, batch, outputs)
         moved = {r.sample_id for r in edits}
         repaints = [

@@ -31,7 +31,10 @@ from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from PIL import Image, ImageDraw
 
 from callbacks.gallery import GT_COLOUR, LINE_H, PRED_COLOUR, colour_key, draw_boxes, wrap
+from lightning_modules import rewards
+from lightning_modules.evaluation.evaluator import greedy_answers
 from lightning_modules.grpo.args import flat_hparams
+from lightning_modules.grpo.outputs import StepOutput
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The local metrics file
@@ -443,8 +446,6 @@ _GROUP_COLOURS = [
 def _rec_score(boxes, gt_boxes) -> str:
     """A gallery caption's score of a REC answer: the IoU of its first box, or what it says about a no-target query
     (``gt_boxes`` empty: any box is a false alarm)."""
-    from lightning_modules import rewards
-
     if not gt_boxes:
         return "no target: false alarm" if boxes else "no target: no box"
     return f"IoU {rewards.iou(boxes[0], gt_boxes[0]):.2f}" if boxes else "no box"
@@ -518,7 +519,7 @@ class RolloutGallery(Callback):
     At each validation end (``every_n_epochs``; sanity checks excluded) the policy answers greedily, as in evaluation,
     on the first ``num_samples`` samples of one validation set (always the same samples, so epochs compare). With
     ``train_every_n_steps > 0``, every n training steps the G completions of the first prompt of the batch
-    (the step's ``outputs["completions"]`` and ``outputs["boxes"]``) are drawn over that prompt's image. PNGs go to ``<default_root_dir>/<dirname>/``
+    (the step's `StepOutput`: ``completions`` and ``boxes``) are drawn over that prompt's image. PNGs go to ``<default_root_dir>/<dirname>/``
     (``val_e<epoch>_s<step>_<k>.png``, ``train_s<step>.png``) and to every logger with ``log_image`` (W&B:
     ``val/gallery``, ``train/rollouts``). Only global rank 0 draws; it needs a module with ``policy``, ``processor``
     and the GRPO hparams (``prompt_template``, ``max_new_tokens``).
@@ -583,8 +584,6 @@ class RolloutGallery(Callback):
 
     @torch.no_grad()
     def _draw_eval(self, trainer: L.Trainer, pl_module: L.LightningModule, kind: str) -> None:
-        from lightning_modules.evaluation.evaluator import greedy_answers
-
         samples = self._fixed_samples(trainer, kind)
         if not samples or not self._usable(pl_module):
             return
@@ -629,21 +628,16 @@ class RolloutGallery(Callback):
 
     @torch.no_grad()
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int):
-        n = self.train_every_n_steps
-        texts = outputs.get("completions") if isinstance(outputs, dict) else None
-        if n <= 0 or not trainer.is_global_zero or trainer.global_step % n or not texts or not batch:
+        n, out = self.train_every_n_steps, StepOutput.of(outputs)
+        if n <= 0 or not trainer.is_global_zero or trainer.global_step % n or not (out and out.completions and batch):
             return
-        from lightning_modules import rewards
-
-        G = int(outputs.get("group_size") or max(1, len(texts) // len(batch)))
-        index = outputs.get("sample_index") or [i // G for i in range(len(texts))]
-        first = [i for i in range(len(texts)) if index[i] == 0]  # every row of the batch's first sample
+        first = out.rows_of(0)  # every row of the batch's first sample
         s = batch[0]
         sets, lines = [], [f"{s.sample_id} | {s.query} | step {trainer.global_step}, G={len(first)}"]
         lines.append(
             "#i: completion i (its box in the key's colour); v: its <diversity> score; its score; its description"
         )
-        for i, (text, boxes) in enumerate((texts[r], outputs["boxes"][r]) for r in first):  # boxes: original pixels
+        for i, (text, boxes) in enumerate((out.completions[r], out.boxes[r]) for r in first):  # original pixels
             p = rewards.parse_completion(text)
             sets.append(boxes)
             score = _rec_score(boxes, s.boxes) if s.task == "rec" else "no box"

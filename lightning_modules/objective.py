@@ -1,7 +1,7 @@
 """The GRPO objective as pure tensor functions (no Lightning, no I/O).
 
-Shapes: ``N = B * G`` completions (``B`` prompts, ``G`` completions per prompt, the ``G`` completions of one prompt
-are consecutive), ``T`` completion tokens (right padded), ``V`` vocabulary size.
+Shapes: ``N`` completions (rows) in advantage groups named by index (`Groups`: ``B`` prompts x ``G`` completions in
+plain GRPO, groups of other sizes in nested methods), ``T`` completion tokens (right padded), ``V`` vocabulary size.
 
 Where this departs from the textbook (and from the peers it stays comparable with; see docs/objective.md):
 
@@ -23,6 +23,7 @@ Where this departs from the textbook (and from the peers it stays comparable wit
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -30,9 +31,14 @@ __all__ = [
     "AGGREGATIONS",
     "KL_ESTIMATORS",
     "SCALES",
+    "Groups",
+    "LossCount",
+    "advantages_by_group",
     "aggregate",
-    "group_advantages",
+    "group_convergence",
+    "group_reward_stats",
     "kl_penalty",
+    "loss_count",
     "masked_mean",
     "policy_loss",
     "selective_log_softmax",
@@ -50,52 +56,60 @@ AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 DEFAULT_CHUNK_SIZE = 512
 
 
-def _check_groups(rewards: torch.Tensor, group_size: int) -> None:
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
-        raise ValueError(
-            f"--model.sampling.group_size must be an int >= 2 for group-normalised advantages, got {group_size!r}"
-        )
-    if rewards.dim() != 1:
-        raise ValueError(f"rewards must be 1-D [B*G], got shape {tuple(rewards.shape)}")
-    if rewards.numel() == 0 or rewards.numel() % group_size:
-        raise ValueError(
-            f"rewards has {rewards.numel()} entries, not a positive multiple of --model.sampling.group_size={group_size}"
-        )
+@dataclass(frozen=True)
+class Groups:
+    """A step's advantage groups by index, the one representation of groups (verl's ``index`` array): rows with the
+    same id form a group, of any size and in any order (GRPO: the G completions of a prompt; CycleGRPO: the N captions
+    of a sample and, apart, the K groundings under each caption, two groupings that never mix).
+
+    Shapes: ``ids`` [N] long. ``size`` is G when the ids are contiguous runs of one size (a plain rollout's [B, G]
+    layout): the reductions then take one [B, G] view of the rows (the textbook's numbers, one kernel) instead of a
+    loop over the groups."""
+
+    ids: torch.Tensor
+    """[N] each row's group."""
+    size: int | None
+    """G for contiguous groups of one size, else None."""
+
+    @classmethod
+    def of(cls, group_ids: torch.Tensor | Sequence[int] | Groups, device: torch.device | None = None) -> Groups:
+        """The groups of ``group_ids`` ([N] ids, or groups already built)."""
+        if isinstance(group_ids, Groups):
+            return group_ids
+        ids = torch.as_tensor(group_ids, device=device).reshape(-1)
+        runs, counts = torch.unique_consecutive(ids, return_counts=True)
+        uniform = ids.numel() > 0 and runs.numel() == torch.unique(ids).numel() and bool((counts == counts[0]).all())
+        return cls(ids, int(counts[0]) if uniform else None)
+
+    def members(self) -> list[torch.Tensor]:
+        """Per group (in id order), the indices of its rows."""
+        return [(self.ids == g).nonzero().squeeze(1) for g in torch.unique(self.ids)]
 
 
-def zero_variance_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Which groups have all-equal rewards (and hence zero advantage).
+def _rows(rewards: torch.Tensor | Sequence[float], groups: Groups) -> torch.Tensor:
+    """The rewards as a detached float [N] tensor, checked against the groups."""
+    r = torch.as_tensor(rewards).detach()
+    if r.dim() != 1:
+        raise ValueError(f"rewards must be 1-D [N], got shape {tuple(r.shape)}")
+    if r.numel() == 0 or r.numel() != groups.ids.numel():
+        raise ValueError(f"{r.numel()} rewards but {groups.ids.numel()} group ids (one per row, at least one row)")
+    return r if r.is_floating_point() else r.float()
 
-    rewards [B*G] -> bool [B]. Useful for logging the fraction of zero-variance groups.
-    """
-    _check_groups(rewards, group_size)
-    grouped = rewards.detach().view(-1, group_size)  # [B, G]
-    return (grouped == grouped[:, :1]).all(dim=1)  # [B]
+
+def zero_variance_groups(rewards: torch.Tensor, group_ids: torch.Tensor | Sequence[int] | Groups) -> torch.Tensor:
+    """Which groups have all-equal rewards (and hence zero advantage): rewards [N] -> bool [number of groups], in id
+    order. Useful for logging the fraction of zero-variance groups."""
+    groups = Groups.of(group_ids)
+    r = _rows(rewards, groups)
+    if groups.size is not None:
+        grouped = r.view(-1, groups.size)  # [B, G]
+        return (grouped == grouped[:, :1]).all(dim=1)  # [B]
+    return torch.tensor([bool((r[i] == r[i][0]).all()) for i in groups.members()])
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group", eps: float = 1e-4) -> torch.Tensor:
-    """Group-relative advantages.
-
-    Args:
-        rewards: [B*G] total reward per completion, the G completions of a prompt consecutive.
-        group_size: G (>= 2).
-        scale: ``group`` -> (r - group mean) / (group std + eps); ``batch`` -> (r - group mean) / (batch std + eps);
-            ``none`` -> r - group mean. Stds are unbiased (``torch.std`` default), as in TRL and verl.
-        eps: added to the std (TRL 1e-4, verl 1e-6).
-
-    Returns:
-        [B*G] advantages (float32 or the input float dtype), detached. Groups with all-equal rewards get exactly 0.
-    """
-    if scale not in SCALES:
-        raise ValueError(f"--model.optimisation.advantage_scale must be one of {'|'.join(SCALES)}, got {scale!r}")
-    if not eps >= 0:
-        raise ValueError(f"advantage eps must be >= 0, got {eps!r}")
-    rewards = torch.as_tensor(rewards)
-    _check_groups(rewards, group_size)
-    r = rewards.detach()
-    if not r.is_floating_point():
-        r = r.float()
-    grouped = r.view(-1, group_size)  # [B, G]
+def _contiguous_advantages(r: torch.Tensor, G: int, scale: str, eps: float) -> torch.Tensor:
+    """`advantages_by_group` over contiguous groups of G rows, as one [B, G] view."""
+    grouped = r.view(-1, G)  # [B, G]
     centred = grouped - grouped.mean(dim=1, keepdim=True)  # [B, G]
     constant = (grouped == grouped[:, :1]).all(dim=1, keepdim=True)  # [B, 1]
     centred = centred.masked_fill(constant, 0.0)
@@ -108,42 +122,43 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group
     return centred.reshape(-1)
 
 
-def uniform_group_size(group_ids: torch.Tensor) -> int | None:
-    """G when the ids form contiguous groups of one size G (the [B, G] layout of a plain GRPO rollout), else None."""
-    runs, counts = torch.unique_consecutive(group_ids, return_counts=True)
-    if runs.numel() == torch.unique(group_ids).numel() and bool((counts == counts[0]).all()):
-        return int(counts[0])
-    return None
-
-
 def advantages_by_group(
-    rewards: torch.Tensor, group_ids: torch.Tensor | Sequence[int], scale: str = "group", eps: float = 1e-4
+    rewards: torch.Tensor | Sequence[float],
+    group_ids: torch.Tensor | Sequence[int] | Groups,
+    scale: str = "group",
+    eps: float = 1e-4,
 ) -> torch.Tensor:
-    """Group-relative advantages over any grouping: rows with the same id are normalised together.
+    """Group-relative advantages over any grouping (`Groups`): rows with the same id are normalised together.
 
-    A method's plan names the groups (GRPO: the G completions of a prompt; CycleGRPO: the N captions of a sample, and
-    separately the K groundings under each caption, which is two calls on two groupings that never mix). Contiguous
-    groups of one size take `group_advantages`' [B, G] path (the same numbers); any other grouping is normalised group
-    by group with the same rules (unbiased std, ``eps``, constant group -> exactly 0; ``batch`` divides by the std of
-    all rows). Every group needs at least 2 rows.
+    Args:
+        rewards: [N] total reward per completion.
+        group_ids: [N] each row's group (a method's plan names them; two-level groups are one call per grouping, or
+            one call on ids that never mix). Every group needs at least 2 rows.
+        scale: ``group`` -> (r - group mean) / (group std + eps); ``batch`` -> (r - group mean) / (batch std + eps);
+            ``none`` -> r - group mean. Stds are unbiased (``torch.std`` default), as in TRL and verl.
+        eps: added to the std (TRL 1e-4, verl 1e-6).
+
+    Returns:
+        [N] advantages (float32 or the input float dtype), detached. Groups with all-equal rewards get exactly 0.
     """
-    r = torch.as_tensor(rewards).detach()
-    if not r.is_floating_point():
-        r = r.float()
-    ids = torch.as_tensor(group_ids, device=r.device).reshape(-1)
-    if ids.numel() != r.numel():
-        raise ValueError(f"advantages_by_group: {r.numel()} rewards but {ids.numel()} group ids")
-    G = uniform_group_size(ids)
-    if G is not None:
-        return group_advantages(r, G, scale=scale, eps=eps)
     if scale not in SCALES:
         raise ValueError(f"--model.optimisation.advantage_scale must be one of {'|'.join(SCALES)}, got {scale!r}")
+    if not eps >= 0:
+        raise ValueError(f"advantage eps must be >= 0, got {eps!r}")
+    r = torch.as_tensor(rewards).detach()
+    groups = Groups.of(group_ids, device=r.device)
+    r = _rows(r, groups)
+    if groups.size is not None and groups.size >= 2:
+        return _contiguous_advantages(r, groups.size, scale, eps)
     out = torch.zeros_like(r)
     batch_std = r.std()
-    for g in torch.unique(ids):
-        idx = (ids == g).nonzero().squeeze(1)
+    for idx in groups.members():
         if idx.numel() < 2:
-            raise ValueError(f"advantages_by_group: group {int(g)} has {idx.numel()} row(s); a group needs >= 2")
+            g = int(groups.ids[idx[0]])
+            raise ValueError(
+                f"group {g} has {idx.numel()} row(s); a group needs >= 2 (--model.sampling.group_size >= 2 for "
+                "group-normalised advantages)"
+            )
         sub = r[idx]
         if bool((sub == sub[0]).all()):
             continue
@@ -156,36 +171,34 @@ def advantages_by_group(
     return out
 
 
-def group_reward_stats(rewards: torch.Tensor, group_ids: torch.Tensor | Sequence[int]) -> tuple[float, float]:
-    """(mean within-group std of the rewards, fraction of groups whose rewards are all equal) over any grouping;
-    contiguous equal-size groups take the [B, G] path (the numbers `zero_variance_groups` gives)."""
+def group_reward_stats(rewards: torch.Tensor, group_ids: torch.Tensor | Sequence[int] | Groups) -> tuple[float, float]:
+    """(mean within-group std of the rewards, fraction of groups whose rewards are all equal) over any grouping."""
+    groups = Groups.of(group_ids)
     r = torch.as_tensor(rewards).detach().float()
-    ids = torch.as_tensor(group_ids).reshape(-1)
-    G = uniform_group_size(ids)
+    G = groups.size
     if G is not None and G >= 2:
-        return float(r.view(-1, G).std(dim=1).mean()), float(zero_variance_groups(r, G).float().mean())
+        return float(r.view(-1, G).std(dim=1).mean()), float(zero_variance_groups(r, groups).float().mean())
     stds, constant = [], []
-    for g in torch.unique(ids):
-        sub = r[ids == g]
+    for idx in groups.members():
+        sub = r[idx]
         stds.append(float(sub.std()) if sub.numel() > 1 else 0.0)
         constant.append(bool((sub == sub[0]).all()))
     return sum(stds) / len(stds), sum(constant) / len(constant)
 
 
 def group_convergence(
-    values: torch.Tensor, group_ids: torch.Tensor | Sequence[int], threshold: float = 0.5
+    values: torch.Tensor, group_ids: torch.Tensor | Sequence[int] | Groups, threshold: float = 0.5
 ) -> tuple[float, float]:
     """(fraction of groups whose values are all >= ``threshold``, fraction whose values are all below it): which way
     the groups of an outcome reward converge (all answers right, all wrong) when they tie."""
+    groups = Groups.of(group_ids)
     v = torch.as_tensor(values).detach().float().reshape(-1)
-    ids = torch.as_tensor(group_ids).reshape(-1)
-    G = uniform_group_size(ids)
-    if G is not None:  # contiguous equal-size groups (every GRPO step): one reduction per side
-        lo, hi = v.view(-1, G).amin(1), v.view(-1, G).amax(1)
+    if groups.size is not None:  # contiguous equal-size groups (every GRPO step): one reduction per side
+        lo, hi = v.view(-1, groups.size).amin(1), v.view(-1, groups.size).amax(1)
     else:
-        groups = torch.unique(ids)
-        lo = torch.stack([v[ids == g].min() for g in groups])
-        hi = torch.stack([v[ids == g].max() for g in groups])
+        members = groups.members()
+        lo = torch.stack([v[i].min() for i in members])
+        hi = torch.stack([v[i].max() for i in members])
     return float((lo >= threshold).float().mean()), float((hi < threshold).float().mean())
 
 
@@ -371,34 +384,66 @@ def policy_loss(
     return loss, stats
 
 
+@dataclass(frozen=True)
+class LossCount:
+    """What a step's loss is normalised by, computed once per step (`loss_count`) and passed down to the loss of its
+    micro-batches and to the side weights, as verl's ``agg_loss`` takes its normaliser as an argument.
+
+    DDP and FSDP2 average the ranks' gradients, so each rank divides by the ranks' *mean* count, not its own: the
+    averaged gradient is then the aggregation over the global batch, whatever each rank holds (one process: its own
+    count). The count is of tokens under ``token-mean``, of rows otherwise."""
+
+    per_row: torch.Tensor
+    """[N] what each row adds to the count: its completion tokens under ``token-mean``, 1 otherwise."""
+    local: torch.Tensor
+    """This rank's count (at least 1): what a micro-batch's share of the logged statistics is relative to."""
+    denom: torch.Tensor
+    """The ranks' mean of ``local``: what the step's loss divides by."""
+
+    def share(self, rows: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """What rows ``rows`` add to the count."""
+        return self.per_row[rows].sum()
+
+
+def loss_count(
+    mask: torch.Tensor, aggregation: str, rank_mean: Callable[[torch.Tensor], torch.Tensor] | None = None
+) -> LossCount:
+    """The step's `LossCount` from its completion mask [N, T] (float) and ``--model.optimisation.aggregation``;
+    ``rank_mean``: the mean over the ranks of a tensor (the module's all-reduce), None on one process."""
+    if aggregation == "token-mean":
+        per_row = mask.sum(1)  # [N]
+    else:
+        per_row = torch.ones(mask.shape[0], dtype=mask.dtype, device=mask.device)  # [N]
+    local = per_row.sum().clamp(min=1)
+    return LossCount(per_row, local, rank_mean(local) if rank_mean is not None else local)
+
+
 def side_row_weights(
-    row_counts: torch.Tensor,
+    count: LossCount,
     side_ids: torch.Tensor,
     side_weights: Sequence[float],
-    denom: torch.Tensor,
     rank_mean: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Row weights that turn one aggregation over all rows into ``sum_s w_s * L_s``, each side's loss ``L_s`` an
     aggregation over its own rows across the ranks (CycleGRPO: caption rows and grounding rows, paper 004's equal-
     weight objective).
 
-    The step's loss divides each rank's sum over (weighted) row losses by ``denom``, the ranks' mean count (of tokens
-    under token-mean, of rows otherwise), and DDP averages the ranks' gradients. Weighting row r of side s by
+    The step's loss divides each rank's sum over (weighted) row losses by ``count.denom``, the ranks' mean count (of
+    tokens under token-mean, of rows otherwise), and DDP averages the ranks' gradients. Weighting row r of side s by
     ``w_s * denom / c_s``, with ``c_s`` the ranks' mean count of side s, gives ``sum_s w_s * (sum of side s's row
     losses over all ranks) / (its count over all ranks)``: side s's global mean, weighted ``w_s``, whatever each
     rank holds of it.
 
     Args:
-        row_counts: [N] what each row adds to ``denom`` on this rank (its completion tokens; 1 per row when the
-            aggregation counts rows).
+        count: the step's `LossCount` (``per_row`` [N]: what each row adds to the count on this rank).
         side_ids: [N] long, each row's side in ``0 .. S-1``.
         side_weights: [S] the sides' weights ``w_s`` (>= 0; a side of weight 0 adds nothing, KL included).
-        denom: the scalar the step divides by (the ranks' mean of ``row_counts.sum()``).
         rank_mean: the mean over the ranks of an [S] tensor (the step's own reduction); None on one process.
 
     Returns:
         [N] float32 weights (0 for the rows of a side of weight 0).
     """
+    row_counts = count.per_row
     w = torch.as_tensor(side_weights, dtype=torch.float32, device=row_counts.device)  # [S]
     ids = side_ids.to(row_counts.device).long()
     if ids.shape != row_counts.shape:
@@ -409,7 +454,7 @@ def side_row_weights(
     counts = rank_mean(local) if rank_mean is not None else local  # [S] the ranks' mean count per side
     counts = counts.float()
     # a side with no rows anywhere has no row to weigh: any positive divisor will do
-    scale = denom.detach().float().to(w.device) / torch.where(counts > 0, counts, torch.ones_like(counts))  # [S]
+    scale = count.denom.detach().float().to(w.device) / torch.where(counts > 0, counts, torch.ones_like(counts))  # [S]
     return (w * scale)[ids]  # [N]
 
 

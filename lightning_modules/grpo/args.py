@@ -12,11 +12,12 @@ place when an old config or flag uses one (docs/interfaces.md, "Migrating a conf
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from lightning_modules import rewards
 from lightning_modules.engines.base import ROLLOUT_ENGINES, UPDATE_ENGINES
+from lightning_modules.methods.base import MethodContext
 from lightning_modules.models.loading import PolicyArgs, as_group
 from lightning_modules.models.prompts import PROMPT_TEMPLATES
 from lightning_modules.registry import document
@@ -30,7 +31,9 @@ __all__ = [
     "PolicyArgs",
     "SamplingArgs",
     "as_group",
+    "checkpoint_hparams",
     "flat_hparams",
+    "method_context",
 ]
 
 
@@ -278,6 +281,33 @@ MOVED: dict[str, str] = {
     "seed": "method.init_args.selection_seed",
     "method_args": "method.init_args",
 }
+
+
+def method_context(task: str, sampling: SamplingArgs, optimisation: OptimArgs, evaluation: EvalArgs) -> MethodContext:
+    """The settings a method shares with the module (`Method.bind`): the task, the prompt templates, G, the length
+    limit and the advantage scaling."""
+    return MethodContext(
+        task=task,
+        prompt_template=sampling.prompt_template,
+        eval_prompt_template=evaluation.prompt_template,
+        group_size=sampling.group_size,
+        max_new_tokens=sampling.max_new_tokens,
+        advantage_scale=optimisation.advantage_scale,
+        advantage_eps=optimisation.advantage_eps,
+    )
+
+
+def checkpoint_hparams(module: type, task: str, method: dict[str, Any], **groups: Any) -> dict[str, Any]:
+    """The hyperparameters a `GRPOModule` saves (``save_hyperparameters``): its class path (LightningCLI resumes with
+    it), the task, each typed group as a plain dict (in the order given) and the method's ``{class_path, init_args}``.
+    Plain dicts, so a checkpoint's hyperparameters load with ``weights_only`` and the logger and the notebook read
+    them."""
+    return {
+        "_class_path": f"{module.__module__}.{module.__qualname__}",
+        "task": task,
+        **{name: asdict(group) for name, group in groups.items()},
+        "method": method,
+    }
 
 
 def flat_hparams(hparams: Any) -> dict[str, Any]:

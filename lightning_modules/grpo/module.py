@@ -22,7 +22,7 @@ How this departs from textbook GRPO (DeepSeekMath), and why:
   ``old_logp`` is the detached current log-prob; with ``num_iterations > 1`` old log-probs are computed once per
   rollout before the first update.
 * **Selection**: after each batch, per prompt, the description of the completion with the highest ``R_diversity``
-  (among completions whose description parses) is returned in the step's ``outputs["evolution"]`` for the
+  (among completions whose description parses) is returned in the step's `StepOutput` (``evolution``) for the
   synthesis callback.
 * **Methods and engines are plug-ins.** The step is the same for every method: plan -> generate -> score ->
   advantage -> update -> log. What a method changes (its rollout plan, reward terms, advantage groups, evolution
@@ -47,14 +47,26 @@ from torch import nn
 
 from lightning_modules import objective, rewards
 from lightning_modules.engines.base import Sampling, build_rollout_engine, build_update_engine
+from lightning_modules.engines.packing import enable_fast_vision_attention
 from lightning_modules.evaluation.evaluator import Evaluator, eval_set_name, greedy_answers, rec_records
-from lightning_modules.grpo.args import EngineArgs, EvalArgs, KLArgs, OptimArgs, PolicyArgs, SamplingArgs, as_group
+from lightning_modules.grpo.args import (
+    EngineArgs,
+    EvalArgs,
+    KLArgs,
+    OptimArgs,
+    PolicyArgs,
+    SamplingArgs,
+    as_group,
+    checkpoint_hparams,
+    method_context,
+)
+from lightning_modules.grpo.checks import check_strategy
+from lightning_modules.grpo.outputs import STEP_KEY
 from lightning_modules.grpo.step import PhaseTimer, PolicyHost, StepLoss, step_output, train_logs
-from lightning_modules.methods.base import METHODS, Method, MethodContext, Scores, Selection, build_method
+from lightning_modules.methods.base import METHODS, Method, Selection, build_method
 from lightning_modules.models import fsdp
 from lightning_modules.models.loading import dtype_from_name, load_policy, prepare_policy
 from lightning_modules.models.precision import build_optimizer, fp32_default_dtype, optimizer_tensors
-from lightning_modules.models.rollout import Rollout
 from lightning_modules.registry import document
 
 OptimizerCallable = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
@@ -109,31 +121,9 @@ class GRPOModule(L.LightningModule):
         self.kl_args = as_group(KLArgs, kl, "kl")
         self.engine_args = e = as_group(EngineArgs, engines, "engines")
         self.eval_args = ev = as_group(EvalArgs, evaluation, "evaluation")
-        self.method = build_method(method).bind(
-            MethodContext(
-                task=task,
-                prompt_template=s.prompt_template,
-                eval_prompt_template=ev.prompt_template,
-                group_size=s.group_size,
-                max_new_tokens=s.max_new_tokens,
-                advantage_scale=o.advantage_scale,
-                advantage_eps=o.advantage_eps,
-            )
-        )
-        # plain dicts (a checkpoint's hyperparameters load with weights_only; the logger and the notebook read them)
-        self.save_hyperparameters(
-            {
-                "_class_path": f"{type(self).__module__}.{type(self).__qualname__}",  # LightningCLI resumes with these
-                "task": task,
-                "policy": asdict(self.policy_args),
-                "sampling": asdict(s),
-                "optimisation": asdict(o),
-                "kl": asdict(self.kl_args),
-                "engines": asdict(e),
-                "evaluation": asdict(ev),
-                "method": self.method.config(),
-            }
-        )
+        self.method = build_method(method).bind(method_context(task, s, o, ev))
+        groups = dict(policy=self.policy_args, sampling=s, optimisation=o, kl=self.kl_args, engines=e, evaluation=ev)
+        self.save_hyperparameters(checkpoint_hparams(type(self), task, self.method.config(), **groups))
         self.optimizer_factory = optimizer
         self.automatic_optimization = False
         self.rollout_engine = build_rollout_engine(e.rollout_engine, compile_step=e.rollout_compile, **e.rollout_args)
@@ -150,7 +140,7 @@ class GRPOModule(L.LightningModule):
         self.processor = None
         self._ref: list[nn.Module] = []  # a list so the reference is neither a submodule nor in the checkpoint
         self.last_selections: list[Selection] = []
-        """The last step's evolution requests (also in its ``outputs["evolution"]``), kept for the checkpoint."""
+        """The last step's evolution requests (also in its `StepOutput`'s ``evolution``), kept for the checkpoint."""
         self.evaluator = Evaluator()
         self._sharded = False
         """Whether the policy is sharded with FSDP2 (set by ``configure_model``)."""
@@ -180,8 +170,6 @@ class GRPOModule(L.LightningModule):
             # the vision tower's window attention as one batched SDPA call per layer instead of HF's loop over
             # windows (exact; the loop runs ~16 x 20 small kernels per layer for 20 images, in the prefill, the
             # reference, the update and its recompute)
-            from lightning_modules.engines.packing import enable_fast_vision_attention
-
             enable_fast_vision_attention(model)
         ref = None
         if self._needs_reference():
@@ -231,54 +219,10 @@ class GRPOModule(L.LightningModule):
         )
 
     def setup(self, stage: str) -> None:
-        self._check_strategy()
+        if self._trainer is not None:
+            check_strategy(self._trainer, self.rollout_engine, self.update_engine)
         if self.method.grounding:  # a method on other samples (reasoning rows) evaluates with its own metrics
             self.evaluator.build(self._trainer, stage)
-
-    def _check_strategy(self) -> None:
-        trainer = self._trainer
-        if trainer is None:
-            return
-        strategy = type(trainer.strategy).__name__
-        if "FSDP" in strategy and not isinstance(trainer.strategy, fsdp.ModelParallelStrategy):
-            raise ValueError(
-                f"--trainer.strategy {strategy} (FSDP1) wraps the module in one FSDP forward, but a GRPO step "
-                "calls the policy many times (rollout, reference, micro-batches): use --trainer.strategy fsdp2 "
-                "(FSDP2, lightning_modules/models/fsdp.py) or ddp"
-            )
-        if isinstance(trainer.strategy, fsdp.ModelParallelStrategy):
-            tp = trainer.strategy._tensor_parallel_size
-            if tp not in (1, "auto") or (tp == "auto" and trainer.strategy.num_processes > 1):
-                raise ValueError(
-                    "the policy implements no tensor parallelism: use --trainer.strategy fsdp2 (every process shards "
-                    "the policy) instead of ModelParallelStrategy with tensor_parallel_size > 1"
-                )
-            if str(trainer.precision) != "32-true":
-                raise ValueError(
-                    f"--trainer.precision {trainer.precision} with FSDP2 would cast the fp32 master shards: use "
-                    "--trainer.precision 32-true; the compute dtype is --model.policy.dtype (bf16: gathered in bf16, "
-                    "gradients reduced in fp32)"
-                )
-            if self.rollout_engine.compile_step:
-                raise ValueError(
-                    "--model.engines.rollout_compile compiles the fast engine's decode step once per process, but under "
-                    "FSDP2 that step is rebuilt after every rollout (the gathered parameters it reads are freed), so "
-                    "it would recompile every step: set --model.engines.rollout_compile false with --trainer.strategy fsdp2"
-                )
-        plugin = type(trainer.precision_plugin).__name__
-        engines = [e.name for e in (self.rollout_engine, self.update_engine) if e.own_kernels]
-        if plugin == "MixedPrecision" and engines:
-            raise ValueError(
-                f"--trainer.precision {trainer.precision} (autocast over fp32 weights) does not drive the "
-                f"{' and '.join(engines)} engine(s), which run in the weights' dtype: use --trainer.precision "
-                "bf16-true with --model.policy.dtype bf16 (fp32 master weights are on by default: --model.optimisation.master_weights "
-                "fp32), or --model.engines.rollout_engine hf --model.engines.update_engine hf"
-            )
-        if not self.update_engine.distributed_ok and trainer.world_size > 1:
-            raise ValueError(
-                f"--model.engines.update_engine {self.update_engine.name} is single-process only (its deferred vision "
-                "backward is not DDP-aware): use --model.engines.update_engine hf with several GPUs"
-            )
 
     # ---------------------------------------------------------------------------------------------------- method
     @property
@@ -316,24 +260,20 @@ class GRPOModule(L.LightningModule):
         timer.lap("rewards")
         o, engine = self.optim_args, self.update_engine
         mask = ro.completion_mask.to(self.device).float()
-        # DDP and FSDP2 average the ranks' gradients, so each rank divides by the ranks' *mean* count (of tokens for
-        # token-mean, of rows otherwise), not its own: the averaged gradient is then the aggregation over the global
-        # batch, whatever each rank holds (one process: its own count)
-        count = mask.sum().clamp(min=1) if o.aggregation == "token-mean" else torch.tensor(float(mask.shape[0]))
         self.policy.train()
         prepared = engine.prepare(self.policy, self.processor, ro, self.device)
-        denom = self._rank_mean(count.to(self.device))
+        # the step's normaliser, once: its micro-batches' loss and the side weights divide by the ranks' mean count
+        count = objective.loss_count(mask, o.aggregation, self._rank_mean)
         row_weights = None  # one aggregation over all rows, unless the method's rows form sides (CycleGRPO)
         if (sides := self.method.loss_sides(scores, ro)) is not None:
-            per_row = mask.sum(1) if o.aggregation == "token-mean" else torch.ones(mask.shape[0], device=self.device)
-            row_weights = objective.side_row_weights(per_row, sides[0], sides[1], denom, self._rank_mean)
+            row_weights = objective.side_row_weights(count, sides[0], sides[1], self._rank_mean)
         loss = StepLoss(
             o,
             self.kl_args,
             self.sampling_args.max_new_tokens,
             adv=adv,
             mask=mask,
-            denom=denom,
+            count=count,
             row_weights=row_weights,
             ref_logp=engine.logprobs(self.reference, prepared) if self.reference is not None else None,
             old_logp=engine.logprobs(self.policy, prepared) if o.num_iterations > 1 else None,
@@ -350,8 +290,9 @@ class GRPOModule(L.LightningModule):
         evolution = self.method.evolution(batch, ro, scores, step=int(self.global_step), epoch=int(self.current_epoch))
         self.last_selections = evolution
         stats = {**loss.stats, **{f"time/{k}_s": v for k, v in timer.times.items()}}
-        self._log_train(scores, ro, stats, loss.entropy(), len(batch))
-        return step_output(self.method, batch, ro, scores, evolution)
+        self._log_train(train_logs(self.method, self.task, scores, ro, stats, loss.entropy(), self.device), len(batch))
+        # Lightning takes a mapping from a training step and hands it to on_train_batch_end (`StepOutput.of`)
+        return {STEP_KEY: step_output(self.method, batch, ro, scores, evolution)}
 
     def _rank_mean(self, count: torch.Tensor) -> torch.Tensor:
         """The mean of ``count`` (a tensor) over the ranks; ``count`` itself on one process."""
@@ -369,8 +310,8 @@ class GRPOModule(L.LightningModule):
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    def _log_train(self, scores: Scores, ro: Rollout, stats: dict[str, float], entropy: torch.Tensor, bsz: int) -> None:
-        logs = train_logs(self.method, self.task, scores, ro, stats, entropy, self.device)
+    def _log_train(self, logs: dict[str, float], bsz: int) -> None:
+        """The step's ``train/*`` values (`step.train_logs`), and the progress bar's reward (and IoU)."""
         self.log_dict(logs, batch_size=bsz, on_step=True, on_epoch=False)
         self.log("train/reward", logs["train/reward/total"], prog_bar=True, batch_size=bsz, logger=False)
         if "train/iou" in logs:

@@ -1,6 +1,6 @@
 """The parts of a GRPO step that need no Lightning: the view of the policy a method gets (`PolicyHost`), timing the
 step's phases, the loss of its micro-batches (`StepLoss`, which the update engine calls), its ``train/*`` logs, and
-what it hands the callbacks. `GRPOModule.training_step` (``module.py``) strings them together; the math is
+what it hands the callbacks (`outputs.StepOutput`). `GRPOModule.training_step` (``module.py``) strings them together; the math is
 ``objective.py``'s.
 """
 
@@ -18,6 +18,7 @@ from torch import nn
 from lightning_modules import objective, rewards
 from lightning_modules.engines.base import RolloutEngine, RolloutRequest, Sampling
 from lightning_modules.grpo.args import KLArgs, OptimArgs
+from lightning_modules.grpo.outputs import StepOutput
 from lightning_modules.methods.base import Method, Scores, Selection
 from lightning_modules.models import fsdp
 from lightning_modules.models.rollout import Rollout
@@ -58,18 +59,26 @@ class PolicyHost:
 
 class StepLoss:
     """The loss of a step's micro-batches, as the update engine asks for it: ``loss(logp, ent, rows)`` is the share of
-    rows ``rows`` of the full-batch loss, weighted so the accumulated gradient equals the full-batch aggregation
-    (``denom``: the ranks' mean count of tokens under ``token-mean``, of rows otherwise). The first iteration also
-    accumulates this rank's logged statistics (``stats``) and its entropy sum."""
+    rows ``rows`` of the full-batch loss, weighted by the step's `objective.LossCount` (``count``, computed once per
+    step) so the accumulated gradient equals the full-batch aggregation. The first iteration also accumulates this
+    rank's logged statistics (``stats``) and its entropy sum."""
 
     def __init__(
-        self, optim: OptimArgs, kl: KLArgs, max_length: int, *, adv, mask, denom, old_logp, ref_logp, row_weights=None
+        self,
+        optim: OptimArgs,
+        kl: KLArgs,
+        max_length: int,
+        *,
+        adv: torch.Tensor,
+        mask: torch.Tensor,
+        count: objective.LossCount,
+        old_logp: torch.Tensor | None,
+        ref_logp: torch.Tensor | None,
+        row_weights: torch.Tensor | None = None,
     ):
         self.optim, self.kl, self.max_length = optim, kl, max_length
-        self.adv, self.mask, self.denom, self.old_logp, self.ref_logp = adv, mask, denom, old_logp, ref_logp
+        self.adv, self.mask, self.count, self.old_logp, self.ref_logp = adv, mask, count, old_logp, ref_logp
         self.row_weights = row_weights  # [N] or None (`Method.loss_sides`)
-        self.token_mean = optim.aggregation == "token-mean"
-        self.total = mask.sum().clamp(min=1) if self.token_mean else torch.tensor(float(mask.shape[0]))
         self.first = True
         self.stats: dict[str, float] = {}
         self.entropy_sum = torch.zeros((), dtype=torch.float32, device=mask.device)
@@ -79,14 +88,13 @@ class StepLoss:
             self.optim, self.kl, self.max_length, logp, ent, rows,
             adv=self.adv, mask=self.mask, old_logp=self.old_logp, ref_logp=self.ref_logp, row_weights=self.row_weights,
         )  # fmt: skip
-        m = self.mask[rows]
-        share = m.sum() if self.token_mean else torch.tensor(float(len(rows)), device=m.device)
+        share = self.count.share(rows)
         if self.first:  # the logged stats are this rank's aggregation
-            local = float(share / self.total)
+            local = float(share / self.count.local)
             for k, v in stats.items():
                 self.stats[k] = self.stats.get(k, 0.0) + float(v) * local
-            self.entropy_sum = self.entropy_sum + (ent.detach() * m).sum()
-        return loss * (share / self.denom)
+            self.entropy_sum = self.entropy_sum + (ent.detach() * self.mask[rows]).sum()
+        return loss * (share / self.count.denom)
 
     def entropy(self) -> torch.Tensor:
         """The mean token entropy of the rollout (this rank's)."""
@@ -191,24 +199,22 @@ def train_logs(
     return logs
 
 
-def step_output(method: Method, batch, ro: Rollout, scores: Scores, evolution: list[Selection]) -> dict:
-    """What ``on_train_batch_end`` callbacks receive: per completion row its text, its parsed boxes in original
-    pixels (none for a method whose samples are not grounding samples, `Method.grounding`), its reward parts, the index of its sample in the batch and its advantage group; the samples the rows
-    answer (``samples``: the batch's, or the versions a method re-rolled on); the method's evolution requests and
-    its own entries (`Method.step_outputs`)."""
+def step_output(method: Method, batch, ro: Rollout, scores: Scores, evolution: list[Selection]) -> StepOutput:
+    """What ``on_train_batch_end`` callbacks receive (`StepOutput`): per completion row its text, its parsed boxes in
+    original pixels, its reward parts, its sample and its advantage group; the samples the rows answer; the method's
+    evolution requests and its own entries (`Method.step_outputs`)."""
     index = method.sample_index(batch, ro)
     boxes = [
         [rewards.rescale_box(b, in_wh, batch[i].size) for b in p.boxes] if method.grounding else []
         for p, in_wh, i in zip(scores.parsed, ro.input_wh, index)
     ]
-    return {
-        "completions": list(ro.texts),
-        "boxes": boxes,
-        "rewards": {k: [float(v) for v in t] for k, t in scores.parts.items()},
-        "group_size": ro.group_size,
-        "sample_index": index,
-        "group_ids": ro.group_ids.tolist(),
-        "evolution": evolution,
-        "samples": list(batch),
-        **method.step_outputs(batch, ro, scores),
-    }
+    return StepOutput(
+        completions=list(ro.texts),
+        boxes=boxes,
+        rewards={k: [float(v) for v in t] for k, t in scores.parts.items()},
+        sample_index=index,
+        group_ids=ro.group_ids.tolist(),
+        samples=list(batch),
+        evolution=evolution,
+        extras=method.step_outputs(batch, ro, scores),
+    )

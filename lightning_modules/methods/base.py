@@ -13,7 +13,8 @@ A method decides
   description of each sample), and its own logs and checkpointed state.
 
 A method never sees engines, optimizers or Lightning: the module hands it the batch and the `Rollout`, and callbacks
-read what the step returns (``outputs["evolution"]``, ``outputs["completions"]``), never the method's attributes.
+read what the step returns (its `grpo.outputs.StepOutput`: ``evolution``, ``completions``), never the method's
+attributes.
 What a method may call on the module that runs it is `MethodHost` (generate, the policy and processor, the rollout
 engine for its own evaluation, the step and device); methods never import `GRPOModule`.
 
@@ -298,7 +299,7 @@ class Method:
         return {}
 
     def step_outputs(self, batch: Sequence[Any], ro: Rollout, scores: Scores) -> dict[str, Any]:
-        """The method's own entries of the step's outputs, for callbacks (default: none)."""
+        """The method's own entries of the step's outputs, for callbacks (`StepOutput.extras`; default: none)."""
         return {}
 
     def state_dict(self) -> dict[str, Any]:

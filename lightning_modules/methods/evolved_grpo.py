@@ -22,7 +22,7 @@ gives (a harder one, or its sub-problem / easier version), edited from the origi
 (`evolve.evolve`: the same pure functions the data server runs for visual edits, so the labels are as exact); those G
 rows replace the group's in the step (same batch size, one extra engine call). ``reroll: resample`` re-generates the
 same version instead (the control: as much extra sampling, no edit). The strategy still moves the pool from the first
-try (``outputs["pool_accuracy"]``), so the pool follows what the sample's own version scored. Only toy scenes are edited
+try (the step output's ``pool_accuracy``), so the pool follows what the sample's own version scored. Only toy scenes are edited
 (a real image's edits need the data server's painter: its groups are left as they are). The method's settings
 ``sub_levels``, ``easier``, ``max_level``, ``modality`` name the version the strategy would move to: give them the
 strategy's values.

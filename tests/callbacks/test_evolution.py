@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -12,6 +13,7 @@ from test_synthesis_loop import _fit, _Recorder  # tests/callbacks is on sys.pat
 from callbacks.evolution import STRATEGIES, EvolutionRequest, EvolutionStrategy, build_strategy, register_strategy
 from datamodules.rec import read_jsonl
 from datamodules.synthetic import DataPool
+from lightning_modules.grpo.outputs import StepOutput
 from lightning_modules.methods.base import Selection
 
 
@@ -38,10 +40,27 @@ def _samples(*ids):
     return [SimpleNamespace(sample_id=i) for i in ids]
 
 
+def _step(accuracy: list[float], G: int, evolution=(), **extras) -> StepOutput:
+    """A training step's output with only what the strategies read: each row's accuracy, G consecutive rows per
+    sample, the method's requests and its own entries."""
+    n = len(accuracy)
+    index = [i // G for i in range(n)]
+    return StepOutput(
+        completions=[""] * n, boxes=[[]] * n, rewards={"accuracy": list(accuracy)}, sample_index=index,
+        group_ids=index, samples=[], evolution=list(evolution), extras=extras,
+    )  # fmt: skip
+
+
+def _with_accuracy(outputs, value: float) -> StepOutput:
+    """The step Lightning handed the callbacks, every row's accuracy replaced by ``value``."""
+    step = StepOutput.of(outputs)
+    return dataclasses.replace(step, rewards={"accuracy": [value] * len(step.completions)})
+
+
 def test_built_in_strategies(tmp_path):
     assert {"method", "offline", "random"} <= set(STRATEGIES)
     sel = Selection("a", "a beach", 0, 1.0, 0.5, 1.0, 1.0, 0, 0)
-    got = build_strategy("method").requests(0, _samples("a", "b"), {"evolution": [sel], "completions": []})
+    got = build_strategy("method").requests(0, _samples("a", "b"), {"step": _step([], 1, [sel])})
     assert got == [EvolutionRequest("a", "a beach")]
     assert build_strategy("method").requests(0, _samples("a"), None) == []
     path = tmp_path / "offline.jsonl"
@@ -101,20 +120,20 @@ def test_instruction_evolution_moves_levels_from_group_outcomes_and_edits_exactl
     assert not strategy.paints
     batch = [ToySceneDataset("train", 12, seed=0)[i] for i in range(12)]
     G = 3
-    solved = {"rewards": {"accuracy": [1.0] * (G * len(batch))}, "group_size": G}
+    solved = _step([1.0] * (G * len(batch)), G)
     edits = strategy.requests(0, batch, solved)  # every group converged at full reward: one level harder
     assert edits and all(r.level == 1 and r.description is None for r in edits)
     for r in edits:  # a new question for the same target, exact on its scene
         s = next(s for s in batch if s.sample_id == r.sample_id)
         assert r.query != s.query and is_exact(s.meta, r.query)
     assert strategy.stats()["level/mean"] == 1.0
-    failed = {"rewards": {"accuracy": [0.0] * (G * len(batch))}, "group_size": G}
+    failed = _step([0.0] * (G * len(batch)), G)
     strategy.requests(1, batch, failed)  # all wrong: back to the sub-problem version of level 1
     assert strategy.stats()["level/sub_frac"] == 1.0
     restored = build_strategy("instruction_evolution", seed=0)
     restored.load_state_dict(json.loads(json.dumps(strategy.state_dict())))
     assert restored.stats() == strategy.stats()
-    mixed = {"rewards": {"accuracy": [1.0, 0.0, 1.0] * len(batch)}, "group_size": G}
+    mixed = _step([1.0, 0.0, 1.0] * len(batch), G)
     assert strategy.requests(2, batch, mixed) == []  # GRPO learns from mixed groups: stay
     patient = build_strategy("instruction_evolution", seed=0, step_back_after=2)  # strategy_args
     patient.requests(0, batch, solved)
@@ -132,7 +151,7 @@ def test_two_sub_levels_step_a_failed_sub_problem_to_the_isolated_image():
     strategy = build_strategy("instruction_evolution", seed=0, modality="any", sub_levels=2)
     batch = [ToySceneDataset("train", 12, seed=0)[i] for i in range(12)]
     G = 3
-    failed = {"rewards": {"accuracy": [0.0] * (G * len(batch))}, "group_size": G}
+    failed = _step([0.0] * (G * len(batch)), G)
     first = strategy.requests(0, batch, failed)  # the decluttered image
     assert first and all(r.edits[-1]["kind"] == "declutter" for r in first)
     second = strategy.requests(1, batch, failed)  # failed again: isolated where something can go, else decluttered
@@ -143,7 +162,7 @@ def test_two_sub_levels_step_a_failed_sub_problem_to_the_isolated_image():
     for r in second:
         s = next(s for s in batch if s.sample_id == r.sample_id)
         assert r.query == s.query and is_exact(s.meta, r.query)
-    solved = {"rewards": {"accuracy": [1.0] * (G * len(batch))}, "group_size": G}
+    solved = _step([1.0] * (G * len(batch)), G)
     back = strategy.requests(2, batch, solved)  # solved: one version back up, the decluttered image
     assert back and all(r.edits[-1]["kind"] == "declutter" for r in back)
     assert strategy.stats()["level/isolated_frac"] == 0.0 and strategy.stats()["level/sub_frac"] == 1.0
@@ -159,7 +178,7 @@ def test_easier_zoom_steps_a_failed_sub_problem_to_the_zoomed_image():
     strategy = build_strategy("instruction_evolution", seed=0, modality="any", sub_levels=2, easier="zoom")
     batch = [ToySceneDataset("train", 12, seed=0)[i] for i in range(12)]
     G = 3
-    failed = {"rewards": {"accuracy": [0.0] * (G * len(batch))}, "group_size": G}
+    failed = _step([0.0] * (G * len(batch)), G)
     assert all(r.edits[-1]["kind"] == "declutter" for r in strategy.requests(0, batch, failed))
     second = strategy.requests(1, batch, failed)
     kinds = [r.edits[-1]["kind"] for r in second]
@@ -168,7 +187,7 @@ def test_easier_zoom_steps_a_failed_sub_problem_to_the_zoomed_image():
     for r in second:
         s = next(s for s in batch if s.sample_id == r.sample_id)
         assert r.query == s.query and is_exact(s.meta, r.query)
-    solved = {"rewards": {"accuracy": [1.0] * (G * len(batch))}, "group_size": G}
+    solved = _step([1.0] * (G * len(batch)), G)
     assert all(r.edits[-1]["kind"] == "declutter" for r in strategy.requests(2, batch, solved))
     with pytest.raises(ValueError, match="strategy_args.easier must be one of"):
         build_strategy("instruction_evolution", sub_levels=2, easier="crop")
@@ -187,8 +206,7 @@ class AlwaysFailed(EvolutionStrategy):
         self.inner = build_strategy("instruction_evolution", seed=0, modality="any", sub_levels=2, easier="zoom")
 
     def requests(self, epoch, batch, outputs):
-        n = len(outputs["rewards"]["accuracy"])
-        return self.inner.requests(epoch, batch, {**outputs, "rewards": {"accuracy": [0.0] * n}})
+        return self.inner.requests(epoch, batch, _with_accuracy(outputs, 0.0))
 
     def stats(self):
         return self.inner.stats()
@@ -239,8 +257,7 @@ class SolvedThenBogus(EvolutionStrategy):
 
     def requests(self, epoch, batch, outputs):
         if epoch == 0:
-            n = len(outputs["rewards"]["accuracy"])
-            return self.inner.requests(epoch, batch, {**outputs, "rewards": {"accuracy": [1.0] * n}})
+            return self.inner.requests(epoch, batch, _with_accuracy(outputs, 1.0))
         bad = []
         for s in batch:
             box = (s.meta.get("original_meta") or s.meta)["objects"][0]["box"]
@@ -307,13 +324,13 @@ def test_instruction_and_image_evolution_share_one_pool_without_overlap():
     G = 2
     acc = [1.0, 1.0] * 3 + [1.0, 0.0] * 3  # samples 0-2 solved (level up), 3-5 mixed (stay)
     sel = [Selection(s.sample_id, "a striped blue background", 0, 1.0, 0.5, 1.0, 1.0, 0, 0) for s in batch]
-    got = strategy.requests(0, batch, {"rewards": {"accuracy": acc}, "group_size": G, "evolution": sel})
+    got = strategy.requests(0, batch, _step(acc, G, sel))
     edits = {r.sample_id for r in got if r.query is not None}
     repaints = {r.sample_id for r in got if r.description}
     assert edits <= {s.sample_id for s in batch[:3]} and edits
     assert repaints == {s.sample_id for s in batch[3:]}
     # next batch: everything mixed; the evolved samples still take no repaint
-    got = strategy.requests(1, batch, {"rewards": {"accuracy": [1.0, 0.0] * 6}, "group_size": G, "evolution": sel})
+    got = strategy.requests(1, batch, _step([1.0, 0.0] * 6, G, sel))
     assert {r.sample_id for r in got} == {s.sample_id for s in batch[3:]}
     assert strategy.stats()["level/mean"] == 0.5
     restored = build_strategy("instruction_and_image_evolution", seed=0, modality="text")
@@ -341,8 +358,8 @@ def test_real_images_climb_by_painted_clutter_and_step_back_to_the_original():
     batch = _real_samples()
     strategy = build_strategy("instruction_evolution", seed=0, modality="visual")
     solved, failed = (
-        {"rewards": {"accuracy": [1.0] * 8}, "group_size": 2},
-        {"rewards": {"accuracy": [0.0] * 8}, "group_size": 2},
+        _step([1.0] * 8, 2),
+        _step([0.0] * 8, 2),
     )
     for level in (1, 2):
         got = strategy.requests(level - 1, batch, solved)
@@ -374,8 +391,7 @@ class RealSolvedThenFailed(EvolutionStrategy):
         self.inner = build_strategy("instruction_evolution", seed=0, modality="visual")
 
     def requests(self, epoch, batch, outputs):
-        n = len(outputs["rewards"]["accuracy"])
-        return self.inner.requests(epoch, batch, {**outputs, "rewards": {"accuracy": [float(epoch == 0)] * n}})
+        return self.inner.requests(epoch, batch, _with_accuracy(outputs, float(epoch == 0)))
 
     def stats(self):
         return self.inner.stats()

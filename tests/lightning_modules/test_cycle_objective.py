@@ -27,18 +27,32 @@ def _mask(lengths):
     return torch.tensor([[1.0] * n + [0.0] * (T - n) for n in lengths])  # [N, T]
 
 
+TOKENS = objective.loss_count(_mask(LENGTHS), "token-mean")  # per row 4, 4, 1, 1, 1, 1; 12 in all
+
+
+def test_the_count_is_computed_once_of_tokens_or_rows():
+    """The step's normaliser: tokens under token-mean, rows otherwise; a micro-batch's share is its rows' part."""
+    assert TOKENS.per_row.tolist() == LENGTHS and float(TOKENS.local) == float(TOKENS.denom) == 12.0
+    assert float(TOKENS.share([0, 2])) == 5.0
+    rows = objective.loss_count(_mask(LENGTHS), "seq-mean-token-mean")
+    assert rows.per_row.tolist() == [1.0] * 6 and float(rows.denom) == 6.0 and float(rows.share([0, 2])) == 2.0
+    # two ranks: the denominator is the ranks' mean count, the local count this rank's own
+    two = objective.loss_count(_mask(LENGTHS), "token-mean", rank_mean=lambda local: (local + 4.0) / 2)
+    assert float(two.local) == 12.0 and float(two.denom) == 8.0
+
+
 def test_side_weights_by_hand():
-    mask = _mask(LENGTHS)
-    w = objective.side_row_weights(mask.sum(1), SIDES, (0.5, 0.5), mask.sum())
+    w = objective.side_row_weights(TOKENS, SIDES, (0.5, 0.5))
     assert w.tolist() == [0.75, 0.75, 1.5, 1.5, 1.5, 1.5]
     # the caption-only ablation: the captions' own token mean, the groundings dropped
-    w = objective.side_row_weights(mask.sum(1), SIDES, (1.0, 0.0), mask.sum())
+    w = objective.side_row_weights(TOKENS, SIDES, (1.0, 0.0))
     assert w.tolist() == [1.5, 1.5, 0.0, 0.0, 0.0, 0.0]  # 1 * 12 / 8
     # rows counted instead of tokens (seq-mean-token-mean): 2 caption rows, 4 grounding rows, 6 rows
-    w = objective.side_row_weights(torch.ones(6), SIDES, (0.5, 0.5), torch.tensor(6.0))
+    rows = objective.loss_count(_mask(LENGTHS), "seq-mean-token-mean")
+    w = objective.side_row_weights(rows, SIDES, (0.5, 0.5))
     assert w.tolist() == [1.5, 1.5, 0.75, 0.75, 0.75, 0.75]  # 0.5 * 6 / 2, 0.5 * 6 / 4
     with pytest.raises(ValueError, match="side ids"):
-        objective.side_row_weights(mask.sum(1), SIDES + 1, (0.5, 0.5), mask.sum())
+        objective.side_row_weights(TOKENS, SIDES + 1, (0.5, 0.5))
 
 
 def test_equal_weight_loss_by_hand_with_kl_and_micro_batches():
@@ -52,21 +66,19 @@ def test_equal_weight_loss_by_hand_with_kl_and_micro_batches():
 
     def step_loss(weights, micro=((0, 1, 2), (3, 4, 5))):
         loss = StepLoss(
-            optim, kl, 4, adv=adv, mask=mask, denom=mask.sum(), old_logp=None, ref_logp=ref, row_weights=weights
+            optim, kl, 4, adv=adv, mask=mask, count=TOKENS, old_logp=None, ref_logp=ref, row_weights=weights
         )
         return sum(loss(logp[list(r)], torch.zeros(len(r), 4), list(r)) for r in micro)
 
     # one token mean (before): (8 * (-1 + 0.1) + 4 * (-2 + 0.3)) / 12 = -14 / 12
     assert float(step_loss(None)) == pytest.approx(-14 / 12)
     # equal weight: 0.5 * (-1 + 0.1) + 0.5 * (-2 + 0.3) = -1.3, whatever the micro-batches
-    w = objective.side_row_weights(mask.sum(1), SIDES, (0.5, 0.5), mask.sum())
+    w = objective.side_row_weights(TOKENS, SIDES, (0.5, 0.5))
     assert float(step_loss(w)) == pytest.approx(-1.3)
     assert float(step_loss(w, micro=((0,), (1, 2, 3, 4, 5)))) == pytest.approx(-1.3)
     # caption only: -1 + 0.1, no surrogate and no KL from the groundings; localization only: -2 + 0.3
-    assert float(step_loss(objective.side_row_weights(mask.sum(1), SIDES, (1.0, 0.0), mask.sum()))) == pytest.approx(
-        -0.9
-    )
-    loc = step_loss(objective.side_row_weights(mask.sum(1), SIDES, (0.0, 1.0), mask.sum()))
+    assert float(step_loss(objective.side_row_weights(TOKENS, SIDES, (1.0, 0.0)))) == pytest.approx(-0.9)
+    loc = step_loss(objective.side_row_weights(TOKENS, SIDES, (0.0, 1.0)))
     assert float(loc) == pytest.approx(-1.7)
     loc.backward()
     assert logp.grad[:2].abs().sum() == 0 and logp.grad[2:].abs().sum() > 0  # the dropped captions get no gradient
@@ -99,7 +111,8 @@ def test_each_side_is_normalised_over_all_ranks():
     denom = (per_row[rows[0]].sum() + per_row[rows[1]].sum()) / 2  # the ranks' mean token count: 6
     losses = []
     for r in rows:
-        w = objective.side_row_weights(per_row[r], SIDES[r], (0.5, 0.5), denom, rank_mean)
+        count = objective.LossCount(per_row[r], per_row[r].sum(), denom)  # this rank's rows, the ranks' mean count
+        w = objective.side_row_weights(count, SIDES[r], (0.5, 0.5), rank_mean)
         losses.append(float((w * row_loss[r] * per_row[r]).sum() / denom))
     assert sum(losses) / 2 == pytest.approx(0.5 * -1.0 + 0.5 * -2.0)
 

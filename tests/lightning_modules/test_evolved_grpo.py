@@ -240,11 +240,15 @@ def test_in_step_evolution_regenerates_converged_groups_on_their_next_version(ti
 def test_the_strategy_moves_the_pool_by_the_first_try():
     from callbacks.evolution import build_strategy
     from datamodules.toy import ToySceneDataset
+    from lightning_modules.grpo.outputs import StepOutput
 
     batch = [ToySceneDataset("train", 2, seed=0)[i] for i in range(2)]
     strategy = build_strategy("instruction_evolution", seed=0)
     # the re-rolled rows are mixed, the pool's own version failed: the pool steps back
-    outputs = {"rewards": {"accuracy": [1.0, 0.0] * 2}, "pool_accuracy": [0.0] * 4, "group_size": 2}
+    outputs = StepOutput(
+        completions=[""] * 4, boxes=[[]] * 4, rewards={"accuracy": [1.0, 0.0] * 2}, sample_index=[0, 0, 1, 1],
+        group_ids=[0, 0, 1, 1], samples=batch, extras={"pool_accuracy": [0.0] * 4},
+    )  # fmt: skip
     strategy.requests(0, batch, outputs)
     assert strategy.stats()["level/sub_frac"] == 1.0
 

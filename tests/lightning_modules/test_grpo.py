@@ -8,6 +8,7 @@ import lightning as L
 import pytest
 import torch
 
+from lightning_modules.grpo.outputs import StepOutput
 from train import cli_main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,7 +68,7 @@ def _fit_recording(args: list[str]):
     rec = _Outputs()
     cli.trainer.callbacks.append(rec)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    return cli, rec.outputs[-1]["completions"]
+    return cli, StepOutput.of(rec.outputs[-1]).completions
 
 
 def test_fit_runs_grpo_steps_and_resumes_with_smoother_state(tiny_model_dir, rec_dir, tmp_path):

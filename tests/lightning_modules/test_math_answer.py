@@ -17,6 +17,7 @@ from datamodules.toy_math import ToyMathSpec
 from lightning_modules.engines.base import Sampling
 from lightning_modules.engines.hf import HFRolloutEngine
 from lightning_modules.grpo import GRPOModule
+from lightning_modules.grpo.outputs import StepOutput
 from lightning_modules.grpo.step import PolicyHost
 from lightning_modules.methods.base import METHODS, MethodContext, RewardTerm
 from lightning_modules.methods.math_answer import MathAnswer, chat_prompt
@@ -133,9 +134,9 @@ def test_a_grpo_step_on_toy_math_rows_updates_the_policy(tmp_path, monkeypatch):
     module.configure_model()
     before = {k: v.detach().clone() for k, v in module.policy.named_parameters()}
     trainer.fit(module, datamodule=dm)
-    out = seen[0]
-    assert all(isinstance(s, ReasoningSample) for s in out["samples"]) and len(out["completions"]) == 6
-    assert out["boxes"] == [[]] * 6 and set(out["rewards"]) == {"accuracy", "format", "text", "total"}
+    out = StepOutput.of(seen[0])
+    assert all(isinstance(s, ReasoningSample) for s in out.samples) and len(out.completions) == 6
+    assert out.boxes == [[]] * 6 and set(out.rewards) == {"accuracy", "format", "text", "total"}
     logged = trainer.callback_metrics
     assert {"train/reward/accuracy", "train/accuracy", "val/toy_math_val/accuracy", "val/toy_math_val/format"} <= set(
         logged

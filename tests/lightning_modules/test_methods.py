@@ -111,10 +111,12 @@ def test_selection_takes_the_highest_diversity_reward_among_parsed_descriptions(
     assert picks == [r2.evolution(batch, ro, s, step=0, epoch=0)[0].index for _ in range(8)]
 
 
-def test_two_level_groups_never_mix_and_contiguous_groups_match_group_advantages():
+def test_two_level_groups_never_mix_and_contiguous_groups_match_interleaved_ones():
     r = torch.tensor([1.0, 0.0, 2.0, 2.0, 0.5, 1.5])
-    # contiguous groups of 2: the same numbers as the [B, G] path
-    assert torch.equal(objective.advantages_by_group(r, [0, 0, 1, 1, 2, 2]), objective.group_advantages(r, 2))
+    # contiguous groups of 2 (the [B, G] path) and the same groups interleaved: the same numbers
+    perm = [0, 2, 4, 1, 3, 5]
+    contiguous = objective.advantages_by_group(r, [0, 0, 1, 1, 2, 2])
+    assert torch.allclose(objective.advantages_by_group(r[perm], [0, 1, 2, 0, 1, 2]), contiguous[perm])
     # interleaved ids (a caption group {0, 2, 4} and a grounding group {1, 3, 5}): normalised apart
     a = objective.advantages_by_group(r, [7, 9, 7, 9, 7, 9], eps=0.0)
     cap = torch.tensor([1.0, 2.0, 0.5])  # mean 7/6, unbiased std sqrt(7/12)

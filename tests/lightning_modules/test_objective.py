@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from lightning_modules.objective import (
+    Groups,
+    advantages_by_group,
     aggregate,
-    group_advantages,
     kl_penalty,
     masked_mean,
     policy_loss,
@@ -27,6 +28,11 @@ from lightning_modules.objective import (
 )
 
 LN2 = math.log(2.0)
+
+
+def ids(n: int, G: int) -> list[int]:
+    """Group ids of n rows in contiguous groups of G (B prompts x G completions)."""
+    return [i // G for i in range(n)]
 
 
 def close(a, b, tol=1e-5):
@@ -141,32 +147,32 @@ def random_batch(seed=0, N=6, T=7, spread=0.4):
 def test_group_advantages_hand_worked():
     # Group [1, 0, 0, 0]: mean 0.25, centred [0.75, -0.25, -0.25, -0.25]; unbiased var = (0.5625 + 3 * 0.0625) / 3 =
     # 0.25, std 0.5, so with eps 0 the advantages are exactly [1.5, -0.5, -0.5, -0.5].
-    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), 4, eps=0.0)
+    adv = advantages_by_group(torch.tensor([1.0, 0.0, 0.0, 0.0]), ids(4, 4), eps=0.0)
     assert close(adv, [1.5, -0.5, -0.5, -0.5], 1e-6)
     # With TRL's eps 1e-4 the denominator is 0.5001.
-    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), 4)
+    adv = advantages_by_group(torch.tensor([1.0, 0.0, 0.0, 0.0]), ids(4, 4))
     assert close(adv, [0.75 / 0.5001, -0.25 / 0.5001, -0.25 / 0.5001, -0.25 / 0.5001], 1e-6)
 
 
 def test_group_advantages_three_scalings_hand_worked():
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 2.0, 2.0, 2.0, 2.0])
     # none: just centred; the constant second group is 0.
-    assert close(group_advantages(rewards, 4, scale="none"), [0.75, -0.25, -0.25, -0.25, 0, 0, 0, 0], 1e-7)
+    assert close(advantages_by_group(rewards, ids(8, 4), scale="none"), [0.75, -0.25, -0.25, -0.25, 0, 0, 0, 0], 1e-7)
     # batch: divide by the unbiased std of all 8 rewards. Mean 9/8; squared deviations 0.015625 + 3 * 1.265625 +
     # 4 * 0.765625 = 6.875; / 7 -> var 0.98214, std 0.99103.
     batch_std = math.sqrt(6.875 / 7)
     expected = [v / (batch_std + 1e-4) for v in (0.75, -0.25, -0.25, -0.25)] + [0.0] * 4
-    assert close(group_advantages(rewards, 4, scale="batch"), expected, 1e-6)
+    assert close(advantages_by_group(rewards, ids(8, 4), scale="batch"), expected, 1e-6)
     # group: the first group's own std is 0.5 (see above).
     expected = [v / 0.5001 for v in (0.75, -0.25, -0.25, -0.25)] + [0.0] * 4
-    assert close(group_advantages(rewards, 4, scale="group"), expected, 1e-6)
+    assert close(advantages_by_group(rewards, ids(8, 4), scale="group"), expected, 1e-6)
 
 
 @pytest.mark.parametrize("scale", ["group", "batch", "none"])
 def test_group_advantages_match_trl(scale):
     g = torch.Generator().manual_seed(1)
     rewards = torch.rand(5 * 6, generator=g) * 3  # B = 5 prompts, G = 6, no constant group
-    assert close(group_advantages(rewards, 6, scale=scale), trl_advantages(rewards, 6, scale), 1e-6)
+    assert close(advantages_by_group(rewards, ids(30, 6), scale=scale), trl_advantages(rewards, 6, scale), 1e-6)
 
 
 @pytest.mark.parametrize("norm_by_std", [True, False])
@@ -175,7 +181,7 @@ def test_group_advantages_match_verl(norm_by_std):
     rewards = torch.rand(4 * 5, generator=g)
     rewards[5:10] = 1.0  # one constant group: verl gives 0 / (0 + eps) = 0 too
     index = [i // 5 for i in range(20)]
-    ours = group_advantages(rewards, 5, scale="group" if norm_by_std else "none", eps=1e-6)
+    ours = advantages_by_group(rewards, index, scale="group" if norm_by_std else "none", eps=1e-6)
     assert close(ours, verl_grpo_advantage(rewards, index, 1e-6, norm_by_std), 1e-5)
 
 
@@ -184,12 +190,12 @@ def test_zero_variance_group_is_exactly_zero():
     rewards = torch.tensor([0.1] * 6 + [1.0, 0.0, 1.0, 0.0, 1.0, 0.0] + [0.7] * 6)
     for scale in ("group", "batch", "none"):
         for eps in (1e-4, 0.0):
-            adv = group_advantages(rewards, 6, scale=scale, eps=eps)
+            adv = advantages_by_group(rewards, ids(18, 6), scale=scale, eps=eps)
             assert torch.equal(adv[:6], torch.zeros(6)) and torch.equal(adv[12:], torch.zeros(6))
             assert torch.isfinite(adv).all() and (adv[6:12] != 0).all()
-    assert zero_variance_groups(rewards, 6).tolist() == [True, False, True]
+    assert zero_variance_groups(rewards, ids(18, 6)).tolist() == [True, False, True]
     # A batch where every group is constant: advantages all 0 and the loss finite (only the KL term remains).
-    adv = group_advantages(torch.ones(12), 6, eps=0.0)
+    adv = advantages_by_group(torch.ones(12), ids(12, 6), eps=0.0)
     assert torch.equal(adv, torch.zeros(12))
     logp, old, ref, _, mask = random_batch(N=12)
     loss, stats = policy_loss(logp, old, adv, mask, ref_logp=ref, kl_coef=0.1)
@@ -197,12 +203,29 @@ def test_zero_variance_group_is_exactly_zero():
 
 
 def test_group_advantages_validation_names_the_flag():
-    with pytest.raises(ValueError, match="--model.sampling.group_size"):
-        group_advantages(torch.ones(6), 1)
-    with pytest.raises(ValueError, match="--model.sampling.group_size"):
-        group_advantages(torch.ones(7), 6)
+    with pytest.raises(ValueError, match="--model.sampling.group_size"):  # groups of one row: no baseline
+        advantages_by_group(torch.ones(6), ids(6, 1))
+    with pytest.raises(ValueError, match="7 rewards but 6 group ids"):
+        advantages_by_group(torch.ones(7), ids(6, 6))
     with pytest.raises(ValueError, match="--model.optimisation.advantage_scale"):
-        group_advantages(torch.ones(6), 6, scale="global")
+        advantages_by_group(torch.ones(6), ids(6, 6), scale="global")
+
+
+def test_groups_by_index_of_any_size_give_the_contiguous_numbers():
+    """Contiguous runs of one size are the [B, G] layout (``size`` G); interleaved or unequal groups (CycleGRPO's N
+    captions beside N x K groundings) are not, and are normalised group by group to the same values."""
+    assert Groups.of(ids(6, 3)).size == 3
+    assert Groups.of([0, 1, 0, 1]).size is None and Groups.of([0, 0, 1, 1, 1]).size is None
+    g = torch.Generator().manual_seed(3)
+    rewards = torch.rand(12, generator=g)
+    contiguous = advantages_by_group(rewards, ids(12, 4))
+    perm = torch.randperm(12, generator=g)
+    shuffled = advantages_by_group(rewards[perm], torch.tensor(ids(12, 4))[perm])
+    assert close(shuffled, contiguous[perm], 1e-6)
+    # groups of 2 and 3 rows: each its own mean and std; a constant group exactly 0
+    adv = advantages_by_group(torch.tensor([1.0, 0.0, 2.0, 2.0, 2.0]), [0, 0, 1, 1, 1], eps=0.0)
+    assert close(adv, [1 / math.sqrt(0.5) / 2, -1 / math.sqrt(0.5) / 2, 0, 0, 0], 1e-6)
+    assert zero_variance_groups(torch.tensor([1.0, 0.0, 2.0, 2.0, 2.0]), [0, 0, 1, 1, 1]).tolist() == [False, True]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -83,9 +83,10 @@ def test_strategy_misuse_gets_a_clear_error(strategy, devices, precision, match)
     from lightning.pytorch.strategies import ModelParallelStrategy
 
     from lightning_modules.grpo import GRPOModule
+    from lightning_modules.grpo.checks import check_strategy
 
     module = GRPOModule(policy={"model_name_or_path": "unused"})  # __init__ loads nothing
     strategy = ModelParallelStrategy() if strategy == "model_parallel" else strategy
     module.trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, precision=precision, logger=False)
     with pytest.raises(ValueError, match=match):
-        module._check_strategy()
+        check_strategy(module.trainer, module.rollout_engine, module.update_engine)
