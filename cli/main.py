@@ -54,6 +54,7 @@ from lightning.pytorch.callbacks import Callback  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
 
 from cli.errors import ConfigError, config_key_error, explain, fail, init_flags, locate_value  # noqa: E402
+from cli.flat_flags import checkpoint_init_args, moved_hint  # noqa: E402
 from cli.help import HelpFormatter, method_help_value, print_method_help  # noqa: E402
 from cli.resume_checks import checkpoint_temps, finished_run_line, intact_checkpoint  # noqa: E402
 from cli.run_folder import RunEnd, choose_run_folder, print_end, remember_folder  # noqa: E402
@@ -152,7 +153,7 @@ class ProjectParser(LightningArgumentParser):
         known = parser._known_flags() if isinstance(parser, ProjectParser) else []
         argv = ProjectParser._argv
         in_file = config_key_error(message, [f for _, f in _config_files(argv)], argv, known)
-        fail(in_file or explain(message, known))
+        fail(in_file or explain(message, known, moved=moved_hint))
 
 
 def _config_files(args: list[str]) -> list[tuple[int, str]]:
@@ -495,15 +496,13 @@ class SynGRPOCLI(LightningCLI):
 
     def _apply_ckpt_hparams(self, sub: str, ckpt: str, hparams: dict[str, Any]) -> None:
         """As LightningCLI's ``_parse_ckpt_path``: the checkpoint's hyperparameters override the config's (a resume
-        trains what was trained), given as the module's ``init_args``; a checkpoint of the flat ``GRPOModule`` arguments
-        (before the typed groups) is read through `cli.migrate_config.migrate_init_args`."""
+        trains what was trained), given as the module's ``init_args`` (`cli.flat_flags.checkpoint_init_args`: a
+        checkpoint of an earlier version's arguments resumes too)."""
         hparams.pop("_instantiator", None)
         class_path = hparams.pop("_class_path", None)
         if not hparams or class_path is None:
             return
-        from cli.migrate_config import migrate_init_args
-
-        hparams = migrate_init_args(hparams, sft=class_path.endswith("SFTModule"))
+        hparams = checkpoint_init_args(class_path, hparams)
         try:
             self.config = self.parser.parse_object(
                 {sub: {"model": {"class_path": class_path, "init_args": hparams}}}, self.config
