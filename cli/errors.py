@@ -23,9 +23,16 @@ class ConfigError(ValueError):
     """A mistake in the command line or a config file: the message names the flag (and file) and the fix."""
 
 
+EXIT_CODES = {"config": 2, "data": 3, "model": 4, "interrupted": 130}
+"""One exit status per class of error: 2 a flag or config file (argparse's usage status), 3 a data file, 4 a model
+that cannot be loaded (a path without weights, a hub id with no local copy) or a judge endpoint that does not answer
+(``judge.on_failure: raise``); 130 a run stopped by Ctrl-C (the shell's 128 + SIGINT; the checkpoint saved and the
+resume command printed); 1 is an unexpected error (a bug), which keeps its traceback (``cli.main.error_class``)."""
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``error: <message>`` on stderr and exit with status ``code`` (2, argparse's status for usage errors, by
-    default; ``cli.main.EXIT_CODES`` has the others)."""
+    default; :data:`EXIT_CODES` has the others)."""
     sys.stderr.write(f"error: {message}\n")
     sys.stderr.flush()
     raise SystemExit(code)
