@@ -17,12 +17,10 @@ MODEL_FLAG = "--model.init_args.policy.model_name_or_path"
 
 
 def looks_local(path: str) -> bool:
-    """Whether a model path means a folder on this machine rather than a hub id (``org/name``): a path that starts
-    with ``/``, ``.`` or ``~``, has other than one slash, or whose first part is a folder here
-    (``checkpoints/toy-qwen2.5-vl-missing``)."""
-    if path.startswith(("/", ".", "~")) or path.count("/") != 1:
-        return True
-    return Path(path.split("/", 1)[0]).is_dir()
+    """Whether a model path means a folder on this machine rather than a hub id (``org/name``): the path exists here,
+    it starts with ``/``, ``./``, ``../`` or ``~``, or it has more than one slash (no hub id has). ``Qwen/X`` is a hub
+    id even where the working directory has a ``Qwen/`` folder, as long as ``Qwen/X`` itself is not there."""
+    return Path(path).exists() or path.startswith(("/", "./", "../", "~")) or path.count("/") > 1
 
 
 def has_model(path: str) -> bool:
