@@ -362,7 +362,7 @@ class OfflineAwareWandbLogger(WandbLogger):
             self._wandb_init.pop("anonymous", None)
         self.finish_on_end = finish_on_end
         self.run_config: dict[str, Any] = {}
-        """The run's full resolved config (set by ``cli.main.RunConfigCallback``), logged as the W&B config."""
+        """The run's full resolved config (set by ``cli.run_config.RunConfigCallback``), logged as the W&B config."""
 
     @property
     def experiment(self):

@@ -16,6 +16,11 @@ LightningCLI (``parser_mode="omegaconf"``) with what a researcher needs on top (
   abbreviations, short class names (``--model.help GRPOModule``).
 * **W&B** starts after the model loads (a wrong model path leaves no empty run), gets the full resolved config, and a
   resumed fit continues the same W&B run.
+
+The parts beside it: `cli.run_folder` (folders, Ctrl-C, the closing lines), `cli.run_config` (the config copy and
+W&B's run config), `cli.path_checks` and `cli.resume_checks` (what is checked before a run starts), `cli.errors` (the
+one-line messages and exit codes), `cli.help`, `cli.export`, and `cli.flat_flags` (all that is left of the flat
+``GRPOModule`` arguments).
 """
 
 from __future__ import annotations
