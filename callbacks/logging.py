@@ -33,7 +33,6 @@ from PIL import Image, ImageDraw
 from callbacks.gallery import GT_COLOUR, LINE_H, PRED_COLOUR, colour_key, draw_boxes, wrap
 from lightning_modules import rewards
 from lightning_modules.evaluation.evaluator import greedy_answers
-from lightning_modules.grpo.args import flat_hparams
 from lightning_modules.grpo.outputs import StepOutput
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -366,7 +365,7 @@ class OfflineAwareWandbLogger(WandbLogger):
             self._wandb_init.pop("anonymous", None)
         self.finish_on_end = finish_on_end
         self.run_config: dict[str, Any] = {}
-        """The run's full resolved config (set by ``cli.main.RunConfigCallback``), logged as the W&B config."""
+        """The run's full resolved config (set by ``cli.run_config.RunConfigCallback``), logged as the W&B config."""
 
     @property
     def experiment(self):
@@ -587,16 +586,18 @@ class RolloutGallery(Callback):
         samples = self._fixed_samples(trainer, kind)
         if not samples or not self._usable(pl_module):
             return
-        hp = flat_hparams(pl_module.hparams)
-        template = hp.get("eval_prompt_template") or hp.get("prompt_template", "syn_grpo")
+        hp = pl_module.hparams  # GRPOModule's groups, or SFTModule's own keys
+        sampling, evaluation = hp.get("sampling") or {}, hp.get("evaluation") or {}
+        template = evaluation.get("prompt_template") or sampling.get("prompt_template") or hp.get("prompt_template")
+        template = template or "syn_grpo"
         template = template if isinstance(template, str) else list(template)[0]  # SFT: a list of templates
         answers, _ = greedy_answers(
             pl_module.policy,
             pl_module.processor,
             samples,
             template=template,
-            max_new_tokens=self.max_new_tokens or hp.get("max_new_tokens", 128),
-            engine=hp.get("rollout_engine", "hf"),
+            max_new_tokens=self.max_new_tokens or sampling.get("max_new_tokens") or 128,
+            engine=(hp.get("engines") or {}).get("rollout_engine", "hf"),
         )
         out = self._out_dir(trainer)
         panels, captions = [], []

@@ -12,18 +12,27 @@ import inspect
 import re
 import sys
 import typing
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import NoReturn
+
+import yaml
 
 
 class ConfigError(ValueError):
     """A mistake in the command line or a config file: the message names the flag (and file) and the fix."""
 
 
+EXIT_CODES = {"config": 2, "data": 3, "model": 4, "interrupted": 130}
+"""One exit status per class of error: 2 a flag or config file (argparse's usage status), 3 a data file, 4 a model
+that cannot be loaded (a path without weights, a hub id with no local copy) or a judge endpoint that does not answer
+(``judge.on_failure: raise``); 130 a run stopped by Ctrl-C (the shell's 128 + SIGINT; the checkpoint saved and the
+resume command printed); 1 is an unexpected error (a bug), which keeps its traceback (``cli.main.error_class``)."""
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print ``error: <message>`` on stderr and exit with status ``code`` (2, argparse's status for usage errors, by
-    default; ``cli.main.EXIT_CODES`` has the others)."""
+    default; :data:`EXIT_CODES` has the others)."""
     sys.stderr.write(f"error: {message}\n")
     sys.stderr.flush()
     raise SystemExit(code)
@@ -51,25 +60,6 @@ def init_flags(classes: Iterable[type], prefix: str) -> list[str]:
     return out
 
 
-def moved_flag(flag: str) -> str | None:
-    """Where a flat ``GRPOModule`` flag of before the typed groups lives now (``--model.kl_coef`` ->
-    ``--model.kl.coef``), or None."""
-    from cli.migrate_config import migrate_flag
-
-    new = migrate_flag(flag)
-    return new if new != flag else None
-
-
-def _moved_hint(flag: str) -> str:
-    new = moved_flag(flag)
-    return (
-        f" (it moved to {new}: GRPOModule's settings are in typed groups; `python -m cli.migrate_config FILE` "
-        "rewrites a config)"
-        if new
-        else ""
-    )
-
-
 def did_you_mean(flag: str, known: Sequence[str]) -> str:
     """`` (did you mean --x?)`` for the closest known flag, or an empty string."""
     close = difflib.get_close_matches(flag, [k for k in known if k != flag], n=1, cutoff=0.75)
@@ -90,8 +80,16 @@ def _flag(keys: list[str]) -> str:
     return "--" + keys[0] + "".join(f".init_args.{k}" for k in keys[1:])
 
 
-def explain(message: str, known_flags: Sequence[str], prog: str = "train.py") -> str:
-    """One sentence for a parser error ``message`` (the flag, what is wrong, what to do)."""
+def _no_hint(flag: str) -> str:
+    return ""
+
+
+def explain(
+    message: str, known_flags: Sequence[str], prog: str = "train.py", moved: Callable[[str], str] = _no_hint
+) -> str:
+    """One sentence for a parser error ``message`` (the flag, what is wrong, what to do). ``moved(flag)`` is the hint
+    for an unknown flag that an earlier version took (where it lives now), given instead of a did-you-mean;
+    ``cli.main`` passes ``cli.flat_flags.moved_hint``."""
     raw = str(message)
     text = " ".join(raw.split())
     m = _UNRECOGNIZED.search(text)
@@ -100,7 +98,7 @@ def explain(message: str, known_flags: Sequence[str], prog: str = "train.py") ->
         outer = _KEYS.findall(raw)[:1]  # a nested parser's message names the flag without its class's key
         if outer and name.startswith("--") and not name.startswith(f"--{outer[0]}."):
             name = f"--{outer[0]}.{name[2:]}"
-        hint = _moved_hint(name) or (did_you_mean(name, known_flags) if name.startswith("--") else "")
+        hint = moved(name) or (did_you_mean(name, known_flags) if name.startswith("--") else "")
         return f"unknown flag {name}{hint}; `python {prog} <subcommand> --help` lists the flags"
     m = _SUBCOMMAND.search(text)
     if m:
@@ -117,7 +115,7 @@ def explain(message: str, known_flags: Sequence[str], prog: str = "train.py") ->
     m = _NOT_ACCEPTED.search(text)
     if m and keys:
         flag = _flag([*keys, m["opt"]])  # every nesting level: --model.init_args.method.init_args.<opt>
-        hint = _moved_hint(flag) or did_you_mean(flag, known_flags)
+        hint = moved(flag) or did_you_mean(flag, known_flags)
         return f"unknown flag {flag}{hint}; `python {prog} fit --{keys[0]}.help CLASS` lists them"
     m = _LITERAL.search(text)
     if m and keys:
@@ -190,7 +188,6 @@ def unknown_key(message: str) -> list[str] | None:
 def locate_key(path: Sequence[str], config_files: Iterable[str | Path]) -> tuple[str, int, list[str]] | None:
     """(file, line, the key's path as written there) of ``path`` in the last config file that has it; ``init_args``
     levels in the file are skipped over (``model.init_args.kl.coeff`` is ``["model", "kl", "coeff"]``)."""
-    import yaml
 
     def find(node, rest: list[str], seen: list[str]):
         if not isinstance(node, yaml.MappingNode):

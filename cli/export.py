@@ -18,7 +18,8 @@ import lightning as L
 import torch
 
 from cli.errors import ConfigError
-from lightning_modules.grpo.args import flat_hparams
+from cli.flat_flags import flat_hparams
+from lightning_modules.models.prompts import PROMPT_TEMPLATES
 
 
 def _policy_state(ckpt_path: str | Path, model: L.LightningModule) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -143,8 +144,6 @@ def _template_names(hp: dict[str, Any]) -> list[str]:
 
 
 def _write_prompt_template(out: Path, hp: dict[str, Any]) -> None:
-    from lightning_modules.models.prompts import PROMPT_TEMPLATES
-
     names = _template_names(hp)
     (out / "prompt_template.json").write_text(
         json.dumps(

@@ -10,7 +10,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from jsonargparse import DefaultHelpFormatter
+from jsonargparse import ArgumentParser, DefaultHelpFormatter
+from jsonargparse._actions import _ActionConfigLoad, remove_actions
+
+from cli.errors import fail
+from lightning_modules.methods.base import METHODS
 
 METHOD_HELP = ("--model.method.help", "--model.init_args.method.help")
 
@@ -37,8 +41,6 @@ def method_help_value(args: Sequence[str]) -> tuple[bool, str | None]:
 def resolve_method(value: str | None) -> type | None:
     """The method class a ``--model.method.help`` value names: a class name (``SynGRPO``), a registered name
     (``syn_grpo``) or an import path; None when it names none."""
-    from lightning_modules.methods.base import METHODS
-
     if not value:
         return None
     for name in METHODS:
@@ -51,12 +53,6 @@ def resolve_method(value: str | None) -> type | None:
 def print_method_help(value: str | None, prog: str = "train.py") -> None:
     """Print a method's settings as ``--model.method.<arg>`` flags, or the methods to choose from; exits (0 when the
     method is known, 2 when not, as for any flag mistake)."""
-    from jsonargparse import ArgumentParser
-    from jsonargparse._actions import _ActionConfigLoad, remove_actions
-
-    from cli.errors import fail
-    from lightning_modules.methods.base import METHODS
-
     cls = resolve_method(value)
     if cls is None:
         choices = ", ".join(f"{METHODS[n].__name__} ({n})" for n in METHODS)

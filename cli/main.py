@@ -16,6 +16,11 @@ LightningCLI (``parser_mode="omegaconf"``) with what a researcher needs on top (
   abbreviations, short class names (``--model.help GRPOModule``).
 * **W&B** starts after the model loads (a wrong model path leaves no empty run), gets the full resolved config, and a
   resumed fit continues the same W&B run.
+
+The parts beside it: `cli.run_folder` (folders, Ctrl-C, the closing lines), `cli.run_config` (the config copy and
+W&B's run config), `cli.path_checks` and `cli.resume_checks` (what is checked before a run starts), `cli.errors` (the
+one-line messages and exit codes), `cli.help`, `cli.export`, and `cli.flat_flags` (all that is left of the flat
+``GRPOModule`` arguments).
 """
 
 from __future__ import annotations
@@ -49,17 +54,36 @@ logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropNotes(
 
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
+import yaml  # noqa: E402
 from jsonargparse import Namespace  # noqa: E402
+from jsonargparse._common import debug_mode_active  # noqa: E402
+from lightning.fabric.utilities.rank_zero import rank_zero_only  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
+from lightning.pytorch.callbacks.progress import ProgressBar  # noqa: E402
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI  # noqa: E402
 
-from cli.errors import ConfigError, config_key_error, explain, fail, init_flags, locate_value  # noqa: E402
+# the project's callbacks, modules and data modules are imported here so that their short class names resolve
+import callbacks.completions  # noqa: E402, F401
+import callbacks.logging  # noqa: E402, F401
+import callbacks.predictions  # noqa: E402, F401
+import callbacks.progress  # noqa: E402, F401
+import callbacks.results  # noqa: E402, F401
+import callbacks.synthesis  # noqa: E402, F401
+from cli.errors import EXIT_CODES, ConfigError, config_key_error, explain, fail, init_flags  # noqa: E402
+from cli.export import export_policy  # noqa: E402
+from cli.flat_flags import checkpoint_init_args, moved_hint  # noqa: E402
 from cli.help import HelpFormatter, method_help_value, print_method_help  # noqa: E402
+from cli.path_checks import check_paths  # noqa: E402
 from cli.resume_checks import checkpoint_temps, finished_run_line, intact_checkpoint  # noqa: E402
+from cli.run_config import RunConfigCallback  # noqa: E402
 from cli.run_folder import RunEnd, choose_run_folder, print_end, remember_folder  # noqa: E402
-from cli.toy_checkpoints import missing_checkpoint_message  # noqa: E402
 from core.records import DataError  # noqa: E402
+from datamodules.rec import RECDataModule  # noqa: E402
+from datamodules.synthetic import SyntheticDataModule  # noqa: E402
+from lightning_modules.grpo import GRPOModule  # noqa: E402
+from lightning_modules.judge import JudgeUnavailable  # noqa: E402
 from lightning_modules.methods.base import METHODS  # noqa: E402
+from lightning_modules.sft import SFTModule  # noqa: E402
 
 PROJECT_HELP = """\
 Syn-GRPO. Start from a config and change single values with flags:
@@ -79,23 +103,11 @@ RUN_ROOT = "outputs"
 
 
 def _project_classes() -> dict[str, list[type]]:
-    """The project's modules, data modules and callbacks, imported so that short class names resolve
-    (``--model GRPOModule``, ``--model.help GRPOModule``)."""
-    import callbacks.completions
-    import callbacks.logging
-    import callbacks.predictions
-    import callbacks.progress
-    import callbacks.results
-    import callbacks.synthesis  # noqa: F401
-    from datamodules.rec import RECDataModule
-    from datamodules.synthetic import SyntheticDataModule
-    from lightning_modules.grpo import GRPOModule
-    from lightning_modules.methods.base import METHODS
-    from lightning_modules.sft import SFTModule
-
-    for name in METHODS:  # every method class imported: short names resolve (--model.method GRPO)
+    """The project's modules and data modules, with every method class imported (the registry imports each on first
+    use), so that short class names resolve (``--model GRPOModule``, ``--model.help GRPOModule``, ``--model.method
+    GRPO``)."""
+    for name in METHODS:
         METHODS[name]
-
     return {"model": [GRPOModule, SFTModule], "data": [RECDataModule, SyntheticDataModule]}
 
 
@@ -144,15 +156,13 @@ class ProjectParser(LightningArgumentParser):
         )
 
     def error(self, message: str, ex: Exception | None = None):  # type: ignore[override]
-        from jsonargparse._common import debug_mode_active  # the same switch as the parent's (JSONARGPARSE_DEBUG)
-
-        if not self.exit_on_error or debug_mode_active():
+        if not self.exit_on_error or debug_mode_active():  # the parent's switch (JSONARGPARSE_DEBUG)
             return super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
         known = parser._known_flags() if isinstance(parser, ProjectParser) else []
         argv = ProjectParser._argv
         in_file = config_key_error(message, [f for _, f in _config_files(argv)], argv, known)
-        fail(in_file or explain(message, known))
+        fail(in_file or explain(message, known, moved=moved_hint))
 
 
 def _config_files(args: list[str]) -> list[tuple[int, str]]:
@@ -187,8 +197,6 @@ def merge_named_callbacks(args: list[str]) -> list[str]:
     overlays patch one callback and expect the others to stay. The mappings of every config file are merged here
     (``merge_callback_entry``) and given to the parser once more, right after the last config file, so that flags
     after it (``--callbacks.synthesis.init_args.mode off``) still apply on top."""
-    import yaml
-
     files = _config_files(args)
     merged: dict[str, Any] = {}
     seen = 0
@@ -206,97 +214,6 @@ def merge_named_callbacks(args: list[str]) -> list[str]:
         return args
     at = files[-1][0] + 1
     return [*args[:at], "--callbacks", json.dumps(merged), *args[at:]]
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# The run's config: saved in the run folder, given to W&B, and the W&B run id kept in checkpoints
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-class RunConfigCallback(SaveConfigCallback):
-    """Saves the resolved config in the run folder, never over an earlier one (:meth:`config_name`), hands it to every
-    logger that takes a ``run_config`` (W&B logs it as the run's config), and keeps the W&B run id in checkpoints so
-    that a resumed fit continues the same W&B run."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("overwrite", True)
-        super().__init__(*args, **kwargs)
-        self._trainer: L.Trainer | None = None
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._trainer = trainer
-        resolved = _plain(self.parser.dump(self.config, skip_none=False, format="yaml"))
-        for lg in trainer.loggers:
-            if hasattr(lg, "run_config"):
-                lg.run_config = resolved
-
-    # The copy is written once the model has loaded and the stage starts (not at setup): a launch that fails before
-    # (a model path without weights, a data error) writes no config-N.yaml into a run folder.
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._save(trainer, pl_module, "fit")
-
-    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._save(trainer, pl_module, "validate")
-
-    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._save(trainer, pl_module, "test")
-
-    def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._save(trainer, pl_module, "predict")
-
-    def _save(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if self.already_saved:
-            return
-        if self.save_to_log_dir:
-            log_dir = trainer.log_dir  # broadcasts the directory: every rank calls it
-            name = (
-                self.config_name(log_dir, stage, resumed=bool(self.config.get("ckpt_path")))
-                if trainer.is_global_zero
-                else None
-            )
-            self.config_filename = trainer.strategy.broadcast(name)
-        super().setup(trainer, pl_module, stage)
-
-    @staticmethod
-    def config_name(log_dir: str | os.PathLike | None, stage: Any, resumed: bool = False) -> str:
-        """The config copy's file name: ``config.yaml`` for a fit, ``config-resume.yaml`` for a resumed fit,
-        ``config-<stage>.yaml`` for validate / test / predict; ``-2``, ``-3``, ... when that file exists already, so
-        a resume, an evaluation or a second launch never overwrites the config of the run before it."""
-        stage = str(getattr(stage, "value", stage))  # Lightning passes a TrainerFn
-        base = "config" if stage == "fit" and not resumed else "config-resume" if stage == "fit" else f"config-{stage}"
-        folder = Path(log_dir or ".")
-        name, k = f"{base}.yaml", 1
-        while (folder / name).exists():
-            k += 1
-            name = f"{base}-{k}.yaml"
-        return name
-
-    def state_dict(self) -> dict[str, Any]:
-        ids = [_wandb_id(lg) for lg in (self._trainer.loggers if self._trainer is not None else [])]
-        return {"wandb_run_id": next((i for i in ids if i), None)}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        run_id = state_dict.get("wandb_run_id")
-        trainer = self._trainer
-        if not run_id or trainer is None or str(getattr(trainer.state.fn, "value", trainer.state.fn)) != "fit":
-            return  # validate / test of a checkpoint log to a run of their own (W&B steps must not go back)
-        for lg in trainer.loggers:
-            if hasattr(lg, "resume_run"):
-                lg.resume_run(run_id)
-
-
-def _wandb_id(logger: Any) -> str | None:
-    exp = getattr(logger, "_experiment", None)
-    init = getattr(logger, "_wandb_init", None)
-    if exp is not None and getattr(exp, "id", None):
-        return exp.id
-    return init.get("id") if isinstance(init, dict) else None
-
-
-def _plain(dumped: str) -> dict[str, Any]:
-    import yaml
-
-    return yaml.safe_load(dumped) or {}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -325,8 +242,6 @@ class Trainer(L.Trainer):
             ckpt_path: the Lightning checkpoint to export; none exports the config's model as loaded.
             out: the output directory (default ``<run folder>/export``).
         """
-        from cli.export import export_policy
-
         path = export_policy(model, ckpt_path, out or Path(self.default_root_dir) / "export", run_name=self.run_name)
         print(f"exported {ckpt_path or 'the configured model'} to {path}", flush=True)
         return path
@@ -408,7 +323,7 @@ class SynGRPOCLI(LightningCLI):
         cfg = self._sub()
         if cfg.get("name") is None:  # a config without a name: a W&B logger's explicit name names the run
             cfg.name = next((lg.init_args.get("name") for lg in _logger_specs(cfg) if "Wandb" in lg.class_path), None)
-        self._check_paths(cfg)  # before choosing a folder: a failed launch leaves no trace
+        check_paths(cfg)  # before choosing a folder: a failed launch leaves no trace (cli/path_checks.py)
         given, ckpt = cfg.trainer.get("default_root_dir"), cfg.get("ckpt_path")
         name = run_name(cfg.get("name"), cfg.get("method"))
         root, name, note = choose_run_folder(self.subcommand, name, given, ckpt and str(ckpt), RUN_ROOT)
@@ -436,43 +351,6 @@ class SynGRPOCLI(LightningCLI):
                 if cfg.get("method"):
                     a.tags = list(dict.fromkeys([*(a.get("tags") or []), cfg.method]))
 
-    def _check_paths(self, cfg: Namespace) -> None:
-        """One sentence (flag, file:line, what to do) for the paths people forget to edit."""
-        files = [str(p) for p in (cfg.get("config") or []) if p is not None]
-        model = cfg.get("model")
-        args = model.get("init_args") if isinstance(model, Namespace) else None
-        policy = args.get("policy") if args is not None else None  # GRPOModule's and SFTModule's policy group
-        flag = "--model.init_args.policy.model_name_or_path"
-        path = policy.get("model_name_or_path") if policy is not None else None
-        if path and not args.get("build_tiny") and (missing := missing_checkpoint_message(path)):
-            fail(missing, EXIT_CODES["model"])  # a toy checkpoint git does not keep: the make target that builds it
-        if path and _looks_local(str(path)) and not args.get("build_tiny") and not _has_model(path):
-            where = locate_value(str(path), files)
-            fail(
-                f"{flag} {path}: no model there (no config.json)"
-                + (f"; edit {where} and point it" if where else "; point it")
-                + f" at a local copy of the model (a save_pretrained directory), or pass {flag} DIR",
-                EXIT_CODES["model"],
-            )
-        data = cfg.get("data")
-        dargs = data.get("init_args") if isinstance(data, Namespace) else None
-        root = dargs.get("data_root") if dargs is not None else None
-        if root and dargs.get("toy"):  # the toy world is written there: only into an empty or toy-made folder
-            from datamodules.toy_export import ForeignFolderError, check
-
-            try:
-                check(root)
-            except ForeignFolderError as e:
-                fail(str(e))
-        if root and not dargs.get("toy") and not Path(root).exists():
-            where = locate_value(str(root), files)
-            fail(
-                f"--data.init_args.data_root {root}: no such folder"
-                + (f"; edit {where} to point it" if where else "; point it")
-                + " at your JSONL files (docs/interfaces.md), or pass --data.init_args.data_root DIR",
-                EXIT_CODES["data"],
-            )
-
     def _parse_ckpt_path(self) -> None:
         """Checks ``--ckpt_path`` (`intact_checkpoint`) before LightningCLI loads it for its hyper-parameters (a
         damaged file would end there in a torch traceback)."""
@@ -495,15 +373,13 @@ class SynGRPOCLI(LightningCLI):
 
     def _apply_ckpt_hparams(self, sub: str, ckpt: str, hparams: dict[str, Any]) -> None:
         """As LightningCLI's ``_parse_ckpt_path``: the checkpoint's hyperparameters override the config's (a resume
-        trains what was trained), given as the module's ``init_args``; a checkpoint of the flat ``GRPOModule`` arguments
-        (before the typed groups) is read through `cli.migrate_config.migrate_init_args`."""
+        trains what was trained), given as the module's ``init_args`` (`cli.flat_flags.checkpoint_init_args`: a
+        checkpoint of an earlier version's arguments resumes too)."""
         hparams.pop("_instantiator", None)
         class_path = hparams.pop("_class_path", None)
         if not hparams or class_path is None:
             return
-        from cli.migrate_config import migrate_init_args
-
-        hparams = migrate_init_args(hparams, sft=class_path.endswith("SFTModule"))
+        hparams = checkpoint_init_args(class_path, hparams)
         try:
             self.config = self.parser.parse_object(
                 {sub: {"model": {"class_path": class_path, "init_args": hparams}}}, self.config
@@ -513,8 +389,6 @@ class SynGRPOCLI(LightningCLI):
             raise
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
-        from lightning.pytorch.callbacks.progress import ProgressBar
-
         config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
         extra = [self._get(self.config_init, c) for c in self._parser(self.subcommand).callback_keys]
         named = [cb for cb in (self._get(self.config_init, "callbacks") or {}).values() if cb is not None]
@@ -549,8 +423,6 @@ class SynGRPOCLI(LightningCLI):
 def _say_if_finished(ckpt: str, state: dict[str, Any], trainer: Any) -> None:
     """One line on stderr when ``ckpt``'s run (its loaded ``state``) has reached the trainer's ``max_steps`` /
     ``max_epochs`` (a resume that trains nothing would otherwise end with no word)."""
-    from lightning.fabric.utilities.rank_zero import rank_zero_only
-
     line = finished_run_line(ckpt, {k: state.get(k) for k in ("epoch", "global_step", "loops")}, trainer)
     if line and rank_zero_only.rank == 0:
         print(f"note: {line}", file=sys.stderr, flush=True)
@@ -562,29 +434,8 @@ def _logger_specs(cfg: Namespace) -> list[Namespace]:
     return [lg for lg in specs if isinstance(lg, Namespace) and "init_args" in lg and "class_path" in lg]
 
 
-def _looks_local(path: str) -> bool:
-    """Whether a model path means a folder on this machine rather than a hub id (``org/name``): a path that starts
-    with ``/``, ``.`` or ``~``, has other than one slash, or whose first part is a folder here
-    (``checkpoints/toy-qwen2.5-vl-missing``)."""
-    if path.startswith(("/", ".", "~")) or path.count("/") != 1:
-        return True
-    return Path(path.split("/", 1)[0]).is_dir()
-
-
-def _has_model(path: str) -> bool:
-    p = Path(path).expanduser()
-    return (p / "config.json").is_file()
-
-
 def cli_main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
     return SynGRPOCLI(args=args, run=run)
-
-
-EXIT_CODES = {"config": 2, "data": 3, "model": 4, "interrupted": 130}
-"""One exit status per class of error: 2 a flag or config file (argparse's usage status), 3 a data file, 4 a model
-that cannot be loaded (a path without weights, a hub id with no local copy) or a judge endpoint that does not answer
-(``judge.on_failure: raise``); 130 a run stopped by Ctrl-C (the shell's 128 + SIGINT; the checkpoint saved and the
-resume command printed); 1 is an unexpected error (a bug), which keeps its traceback."""
 
 
 def error_class(e: BaseException) -> str | None:
@@ -594,8 +445,6 @@ def error_class(e: BaseException) -> str | None:
         return "config"
     if isinstance(e, DataError):  # a defect in a data file, named with its file and line
         return "data"
-    from lightning_modules.judge import JudgeUnavailable
-
     if isinstance(e, JudgeUnavailable):  # judge.on_failure: raise; its one line names the endpoint and the fix
         return "model"
     hub = type(e).__module__.startswith("huggingface_hub")
@@ -608,7 +457,7 @@ def error_class(e: BaseException) -> str | None:
 
 def main(args: list[str] | None = None) -> None:
     """The command line. A user's error (a flag or config, a data file, a model that cannot be loaded) prints one line
-    ``error: ...`` and exits with its class's status (:data:`EXIT_CODES`); anything else keeps its traceback.
+    ``error: ...`` and exits with its class's status (`cli.errors.EXIT_CODES`); anything else keeps its traceback.
     ``--debug`` (or ``SYN_GRPO_DEBUG=1``) shows the traceback of every error."""
     from_argv = args is None
     args = list(sys.argv[1:] if from_argv else args)

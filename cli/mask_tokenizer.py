@@ -17,6 +17,19 @@ import platform
 import sys
 import time
 
+import torch
+
+from lightning_modules.models.loading import load_policy
+from lightning_modules.models.mask_tokenizer.toy import ToyMaskTokenizer
+from lightning_modules.models.mask_tokenizer.train_toy import (
+    EVAL_SPLITS,
+    ToyTrainArgs,
+    build_mask_set,
+    evaluate,
+    train_toy,
+)
+from lightning_modules.models.mask_tokenizer.vocab import add_mask_tokens
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cli.mask_tokenizer", description=__doc__.split("\n\n")[0])
@@ -32,26 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.add_to_policy:
-        from lightning_modules.models.loading import load_policy
-        from lightning_modules.models.mask_tokenizer.vocab import add_mask_tokens
-
         model, processor = load_policy(args.add_to_policy, dtype="fp32")
         ids = add_mask_tokens(model, processor)
         model.save_pretrained(args.out)
         processor.save_pretrained(args.out)
         print(f"wrote {args.out}: {args.add_to_policy} with mask tokens at ids {ids[0]}..{ids[-1]}")
         return 0
-
-    import torch
-
-    from lightning_modules.models.mask_tokenizer.toy import ToyMaskTokenizer
-    from lightning_modules.models.mask_tokenizer.train_toy import (
-        EVAL_SPLITS,
-        ToyTrainArgs,
-        build_mask_set,
-        evaluate,
-        train_toy,
-    )
 
     torch.set_num_threads(args.threads)
     if args.measure:

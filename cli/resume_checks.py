@@ -13,8 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.utilities import rank_zero_info
 
 from cli.errors import fail
+from lightning_modules.checkpoints import candidates, damage, newest_intact, remove_stale_temps, use_beside_temp
 
 SHOWN = 5
 """At most this many checkpoints are named in one message."""
@@ -24,8 +27,6 @@ def existing_checkpoints(missing: str | Path, run: str, run_root: str = "outputs
     """(where, checkpoints) to name for a ``--ckpt_path`` that does not exist: those of its own folder, else those of
     the run's folder (``outputs/<run>/checkpoints``), else every run's ``last.ckpt`` under ``run_root``, newest
     first."""
-    from lightning_modules.checkpoints import candidates
-
     own = Path(missing).parent
     found = candidates(own)
     if found:
@@ -80,10 +81,6 @@ def checkpoint_temps(trainer: L.Trainer, clean: bool) -> None:
     """Single-file saves write their temporary file beside the checkpoint (`BesideCheckpointIO`, not ``/tmp``), and
     with ``clean`` (a fit: the subcommand that saves) what a killed save of this machine left in the checkpoint
     folders is removed now, in one line (`remove_stale_temps`)."""
-    from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
-
-    from lightning_modules.checkpoints import remove_stale_temps, use_beside_temp
-
     use_beside_temp(trainer.strategy)
     if not clean or rank_zero_only.rank != 0:  # the launcher's rank (the strategy's is set at fit)
         return
@@ -107,10 +104,6 @@ def intact_checkpoint(ckpt: str, *, use_intact: bool = False, run: str = "run", 
     byte. Without it only rank 0 reads them (a multi-GB checkpoint read once, not once per rank): the answer is
     ``ckpt`` or a stop, and a damage that only the bytes show stops rank 0 and so the run (Lightning's launcher starts
     the other ranks after this check; torchrun ends them when one fails), so no rank loads another checkpoint."""
-    from lightning.fabric.utilities.rank_zero import rank_zero_only
-
-    from lightning_modules.checkpoints import damage, newest_intact
-
     path = Path(ckpt)
     contents = use_intact or rank_zero_only.rank == 0
     reason = damage(path, contents)

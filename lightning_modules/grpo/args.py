@@ -5,9 +5,6 @@ A config sets them as ``model.init_args.<group>.<key>`` and the command line as 
 (``--model.kl.coef 0.02``); ``--model.help GRPOModule`` lists every key with its help. Each group checks its own
 values when it is built (``__post_init__``), so a bad value fails at parse time with the flag that set it. What a
 method adds (reward weights, the diversity EMA, selection, ...) is the method's own arguments (``--model.method``).
-
-`MOVED` maps each flat argument of the earlier ``GRPOModule`` signature to where it lives now; the CLI names the new
-place when an old config or flag uses one (docs/interfaces.md, "Migrating a config").
 """
 
 from __future__ import annotations
@@ -23,7 +20,6 @@ from lightning_modules.models.prompts import PROMPT_TEMPLATES
 from lightning_modules.registry import document
 
 __all__ = [
-    "MOVED",
     "EngineArgs",
     "EvalArgs",
     "KLArgs",
@@ -32,7 +28,6 @@ __all__ = [
     "SamplingArgs",
     "as_group",
     "checkpoint_hparams",
-    "flat_hparams",
     "method_context",
 ]
 
@@ -231,58 +226,6 @@ class EvalArgs:
             _choice("evaluation.format", self.format, rewards.FORMATS)
 
 
-# where each argument of the flat GRPOModule signature (before the groups) lives now
-MOVED: dict[str, str] = {
-    **{k: f"policy.{k}" for k in ("model_name_or_path", "dtype", "attn_implementation", "local_files_only")},
-    **{k: f"policy.{k}" for k in ("gradient_checkpointing", "freeze_vision")},
-    **{k: f"sampling.{k}" for k in ("prompt_template", "group_size", "temperature", "top_p", "max_new_tokens")},
-    "min_new_tokens": "sampling.min_new_tokens",
-    "rollout_engine": "engines.rollout_engine",
-    "update_engine": "engines.update_engine",
-    "rollout_compile": "engines.rollout_compile",
-    "rollout_engine_args": "engines.rollout_args",
-    "rollout_gather": "engines.rollout_gather",
-    **{k: f"engines.{k}" for k in ("micro_batch_size", "ref_micro_batch_size", "vision_checkpointing")},
-    "kl_coef": "kl.coef",
-    "kl_estimator": "kl.estimator",
-    "reference_offload": "kl.reference_offload",
-    **{
-        k: f"optimisation.{k}"
-        for k in (
-            "num_iterations",
-            "clip_low",
-            "clip_high",
-            "dual_clip",
-            "aggregation",
-            "advantage_scale",
-            "advantage_eps",
-            "entropy_coef",
-            "entropy_adv_coef",
-            "entropy_adv_kappa",
-            "master_weights",
-            "max_grad_norm",
-        )
-    },
-    "eval_prompt_template": "evaluation.prompt_template",
-    "eval_format": "evaluation.format",
-    **{
-        k: f"method.init_args.{k}"
-        for k in (
-            "accuracy_weight",
-            "accuracy_threshold",
-            "format",
-            "format_weight",
-            "diversity_weight",
-            "diversity_reward_form",
-            "diversity_beta",
-            "description_selection",
-        )
-    },
-    "seed": "method.init_args.selection_seed",
-    "method_args": "method.init_args",
-}
-
-
 def method_context(task: str, sampling: SamplingArgs, optimisation: OptimArgs, evaluation: EvalArgs) -> MethodContext:
     """The settings a method shares with the module (`Method.bind`): the task, the prompt templates, G, the length
     limit and the advantage scaling."""
@@ -310,19 +253,3 @@ def checkpoint_hparams(module: type, task: str, method: dict[str, Any], **groups
     }
 
 
-def flat_hparams(hparams: Any) -> dict[str, Any]:
-    """A module's hyperparameters with every grouped setting also under its flat name (``kl.coef`` as ``kl_coef``,
-    ``method.init_args.diversity_beta`` as ``diversity_beta``, the method's class path as ``method``), for readers that
-    serve GRPOModule and SFTModule alike (the export card, the gallery); other keys pass through."""
-    hp = dict(hparams)
-    out = dict(hp)
-    for old, new in MOVED.items():
-        node: Any = hp
-        for part in new.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        if node is not None and old != "method_args":
-            out[old] = node
-    method = hp.get("method")
-    if isinstance(method, dict) and "class_path" in method:
-        out["method"] = method["class_path"]
-    return out

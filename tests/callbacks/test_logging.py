@@ -343,7 +343,7 @@ def test_results_table_layouts(tmp_path, capsys):
 
 
 def test_resumed_fit_continues_its_wandb_run(tiny_model_dir, rec_dir, tmp_path, quiet_wandb):
-    """The W&B run id travels in the checkpoint (cli.main.RunConfigCallback): a fit resumed from it logs into the same
+    """The W&B run id travels in the checkpoint (cli.run_config.RunConfigCallback): a fit resumed from it logs into the same
     run, and the run starts only after the model loaded (a bad model path leaves no W&B run at all)."""
     out = tmp_path / "run"
     loggers = [{"class_path": "callbacks.logging.OfflineAwareWandbLogger", "init_args": {"finish_on_end": True}}]

@@ -20,7 +20,8 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from test_cli import _error  # one line on stderr, exit status 2
 
-from cli.main import checkpoint_temps, intact_checkpoint, main
+from cli.main import main
+from cli.resume_checks import checkpoint_temps, intact_checkpoint
 from lightning_modules import checkpoints
 from lightning_modules.checkpoints import damage, leftovers, staging_path
 from lightning_modules.models.fsdp import FSDP2Strategy
@@ -407,7 +408,7 @@ def test_a_killed_single_file_save_leaves_its_temp_beside_the_checkpoint_and_a_f
     for p in (live, elsewhere, notes):
         p.write_bytes(b"PK")
     logged = []
-    monkeypatch.setattr("lightning.pytorch.utilities.rank_zero_info", logged.append)
+    monkeypatch.setattr("cli.resume_checks.rank_zero_info", logged.append)
     trainer = SimpleNamespace(strategy=SimpleNamespace(checkpoint_io=TorchCheckpointIO()),
                               checkpoint_callbacks=[SimpleNamespace(dirpath=str(ckpts))])  # fmt: skip
     checkpoint_temps(trainer, clean=False)  # what the CLI does with the trainer of validate, test, predict

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from jsonargparse import Namespace
 
 from cli.errors import explain
 from cli.main import main, merge_callback_entry, merge_named_callbacks, run_name
+from cli.path_checks import check_paths, looks_local
 from train import cli_main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,12 +88,32 @@ def test_a_missing_checkpoint_lists_the_checkpoints_that_exist(capsys, tmp_path,
 
 
 def test_a_missing_local_model_folder_names_the_config_line_and_exits_4(capsys, tmp_path, monkeypatch):
-    """A relative path with one slash whose first folder is here (``checkpoints/...``) is a folder, not a hub id."""
+    """A path that starts with ``./`` is a folder here, not a hub id, whether or not it exists."""
     monkeypatch.chdir(REPO)
     cfg = tmp_path / "mine.yaml"
-    cfg.write_text("model:\n  init_args:\n    policy:\n      model_name_or_path: checkpoints/toy-qwen2.5-vl-missing\n")
+    cfg.write_text(
+        "model:\n  init_args:\n    policy:\n      model_name_or_path: ./checkpoints/toy-qwen2.5-vl-missing\n"
+    )
     err = _error(["fit", "--config", TINY, "--config", str(cfg)], capsys, 4)
-    assert "checkpoints/toy-qwen2.5-vl-missing: no model there" in err and f"edit {cfg}:4 and point it" in err
+    assert "./checkpoints/toy-qwen2.5-vl-missing: no model there" in err and f"edit {cfg}:4 and point it" in err
+
+
+def test_a_hub_id_is_no_local_path_even_beside_a_folder_of_its_organisation(capsys, tmp_path, monkeypatch):
+    """``Qwen/X`` is a hub id where the working directory has a ``Qwen/`` folder (of other models), as long as
+    ``Qwen/X`` itself is not there; a path is local when it exists, starts with ``/``, ``./``, ``../`` or ``~``, or
+    has more than one slash (no hub id has)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "Qwen/Qwen2.5-VL-3B-Instruct").mkdir(parents=True)
+    assert not looks_local("Qwen/Qwen2.5-VL-7B-Instruct") and not looks_local("Qwen2.5-VL-7B-Instruct")
+    assert looks_local("Qwen/Qwen2.5-VL-3B-Instruct")  # the folder itself is here
+    for local in ("/models/x", "./Qwen/X", "../Qwen/X", "~/Qwen/X", "outputs/run/export"):
+        assert looks_local(local), local
+    policy = {"model_name_or_path": "Qwen/Qwen2.5-VL-7B-Instruct"}
+    check_paths(Namespace(model=Namespace(init_args=Namespace(policy=policy))))  # no stop: the hub's to answer
+    policy = {"model_name_or_path": "./Qwen/Qwen2.5-VL-7B-Instruct"}
+    with pytest.raises(SystemExit) as exc:
+        check_paths(Namespace(model=Namespace(init_args=Namespace(policy=policy))))
+    assert exc.value.code == 4 and "./Qwen/Qwen2.5-VL-7B-Instruct: no model there" in capsys.readouterr().err
 
 
 def test_a_missing_data_folder_exits_3(capsys, tmp_path):

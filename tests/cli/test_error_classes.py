@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import EXIT_CODES, RunConfigCallback, main
+from cli.errors import EXIT_CODES
+from cli.main import main
+from cli.run_config import RunConfigCallback
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "configs/tiny.yaml")

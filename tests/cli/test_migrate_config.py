@@ -1,16 +1,19 @@
-"""``python -m cli.migrate_config``: a config of the flat GRPOModule arguments becomes one of the typed groups that
-parses, keeps its comments and values, and an SFT config moves only its policy keys."""
+"""``python -m cli.migrate_config`` (`cli.flat_flags`): a config of the flat GRPOModule arguments becomes one of the
+typed groups that parses, keeps its comments and values, and an SFT config moves only its policy keys; a checkpoint of
+the flat arguments is read in the groups; nothing else in the product knows the flat names."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import runpy
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from cli.migrate_config import main, migrate_flag, migrate_init_args, migrate_text
+from cli.flat_flags import checkpoint_init_args, main, migrate_flag, migrate_init_args, migrate_text
 from train import cli_main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,3 +93,36 @@ def test_every_shipped_config_is_already_migrated():
     for path in paths:
         text = path.read_text()
         assert migrate_text(text, str(path))[0] == text, f"{path} still has flat GRPOModule arguments"
+
+
+def test_the_command_s_entry_point_and_a_checkpoint_s_hyperparameters(tmp_path, monkeypatch, capsys):
+    """``python -m cli.migrate_config`` runs `cli.flat_flags.main`; a checkpoint's hyperparameters are translated by
+    its module's class path (an SFTModule's policy keys alone move), and grouped ones pass as they are."""
+    path = tmp_path / "old.yaml"
+    path.write_text(FLAT)
+    monkeypatch.setattr(sys, "argv", ["python -m cli.migrate_config", "--check", str(path)])
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_module("cli.migrate_config", run_name="__main__")
+    assert exc.value.code == 1 and "1 of 1 file(s) would change" in capsys.readouterr().out
+    flat = {"model_name_or_path": "x", "kl_coef": 0.1, "prompt_template": "toy"}
+    grpo = checkpoint_init_args("lightning_modules.grpo.GRPOModule", flat)
+    assert grpo["policy"] == {"model_name_or_path": "x"} and grpo["kl"] == {"coef": 0.1}
+    assert grpo["sampling"] == {"prompt_template": "toy"} and grpo["method"]["class_path"].endswith("SynGRPO")
+    sft = checkpoint_init_args("lightning_modules.sft.SFTModule", {"model_name_or_path": "x", "prompt_template": "toy"})
+    assert sft == {"policy": {"model_name_or_path": "x"}, "prompt_template": "toy"}
+    grouped = {"policy": {"model_name_or_path": "x"}, "kl": {"coef": 0.1}}
+    assert checkpoint_init_args("lightning_modules.grpo.GRPOModule", grouped) == grouped
+
+
+def test_only_cli_flat_flags_knows_the_flat_arguments():
+    """The flat arguments' table and readers live in one module; the product reaches them only through it (the CLI's
+    checkpoint and error paths, the export, the migrate command)."""
+    importers = set()
+    for package in ("core", "synth", "datamodules", "lightning_modules", "callbacks", "cli"):
+        for path in (REPO / package).rglob("*.py"):
+            text = path.read_text(encoding="utf-8")
+            if path.name != "flat_flags.py":
+                assert "MOVED: dict" not in text and "def flat_hparams" not in text, path
+            if "cli.flat_flags import" in text:
+                importers.add(str(path.relative_to(REPO)))
+    assert importers == {"cli/main.py", "cli/export.py", "cli/migrate_config.py"}

@@ -136,8 +136,8 @@ def test_fit_runs_grpo_steps_and_resumes_with_smoother_state(tiny_model_dir, rec
     assert sm.global_avg == pytest.approx(expected)
 
     # a checkpoint of the flat arguments (before the typed groups) resumes too: its hyperparameters are read through
-    # cli.migrate_config, so the method and its EMA come back as they were trained
-    from lightning_modules.grpo.args import MOVED, flat_hparams
+    # cli.flat_flags, so the method and its EMA come back as they were trained
+    from cli.flat_flags import MOVED, flat_hparams
 
     hp = ckpt["hyper_parameters"]
     flat = {k: v for k, v in flat_hparams(hp).items() if k in MOVED or k in ("_class_path", "task")}
