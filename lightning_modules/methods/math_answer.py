@@ -26,6 +26,7 @@ from core.math_grading import accuracy_reward, extract_boxed, format_reward
 from datamodules.reasoning import answer_prompt
 from lightning_modules import objective
 from lightning_modules.engines.base import RolloutRequest, Sampling
+from lightning_modules.evaluation.metrics import FormatRate
 from lightning_modules.methods.base import Method, MethodHost, RewardContext, RewardTerm, Scores, _flag
 from lightning_modules.models.rollout import Rollout
 
@@ -112,8 +113,6 @@ class MathAnswer(Method):
 
     def evaluate(self, module: MethodHost, kind: str, name: str, batch) -> bool:
         """Greedy accuracy and format rate of the batch into set ``kind/name``'s metrics (logged by `eval_logs`)."""
-        from lightning_modules.evaluation.metrics import FormatRate
-
         texts = self._greedy(module, batch)
         key = f"{kind}/{name}"
         if key not in self._eval_metrics:  # on the module's device: a multi-GPU sync (NCCL) reduces CUDA states
