@@ -238,7 +238,7 @@ class SFTModule(L.LightningModule):
             )
         video_spaces = list(VIDEO_TEMPLATES if video_spaces is None else video_spaces)
         video_templates = dict(VIDEO_TEMPLATES if video_templates is None else video_templates)
-        from lightning_modules.methods.cycle_grpo import VIDEO_SPACES
+        from lightning_modules.methods.cycle_regions import VIDEO_SPACES
 
         if not video_spaces or not set(video_spaces) <= set(VIDEO_SPACES) or len(set(video_spaces)) < len(video_spaces):
             raise ValueError(f"--model.video_spaces: distinct region spaces of {VIDEO_SPACES}, got {video_spaces}")
@@ -383,11 +383,11 @@ class SFTModule(L.LightningModule):
         query under the space's ``video_templates`` prompt and answers the region as that space writes it, ``no
         target`` (``NO_TARGET``) when the query has none. Answers alone in answer tags: the video path reads only
         the answer (docs/decisions.md)."""
-        m = self.video_method(self.space_for(clip))
+        regions = self.video_method(self.space_for(clip)).regions
         if clip.intervals and self.is_caption(clip):
-            return m.caption_prompt(self.processor, clip), f"<answer>{clip.query}</answer>"
-        prompt = m.grounding_prompt(self.processor, clip.query, self.hparams.video_templates[m.space.name])
-        return prompt, f"<answer>{m.region_text(self.processor, clip)}</answer>"
+            return regions.caption_prompt(self.processor, clip), f"<answer>{clip.query}</answer>"
+        prompt = regions.grounding_prompt(self.processor, clip.query, self.hparams.video_templates[regions.space.name])
+        return prompt, f"<answer>{regions.region_text(self.processor, clip)}</answer>"
 
     def encode(self, batch) -> dict[str, torch.Tensor]:
         """Processor inputs for prompt + target, with ``labels`` = -100 everywhere but the target tokens.
@@ -553,7 +553,7 @@ class SFTModule(L.LightningModule):
         grounds it) under ``template``; the fraction that lands back on the target at IoU >= 0.5."""
         from dataclasses import replace
 
-        from lightning_modules.methods.cycle_grpo import caption_text
+        from lightning_modules.methods.cycle_rewards import caption_text
 
         n = self.hparams.eval_max_new_tokens
         asked = [replace(s, query=self.caption_query(s)) for s in batch]
@@ -592,14 +592,14 @@ class SFTModule(L.LightningModule):
 
     def _eval_clips(self, batch, kind: str, name: str) -> None:
         """Clips, greedily, in every region space of ``video_spaces``: CycleGRPO's own clip validation in that space
-        (``CycleGRPO.evaluate_clips``: the grounding of each query under the space's ``video_templates`` prompt, then
+        (``CycleEvaluation.evaluate_clips``: the grounding of each query under the space's ``video_templates`` prompt, then
         the cycle on each target moment), so this stage reports what the RL run on its checkpoint will. Logged at
         the epoch's end as ``<kind>/<set>/<space>/<metric>``."""
         engine = build_rollout_engine("hf")
         n = self.hparams.eval_max_new_tokens
         for space in self.hparams.video_spaces:
             m, template = self.video_method(space), self.hparams.video_templates[space]
-            m.evaluate_clips(
+            m.evaluation.evaluate_clips(
                 self.policy, self.processor, engine, batch, f"{kind}/{name}/{space}", template, n, self.device
             )
 

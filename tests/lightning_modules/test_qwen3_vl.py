@@ -55,8 +55,8 @@ def test_cycle_captioning_prompt_shows_the_box_on_the_grid(qwen3_dir):
         boxes, size = [[20, 10, 120, 60]], (200, 100)
 
     method = CycleGRPO(n_captions=2, k_groundings=2)
-    region = method._prompt_region(processor, Sample())
-    assert method.space.serialize(region) == "[100, 100, 600, 600]"
+    region = method.regions.prompt_region(processor, Sample())
+    assert method.regions.space.serialize(region) == "[100, 100, 600, 600]"
 
 
 def test_fast_and_packed_engines_equal_transformers_on_qwen3_vl(qwen3_dir):

@@ -100,7 +100,7 @@ def test_clip_samples_are_what_cycle_grpo_asks_and_scores_right(tiny_model_dir, 
         assert c_prompt == build_prompt_text(processor, space_obj.serialize(gt), template=caption_template, video=True)
         assert c_target == f"<answer>{clip.query}</answer>" and caption_text(c_target) == clip.query
         assert caption_phi(raw_caption(c_target)) == 0.0  # no leak, not empty, no repetition
-        assert m.grounding_prompt(processor, caption_text(c_target), grounding_template) == g_prompt
+        assert m.regions.grounding_prompt(processor, caption_text(c_target), grounding_template) == g_prompt
         s = m.score([clip], _rollout([c_target] * 2 + [g_target] * 4, [0, 0, 1, 1, 2, 2], (112, 112)))
         assert s.parts["consistency"].tolist() == [1.0] * 6
         assert s.total.tolist() == [1.0] * 6 if space == "interval" else s.total.tolist() == [1.0] * 2 + [1.5] * 4
