@@ -233,12 +233,12 @@ def test_sft_writes_targets_on_the_grid(qwen3_dir):
     im = Image.new("RGB", (200, 100), "white")
     ImageDraw.Draw(im).rectangle([20, 10, 119, 59], fill="red")
     s = Sample("s0", im, "the red box", [[20.0, 10.0, 120.0, 60.0]])
-    assert module.caption_query(s) == "[100, 100, 600, 600]"
-    module.hparams.caption_frac = 0.0
+    assert module.examples.caption_query(module.processor, s) == "[100, 100, 600, 600]"
+    module.examples.caption_frac = 0.0
     enc = module.encode([s])
     target = enc["labels"][0][enc["labels"][0] != -100]
     assert module.processor.tokenizer.decode(target) == "<answer>[100, 100, 600, 600]</answer><|im_end|>"
-    module.hparams.caption_frac = 1.0  # the captioning side: the prompt shows the grid box, the target is the query
+    module.examples.caption_frac = 1.0  # the captioning side: the prompt shows the grid box, the target is the query
     enc = module.encode([s])
     target = enc["labels"][0][enc["labels"][0] != -100]
     assert module.processor.tokenizer.decode(target) == "<answer>the red box</answer><|im_end|>"
