@@ -99,6 +99,10 @@ from lightning_modules.models.rollout import Rollout, concat_rollouts
 class CycleGRPO(Method):
     """CycleGRPO (``lightning_modules.methods.cycle_grpo.CycleGRPO``; the module docstring says how it works).
 
+    The class is the training step (rollout, scores, advantages, loss sides, logs); it composes the run's regions and
+    prompts (``regions``, `CycleRegions`), its validation and test metrics (``evaluation``, `CycleEvaluation`) and
+    ``train.py predict``'s records (``records``, `CycleRecords`).
+
     Args:
         n_captions: N, captions per region (one advantage group).
         k_groundings: K, groundings per caption (one advantage group each).
