@@ -96,17 +96,14 @@ def run(args) -> dict:
     ).bind(MethodContext(prompt_template=args.grounding_template))  # fmt: skip
     samples = _clips(args.samples, args.clip_size, args.clip_frames) if args.clips else _samples(args.samples)
     sampling = Sampling(max_new_tokens=args.tokens, min_new_tokens=args.tokens, temperature=1.0)
-    cap_prompts = [
-        method._prompt(processor, method.space.serialize(method._prompt_region(processor, s)), method.caption_template)
-        for s in samples
-    ]
+    cap_prompts = [method.regions.caption_prompt(processor, s) for s in samples]
     torch.manual_seed(0)
     first = engine.generate(
         model, processor, [RolloutRequest(p, s.image, args.n, i) for i, (p, s) in enumerate(zip(cap_prompts, samples))],
         sampling,
     )  # fmt: skip
     captions = [caption_text(t) for t in first.texts]  # B x N, sample-major
-    ground_prompts = [method._prompt(processor, c, args.grounding_template) for c in captions]
+    ground_prompts = [method.regions.grounding_prompt(processor, c, args.grounding_template) for c in captions]
     ground_images = [samples[i // args.n].image for i in range(len(captions))]
 
     def clear():

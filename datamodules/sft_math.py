@@ -219,7 +219,7 @@ def edit_in_grammar(pair: MathPair, edit_text: str) -> bool:
 @dataclass
 class MathPair:
     """One SFT example of the math stage: the role's prompt is built from ``problem`` / ``answer`` / ``kind`` by
-    ``lightning_modules.sft.pair_prompt``; ``completion`` is the target (without the end-of-turn token)."""
+    ``lightning_modules.sft_examples.pair_prompt``; ``completion`` is the target (without the end-of-turn token)."""
 
     sample_id: str
     image: Image.Image

@@ -11,14 +11,16 @@ normal HF directory that ``configs/tiny.yaml`` loads with ``from_pretrained``.
 
 A batch may also be all toy clips (``datamodules.video.ImageVideoSFTDataModule``): the video SFT stage of the cycle
 checkpoint teaches both directions of CycleGRPO's video path, with the prompts and region texts of
-``methods/cycle_grpo.py`` itself (`SFTModule.clip_example`).
+``methods/cycle_grpo.py`` itself (`SFTExamples.clip_example`).
+
+The module holds the training loop (the model's build and load, the optimizer, the loss); how samples become
+(prompt, target) pairs and a batch the model's inputs is ``sft_examples.py`` (`SFTExamples`, the `TARGETS`), and
+the greedy validation of every kind of example ``sft_eval.py`` (`SFTEvaluation`).
 """
 
 from __future__ import annotations
 
 import math
-import re
-import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,14 +28,15 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from lightning_modules import rewards
-from lightning_modules.engines.base import build_rollout_engine, rollout
-from lightning_modules.evaluation.evaluator import Evaluator, eval_set_name, format_for_template, greedy_answers
-from lightning_modules.methods.cycle_masks import MaskSFT, MaskSFTSpec
+from lightning_modules.engines.packing import enable_fast_vision_attention
+from lightning_modules.evaluation.evaluator import Evaluator, eval_set_name
+from lightning_modules.methods.cycle_masks import MaskSFTSpec
 from lightning_modules.models.loading import PolicyArgs, as_group, load_policy, prepare_policy
-from lightning_modules.models.prompts import CHAT_TEMPLATE, PROMPT_TEMPLATES, build_prompt_text, question_text
-from lightning_modules.models.qwen_vl import box_frame, box_frame_wh, model_input_size, model_inputs, processor_inputs
+from lightning_modules.models.prompts import CHAT_TEMPLATE, PROMPT_TEMPLATES, question_text
+from lightning_modules.models.qwen_vl import model_inputs
 from lightning_modules.models.tiny_model import build_tiny_qwen2_5_vl
+from lightning_modules.sft_eval import SFTEvaluation
+from lightning_modules.sft_examples import SFTExamples
 
 OptimizerCallable = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
 
@@ -69,98 +72,6 @@ class TinySpec:
     """The tokenizer is trained on the prompts and targets of the first this many training samples (None: all)."""
 
 
-def answer_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str:
-    """The paper's SFT baseline target: the ground-truth box in model-input pixels inside answer tags."""
-    w, h = sample.size
-    sx, sy = input_wh[0] / w, input_wh[1] / h
-    boxes = [[round(b[0] * sx), round(b[1] * sy), round(b[2] * sx), round(b[3] * sy)] for b in sample.boxes]
-    body = (boxes[0] if boxes else "no target") if sample.task == "rec" else boxes  # no box: a no-target query
-    return f"<answer>{body}</answer>"
-
-
-def _toy_record(sample) -> dict:
-    """A toy-world sample as the JSONL record ``datamodules.sft_targets.sft_target`` reads."""
-    return {
-        "id": sample.sample_id,
-        "solution": (sample.boxes[0] if sample.boxes else []) if sample.task == "rec" else sample.boxes,
-        "task": sample.task,
-        "meta": sample.meta,
-        "width": sample.size[0],
-        "height": sample.size[1],
-        "query": sample.query,
-    }
-
-
-def toy_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str:
-    """The 4-part toy target (``datamodules.sft_targets.sft_target``) for a toy-world sample."""
-    from datamodules.sft_targets import sft_target
-
-    return sft_target(_toy_record(sample), input_wh)
-
-
-def toy_grounded_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str:
-    """``toy_target`` whose reasoning starts by stating the box (``It is at [...]``), then repeats it as the answer."""
-    from datamodules.sft_targets import sft_target
-
-    return sft_target(_toy_record(sample), input_wh, grounded_think=True)
-
-
-def _toy_target_with_steps(sample, input_wh: tuple[int, int], seed: int, **step_format) -> str:
-    """``toy_grounded_target``, except that a multi-step question's reasoning walks its steps (``format_steps`` with
-    ``step_format``), then states the box."""
-    from datamodules.evolve import query_steps
-    from datamodules.sft_targets import format_steps
-
-    text = toy_grounded_target(sample, input_wh, seed)
-    steps = query_steps(sample.meta or {}, sample.query) if sample.task == "rec" else []
-    if len(steps) < 2:
-        return text
-    head, rest = text.split("</think>", 1)
-    located = head.removeprefix("<think>").split(". ", 1)[0]  # "It is at [x1, y1, x2, y2]"
-    return f"<think>{format_steps(steps, input_wh, sample.size, **step_format)} {located}.</think>{rest}"
-
-
-def toy_steps_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str:
-    """``toy_grounded_target``, except that for a multi-step question (EvolvedGRPO's relations and sub-problems) the
-    reasoning walks its steps, one ``<step>[box]</step>`` each, anchor first, then states the box
-    (``<think>Step 1: <step>[..]</step>. Step 2: <step>[..]</step>. It is at [..].</think>``): the format the prefix
-    process reward of ``evolved_grpo`` reads, in the short form (no step queries: docs/decisions.md)."""
-    return _toy_target_with_steps(sample, input_wh, seed, queries=False)
-
-
-def toy_steps_named_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str:
-    """``toy_steps_target`` whose steps name what they look for, each after the first relative to its predecessor
-    (``Step 1: the cyan shape <step>[..]</step>. Step 2: the large triangle right of it <step>[..]</step>. ...``): the
-    anchor's phrase is copied out of the question before its box; about 5 tokens a step longer. Measured worse than
-    the short form on the toy model (experiments/toy_model_runs.md, "The anchors' query form")."""
-    return _toy_target_with_steps(sample, input_wh, seed, relative=True)
-
-
-TARGETS = {
-    "answer": answer_target,
-    "toy": toy_target,
-    "toy_grounded": toy_grounded_target,
-    "toy_steps": toy_steps_target,
-    "toy_steps_named": toy_steps_named_target,
-}
-
-
-def pair_prompt(processor, pair) -> str:
-    """The chat prompt of a toy math SFT pair (``datamodules.sft_math.MathPair``): A's prompt as ``MathAnswer`` asks
-    it, or Q's as ``QuestionGenerator`` does, so the math stage teaches what the EvolvedGRPO runs ask."""
-    from core.math_prompts import answer_prompt
-    from lightning_modules.methods.math_answer import chat_prompt
-    from lightning_modules.methods.question_generator import question_prompt
-
-    if pair.role == "answer":
-        return chat_prompt(processor, answer_prompt(pair.problem))
-    return chat_prompt(processor, question_prompt(pair.problem, pair.answer, pair.kind))
-
-
-VIDEO_TEMPLATES = {"interval": "toy_temporal", "anchor": "toy_st"}
-"""The toy checkpoint's grounding prompt of clips in each region space (``SFTModule(video_templates=...)``)."""
-
-
 TOKENIZER_TEMPLATES = ("syn_grpo", "vlm_r1", "toy")
 """The prompt templates the committed toy tokenizer was trained on (2026-11-29). Templates added since (captioning,
 temporal and spatio-temporal grounding) are tokenized with that vocabulary, which byte-level BPE covers; adding them to
@@ -177,7 +88,8 @@ class SFTModule(L.LightningModule):
             ``policy.model_name_or_path`` does not hold a model yet, it is built there first.
         build_tiny: build a small Qwen2.5-VL from scratch into ``policy.model_name_or_path`` first (the toy
             checkpoint).
-        target: how a sample becomes a completion: ``toy`` (4-part format) or ``answer`` (GT box only).
+        target: how a sample becomes a completion (``sft_examples.TARGETS``): ``toy`` (4-part format), ``answer``
+            (GT box only), ``toy_grounded``, ``toy_steps`` or ``toy_steps_named``.
         prompt_template: ``toy``, ``syn_grpo`` or ``vlm_r1``; a list mixes them (each sample gets one, fixed by
             its id), so one checkpoint follows both the Syn-GRPO and the VLM-R1 instruction. Under ``vlm_r1`` the
             target keeps only the think and answer parts, as VLM-R1's format asks.
@@ -196,7 +108,7 @@ class SFTModule(L.LightningModule):
         video_spaces: the region spaces taught on clips (default both, ``interval`` and ``anchor``: CycleGRPO's
             temporal and spatio-temporal video path); each training clip gets one, fixed by its id. A clip is a
             captioning sample under ``caption_frac`` (fixed by id) when its query has a target, else a grounding
-            sample (``SFTModule.clip_example``).
+            sample (`SFTExamples.clip_example`).
         video_templates: region space -> the grounding prompt of clips in that space (``--model.sampling.prompt_template`` of
             the CycleGRPO run in that space: configs/cycle_tiny_temporal.yaml, cycle_tiny_st.yaml); one per space,
             because the same caption can be asked for as an interval or as anchors.
@@ -228,39 +140,25 @@ class SFTModule(L.LightningModule):
         mask_sft: MaskSFTSpec | None = None,
     ):
         super().__init__()
-        if target not in TARGETS:
-            raise ValueError(f"--model.target must be one of {sorted(TARGETS)}, got {target!r}")
-        if not 0.0 <= caption_frac <= 1.0:
-            raise ValueError(f"--model.caption_frac must lie in [0, 1], got {caption_frac}")
-        if caption_frac and caption_template not in PROMPT_TEMPLATES:
-            raise ValueError(
-                f"--model.caption_template {caption_template!r} is not a prompt template; one of {sorted(PROMPT_TEMPLATES)}"
-            )
-        video_spaces = list(VIDEO_TEMPLATES if video_spaces is None else video_spaces)
-        video_templates = dict(VIDEO_TEMPLATES if video_templates is None else video_templates)
-        from lightning_modules.methods.cycle_grpo import VIDEO_SPACES
-
-        if not video_spaces or not set(video_spaces) <= set(VIDEO_SPACES) or len(set(video_spaces)) < len(video_spaces):
-            raise ValueError(f"--model.video_spaces: distinct region spaces of {VIDEO_SPACES}, got {video_spaces}")
-        for space in video_spaces:
-            if video_templates.get(space) not in PROMPT_TEMPLATES:
-                raise ValueError(
-                    f"--model.video_templates needs a prompt template for {space!r} (one of {sorted(PROMPT_TEMPLATES)}), "
-                    f"got {video_templates}"
-                )
-        if not video_tau >= 0:
-            raise ValueError(f"--model.video_tau is a time gate in seconds and must be >= 0, got {video_tau}")
+        self.examples = SFTExamples(
+            target, prompt_template, seed, caption_frac, caption_template, video_spaces, video_templates, video_tau,
+            mask_sft,
+        )  # fmt: skip
+        """How samples become (prompt, target) pairs and batches the model's inputs (`sft_examples`)."""
         self.policy_args = as_group(PolicyArgs, policy, "policy")
         self.save_hyperparameters(ignore=["optimizer", "policy"])
         self.hparams.policy = asdict(self.policy_args)  # a plain dict: checkpoints load with weights_only
-        self.hparams.video_spaces, self.hparams.video_templates = video_spaces, video_templates
+        self.hparams.video_spaces, self.hparams.video_templates = (
+            self.examples.video_spaces,
+            self.examples.video_templates,
+        )
         self.tiny_spec = TinySpec(**build_tiny) if isinstance(build_tiny, dict) else build_tiny
         self.optimizer_factory = optimizer
         self.policy = None
         self.processor = None
         self.evaluator = Evaluator()
-        self._video_methods: dict[str, object] = {}
-        self.mask_sft = MaskSFT(mask_sft) if mask_sft is not None else None
+        self.evaluation = SFTEvaluation(self.examples, self.evaluator, eval_max_new_tokens)
+        """Validation and test (`sft_eval`); its evaluator's metrics are this module's submodules."""
         self.hparams.mask_sft = asdict(mask_sft) if mask_sft is not None else None  # checkpoints load weights_only
 
     def _corpus(self) -> list[str]:
@@ -271,8 +169,8 @@ class SFTModule(L.LightningModule):
         texts += [t for name in TOKENIZER_TEMPLATES for t in PROMPT_TEMPLATES[name].values()]
         size = self.tiny_spec.image_size
         for s in dm.train_samples(self.tiny_spec.corpus_samples):
-            texts.append(question_text(s.query, task=s.task, template=self.template_for(s)))
-            texts.append(self.target_for(s, (size, size)))
+            texts.append(question_text(s.query, task=s.task, template=self.examples.template_for(s)))
+            texts.append(self.examples.target_for(s, (size, size)))
         return texts + list(self.tiny_spec.extra_corpus)
 
     def configure_model(self) -> None:
@@ -307,8 +205,6 @@ class SFTModule(L.LightningModule):
             str(path), dtype=p.dtype, attn_implementation=p.attn_implementation, local_files_only=p.local_files_only
         )
         if hp.fast_vision_attention:
-            from lightning_modules.engines.packing import enable_fast_vision_attention
-
             enable_fast_vision_attention(self.policy)
         prepare_policy(self.policy, p, self.processor)
 
@@ -331,129 +227,10 @@ class SFTModule(L.LightningModule):
         sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
-    def template_for(self, sample) -> str:
-        t = self.hparams.prompt_template
-        if isinstance(t, str):
-            return t
-        return list(t)[zlib.crc32(sample.sample_id.encode()) % len(t)]
-
-    def is_caption(self, sample) -> bool:
-        """Whether training sample ``sample`` is a captioning sample (``caption_frac``, fixed by its id)."""
-        frac = self.hparams.caption_frac
-        if not hasattr(sample, "clip") and not sample.boxes:  # a no-target image query: no region to caption
-            return False  # (a clip's direction is drawn by id whatever its target: `clip_example` checks that)
-        return frac > 0 and zlib.crc32(f"{sample.sample_id}/caption".encode()) % 10_000 < frac * 10_000
-
-    def caption_query(self, sample) -> str:
-        """The captioning prompt's query: the target's box in the model's input pixels, as the box space writes it
-        (what `CycleGRPO` shows its captioning prompt)."""
-        from core.regions import region_space
-
-        in_wh = box_frame_wh(self.processor, *sample.size)
-        return region_space("box").serialize(tuple(rewards.rescale_box(sample.boxes[0], sample.size, in_wh)))
-
-    def target_for(self, sample, input_wh) -> str:
-        text = TARGETS[self.hparams.target](sample, input_wh, seed=self.hparams.seed)
-        if self.template_for(sample) == "vlm_r1":  # VLM-R1's format: reasoning and answer only
-            text = re.sub(r"<diversity>.*?</diversity>|<description>.*?</description>", "", text, flags=re.S)
-        return text
-
-    # ------------------------------------------------------------------------------------------------ clips
-    def video_method(self, space: str):
-        """CycleGRPO in region space ``space``, as ``configs/cycle_tiny_{temporal,st}.yaml`` build it: the source of
-        the clips' prompts and region texts, so what this stage teaches is what the RL run asks."""
-        if space not in self._video_methods:
-            from lightning_modules.methods.base import MethodContext, build_method
-
-            hp = self.hparams
-            args = {"region_space": space, "caption_template": hp.caption_template, "tau": hp.video_tau}
-            method = build_method({"class_path": "cycle_grpo", "init_args": args})
-            self._video_methods[space] = method.bind(MethodContext(prompt_template=hp.video_templates[space]))
-        return self._video_methods[space]
-
-    def space_for(self, clip) -> str:
-        """The region space training clip ``clip`` is taught in (one of ``video_spaces``, fixed by its id)."""
-        spaces = self.hparams.video_spaces
-        return spaces[zlib.crc32(f"{clip.sample_id}/space".encode()) % len(spaces)]
-
-    def clip_example(self, clip) -> tuple[str, str]:
-        """(prompt, target) of a training clip, both from `video_method`: a captioning sample (``is_caption``, and
-        its query has a target) shows the region serialized in the model's frame under ``caption_template`` and
-        answers the query, which singles the moment out among the actor's other moves; a grounding sample shows the
-        query under the space's ``video_templates`` prompt and answers the region as that space writes it, ``no
-        target`` (``NO_TARGET``) when the query has none. Answers alone in answer tags: the video path reads only
-        the answer (docs/decisions.md)."""
-        m = self.video_method(self.space_for(clip))
-        if clip.intervals and self.is_caption(clip):
-            return m.caption_prompt(self.processor, clip), f"<answer>{clip.query}</answer>"
-        prompt = m.grounding_prompt(self.processor, clip.query, self.hparams.video_templates[m.space.name])
-        return prompt, f"<answer>{m.region_text(self.processor, clip)}</answer>"
-
     def encode(self, batch) -> dict[str, torch.Tensor]:
-        """Processor inputs for prompt + target, with ``labels`` = -100 everywhere but the target tokens.
-
-        The images (or clips: a batch holds one kind) go through the processor once (with the prompts); each target
-        is tokenised on its own and appended to its prompt's tokens, as a rollout appends sampled tokens to the
-        prompt, and the rows are left-padded again.
-        """
-        proc = self.processor
-        tok = proc.tokenizer
-        clips = [hasattr(s, "clip") for s in batch]
-        if any(clips) and not all(clips):
-            raise ValueError(
-                "an SFT batch holds images or clips, not both (one processor call, one forward): "
-                "datamodules.video.ImageVideoSFTDataModule makes each batch all images or all clips"
-            )
-        if batch and self.mask_sft is not None and not any(clips):  # mask-token co-SFT (methods/cycle_masks.py)
-            pairs = [self.mask_sft.example(proc, s) for s in batch]
-            p_enc = proc(text=[p[0] for p in pairs], images=[s.image for s in batch], return_tensors="pt", padding=True)
-            targets = [p[1] + "<|im_end|>" for p in pairs]
-        elif batch and all(hasattr(s, "completion") for s in batch):  # toy math pairs (datamodules.sft_math)
-            p_enc = proc(text=[pair_prompt(proc, s) for s in batch], images=[s.image for s in batch],
-                         return_tensors="pt", padding=True)  # fmt: skip
-            targets = [s.completion + "<|im_end|>" for s in batch]
-        elif batch and all(clips):
-            pairs = [self.clip_example(s) for s in batch]
-            p_enc = processor_inputs(proc, [p for p, _ in pairs], [s.clip for s in batch])
-            targets = [t + "<|im_end|>" for _, t in pairs]
-        else:
-            captions = [self.is_caption(s) for s in batch]
-            prompts = [
-                build_prompt_text(proc, self.caption_query(s), task="rec", template=self.hparams.caption_template)
-                if c
-                else build_prompt_text(proc, s.query, task=s.task, template=self.template_for(s))
-                for s, c in zip(batch, captions)
-            ]
-            p_enc = proc(text=prompts, images=[s.image for s in batch], return_tensors="pt", padding=True)
-            in_wh = model_input_size(p_enc["image_grid_thw"], getattr(proc.image_processor, "patch_size", 14))
-            if side := box_frame(proc):  # targets on the model's relative grid (Qwen3-VL)
-                in_wh = [(side, side)] * len(in_wh)
-            targets = [
-                (f"<answer>{s.query}</answer>" if c else self.target_for(s, wh)) + "<|im_end|>"
-                for s, wh, c in zip(batch, in_wh, captions)
-            ]
-        t_ids = [torch.tensor(t, dtype=torch.long) for t in tok(targets, add_special_tokens=False)["input_ids"]]
-        keep = p_enc["attention_mask"].bool()
-        lengths = [int(keep[i].sum()) + len(t) for i, t in enumerate(t_ids)]
-        B, T = len(t_ids), max(lengths)
-        enc = {
-            "input_ids": torch.full((B, T), tok.pad_token_id, dtype=torch.long),
-            "attention_mask": torch.zeros((B, T), dtype=torch.long),
-            "labels": torch.full((B, T), -100, dtype=torch.long),
-        }
-        # the visual inputs as the processor gave them: pixel_values + image_grid_thw, or pixel_values_videos +
-        # video_grid_thw + second_per_grid_ts (the seconds per temporal patch of temporal mRoPE)
-        enc.update({k: v for k, v in p_enc.items() if k not in ("input_ids", "attention_mask", "mm_token_type_ids")})
-        types = p_enc.get("mm_token_type_ids")  # 1 on image tokens, 2 on video tokens (transformers 5.x)
-        if types is not None:
-            enc["mm_token_type_ids"] = torch.zeros((B, T), dtype=torch.long)
-        for i, (t, n) in enumerate(zip(t_ids, lengths)):  # left padding: every target ends its row
-            enc["input_ids"][i, T - n :] = torch.cat([p_enc["input_ids"][i][keep[i]], t])
-            enc["attention_mask"][i, T - n :] = 1
-            enc["labels"][i, T - len(t) :] = t
-            if types is not None:
-                enc["mm_token_type_ids"][i, T - n : T - len(t)] = types[i][keep[i]]
-        return enc
+        """Processor inputs for prompt + target, with ``labels`` = -100 everywhere but the target tokens
+        (`SFTExamples.encode`)."""
+        return self.examples.encode(self.processor, batch)
 
     def setup(self, stage: str) -> None:
         self.evaluator.build(self._trainer, stage)
@@ -490,125 +267,19 @@ class SFTModule(L.LightningModule):
         self._eval(batch, "test", dataloader_idx)
 
     def on_validation_epoch_end(self) -> None:
-        for k, v in {**self.evaluator.detection(self.trainer, "val"), **self._video_logs("val")}.items():
+        for k, v in self.evaluation.epoch_logs(self.trainer, "val").items():
             self.log(k, v, add_dataloader_idx=False)
 
     def on_test_epoch_end(self) -> None:
-        for k, v in {**self.evaluator.detection(self.trainer, "test"), **self._video_logs("test")}.items():
+        for k, v in self.evaluation.epoch_logs(self.trainer, "test").items():
             self.log(k, v, add_dataloader_idx=False)
 
     @torch.no_grad()
     def _eval(self, batch, kind: str, dataloader_idx: int) -> None:
-        """The shared greedy evaluation (``evaluation.Evaluator``: Acc@0.5, mIoU, format rate in the template's own
-        answer format, as `GRPOModule` logs them), plus the sampled (temperature 1) format rate: what GRPO starts
-        from."""
-        first = self.hparams.prompt_template
-        first = first if isinstance(first, str) else list(first)[0]
+        """A validation / test batch, greedily (`SFTEvaluation.evaluate`), logged as epoch means."""
         name = eval_set_name(self._trainer, kind, dataloader_idx)
-        if batch and hasattr(batch[0], "clip"):
-            self._eval_clips(batch, kind, name)
-            return
-        if self.mask_sft is not None:  # the mask-token examples, greedily (MaskSFT.evaluate)
-            out = self.mask_sft.evaluate(
-                self.policy, self.processor, batch, self.hparams.eval_max_new_tokens, f"{kind}/{name}"
-            )
-            for k, (v, n) in out.items():
-                self.log(k, v, batch_size=n, on_step=False, on_epoch=True, add_dataloader_idx=False)
-            return
-        if batch and hasattr(batch[0], "completion"):
-            self._eval_pairs(batch, kind, name)
-            return
-        answers, _ = greedy_answers(
-            self.policy, self.processor, batch, template=first, max_new_tokens=self.hparams.eval_max_new_tokens
-        )
-        logs = self.evaluator.update(kind, name, batch, answers, format=format_for_template(first))
-        sampled = rollout(
-            self.policy,
-            self.processor,
-            [s.image for s in batch],
-            [s.query for s in batch],
-            group_size=1,
-            task=[s.task for s in batch],
-            template=first,
-            max_new_tokens=self.hparams.eval_max_new_tokens,
-            do_sample=True,
-            temperature=1.0,
-        )
-        fmt = rewards.format_reward(sampled.texts, format=format_for_template(first))
-        self.log_dict(logs, batch_size=len(batch), on_step=False, on_epoch=True, add_dataloader_idx=False)
-        targets = [s for s in batch if s.boxes]  # the cycle runs on the samples with a target
-        if self.hparams.caption_frac and targets:
-            self.log(
-                f"{kind}/{name}/cycle_acc50",
-                self._cycle_acc50(targets, first),
-                batch_size=len(targets),
-                add_dataloader_idx=False,
-            )
-        self.log(
-            f"{kind}/{name}/format_sampled", sum(fmt) / len(batch), batch_size=len(batch), add_dataloader_idx=False
-        )
-
-    def _cycle_acc50(self, batch, template: str) -> float:
-        """The greedy cycle: caption each target's box, ground the caption (coordinates stripped, as CycleGRPO
-        grounds it) under ``template``; the fraction that lands back on the target at IoU >= 0.5."""
-        from dataclasses import replace
-
-        from lightning_modules.methods.cycle_grpo import caption_text
-
-        n = self.hparams.eval_max_new_tokens
-        asked = [replace(s, query=self.caption_query(s)) for s in batch]
-        captions, _ = greedy_answers(
-            self.policy, self.processor, asked, template=self.hparams.caption_template, max_new_tokens=n
-        )
-        back = [replace(s, query=caption_text(a.text)) for s, a in zip(batch, captions)]
-        answers, _ = greedy_answers(self.policy, self.processor, back, template=template, max_new_tokens=n)
-        hits = [bool(a.boxes) and rewards.iou(a.boxes[0], s.boxes[0]) >= 0.5 for s, a in zip(batch, answers)]
-        return sum(hits) / max(len(batch), 1)
-
-    def _eval_pairs(self, batch, kind: str, name: str) -> None:
-        """Toy math pairs, greedily: A's rows score ``accuracy`` (the box matches the answer) and ``format``
-        (``math_grading.format_ok``), as ``MathAnswer`` validates; Q's rows ``valid_json`` (``QuestionGenerator``'s
-        gate) and ``in_grammar`` (the edit is one the toy world executes: ``sft_math.edit_in_grammar``)."""
-        from core.coevolution import EDIT_KEYS
-        from core.math_grading import answers_match, extract_boxed, format_ok
-        from datamodules.sft_math import edit_in_grammar
-        from lightning_modules.engines.base import RolloutRequest, Sampling
-        from lightning_modules.question_rewards import parse_question_output
-
-        requests = [RolloutRequest(pair_prompt(self.processor, s), s.image, 1, i) for i, s in enumerate(batch)]
-        sampling = Sampling(max_new_tokens=self.hparams.eval_max_new_tokens, greedy=True)
-        texts = build_rollout_engine("hf").generate(self.policy, self.processor, requests, sampling).texts
-        scores: dict[str, list[float]] = {}
-        for s, text in zip(batch, texts):
-            if s.role == "answer":
-                row = {"accuracy": answers_match(extract_boxed(text), s.answer), "format": format_ok(text)}
-            else:
-                out = parse_question_output(text, EDIT_KEYS[s.kind])
-                row = {"valid_json": out is not None, "in_grammar": out is not None and edit_in_grammar(s, out.text)}
-            for k, v in row.items():
-                scores.setdefault(k, []).append(float(v))
-        for k, v in scores.items():
-            self.log(f"{kind}/{name}/{k}", sum(v) / len(v), batch_size=len(v), add_dataloader_idx=False)
-
-    def _eval_clips(self, batch, kind: str, name: str) -> None:
-        """Clips, greedily, in every region space of ``video_spaces``: CycleGRPO's own clip validation in that space
-        (``CycleGRPO.evaluate_clips``: the grounding of each query under the space's ``video_templates`` prompt, then
-        the cycle on each target moment), so this stage reports what the RL run on its checkpoint will. Logged at
-        the epoch's end as ``<kind>/<set>/<space>/<metric>``."""
-        engine = build_rollout_engine("hf")
-        n = self.hparams.eval_max_new_tokens
-        for space in self.hparams.video_spaces:
-            m, template = self.video_method(space), self.hparams.video_templates[space]
-            m.evaluate_clips(
-                self.policy, self.processor, engine, batch, f"{kind}/{name}/{space}", template, n, self.device
-            )
-
-    def _video_logs(self, kind: str) -> dict[str, float]:
-        """The epoch's clip metrics of every eval set of ``kind`` (nan ones left out), then reset."""
-        out = {}
-        for space in self.hparams.video_spaces:
-            out.update(self.video_method(space).eval_logs(kind))
-        return out
+        for k, (v, n) in self.evaluation.evaluate(self.policy, self.processor, batch, kind, name, self.device).items():
+            self.log(k, v, batch_size=n, on_step=False, on_epoch=True, add_dataloader_idx=False)
 
     def on_train_end(self) -> None:
         if self.hparams.export_dir and self.trainer.is_global_zero:

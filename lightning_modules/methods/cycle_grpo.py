@@ -60,15 +60,11 @@ true / false verdict of an OpenAI-compatible judge (``lightning_modules/judge.py
 from __future__ import annotations
 
 import itertools
-from typing import Any
 
 import torch
 
-from core import regions
 from core.regions import (
     NO_TARGET,
-    AnchorSpace,
-    IntervalSpace,
     caption_phi,
     cycle_rewards,
     invalid_interval_gate,
@@ -77,18 +73,19 @@ from core.regions import (
     temporal_proximity,
 )
 from lightning_modules import rewards
-from lightning_modules.engines.base import RolloutRequest, Sampling
-from lightning_modules.evaluation.evaluator import answered_region
+from lightning_modules.engines.base import RolloutRequest
 from lightning_modules.judge import JudgeConfig
 from lightning_modules.methods.base import Method, MethodHost, Scores
+from lightning_modules.methods.cycle_eval import CycleEvaluation
 from lightning_modules.methods.cycle_judge import CaptionJudge
-from lightning_modules.methods.cycle_masks import MaskRegions, lookalike_masks
+from lightning_modules.methods.cycle_masks import MaskRegions
+from lightning_modules.methods.cycle_records import CycleRecords
+from lightning_modules.methods.cycle_regions import VIDEO_SPACES, CycleRegions
 from lightning_modules.methods.cycle_rewards import (
     COMPOSITIONS,
     MODES,
     caption_text,
     check_side_weights,
-    image_lookalikes,
     loss_side_weights,
     raw_caption,
     released_cycle_rewards,
@@ -96,20 +93,15 @@ from lightning_modules.methods.cycle_rewards import (
     repository_rows,
     side_ids,
 )
-from lightning_modules.models.prompts import build_prompt_text
-from lightning_modules.models.qwen_vl import box_frame_wh, video_input_wh
 from lightning_modules.models.rollout import Rollout, concat_rollouts
-
-VIDEO_SPACES = ("interval", "anchor")
-
-
-def _greedy(max_new_tokens: int):
-    """Greedy sampling of up to ``max_new_tokens``: how every evaluation of the method answers."""
-    return Sampling(max_new_tokens=max_new_tokens, greedy=True)
 
 
 class CycleGRPO(Method):
     """CycleGRPO (``lightning_modules.methods.cycle_grpo.CycleGRPO``; the module docstring says how it works).
+
+    The class is the training step (rollout, scores, advantages, loss sides, logs); it composes the run's regions and
+    prompts (``regions``, `CycleRegions`), its validation and test metrics (``evaluation``, `CycleEvaluation`) and
+    ``train.py predict``'s records (``records``, `CycleRecords`).
 
     Args:
         n_captions: N, captions per region (one advantage group).
@@ -204,29 +196,28 @@ class CycleGRPO(Method):
                 f"--model.method.init_args.mask_device is read by region_space mask only, got {region_space!r}"
             )
         self.masks = MaskRegions(mask_tokenizer, mask_reward, mask_device) if region_space == "mask" else None
-        self.judge = None if judge is None else CaptionJudge(judge, judge_weight, judge_reference_key, judge_prompt)
         """The mask tokenizer and the per-sample bound spaces of ``region_space: mask`` (else None)."""
+        self.judge = None if judge is None else CaptionJudge(judge, judge_weight, judge_reference_key, judge_prompt)
         self.N, self.K, self.alpha, self.mode = n_captions, k_groundings, alpha, mode
         self.side_weights = loss_side_weights(mode, lambda_cap, lambda_loc)
         """(caption side, grounding side) weights of the loss (`loss_sides`)."""
         self.composition = reward_composition
         self.K0 = no_target_groundings or k_groundings
         """Groundings per no-target sample (its group's size)."""
-        self.video = region_space in VIDEO_SPACES
-        if self.masks is not None:
-            self.space = self.masks.space
-        else:
-            self.space = AnchorSpace(tau=tau) if region_space == "anchor" else regions.region_space(region_space)
-        self.caption_template = caption_template
-        self.tau, self.gate_gamma, self.proximity_weight = tau, gate_gamma, proximity_weight
+        self.regions = CycleRegions(region_space, caption_template, tau, self.masks)
+        """The region space, prompts, ground truths and answered regions every part reads (`CycleRegions`)."""
+        self.evaluation = CycleEvaluation(self.regions)
+        """Validation and test metrics (`evaluate`, `eval_logs`)."""
+        self.records = CycleRecords(self.evaluation)
+        """``train.py predict``'s records (`predict`)."""
+        self.gate_gamma, self.proximity_weight = gate_gamma, proximity_weight
         invalid_interval_gate(0, gate_gamma)  # checks gamma
-        self._eval_metrics: dict[str, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------------------------------------ rollout
     def rollout(self, module: MethodHost, batch) -> Rollout:
         B, N, K = len(batch), self.N, self.K
-        processor = module.processor
-        self._check_samples(batch)
+        processor, regions = module.processor, self.regions
+        regions.check_samples(batch)
         if self.masks is not None:
             self.masks.check_processor(processor)
             self.masks.place(module.device)
@@ -236,14 +227,15 @@ class CycleGRPO(Method):
         parts, texts = [], []
         if targets:
             caption_requests = [
-                RolloutRequest(self.caption_prompt(processor, batch[b]), batch[b].image, N, group_id=b) for b in targets
+                RolloutRequest(regions.caption_prompt(processor, batch[b]), batch[b].image, N, group_id=b)
+                for b in targets
             ]
             captions = module.generate(caption_requests)
             parts.append(captions)
             texts = [caption_text(t) for t in captions.texts]
         cycled = [
             RolloutRequest(
-                self.grounding_prompt(processor, texts[i], self.ctx.prompt_template),
+                regions.grounding_prompt(processor, texts[i], self.ctx.prompt_template),
                 batch[targets[i // N]].image,
                 K,
                 group_id=B + i,
@@ -253,7 +245,7 @@ class CycleGRPO(Method):
         ]
         own = [
             RolloutRequest(
-                self.own_prompt(processor, batch[b], self.ctx.prompt_template),
+                regions.own_prompt(processor, batch[b], self.ctx.prompt_template),
                 batch[b].image,
                 self.K0,
                 group_id=B + len(texts) + u,
@@ -275,7 +267,7 @@ class CycleGRPO(Method):
         codes = (getattr(sample, "meta", None) or {}).get("mask_codes")
         if self.composition == "repository" and codes is not None:  # the row's spans, decoded or not
             return bool(codes)
-        return self._gt_region(sample) is not NO_TARGET
+        return self.regions.gt_region(sample) is not NO_TARGET
 
     def sample_index(self, batch, ro: Rollout) -> list[int]:
         N, K = self.N, self.K
@@ -289,13 +281,14 @@ class CycleGRPO(Method):
         targets, rejects = self.layout(batch)
         n_cap = len(targets) * N
         parsed = [rewards.parse_completion(t) for t in ro.texts]
+        regions = self.regions
 
         def groundings(sample, gt, first: int, k: int) -> tuple[list, ...]:
             """(consistency, Phi_loc, gate, shaping, answer text, holds a region) of the k grounding rows from
             ``first``, against ``gt``."""
-            space = self._space_for(sample)
+            space = regions.space_for(sample)
             rows = range(first, first + k)
-            preds = [self._predicted_region(sample, ro.texts[j], parsed[j], ro.input_wh[j]) for j in rows]
+            preds = [regions.predicted_region(sample, ro.texts[j], ro.input_wh[j], parsed[j]) for j in rows]
             return (
                 [self._consistency(sample, space, gt, p, ro.texts[j]) for j, p in zip(rows, preds)],
                 [localization_phi(ro.texts[j], space) for j in rows],
@@ -307,7 +300,7 @@ class CycleGRPO(Method):
 
         phi_cap = [caption_phi(raw_caption(ro.texts[i])) for i in range(n_cap)]  # the leak is judged before stripping
         if self.composition == "repository":  # span strings of the whole texts, nothing decoded
-            gt_texts = [self.region_text(None, batch[b]) for b in targets]
+            gt_texts = [regions.region_text(None, batch[b]) for b in targets]
             cyc, nt, r_cap, r_loc, r_nt = repository_rows(ro.texts, gt_texts, N, K, K0)
             s = [row[0] for row in cyc]
         else:  # the cycle: caption i's K groundings against its sample's region; no-target ones against NO_TARGET
@@ -315,7 +308,7 @@ class CycleGRPO(Method):
                 index = self.sample_index(batch, ro)
                 self.masks.prefetch((batch[index[j]], ro.texts[j]) for j in range(n_cap, len(ro.texts)))
             cyc = [
-                groundings(batch[targets[i // N]], self._gt_region(batch[targets[i // N]]), n_cap + i * K, K)
+                groundings(batch[targets[i // N]], regions.gt_region(batch[targets[i // N]]), n_cap + i * K, K)
                 for i in range(n_cap)
             ]
             nt = [groundings(batch[b], NO_TARGET, n_cap * (1 + K) + u * K0, K0) for u, b in enumerate(rejects)]
@@ -346,88 +339,6 @@ class CycleGRPO(Method):
         extras["judge"] = judged
         return Scores(parts=parts, parsed=parsed, extras=extras)
 
-    # ------------------------------------------------------------------------------------------------ regions
-    def _check_samples(self, batch) -> None:
-        is_video = [hasattr(s, "clip") for s in batch]
-        if any(v != self.video for v in is_video):
-            kind = "video samples (datamodules.video.VideoGroundingDataModule)" if self.video else "image samples"
-            raise ValueError(
-                f"--model.method.init_args.region_space {self.space.name} needs {kind}; the batch holds "
-                f"{'video' if any(is_video) else 'image'} samples: set region_space to match the data module"
-            )
-
-    def _prompt(self, processor, query: str, template: str | None) -> str:
-        return build_prompt_text(processor, query, task="rec", template=template, video=self.video)
-
-    def region_text(self, processor, sample) -> str:
-        """``sample``'s ground-truth region as the captioning prompt shows it, in the model's frame (input pixels or
-        the relative grid, seconds): also the answer a perfect grounding writes (``no target`` when the query has
-        none). The video SFT stage (``SFTModule``) teaches exactly this text."""
-        if self.masks is not None:
-            return self.masks.region_text(sample)
-        return self.space.serialize(self._prompt_region(processor, sample))
-
-    def caption_prompt(self, processor, sample) -> str:
-        """The captioning prompt of ``sample``: its serialized region under ``caption_template``, with its image or
-        clip; a released row's own captioning prompt (``meta["row_caption_question"]``) as it is."""
-        own = (getattr(sample, "meta", None) or {}).get("row_caption_question")
-        if own is not None:
-            return self._prompt(processor, own, None)
-        return self._prompt(processor, self.region_text(processor, sample), self.caption_template)
-
-    def own_prompt(self, processor, sample, template: str) -> str:
-        """The grounding prompt of a sample asked from its own query (no target): a released row's own question
-        (``meta["row_question"]``) as it is, as the repository asks it; else its query under ``template``."""
-        own = (getattr(sample, "meta", None) or {}).get("row_question")
-        return self._prompt(processor, sample.query, template) if own is None else self._prompt(processor, own, None)
-
-    def grounding_prompt(self, processor, caption: str, template: str) -> str:
-        """The grounding prompt of a (stripped) caption under ``template`` (the module's ``prompt_template``)."""
-        return self._prompt(processor, caption, template)
-
-    def predicted_region(self, sample, text: str, input_wh):
-        """The region a grounding completion ``text`` answers, in the ground truth's frame (original pixels,
-        seconds), as `score` reads it; None when unreadable."""
-        return self._predicted_region(sample, text, rewards.parse_completion(text), input_wh)
-
-    def _space_for(self, sample):
-        """The region space that scores ``sample`` (intervals are bounded by the sample's clip; masks: bound to its
-        image)."""
-        if self.masks is not None:
-            return self.masks.bound(sample)
-        return self.space.with_duration(sample.duration) if isinstance(self.space, IntervalSpace) else self.space
-
-    def _gt_region(self, sample):
-        """The sample's ground-truth region: its clip's region in the space, its first box; ``NO_TARGET`` when its
-        query has none."""
-        if self.video:
-            return sample.region(self.space.name)
-        if self.masks is not None:
-            return self.masks.gt(sample)
-        return sample.boxes[0] if len(sample.boxes) else NO_TARGET
-
-    def _prompt_region(self, processor, sample):
-        """The region as the captioning prompt shows it, in the frame the model reads and writes (pixels of the
-        model input, seconds), computed without encoding."""
-        if not self.video:
-            return rewards.rescale_box(sample.boxes[0], sample.size, box_frame_wh(processor, *sample.size))
-        region = self._gt_region(sample)
-        if self.space.name == "anchor" and region is not NO_TARGET:
-            wh = video_input_wh(processor, sample.clip)
-            region = tuple((t, tuple(rewards.rescale_box(list(b), sample.size, wh))) for t, b in region)
-        return region
-
-    def _predicted_region(self, sample, text: str, parsed, input_wh):
-        """A grounding's region in the ground truth's frame (original pixels, seconds); None when unreadable."""
-        if self.masks is not None:
-            return self.masks.predicted(sample, text)
-        if self.video:
-            pred = self.space.parse(raw_caption(text))  # the answer part when there is one
-            if self.space.name == "anchor" and pred is not None and pred is not NO_TARGET:
-                pred = tuple((t, tuple(rewards.rescale_box(list(b), input_wh, sample.size))) for t, b in pred)
-            return pred
-        return answered_region(text, parsed or rewards.parse_completion(text), input_wh, sample.size, self.space)
-
     def _consistency(self, sample, space, gt, pred, text: str) -> float:
         """``s``: the space's consistency; masks: the mask consistency of ``text`` (``methods/cycle_masks.py``)."""
         return space.consistency(gt, pred) if self.masks is None else self.masks.consistency(sample, gt, pred, text)
@@ -438,9 +349,9 @@ class CycleGRPO(Method):
 
     def _shaping(self, gt, pred) -> float:
         """Spatio-temporal: ``proximity_weight * temporal_proximity`` (a direction when Eq. 15 gives 0); 0 elsewhere."""
-        if self.space.name != "anchor":
+        if self.regions.space.name != "anchor":
             return 0.0
-        return self.proximity_weight * temporal_proximity(gt, pred, self.tau)
+        return self.proximity_weight * temporal_proximity(gt, pred, self.regions.tau)
 
     def loss_sides(self, scores: Scores, ro: Rollout) -> tuple[torch.Tensor, tuple[float, float]]:
         """The captions (side 0) and the groundings (side 1, no-target queries included), each side's loss a token
@@ -483,216 +394,27 @@ class CycleGRPO(Method):
         }
 
     def _video_train_logs(self, scores: Scores) -> dict[str, float]:
-        if self.space.name == "interval":
+        space = self.regions.space.name
+        if space == "interval":
             return {"train/cycle/gate": sum(scores.extras["gate"]) / max(len(scores.extras["gate"]), 1)}
-        if self.space.name == "anchor":
+        if space == "anchor":
             shaping = scores.extras["shaping"]
             return {"train/cycle/proximity": sum(shaping) / max(len(shaping), 1) / max(self.proximity_weight, 1e-9)}
         return {}
 
     # ------------------------------------------------------------------------------------------------ evaluation
     def evaluate(self, module: MethodHost, kind: str, name: str, batch) -> bool:
-        """Video samples and mask regions: ``evaluate_clips`` (greedy grounding of each query and the cycle of each
-        target), logged by `eval_logs` at the epoch's end (masks: GRES's ``giou`` / ``ciou`` / ``n_acc`` / ``t_acc``
-        on the decoded masks, the box evaluator having nothing to read). Image boxes: the cycle's locatability of
-        captions (``<kind>/<set>/locatability``, ``.../confusion``), then the module's REC evaluator for the grounding
-        direction (False)."""
-        key = f"{kind}/{name}"
-        engine = module.rollout_engine.for_evaluation()
-        template = self.ctx.eval_template
-        if self.video or self.masks is not None:
-            n = self.ctx.max_new_tokens
-            if self.masks is not None:
-                self.masks.place(module.device)
-            self.evaluate_clips(module.policy, module.processor, engine, batch, key, template, n, module.device)
-            return True
-        from lightning_modules.evaluation.cycle_metrics import Locatability
-
-        if key not in self._eval_metrics:  # on the module's device: a multi-GPU sync (NCCL) reduces CUDA states
-            self._eval_metrics[key] = {"locatability": Locatability(0.5).to(module.device)}
-        targets, owns, lookalikes = self._cycle_targets(batch)
-        back = self._cycle(module.policy, module.processor, engine, _greedy(self.ctx.max_new_tokens), targets, template)
-        self._eval_metrics[key]["locatability"].update_regions(self.space, owns, lookalikes, back)
-        return False
-
-    def evaluate_clips(
-        self, policy, processor, engine, batch, key: str, template: str, max_new_tokens: int, device
-    ) -> None:
-        """Clips (and mask-region images), greedily, into the metrics of eval set ``key`` (``<kind>/<set>``, created on ``device``): each
-        query grounded under ``template`` (``RegionGroundingMetrics``: ``ciou``, ``n_acc``, ``t_acc``; intervals
-        ``TemporalGroundingMetrics``: ``tiou``, ``r1@{0.3,0.5,0.7}``; anchors ``SpatioTemporalMetrics``: ``when``,
-        ``where``, ``st``), then the cycle on each target moment: caption its region, ground the stripped caption
-        back; ``locatability`` / ``confusion`` against the actor's other moves, and ``cycle_acc50`` (consistency
-        with its own region >= 0.5, look-alikes aside). Also the video SFT stage's clip validation (``SFTModule``,
-        under the key ``<kind>/<set>/<space>``), so the stage reports what the RL run on its checkpoint will."""
-        from lightning_modules.evaluation.cycle_metrics import (
-            Locatability,
-            RegionGroundingMetrics,
-            SpatioTemporalMetrics,
-            TemporalGroundingMetrics,
-        )
-
-        sampling = _greedy(max_new_tokens)
-        _, gts, preds = self._ground_clips(policy, processor, engine, batch, template, sampling)
-        if key not in self._eval_metrics:
-            mets = {"region": RegionGroundingMetrics(self.space), "locatability": Locatability(0.5)}
-            mets["cycle"] = Locatability(0.5)
-            if self.space.name == "interval":
-                mets["temporal"] = TemporalGroundingMetrics((0.3, 0.5, 0.7))
-            elif self.space.name == "anchor":
-                mets["st"] = SpatioTemporalMetrics(tau=self.tau, slot=1.0 / batch[0].clip.fps)
-            self._eval_metrics[key] = {k: m.to(device) for k, m in mets.items()}  # NCCL reduces CUDA states
-        mets = self._eval_metrics[key]
-        mets["region"].update(gts, preds)
-        if "temporal" in mets:
-            mets["temporal"].update([self._space_for(s).consistency(g, p) for s, g, p in zip(batch, gts, preds)])
-        elif "st" in mets:
-            mets["st"].update(gts, preds)
-        targets, owns, lookalikes = self._cycle_targets(batch)
-        back = self._cycle(policy, processor, engine, sampling, targets, template)
-        mets["locatability"].update_regions(self.space, owns, lookalikes, back)
-        mets["cycle"].update_regions(self.space, owns, [[] for _ in targets], back)
-
-    def _ground_clips(self, policy, processor, engine, batch, template: str, sampling) -> tuple[list[str], list, list]:
-        """Each clip's query grounded under ``template``: (completions, ground-truth regions, predicted regions in
-        the ground truth's frame, None when unreadable)."""
-        self._check_samples(batch)
-        requests = [
-            RolloutRequest(self._prompt(processor, s.query, template), s.image, 1, i) for i, s in enumerate(batch)
-        ]
-        ro = engine.generate(policy, processor, requests, sampling)
-        if self.masks is not None:
-            self.masks.prefetch(zip(batch, ro.texts))
-        preds = [self._predicted_region(s, t, None, wh) for s, t, wh in zip(batch, ro.texts, ro.input_wh)]
-        return list(ro.texts), [self._gt_region(s) for s in batch], preds
-
-    def _cycle_targets(self, batch) -> tuple[list, list, list]:
-        """The samples the cycle runs on (a clip with a target moment; a scene with one referred box), their own
-        regions and their look-alike regions (the actor's other moves; the objects sharing the target's shape or
-        colour)."""
-        if self.video:
-            targets = [s for s in batch if s.intervals]
-            return (
-                targets,
-                [s.region(self.space.name) for s in targets],
-                [s.lookalike_regions(self.space.name) for s in targets],
-            )
-        targets = [s for s in batch if len(s.boxes) == 1]
-        if self.masks is not None:  # pixel masks of each sample's image (the unbound space's IoU compares them)
-            return targets, [self.masks.gt(s) for s in targets], [lookalike_masks(s) for s in targets]
-        return targets, [tuple(s.boxes[0]) for s in targets], [image_lookalikes(s) for s in targets]
-
-    def _cycle(self, policy, processor, engine, sampling, targets, template: str) -> list:
-        """The cycle on each target region, greedily (the toy analogue of DOVE): caption it, ground the stripped
-        caption back under ``template``; the regions the groundings answer (None when unreadable). Scored against
-        the target's own region and its look-alikes (`_cycle_targets`): a caption that names the kind, not the
-        instance, finds a look-alike."""
-        return self._cycle_texts(policy, processor, engine, sampling, targets, template)[1]
-
-    def _cycle_texts(self, policy, processor, engine, sampling, targets, template: str) -> tuple[list[str], list]:
-        """`_cycle`'s captions (the texts as written) and the regions their groundings answer."""
-        if not targets:
-            return [], []
-        captions = engine.generate(
-            policy,
-            processor,
-            [RolloutRequest(self.caption_prompt(processor, s), s.image, 1, i) for i, s in enumerate(targets)],
-            sampling,
-        )
-        groundings = engine.generate(
-            policy,
-            processor,
-            [
-                RolloutRequest(self.grounding_prompt(processor, caption_text(t), template), s.image, 1, i)
-                for i, (s, t) in enumerate(zip(targets, captions.texts))
-            ],
-            sampling,
-        )
-        preds = [self.predicted_region(s, t, wh) for s, t, wh in zip(targets, groundings.texts, groundings.input_wh)]
-        return list(captions.texts), preds
-
-    def predict(self, module: MethodHost, batch) -> list[dict]:
-        """``train.py predict``'s records, greedily, as `evaluate` scores them, so a study can bootstrap over samples.
-
-        Clips: per clip the grounding's ``completion``, its ``region`` and the ground truth's (serialized), ``scores``
-        (intervals: ``tiou``; anchors: ``when``, ``where``, ``st``), ``rewards.accuracy`` = the space's consistency
-        (tIoU or Eq. 15), ``no_target`` / ``rejected`` / ``answered``. Images: the module's REC records. Both add, for
-        a sample with a target, ``cycle``: the caption, the consistency of its grounding with the own region and with
-        the best look-alike, and whether that counts as ``located`` / ``confused`` (`Locatability`). The means of
-        these over a set are the set's ``test`` metrics (``callbacks.predictions.summarize``)."""
-        from lightning_modules.evaluation.cycle_metrics import locate, pair_consistency
-
-        engine = module.rollout_engine.for_evaluation()
-        template = self.ctx.eval_template
-        sampling = _greedy(self.ctx.max_new_tokens)
-        if self.masks is not None:
-            self.masks.place(module.device)
-        if self.video or self.masks is not None:  # masks: the REC records read boxes
-            texts, gts, preds = self._ground_clips(module.policy, module.processor, engine, batch, template, sampling)
-            rows = [self._clip_record(s, t, g, p) for s, t, g, p in zip(batch, texts, gts, preds)]
-        else:
-            rows = module.rec_predictions(batch)
-        targets, owns, lookalikes = self._cycle_targets(batch)
-        caps, back = self._cycle_texts(module.policy, module.processor, engine, sampling, targets, template)
-        index = {id(s): i for i, s in enumerate(batch)}
-        own, other = pair_consistency(self.space, owns, lookalikes, back)
-        for s, cap, c_own, c_other in zip(targets, caps, own, other):
-            located, confused = locate(c_own, c_other, 0.5)
-            rows[index[id(s)]]["cycle"] = {
-                "caption": cap,
-                "own": c_own,
-                "lookalike": c_other,
-                "located": located,
-                "confused": confused,
-            }
-        return rows
-
-    def _clip_record(self, sample, text: str, gt, pred) -> dict:
-        """`predict`'s record of one clip's grounding (its ``cycle`` added by the caller)."""
-        from lightning_modules.evaluation.cycle_metrics import st_scores
-
-        norm = self.space.normalize(pred) if pred is not None else None
-        if self.masks is not None:  # pixel masks, GRES's per-sample IoU (a no-target query: 1 for a rejection)
-            scores = {"iou": self.space.consistency(gt, pred)}
-            accuracy = scores["iou"]
-        elif self.space.name == "interval":
-            scores = {"tiou": self._space_for(sample).consistency(gt, pred)}
-            accuracy = scores["tiou"]
-        else:
-            slot = 1.0 / sample.clip.fps
-            scores = dict(zip(("when", "where", "st"), st_scores(gt, pred, tau=self.tau, slot=slot)))
-            accuracy = scores["st"]
-        return {
-            "sample_id": sample.sample_id,
-            "task": "video" if self.video else "rec",
-            "space": self.space.name,
-            "query": sample.query,
-            "completion": text,  # masks: the completion's span is the region (a pixel mask has no short text)
-            "region": None if pred is None or self.masks is not None else self.space.serialize(pred),
-            "gt_region": None if self.masks is not None else self.space.serialize(gt),
-            "no_target": gt is NO_TARGET,
-            "rejected": norm is NO_TARGET,
-            "answered": norm is not None and norm is not NO_TARGET,
-            "format_ok": pred is not None,
-            "scores": scores,
-            "rewards": {"accuracy": float(accuracy), "format": float(pred is not None)},
-            "cycle": None,
-        }
+        """Greedily, under the evaluation template (`CycleEvaluation.evaluate`): video samples and mask regions get
+        the method's own metrics (True); image boxes the cycle's locatability, then the module's REC evaluator
+        (False)."""
+        key, ctx = f"{kind}/{name}", self.ctx
+        return self.evaluation.evaluate(module, key, batch, ctx.eval_template, ctx.max_new_tokens)
 
     def eval_logs(self, kind: str) -> dict[str, float]:
         """The epoch's metrics of every eval set of ``kind`` (``{kind}/{set}/{metric}``; nan ones left out), then
         reset."""
-        out = {}
-        for key, mets in self._eval_metrics.items():
-            if not key.startswith(f"{kind}/"):
-                continue
-            for part, m in mets.items():
-                for k, v in m.compute().items():
-                    if part == "cycle":  # own region only: its locatability is the cycle's Acc@0.5
-                        if k != "locatability":
-                            continue
-                        k = "cycle_acc50"
-                    if (k != "giou" or not self.video) and not torch.isnan(v):  # clips: giou repeats tiou / st
-                        out[f"{key}/{k}"] = float(v)
-                m.reset()
-        return out
+        return self.evaluation.eval_logs(kind)
+
+    def predict(self, module: MethodHost, batch) -> list[dict]:
+        """``train.py predict``'s records, greedily, as `evaluate` scores them (`CycleRecords.predict`)."""
+        return self.records.predict(module, batch, self.ctx.eval_template, self.ctx.max_new_tokens)

@@ -51,9 +51,16 @@ import torch
 from PIL import Image
 
 from core.regions import NO_TARGET, MaskSpace, region_space
-from core.regions.mask_rewards import MASK_CONSISTENCIES, mask_consistency
-from core.regions.mask_tokens import format_mask
+from core.regions.checks import has_mask_token_leak
+from core.regions.mask_rewards import MASK_CONSISTENCIES, mask_consistency, no_target_reward
+from core.regions.mask_tokens import format_mask, parse_masks
+from core.toy.masks import object_masks, target_mask
+from lightning_modules.engines.base import RolloutRequest, Sampling, build_rollout_engine
 from lightning_modules.methods.cycle_rewards import raw_caption
+from lightning_modules.models.mask_tokenizer.toy import ToyMaskTokenizer
+from lightning_modules.models.mask_tokenizer.vocab import mask_token_ids
+from lightning_modules.models.mask_tokenizer.vq_sam2 import VQSam2MaskTokenizer
+from lightning_modules.models.prompts import PROMPT_TEMPLATES, build_prompt_text
 
 __all__ = [
     "MASK_REWARDS",
@@ -87,8 +94,6 @@ def _released_codec(folder: Path):
             f"{[p.name for p in states]}) and one SAM 2 (a transformers folder sam2/ or sam2*.pt, found "
             f"{[p.name for p in sam2]})"
         )
-    from lightning_modules.models.mask_tokenizer.vq_sam2 import VQSam2MaskTokenizer
-
     return VQSam2MaskTokenizer.from_files(sam2[0], states[0])
 
 
@@ -110,8 +115,6 @@ def load_mask_codec(path: str | None):
             f"mask_tokenizer_256x2.pth beside SAM 2's weights); build the toy one with `{REBUILD}` (seeded, about 4 "
             "minutes on one CPU core)"
         )
-    from lightning_modules.models.mask_tokenizer.toy import ToyMaskTokenizer
-
     return ToyMaskTokenizer.load(folder)
 
 
@@ -144,8 +147,6 @@ def gt_pixel_mask(sample, decode: Callable[[tuple[int, int]], np.ndarray] | None
     if not len(sample.boxes):
         return np.zeros((h, w), dtype=bool)
     if meta.get("objects") and "height" in meta and "width" in meta:
-        from core.toy.masks import target_mask
-
         mask = _fit(target_mask(meta), w, h)
         if mask.any():
             return mask
@@ -164,8 +165,6 @@ def lookalike_masks(sample) -> list[np.ndarray]:
     target = next((o for o in objects if o.get("role") == "target"), None)
     if target is None or "height" not in meta:
         return []
-    from core.toy.masks import object_masks
-
     picked = [
         i
         for i, o in enumerate(objects)
@@ -220,8 +219,6 @@ class MaskRegions:
     def check_processor(self, processor) -> None:
         """Raise (once per processor) when the policy's tokenizer lacks the mask tokens."""
         if id(processor) not in self._checked:
-            from lightning_modules.models.mask_tokenizer.vocab import mask_token_ids
-
             mask_token_ids(processor)  # names --model.policy.mask_tokens true
             self._checked.add(id(processor))
 
@@ -358,8 +355,6 @@ class MaskSFT:
     """`MaskSFTSpec`'s examples and their greedy validation (``SFTModule``'s mask-token hook)."""
 
     def __init__(self, spec: MaskSFTSpec):
-        from lightning_modules.models.prompts import PROMPT_TEMPLATES
-
         bad = {k: v for k, v in spec.mix.items() if k not in SFT_KINDS or v < 0}
         if bad or not sum(spec.mix.values()) > 0:
             raise ValueError(f"--model.mask_sft.mix: non-negative weights of {SFT_KINDS}, not all 0; got {spec.mix}")
@@ -388,8 +383,6 @@ class MaskSFT:
 
     def example(self, processor, sample) -> tuple[str, str, str]:
         """(chat prompt, target, kind) of ``sample``."""
-        from lightning_modules.models.prompts import build_prompt_text
-
         kind, s = self.kind(sample), self.spec
         if kind != "no_target" and not sample.query:
             raise ValueError(
@@ -420,11 +413,6 @@ class MaskSFT:
         well-formed span), ``mask_code_acc`` (its first span's codes are the target's), ``no_target_acc`` (no-target
         examples answered with the rejection and no span), ``caption_exact`` (captions equal to the target) and
         ``caption_clean`` (captions without any mask token); each as (value, count)."""
-        from core.regions.checks import has_mask_token_leak
-        from core.regions.mask_rewards import no_target_reward
-        from core.regions.mask_tokens import parse_masks
-        from lightning_modules.engines.base import RolloutRequest, Sampling, build_rollout_engine
-
         examples = [self.example(processor, s) for s in batch]
         requests = [RolloutRequest(p, s.image, 1, i) for i, (s, (p, _, _)) in enumerate(zip(batch, examples))]
         sampling = Sampling(max_new_tokens=max_new_tokens, greedy=True)

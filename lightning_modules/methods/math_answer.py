@@ -2,7 +2,7 @@
 
 A sample is a `datamodules.reasoning.ReasoningSample` (image, problem, answer) from `ReasoningDataModule`, not a
 grounding sample, so the method sets ``grounding = False`` and evaluates itself. Per row, G completions of the user
-turn ``reasoning.answer_prompt(problem)`` with the row's image (the seed's EasyR1 math prompt; the module's
+turn ``core.math_prompts.answer_prompt(problem)`` with the row's image (the seed's EasyR1 math prompt; the module's
 ``--model.sampling.prompt_template`` names grounding templates and is not used). Reward (the seed's ``math.py``)::
 
     accuracy_weight * accuracy + format_weight * format        (0.9 and 0.1, --model.method.init_args.*)
@@ -26,6 +26,7 @@ from core.math_grading import accuracy_reward, extract_boxed, format_reward
 from core.math_prompts import answer_prompt
 from lightning_modules import objective
 from lightning_modules.engines.base import RolloutRequest, Sampling
+from lightning_modules.evaluation.metrics import FormatRate
 from lightning_modules.methods.base import Method, MethodHost, RewardContext, RewardTerm, Scores, _flag
 from lightning_modules.models.rollout import Rollout
 
@@ -112,8 +113,6 @@ class MathAnswer(Method):
 
     def evaluate(self, module: MethodHost, kind: str, name: str, batch) -> bool:
         """Greedy accuracy and format rate of the batch into set ``kind/name``'s metrics (logged by `eval_logs`)."""
-        from lightning_modules.evaluation.metrics import FormatRate
-
         texts = self._greedy(module, batch)
         key = f"{kind}/{name}"
         if key not in self._eval_metrics:  # on the module's device: a multi-GPU sync (NCCL) reduces CUDA states

@@ -49,8 +49,11 @@ from core.math_grading import extract_boxed
 from core.math_prompts import answer_prompt
 from lightning_modules import rewards
 from lightning_modules.engines.base import RolloutEngine, RolloutRequest, Sampling, build_rollout_engine
+from lightning_modules.engines.packing import enable_fast_vision_attention
+from lightning_modules.evaluation.metrics import FormatRate
 from lightning_modules.methods.base import Method, MethodHost, Scores, _flag
 from lightning_modules.methods.math_answer import chat_prompt, greedy_texts
+from lightning_modules.models.loading import load_policy
 from lightning_modules.models.rollout import Rollout
 from lightning_modules.question_rewards import (
     VOTES,
@@ -64,6 +67,7 @@ from lightning_modules.question_rewards import (
     screen_output,
     toy_similarity,
 )
+from synth.edit_client import InstructionEdit, InstructionEditor
 
 __all__ = [
     "GATES",
@@ -200,8 +204,6 @@ class AnswerModel:
         """Load A onto ``device`` (once) with its engine: ``engine`` by name, else a fresh engine of the kind of
         ``like`` (the module's; its options and compiled step are not copied), else ``hf``."""
         if self.model is None:
-            from lightning_modules.models.loading import load_policy
-
             if not (Path(self.path) / "config.json").is_file():
                 raise FileNotFoundError(
                     f"{_flag('answer_model')}={self.path!r}: no config.json there; point it at the answer model A's "
@@ -215,8 +217,6 @@ class AnswerModel:
             else:
                 self.engine = type(like)()
             if self.engine.own_kernels:  # as the module prepares its policy for such an engine
-                from lightning_modules.engines.packing import enable_fast_vision_attention
-
                 enable_fast_vision_attention(self.model)
         return self
 
@@ -465,8 +465,6 @@ class QuestionGenerator(Method):
         """Draw every image edit through the editor (one call), compare each with its source (CLIP or the toy's
         similarity); an editor error gates the candidate (``edit_failed``), a low similarity is `score_image_edit`'s
         gate."""
-        from synth.edit_client import InstructionEdit, InstructionEditor  # the data side's editor, only when used
-
         if self._editor is None:
             self._editor = InstructionEditor(**dict(self.image_editor or {}))
             weakref.finalize(self, self._editor.close)
@@ -575,8 +573,6 @@ class QuestionGenerator(Method):
     def evaluate(self, module: MethodHost, kind: str, name: str, batch) -> bool:
         """Greedy outputs of Q on the batch; ``<kind>/<set>/valid_json``: the share that passes the JSON gate (A is
         not run in validation)."""
-        from lightning_modules.evaluation.metrics import FormatRate
-
         prompts = [self.prompt(module.processor, s, self.ctx.eval_template) for s in batch]
         texts = greedy_texts(module, prompts, [s.image for s in batch], self.ctx.max_new_tokens)
         key = f"{kind}/{name}"

@@ -101,7 +101,7 @@ def test_toy_rows_carry_the_bare_query_and_render_as_before(tmp_path, processor,
             " that would make the question more informative to practise on, in <description> </description> tags."
             " Finally output the answer as [x1, y1, x2, y2] in <answer> </answer> tags."
         )
-        assert cycle.own_prompt(processor, s, "toy") == qwen_turn(f"Find: {q}")  # no row_question: the template
+        assert cycle.regions.own_prompt(processor, s, "toy") == qwen_turn(f"Find: {q}")  # no row_question: the template
 
 
 # --- CycleGRPO's released RL parquet ---------------------------------------------------------------------------------
@@ -185,7 +185,7 @@ def test_released_parquet_rows_are_asked_as_the_repository_asks_them(parquet_sam
         caption = (
             "Could you please give me a detailed description of the following region? " + spans[tuple(codes)] + "."
         )
-        assert cycle.caption_prompt(processor, s) == qwen_turn(caption)
+        assert cycle.regions.caption_prompt(processor, s) == qwen_turn(caption)
     assert drawn == {"rl-0": {(17, 44)}, "rl-1": {(17, 44), (3, 250)}, "rl-2": {(17, 44), (3, 250), (120, 9)}}
 
     # a no-target row (the rollout grounds it from its own question, in a group of its own): verl/trainer/
@@ -194,7 +194,7 @@ def test_released_parquet_rows_are_asked_as_the_repository_asks_them(parquet_sam
     # diamond in this image. in this image." (the gres template around the row's question)
     nt = next(s for s in parquet_samples if s.meta["no_target"])
     assert cycle.layout([parquet_samples[0], nt]) == ([0], [1])
-    assert cycle.own_prompt(processor, nt, cycle.ctx.prompt_template) == qwen_turn(NO_TARGET_QUESTION)
+    assert cycle.regions.own_prompt(processor, nt, cycle.ctx.prompt_template) == qwen_turn(NO_TARGET_QUESTION)
 
     # a caption grounded (the cycle's second half): verl/utils/dataset.py:429-431 (PROMPT_TEMPLATE, mask tokens, an
     # image) around the caption (:433-442), then trimmed and split as above (:444-460)
@@ -205,7 +205,7 @@ def test_released_parquet_rows_are_asked_as_the_repository_asks_them(parquet_sam
         " the object are accurate. If a matching object is found, provide its segmentation mask in the format"
         " `<|mt_start|><|mt_xxxx|><|mt_xxxx|><|mt_end|>`. If no matching object is found, output null."
     )
-    prompt = cycle.grounding_prompt(processor, "the small red mug on the left", cycle.ctx.prompt_template)
+    prompt = cycle.regions.grounding_prompt(processor, "the small red mug on the left", cycle.ctx.prompt_template)
     assert prompt == qwen_turn(grounding)
 
 

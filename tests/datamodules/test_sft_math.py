@@ -139,7 +139,8 @@ def test_sft_module_encodes_a_pair_under_the_grpo_methods_own_prompts():
     from lightning_modules.methods.math_answer import MathAnswer, chat_prompt
     from lightning_modules.methods.question_generator import question_prompt
     from lightning_modules.models.loading import load_policy
-    from lightning_modules.sft import SFTModule, pair_prompt
+    from lightning_modules.sft import SFTModule
+    from lightning_modules.sft_examples import pair_prompt
 
     _, processor = load_policy(str(REPO / "checkpoints/toy-qwen2.5-vl"), dtype="fp32")
     sample = _sample(make_row("train", 1, seed=1))

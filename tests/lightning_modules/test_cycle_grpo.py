@@ -113,7 +113,7 @@ def test_model_input_wh_is_the_processors_resize_without_encoding():
 
 
 def test_image_lookalikes_are_the_scenes_objects_sharing_shape_or_colour():
-    from lightning_modules.methods.cycle_grpo import image_lookalikes
+    from lightning_modules.methods.cycle_rewards import image_lookalikes
 
     objects = [
         {"role": "target", "shape": "circle", "colour": "red", "box": [0, 0, 10, 10]},

@@ -62,7 +62,7 @@ def _method(tokenizer_dir, codec=None, **args):
     )
     if codec is not None:  # the stand-in codec: decoded masks known by hand
         m.masks.codec = codec
-        m.space = m.masks.space = region_space("mask", codec=codec)
+        m.regions.space = m.masks.space = region_space("mask", codec=codec)
     return m
 
 
@@ -82,15 +82,16 @@ def test_mask_space_needs_its_tokenizer(tokenizer_dir, tmp_path):
 def test_the_ground_truth_is_the_exact_mask_and_the_prompt_shows_its_span(tokenizer_dir):
     m = _method(tokenizer_dir)
     s, nt = _toy_sample(0), _toy_sample(1, no_target=True)
-    gt = m._gt_region(s)
-    assert np.array_equal(gt, target_mask(s.meta)) and m._space_for(s) is m._space_for(s)  # one bound space
-    assert m._gt_region(nt) is NO_TARGET and m.layout([s, nt]) == ([0], [1])
+    r = m.regions
+    gt = r.gt_region(s)
+    assert np.array_equal(gt, target_mask(s.meta)) and r.space_for(s) is r.space_for(s)  # one bound space
+    assert r.gt_region(nt) is NO_TARGET and m.layout([s, nt]) == ([0], [1])
     tok = ToyMaskTokenizer.load(tokenizer_dir)
-    assert m.region_text(None, s) == format_mask(tok.encode(s.image, gt))  # the real tokenizer's two codes
-    assert m.region_text(None, nt) == "no target"
-    assert caption_text(f"<answer>the {m.region_text(None, s)} circle</answer>") == "the circle"  # no leak downstream
+    assert r.region_text(None, s) == format_mask(tok.encode(s.image, gt))  # the real tokenizer's two codes
+    assert r.region_text(None, nt) == "no target"
+    assert caption_text(f"<answer>the {r.region_text(None, s)} circle</answer>") == "the circle"  # no leak downstream
     # a perfect grounding (the span itself) decodes to what the tokenizer makes of the mask
-    pred = m.predicted_region(s, f"<answer>{m.region_text(None, s)}</answer>", (224, 224))
+    pred = r.predicted_region(s, f"<answer>{r.region_text(None, s)}</answer>", (224, 224))
     decoded = tok.decode(tok.encode(s.image, gt), s.image)
     assert (pred is NO_TARGET) if not decoded.any() else np.array_equal(pred, decoded)
 
@@ -100,7 +101,7 @@ def test_mask_cycle_rewards_by_hand(tokenizer_dir, mask_reward):
     m = _method(tokenizer_dir, _Codec(), mask_reward=mask_reward)
     s, nt = _toy_sample(0), _toy_sample(1, no_target=True)
     gt = target_mask(s.meta)
-    span = m.region_text(None, s)
+    span = m.regions.region_text(None, s)
     assert span == format_mask((5, 7))
     texts = [
         "<answer>the large purple circle</answer>",  # caption 0: clean
@@ -122,12 +123,12 @@ def test_mask_cycle_rewards_by_hand(tokenizer_dir, mask_reward):
     assert scores.parts["consistency"].tolist() == pytest.approx([(s00 + s01) / 2, 0.0, s00, s01, 0, 0, 1, 0])
     phi_cap = [caption_phi("the large purple circle"), caption_phi(f"here {span}")]
     assert phi_cap[1] <= -1.0  # the mask-token leak
-    phi_loc = [localization_phi(t, m._space_for(s)) for t in texts[2:]]
+    phi_loc = [localization_phi(t, m.regions.space_for(s)) for t in texts[2:]]
     assert phi_loc[2] == -1.0 and phi_loc[0] == phi_loc[1] == phi_loc[3] == 0.0
     expected = [(s00 + s01) / 2 + phi_cap[0], phi_cap[1], s00, s01, -1.0, 0.0, 1.0, 0.0]
     assert scores.total.tolist() == pytest.approx(expected)
     # the cycle's evaluation compares pixel masks: the own mask and the look-alikes' exact masks
-    targets, owns, lookalikes = m._cycle_targets([s, nt])
+    targets, owns, lookalikes = m.evaluation.cycle_targets([s, nt])
     assert targets == [s] and np.array_equal(owns[0], gt) and all(x.shape == gt.shape for x in lookalikes[0])
 
 
@@ -139,7 +140,8 @@ def test_mask_groundings_are_scored_as_gres_in_predict_records(tokenizer_dir):
     s, nt = _toy_sample(0), _toy_sample(1, no_target=True)
 
     def record(sample, text):
-        return m._clip_record(sample, text, m._gt_region(sample), m._predicted_region(sample, text, None, (224, 224)))
+        r = m.regions
+        return m.records.clip_record(sample, text, r.gt_region(sample), r.predicted_region(sample, text, (224, 224)))
 
     codes = (max(1, int(s.boxes[0][0]) // 4), int(s.boxes[0][1]) // 4)  # a square from the target's corner
     hit = record(s, f"<answer>{format_mask(codes)}</answer>")

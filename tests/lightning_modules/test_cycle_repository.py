@@ -77,7 +77,7 @@ def test_cycle_grpo_repository_composition_by_hand(tokenizer_dir):  # noqa: F811
     ]
     ro = _rollout(texts, [0, 0, 2, 2, 3, 3, 4, 4])
     repo = _method(tokenizer_dir, EmptyFirst(), reward_composition="repository")
-    assert repo.region_text(None, s) == M
+    assert repo.regions.region_text(None, s) == M
     scores = repo.score([s, nt], ro)
     # captions (text2mask.py 1255-1276): (gm_non_repeat 1 + 10 * mean) * clean + clean, means 0.75 and 0.2;
     # groundings: 10 * s * mean + non_repeat 1 + format (a span by the regex); no-target rows 0.2 + 1

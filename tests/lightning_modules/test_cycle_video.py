@@ -193,7 +193,7 @@ def test_video_rollout_prompts_and_two_level_groups(module, space):
     caps, grounds = module.calls
     assert ro.is_video and len(ro.texts) == 2 * 2 + 2 * 2 * 3
     assert ro.group_ids.tolist() == [0, 0, 1, 1] + [2] * 3 + [3] * 3 + [4] * 3 + [5] * 3
-    region = m.space.serialize(batch[0].region(space))  # frames are 112 px at their native size: same pixels
+    region = m.regions.space.serialize(batch[0].region(space))  # frames are 112 px at their native size: same pixels
     assert caps[0].prompt.count("<|video_pad|>") == 1 and f"Describe: {region}" in caps[0].prompt
     assert caps[0].image is batch[0].clip and grounds[3].image is batch[1].clip
     assert [r.parent_id for r in grounds] == [0, 1, 2, 3]

@@ -117,7 +117,7 @@ def test_the_sft_stage_target_earns_the_full_process_reward(target):
     """Round trip: the ``toy_steps`` (and named-steps) SFT target of an evolved multi-step scene, scored by the method,
     gets prefix credit 1 and accuracy 1; a one-step scene's target has no ``<step>``."""
     from datamodules.toy import ToySceneDataset
-    from lightning_modules.sft import TARGETS
+    from lightning_modules.sft_examples import TARGETS
 
     toy_steps_target = TARGETS[target]
 

@@ -55,8 +55,8 @@ def test_cycle_captioning_prompt_shows_the_box_on_the_grid(qwen3_dir):
         boxes, size = [[20, 10, 120, 60]], (200, 100)
 
     method = CycleGRPO(n_captions=2, k_groundings=2)
-    region = method._prompt_region(processor, Sample())
-    assert method.space.serialize(region) == "[100, 100, 600, 600]"
+    region = method.regions.prompt_region(processor, Sample())
+    assert method.regions.space.serialize(region) == "[100, 100, 600, 600]"
 
 
 def test_fast_and_packed_engines_equal_transformers_on_qwen3_vl(qwen3_dir):
@@ -233,12 +233,12 @@ def test_sft_writes_targets_on_the_grid(qwen3_dir):
     im = Image.new("RGB", (200, 100), "white")
     ImageDraw.Draw(im).rectangle([20, 10, 119, 59], fill="red")
     s = Sample("s0", im, "the red box", [[20.0, 10.0, 120.0, 60.0]])
-    assert module.caption_query(s) == "[100, 100, 600, 600]"
-    module.hparams.caption_frac = 0.0
+    assert module.examples.caption_query(module.processor, s) == "[100, 100, 600, 600]"
+    module.examples.caption_frac = 0.0
     enc = module.encode([s])
     target = enc["labels"][0][enc["labels"][0] != -100]
     assert module.processor.tokenizer.decode(target) == "<answer>[100, 100, 600, 600]</answer><|im_end|>"
-    module.hparams.caption_frac = 1.0  # the captioning side: the prompt shows the grid box, the target is the query
+    module.examples.caption_frac = 1.0  # the captioning side: the prompt shows the grid box, the target is the query
     enc = module.encode([s])
     target = enc["labels"][0][enc["labels"][0] != -100]
     assert module.processor.tokenizer.decode(target) == "<answer>the red box</answer><|im_end|>"

@@ -96,7 +96,7 @@ def test_vlm_r1_targets_keep_only_think_and_answer():
     from PIL import Image
 
     s = Sample("x", Image.new("RGB", (100, 50)), "q", [[10, 10, 20, 20]])
-    assert m.target_for(s, (200, 100)) == "<answer>[20, 20, 40, 40]</answer>"
+    assert m.examples.target_for(s, (200, 100)) == "<answer>[20, 20, 40, 40]</answer>"
 
 
 def test_encode_labels_are_exactly_the_targets(tiny_model_dir):
@@ -120,7 +120,7 @@ def test_encode_labels_are_exactly_the_targets(tiny_model_dir):
         assert row[: len(prompt)].tolist() == prompt.tolist()
         wh = model_input_size(enc["image_grid_thw"], 14)[i]
         target = tok.decode(enc["labels"][i][enc["labels"][i] != -100])
-        assert target == m.target_for(s, wh) + "<|im_end|>"
+        assert target == m.examples.target_for(s, wh) + "<|im_end|>"
         assert (enc["labels"][i][enc["labels"][i] != -100] == row[len(prompt) :]).all()
     assert (enc["mm_token_type_ids"] == (enc["input_ids"] == m.policy.config.image_token_id)).all()
     out = m.policy(**{k: v for k, v in enc.items() if k != "labels"}, use_cache=False)
@@ -162,7 +162,7 @@ def test_the_evolved_stage_batches_give_a_finite_loss_and_gradients():
     m.policy, m.processor = load_policy(ckpt, dtype="fp32")
     ds = ToySceneDataset("train", 64, seed=0, mix={"varied": 0.25}, evolve=0.75)
     batch = [ds[i] for i in range(16)]
-    assert any("<step>" in m.target_for(s, (224, 224)) for s in batch)
+    assert any("<step>" in m.examples.target_for(s, (224, 224)) for s in batch)
     enc = m.encode(batch)
     labels = enc.pop("labels")
     assert ((labels != -100).sum(1) > 0).all()

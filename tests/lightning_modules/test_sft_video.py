@@ -82,11 +82,12 @@ def test_clip_samples_are_what_cycle_grpo_asks_and_scores_right(tiny_model_dir, 
     space_obj = region_space(space)
     grounding_template = rl["sampling"]["prompt_template"]
     for clip in clips:
-        g_prompt, g_target = grounder.clip_example(clip)
+        g_prompt, g_target = grounder.examples.clip_example(processor, clip)
         assert g_prompt == build_prompt_text(processor, clip.query, template=grounding_template, video=True)
         gt = clip.region(space)
         if gt is NO_TARGET:
-            assert g_target == "<answer>no target</answer>" and captioner.clip_example(clip) == (g_prompt, g_target)
+            assert g_target == "<answer>no target</answer>"
+            assert captioner.examples.clip_example(processor, clip) == (g_prompt, g_target)
             # not cycled: its query grounded in a group of the config's no_target_groundings rows
             s = m.score([clip], _rollout([g_target] * m.K0, [1] * m.K0, (112, 112)))
             assert (
@@ -94,13 +95,13 @@ def test_clip_samples_are_what_cycle_grpo_asks_and_scores_right(tiny_model_dir, 
                 and m.K0 == rl["method"]["init_args"]["no_target_groundings"]
             )
             continue
-        c_prompt, c_target = captioner.clip_example(clip)
+        c_prompt, c_target = captioner.examples.clip_example(processor, clip)
         # the clip's frames are 112 px at their native size: the model reads and writes boxes in the frame's pixels
         caption_template = method_args["caption_template"]
         assert c_prompt == build_prompt_text(processor, space_obj.serialize(gt), template=caption_template, video=True)
         assert c_target == f"<answer>{clip.query}</answer>" and caption_text(c_target) == clip.query
         assert caption_phi(raw_caption(c_target)) == 0.0  # no leak, not empty, no repetition
-        assert m.grounding_prompt(processor, caption_text(c_target), grounding_template) == g_prompt
+        assert m.regions.grounding_prompt(processor, caption_text(c_target), grounding_template) == g_prompt
         s = m.score([clip], _rollout([c_target] * 2 + [g_target] * 4, [0, 0, 1, 1, 2, 2], (112, 112)))
         assert s.parts["consistency"].tolist() == [1.0] * 6
         assert s.total.tolist() == [1.0] * 6 if space == "interval" else s.total.tolist() == [1.0] * 2 + [1.5] * 4
@@ -110,12 +111,12 @@ def test_clip_samples_are_what_cycle_grpo_asks_and_scores_right(tiny_model_dir, 
 def test_clips_pick_a_space_and_a_direction_by_id(tiny_model_dir, clips):
     m = SFTModule(policy={"model_name_or_path": str(tiny_model_dir)}, caption_frac=0.5)
     _, m.processor = load_policy(str(tiny_model_dir), dtype="fp32")
-    spaces = [m.space_for(c) for c in clips]
-    assert set(spaces) == {"interval", "anchor"} and spaces == [m.space_for(c) for c in clips]
-    prompts = [m.clip_example(c)[0] for c in clips]
+    spaces = [m.examples.space_for(c) for c in clips]
+    assert set(spaces) == {"interval", "anchor"} and spaces == [m.examples.space_for(c) for c in clips]
+    prompts = [m.examples.clip_example(m.processor, c)[0] for c in clips]
     assert any("Describe: " in p for p in prompts) and any("When: " in p for p in prompts)
     assert any("Track: " in p for p in prompts)
-    every = SFTModule(policy={"model_name_or_path": str(tiny_model_dir)}, caption_frac=1.0)
+    every = SFTModule(policy={"model_name_or_path": str(tiny_model_dir)}, caption_frac=1.0).examples
     images = ToySceneDataset("train_nt", 40, seed=0, size=112)
     none = next(images[i] for i in range(40) if not images[i].boxes)  # a no-target image query: never captioned
     assert every.is_caption(images[0] if images[0].boxes else images[1]) and not every.is_caption(none)
@@ -149,7 +150,7 @@ def test_batches_are_all_images_or_all_clips(tiny_model_dir, clips):
     labels = enc.pop("labels")
     for i, c in enumerate(clips[:3]):
         target = m.processor.tokenizer.decode(labels[i][labels[i] != -100])
-        assert target == m.clip_example(c)[1] + "<|im_end|>"
+        assert target == m.examples.clip_example(m.processor, c)[1] + "<|im_end|>"
     assert m.policy(**enc, use_cache=False).logits.shape[:2] == enc["input_ids"].shape
 
 
