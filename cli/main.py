@@ -53,6 +53,7 @@ from jsonargparse import Namespace  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
 
+from callbacks.checkpoint_disk import CheckpointDisk  # noqa: E402
 from cli.errors import ConfigError, config_key_error, explain, fail, init_flags, locate_value  # noqa: E402
 from cli.help import HelpFormatter, method_help_value, print_method_help  # noqa: E402
 from cli.resume_checks import checkpoint_temps, finished_run_line, intact_checkpoint  # noqa: E402
@@ -527,6 +528,7 @@ class SynGRPOCLI(LightningCLI):
         trainer = self._instantiate_trainer(config, extra + named)
         trainer.run_name = getattr(self, "run_name", None)
         checkpoint_temps(trainer, clean=self.subcommand == "fit")
+        trainer.callbacks.insert(0, CheckpointDisk())  # the checkpoints' size against the free disk, before step 1
         trainer.callbacks.insert(0, RunEnd())  # first: Ctrl-C's checkpoint exists before the others record it
         return trainer
 
