@@ -56,6 +56,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from callbacks.checkpoint_disk import CheckpointDisk  # noqa: E402
 from cli.errors import ConfigError, config_key_error, explain, fail, init_flags, locate_value  # noqa: E402
 from cli.help import HelpFormatter, method_help_value, print_method_help  # noqa: E402
+from cli.oom import Measured, OutOfMemory, oom_line  # noqa: E402
 from cli.resume_checks import checkpoint_temps, finished_run_line, intact_checkpoint  # noqa: E402
 from cli.run_folder import RunEnd, choose_run_folder, print_end, remember_folder  # noqa: E402
 from cli.toy_checkpoints import missing_checkpoint_message  # noqa: E402
@@ -393,6 +394,12 @@ class SynGRPOCLI(LightningCLI):
             "(e.g. --callbacks.synthesis.init_args.mode off).",
         )
         parser.add_argument(
+            "--measured",
+            type=Measured | None,
+            default=None,
+            help="What the config was measured at (card, peak_gib, s_per_step, date): named in an out-of-memory error.",
+        )
+        parser.add_argument(
             "--resume_intact",
             type=bool,
             default=False,
@@ -540,6 +547,8 @@ class SynGRPOCLI(LightningCLI):
         argv = list(sys.argv[1:] if self._args is None else self._args)
         try:
             super()._run_subcommand(subcommand)
+        except torch.OutOfMemoryError as e:
+            raise OutOfMemory(oom_line(self._sub(), subcommand)) from e
         except SystemExit:  # Lightning exits with 1 after a Ctrl-C (its on_exception hooks have run)
             if any(isinstance(cb, RunEnd) and cb.interrupted for cb in self.trainer.callbacks):
                 print_end(self.trainer, argv, interrupted=True)
@@ -582,18 +591,22 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
     return SynGRPOCLI(args=args, run=run)
 
 
-EXIT_CODES = {"config": 2, "data": 3, "model": 4, "interrupted": 130}
+EXIT_CODES = {"config": 2, "data": 3, "model": 4, "memory": 5, "interrupted": 130}
 """One exit status per class of error: 2 a flag or config file (argparse's usage status), 3 a data file, 4 a model
 that cannot be loaded (a path without weights, a hub id with no local copy) or a judge endpoint that does not answer
-(``judge.on_failure: raise``); 130 a run stopped by Ctrl-C (the shell's 128 + SIGINT; the checkpoint saved and the
-resume command printed); 1 is an unexpected error (a bug), which keeps its traceback."""
+(``judge.on_failure: raise``); 5 a CUDA out-of-memory error (`cli.oom`: the card, the measured peak, what lowers it);
+130 a run stopped by Ctrl-C (the shell's 128 + SIGINT; the checkpoint saved and the resume command printed); 1 is an
+unexpected error (a bug), which keeps its traceback."""
 
 
 def error_class(e: BaseException) -> str | None:
-    """``config``, ``data`` or ``model`` for the errors a user makes (their message says what to fix), else None."""
+    """``config``, ``data``, ``model`` or ``memory`` for the errors a user makes (their message says what to fix), else
+    None."""
     msg = str(e)
     if isinstance(e, ConfigError):
         return "config"
+    if isinstance(e, OutOfMemory):  # its one line names the card, the measured peak and the settings that lower it
+        return "memory"
     if isinstance(e, DataError):  # a defect in a data file, named with its file and line
         return "data"
     from lightning_modules.judge import JudgeUnavailable

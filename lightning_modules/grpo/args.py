@@ -138,7 +138,8 @@ class OptimArgs:
         if self.offload != "none" and self.master_weights != "fp32":
             raise _bad(
                 "optimisation.offload",
-                f"{self.offload} moves the fp32 masters' optimizer state: it needs --model.optimisation.master_weights fp32",
+                f"{self.offload} moves the fp32 masters' optimizer state: it needs "
+                "--model.optimisation.master_weights fp32",
             )
         if self.dual_clip is not None and self.dual_clip <= 1.0:
             raise _bad(
