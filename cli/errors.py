@@ -23,11 +23,12 @@ class ConfigError(ValueError):
     """A mistake in the command line or a config file: the message names the flag (and file) and the fix."""
 
 
-EXIT_CODES = {"config": 2, "data": 3, "model": 4, "interrupted": 130}
+EXIT_CODES = {"config": 2, "data": 3, "model": 4, "memory": 5, "interrupted": 130}
 """One exit status per class of error: 2 a flag or config file (argparse's usage status), 3 a data file, 4 a model
 that cannot be loaded (a path without weights, a hub id with no local copy) or a judge endpoint that does not answer
-(``judge.on_failure: raise``); 130 a run stopped by Ctrl-C (the shell's 128 + SIGINT; the checkpoint saved and the
-resume command printed); 1 is an unexpected error (a bug), which keeps its traceback (``cli.main.error_class``)."""
+(``judge.on_failure: raise``); 5 a CUDA out-of-memory error (`cli.oom`: the card, the measured peak, what lowers it);
+130 a run stopped by Ctrl-C (the shell's 128 + SIGINT; the checkpoint saved and the resume command printed); 1 is an
+unexpected error (a bug), which keeps its traceback (``cli.main.error_class``)."""
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

@@ -69,10 +69,12 @@ import callbacks.predictions  # noqa: E402, F401
 import callbacks.progress  # noqa: E402, F401
 import callbacks.results  # noqa: E402, F401
 import callbacks.synthesis  # noqa: E402, F401
+from callbacks.checkpoint_disk import CheckpointDisk  # noqa: E402
 from cli.errors import EXIT_CODES, ConfigError, config_key_error, explain, fail, init_flags  # noqa: E402
 from cli.export import export_policy  # noqa: E402
 from cli.flat_flags import checkpoint_init_args, moved_hint  # noqa: E402
 from cli.help import HelpFormatter, method_help_value, print_method_help  # noqa: E402
+from cli.oom import Measured, OutOfMemory, oom_line  # noqa: E402
 from cli.path_checks import check_paths  # noqa: E402
 from cli.resume_checks import checkpoint_temps, finished_run_line, intact_checkpoint  # noqa: E402
 from cli.run_config import RunConfigCallback  # noqa: E402
@@ -307,6 +309,12 @@ class SynGRPOCLI(LightningCLI):
             "(e.g. --callbacks.synthesis.init_args.mode off).",
         )
         parser.add_argument(
+            "--measured",
+            type=Measured | None,
+            default=None,
+            help="What the config was measured at (card, peak_gib, s_per_step, date): named in an out-of-memory error.",
+        )
+        parser.add_argument(
             "--resume_intact",
             type=bool,
             default=False,
@@ -401,6 +409,7 @@ class SynGRPOCLI(LightningCLI):
         trainer = self._instantiate_trainer(config, extra + named)
         trainer.run_name = getattr(self, "run_name", None)
         checkpoint_temps(trainer, clean=self.subcommand == "fit")
+        trainer.callbacks.insert(0, CheckpointDisk())  # the checkpoints' size against the free disk, before step 1
         trainer.callbacks.insert(0, RunEnd())  # first: Ctrl-C's checkpoint exists before the others record it
         return trainer
 
@@ -412,6 +421,8 @@ class SynGRPOCLI(LightningCLI):
         argv = list(sys.argv[1:] if self._args is None else self._args)
         try:
             super()._run_subcommand(subcommand)
+        except torch.OutOfMemoryError as e:
+            raise OutOfMemory(oom_line(self._sub(), subcommand)) from e
         except SystemExit:  # Lightning exits with 1 after a Ctrl-C (its on_exception hooks have run)
             if any(isinstance(cb, RunEnd) and cb.interrupted for cb in self.trainer.callbacks):
                 print_end(self.trainer, argv, interrupted=True)
@@ -439,10 +450,13 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
 
 
 def error_class(e: BaseException) -> str | None:
-    """``config``, ``data`` or ``model`` for the errors a user makes (their message says what to fix), else None."""
+    """``config``, ``data``, ``model`` or ``memory`` for the errors a user makes (their message says what to fix), else
+    None."""
     msg = str(e)
     if isinstance(e, ConfigError):
         return "config"
+    if isinstance(e, OutOfMemory):  # its one line names the card, the measured peak and the settings that lower it
+        return "memory"
     if isinstance(e, DataError):  # a defect in a data file, named with its file and line
         return "data"
     if isinstance(e, JudgeUnavailable):  # judge.on_failure: raise; its one line names the endpoint and the fix

@@ -101,6 +101,10 @@ class OptimArgs:
             state in fp32 and gradients accumulated in fp32 (``precision.MasterWeightOptimizer``; the policy itself
             stays in ``dtype`` for rollout and forward); ``none`` steps the ``dtype`` weights directly (at lr 1e-6 a
             bf16 weight barely moves). No effect when the policy is fp32, nor under FSDP2 (its shards are fp32).
+        offload: where the fp32 masters' optimizer lives (``master_weights: fp32``): ``none`` on the GPU (18 B per
+            parameter there); ``moments`` the AdamW moments in pinned host memory (10 B per parameter on the GPU);
+            ``masters`` the masters too (6 B). The step streams them to the GPU in chunks; same numerics
+            (``lightning_modules/models/offload.py``; docs/performance.md).
         max_grad_norm: gradient clipping (0 disables).
     """
 
@@ -115,6 +119,7 @@ class OptimArgs:
     entropy_adv_coef: float = 0.0
     entropy_adv_kappa: float = 2.0
     master_weights: Literal["fp32", "none"] = "fp32"
+    offload: Literal["none", "moments", "masters"] = "none"
     max_grad_norm: float = 1.0
 
     def __post_init__(self) -> None:
@@ -127,6 +132,13 @@ class OptimArgs:
         )
         _choice("optimisation.advantage_scale", self.advantage_scale, ("group", "batch", "none"))
         _choice("optimisation.master_weights", self.master_weights, ("fp32", "none"))
+        _choice("optimisation.offload", self.offload, ("none", "moments", "masters"))
+        if self.offload != "none" and self.master_weights != "fp32":
+            raise _bad(
+                "optimisation.offload",
+                f"{self.offload} moves the fp32 masters' optimizer state: it needs "
+                "--model.optimisation.master_weights fp32",
+            )
         if self.dual_clip is not None and self.dual_clip <= 1.0:
             raise _bad(
                 "optimisation.dual_clip", f"must be > 1 (verl's clip_ratio_c, e.g. 3.0) or null, got {self.dual_clip}"
@@ -251,5 +263,3 @@ def checkpoint_hparams(module: type, task: str, method: dict[str, Any], **groups
         **{name: asdict(group) for name, group in groups.items()},
         "method": method,
     }
-
-

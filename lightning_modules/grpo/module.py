@@ -66,7 +66,8 @@ from lightning_modules.grpo.step import PhaseTimer, PolicyHost, StepLoss, step_o
 from lightning_modules.methods.base import METHODS, Method, Selection, build_method
 from lightning_modules.models import fsdp
 from lightning_modules.models.loading import dtype_from_name, load_policy, prepare_policy
-from lightning_modules.models.precision import build_optimizer, fp32_default_dtype, optimizer_tensors
+from lightning_modules.models.offload import policy_optimizer
+from lightning_modules.models.precision import fp32_default_dtype, optimizer_tensors
 from lightning_modules.registry import document
 
 OptimizerCallable = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
@@ -211,10 +212,11 @@ class GRPOModule(L.LightningModule):
 
     def configure_optimizers(self):
         distributed = self._trainer is not None and self.trainer.world_size > 1
-        return build_optimizer(
+        return policy_optimizer(
             [p for p in self.parameters() if p.requires_grad],
             self.optimizer_factory,
             master_weights=self.optim_args.master_weights,
+            offload=self.optim_args.offload,
             distributed=distributed,
         )
 

@@ -60,7 +60,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         self._hooks = []
         if accumulate_in_fp32:
             for p, m in self._low:
-                self._hooks.append(p.register_post_accumulate_grad_hook(_accumulate_into(m)))
+                self._hooks.append(p.register_post_accumulate_grad_hook(accumulate_into(m)))
 
     # the inner optimizer's view (torch.optim.Optimizer sets these in __init__, which this wrapper does not call)
     @property
@@ -131,7 +131,9 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         self._refresh()
 
 
-def _accumulate_into(master: torch.Tensor):
+def accumulate_into(master: torch.Tensor):
+    """A post-accumulate-grad hook that moves a parameter's gradient into ``master.grad`` (fp32) and frees it."""
+
     def hook(p: torch.Tensor) -> None:
         if p.grad is None:
             return
@@ -145,7 +147,8 @@ def _accumulate_into(master: torch.Tensor):
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    """The tensors an optimizer steps (the masters under ``MasterWeightOptimizer``): what gradient clipping sees."""
+    """The tensors an optimizer steps (the masters under ``MasterWeightOptimizer``; the fp32 gradients' carriers under
+    ``offload.OffloadedAdamW``): what gradient clipping sees."""
     opt = getattr(optimizer, "optimizer", optimizer)  # unwrap LightningOptimizer
     return [p for g in opt.param_groups for p in g["params"]]
 
