@@ -16,17 +16,18 @@ Failure semantics: a job that fails (painter error, failed foreground audit, rej
 current image in place. If the server dies, training goes on with the current images; a local server is restarted
 at the next epoch boundary and the outstanding jobs are resubmitted with the same ``job_id`` (idempotent), as they
 are after a resume from a checkpoint (the callback's state holds them).
+
+The callback composes one part per job and keeps the Lightning hooks, the ranks' exchange (every rank's requests
+gathered on global zero, its swaps broadcast to all) and the checkpoint state: ``DataServer``
+(``callbacks/synthesis_server.py``: the local server's lifecycle, or the remote one's client), ``JobFlow``
+(``callbacks/synthesis_jobs.py``: requests to jobs and question edits, canvases, submit, collect) and the swap
+(``callbacks/synthesis_swap.py``: finished work into the ``DataPool``, the lineage gallery).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import re
 import time
-import zlib
-from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -34,43 +35,12 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from callbacks.evolution import EvolutionRequest, build_strategy
-from synth.api import MAX_DESCRIPTION_CHARS
+from callbacks.synthesis_jobs import CanvasDraw, JobFlow, Outstanding
+from callbacks.synthesis_server import DataServer
+from callbacks.synthesis_swap import ImageSwap, LineageGallery, QuestionEdit, apply_swaps
+from datamodules.synthetic import DataPool
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Outstanding:
-    """A submitted job the pool has not swapped in yet."""
-
-    job_id: str
-    sample_id: str
-    description: str
-    epoch: int
-    parent: int
-    image_path: str
-    boxes: list[list[float]]
-    seed: int
-    submitted_at: float
-    extend: float = 0.0
-    """Extra canvas as a fraction of the image's size (0: none)."""
-    offset: tuple[int, int] | None = None
-    """Top-left of the image on the extended canvas (None: centred)."""
-    edit: dict[str, Any] | None = None
-    """A visual edit job (``synth.api.VisualEdit`` as a dict) instead of a repaint."""
-    query: str | None = None
-    """The question the edited version asks (None: keep the current one)."""
-    level: int | None = None
-    """The edited version's difficulty level (instruction evolution)."""
-
-
-def _job_id(sample_id: str, epoch: int, description: str = "") -> str:
-    """``<sample>@e<epoch>-<crc of the description>``: idempotent for a resubmitted job, and a batch replayed after
-    a mid-epoch resume (same sample and epoch, a new description) gets a new id instead of a 409."""
-    safe = re.sub(r"[^A-Za-z0-9._:+=-]", "-", sample_id)[:100] or "s"
-    if not safe[0].isalnum():
-        safe = "s" + safe
-    return f"{safe}@e{epoch}-{zlib.crc32(description.encode()):08x}"
 
 
 class SynthesisCallback(Callback):
@@ -131,30 +101,12 @@ class SynthesisCallback(Callback):
     ):
         if mode not in ("async", "sync", "sync_epoch", "off"):
             raise ValueError(f"SynthesisCallback mode must be 'async', 'sync', 'sync_epoch' or 'off', got {mode!r}")
-        lo, hi = (float(extend), float(extend)) if isinstance(extend, int | float) else tuple(map(float, extend))
-        if not 0.0 <= lo <= hi <= 4.0:
-            raise ValueError(
-                f"SynthesisCallback extend must be a factor or a [low, high] range in [0, 4], got {extend!r}"
-            )
-        if placement not in ("center", "random"):
-            raise ValueError(f"SynthesisCallback placement must be 'center' or 'random', got {placement!r}")
-        self.extend_range, self.placement = (lo, hi), placement
-        if source not in ("original", "current"):
-            raise ValueError(f"SynthesisCallback source must be 'original' or 'current', got {source!r}")
-        if unfinished not in ("keep", "drop"):
-            raise ValueError(f"SynthesisCallback unfinished must be 'keep' or 'drop', got {unfinished!r}")
-        self.mode, self.url, self.token, self.token_env = mode, url, token, token_env
-        self.client_id = client_id
-        self.server_config, self.output_dir, self.source, self.unfinished = (
-            server_config,
-            output_dir,
-            source,
-            unfinished,
+        self.mode, self.sync_timeout = mode, sync_timeout
+        self.jobs = JobFlow(source, unfinished, guard_toy_descriptions, CanvasDraw(extend, placement))
+        self.server = DataServer(
+            url, token, token_env, server_config, dict(server_overrides or {}), output_dir, poll_interval, client_id
         )
-        self.guard = guard_toy_descriptions
-        self.server_overrides = dict(server_overrides or {})
-        self.poll_interval, self.sync_timeout = poll_interval, sync_timeout
-        self.gallery_samples, self.gallery_dir = gallery_samples, gallery_dir
+        self.gallery = LineageGallery(gallery_samples, gallery_dir)
         strategy_args = dict(strategy_args or {})
         if offline_descriptions:
             if strategy not in ("method", "offline"):
@@ -164,17 +116,24 @@ class SynthesisCallback(Callback):
                 )
             strategy, strategy_args = "offline", {**strategy_args, "path": offline_descriptions}
         self.strategy = build_strategy(strategy, **strategy_args)
-        self.outstanding: dict[str, Outstanding] = {}
-        self.pending_edits: dict[str, dict[str, Any]] = {}
-        """Question edits (instruction evolution) waiting for the epoch boundary, by sample id."""
-        self.totals = {"submitted": 0, "swapped": 0, "failed": 0, "dropped": 0, "server_restarts": 0}
         self.history: list[dict[str, Any]] = []
         self.last_boundary = -1
         """The last epoch whose end swap was made (-1: none yet)."""
-        self._server = None
-        self._submitter = None
-        self._pool = None
-        self._restored = False
+        self._pool: DataPool | None = None
+
+    @property
+    def outstanding(self) -> dict[str, Outstanding]:
+        """The submitted jobs not swapped in yet, by job id."""
+        return self.jobs.outstanding
+
+    @property
+    def totals(self) -> dict[str, int]:
+        """Jobs submitted, swapped in, failed and dropped, and server restarts, over the whole run."""
+        return {**self.jobs.counts, "server_restarts": self.server.restarts}
+
+    def client_identity(self, trainer: L.Trainer) -> str:
+        """The client id this run presents to the data server (:meth:`DataServer.client_identity`)."""
+        return self.server.client_identity(trainer)
 
     # ------------------------------------------------------------------------------------------------ lifecycle
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -192,208 +151,45 @@ class SynthesisCallback(Callback):
             return
         self._pool = trainer.datamodule.pool
         if trainer.is_global_zero and self.strategy.paints:
-            self._connect(trainer)
-            for job in list(self.outstanding.values()):  # restored from a checkpoint: resubmit idempotently
-                self._submit(job)
+            self.server.connect(trainer)
+            self._resend()  # jobs restored from a checkpoint: resubmitted under their ids (idempotent)
 
-    def _connect(self, trainer: L.Trainer) -> None:
-        from synth.client import AsyncSubmitter, LocalServer, SynthClient
-
-        if self.url is None:
-            root = Path(trainer.default_root_dir)
-            out = Path(self.output_dir) if self.output_dir else root / "synth"
-            out.mkdir(parents=True, exist_ok=True)
-            data_root = Path(trainer.datamodule.data_root)
-            image_root = trainer.datamodule.image_root
-            roots = sorted({str(p.resolve()) for p in (data_root, out, Path(image_root or data_root))})
-            self._server = LocalServer(
-                self.server_config,
-                roots=roots,
-                output_dir=out,
-                overrides=self.server_overrides,
-                log_path=root / "synth_server.log",
-            )
-            self._server.start()
-            client = self._server.client(client_id=self.client_identity(trainer))
-        else:
-            import os
-
-            token = self.token or os.environ.get(self.token_env)
-            if not token:
-                raise ValueError(
-                    f"SynthesisCallback url={self.url!r} needs a token: set the {self.token_env} "
-                    "environment variable or the callback's token"
-                )
-            client = SynthClient(self.url, token, client_id=self.client_identity(trainer))
-        self._submitter = AsyncSubmitter(client, poll_interval=self.poll_interval)
-
-    def client_identity(self, trainer: L.Trainer) -> str:
-        """The client id this run presents to the data server: ``client_id`` if set, else one derived from the run
-        folder (its name and a hash of its absolute path), so a resumed run is the same client and finds its jobs."""
-        if self.client_id:
-            return self.client_id
-        root = Path(trainer.default_root_dir).resolve()
-        slug = re.sub(r"[^A-Za-z0-9._-]+", "-", root.name).strip("-._")[:40] or "run"
-        return f"run-{slug}-{hashlib.sha256(str(root).encode()).hexdigest()[:12]}"
-
-    def _local_server_dead(self) -> bool:
-        return self._server is not None and (self._server.proc is None or self._server.proc.poll() is not None)
-
-    def _restart_local_server(self, trainer: L.Trainer) -> None:
-        log.warning("synthesis server died; restarting it and resubmitting %d outstanding jobs", len(self.outstanding))
-        self._close()
-        self.totals["server_restarts"] += 1
-        self._connect(trainer)
-        for job in list(self.outstanding.values()):
-            self._submit(job)
-
-    def _close(self) -> None:
-        if self._submitter is not None:
-            self._submitter.close(timeout=5.0)
-            self._submitter = None
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
+    def _resend(self) -> None:
+        for job in list(self.jobs.outstanding.values()):
+            self.jobs.send(job, self.server.submitter)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._close()
+        self.server.close()
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self._close()
+        self.server.close()
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._close()
+        self.server.close()
 
     # ------------------------------------------------------------------------------------------------ submit
-    def _submit(self, job: Outstanding) -> None:
-        """Queue the job; a request the API cannot express is logged and counted as failed, never raised: it runs
-        inside ``on_train_batch_end`` and must not stop training (the sample keeps its image)."""
-        from pydantic import ValidationError
-
-        from synth.api import ImageRef, JobRequest, VisualEdit
-
-        try:
-            request = JobRequest(
-                job_id=job.job_id,
-                sample_id=job.sample_id,
-                image=ImageRef(path=job.image_path),
-                boxes=job.boxes,
-                description=job.description,
-                seed=job.seed,
-                canvas=self._canvas(job),
-                edit=None if job.edit is None else VisualEdit(**job.edit),
-            )
-        except ValidationError as err:
-            log.warning("synthesis job %s not submitted (the sample keeps its image): %s", job.job_id, err)
-            self.outstanding.pop(job.job_id, None)
-            self.totals["failed"] += 1
-            return
-        self._submitter.submit(request)
-
-    def _canvas(self, job: Outstanding) -> dict[str, Any]:
-        if job.extend <= 0:
-            return {}
-        canvas: dict[str, Any] = {"extend": job.extend}
-        if job.offset is not None:
-            canvas.update(offset_x=job.offset[0], offset_y=job.offset[1])
-        return canvas
-
-    def _draw_canvas(self, job_id: str, image_path: str) -> tuple[float, tuple[int, int] | None]:
-        """The job's extension factor and placement, drawn from its own seed (the same after a resume)."""
-        import random
-
-        lo, hi = self.extend_range
-        if hi <= 0:
-            return 0.0, None
-        rng = random.Random(zlib.crc32(b"canvas:" + job_id.encode()))
-        f = round(rng.uniform(lo, hi), 4)
-        if self.placement == "center" or f <= 0:
-            return f, None
-        from PIL import Image
-
-        with Image.open(image_path) as im:  # the header only
-            w, h = im.size
-        # the server's canvas for `extend`: the image grown by f of its size (rounded as synth.compose does)
-        cw, ch = w + round(w * f), h + round(h * f)
-        return f, (rng.randint(0, max(cw - w, 0)), rng.randint(0, max(ch - h, 0)))
-
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx):
         if self.mode == "off":
             return
-        chosen: list[EvolutionRequest] = self.strategy.requests(trainer.current_epoch, batch, outputs)
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            gathered: list[Any] = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(gathered, chosen)
-            chosen = [c for part in gathered for c in part]
+        chosen = _gather(self.strategy.requests(trainer.current_epoch, batch, outputs))
         if not trainer.is_global_zero:
             return
-        epoch = trainer.current_epoch
-        busy = {j.sample_id for j in self.outstanding.values() if j.epoch == epoch}
-        submitted: list[str] = []
-        for req in chosen:
-            sample_id, description = req.sample_id, req.description
-            if req.query is not None or req.edits:  # the newest version asked for a sample replaces older requests
-                self.pending_edits.pop(sample_id, None)
-                for old in [j for j in self.outstanding.values() if j.sample_id == sample_id]:
-                    self.outstanding.pop(old.job_id)
-            if req.edits:
-                job = self._edit_job(req, epoch)
-                self.outstanding[job.job_id] = job
-                self.totals["submitted"] += 1
-                submitted.append(job.job_id)
-                if self._submitter is not None:
-                    self._submit(job)
-                continue
-            if req.query is not None:  # a question edit: applied at the epoch boundary, no server involved
-                self.pending_edits[sample_id] = {
-                    "query": req.query,
-                    "level": req.level,
-                    "epoch": epoch,
-                    "base": req.base,
-                }
-            if not description or sample_id in busy:  # one job per sample per epoch
-                continue
-            src = self._pool.original(sample_id) if self.source == "original" else self._pool.current(sample_id)
-            if self.guard:
-                description = _guard(description, self._pool.entries[sample_id].record.meta)
-            if len(description) > MAX_DESCRIPTION_CHARS:  # the API's limit; the painter reads the start anyway
-                log.warning(
-                    "description of %s cut from %d to %d characters", sample_id, len(description), MAX_DESCRIPTION_CHARS
-                )
-                description = description[:MAX_DESCRIPTION_CHARS]
-            job_id = _job_id(sample_id, epoch, description)
-            busy.add(sample_id)
-            extend, offset = self._draw_canvas(job_id, src.image_path)
-            job = Outstanding(
-                job_id=job_id,
-                sample_id=sample_id,
-                description=description,
-                epoch=epoch,
-                parent=src.version,
-                image_path=str(Path(src.image_path).resolve()),
-                boxes=[list(b) for b in src.boxes],
-                seed=zlib.crc32(job_id.encode()) % (2**31),
-                submitted_at=time.time(),
-                extend=extend,
-                offset=offset,
-            )
-            self.outstanding[job_id] = job
-            self.totals["submitted"] += 1
-            submitted.append(job_id)
-            if self._submitter is not None:
-                self._submit(job)
-        if self._submitter is None:
+        made = self.jobs.plan(chosen, trainer.current_epoch, self._pool)
+        submitter = self.server.submitter
+        if submitter is None:  # kept outstanding: sent when the server is back
             return
-        if self.mode == "sync" and submitted:  # the paper's synchronous ablation: this batch's images, now
+        for job in made:
+            self.jobs.send(job, submitter)
+        if self.mode == "sync" and made:  # the paper's synchronous ablation: this batch's images, now
             t0 = time.time()
             try:
-                self._submitter.wait(submitted, timeout=self.sync_timeout)
+                submitter.wait([job.job_id for job in made], timeout=self.sync_timeout)
             except TimeoutError as err:
                 log.warning("sync synthesis: %s", err)
             pl_module.log(
                 "synth/wait_s", time.time() - t0, batch_size=1, on_step=True, on_epoch=False, rank_zero_only=True
             )
-        stats = self._submitter.stats()
+        stats = submitter.stats()
         pl_module.log(
             "synth/queue_depth",
             float(stats["unsent"] + stats["in_flight"]),
@@ -401,30 +197,6 @@ class SynthesisCallback(Callback):
             on_step=True,
             on_epoch=False,
             rank_zero_only=True,
-        )
-
-    def _edit_job(self, req: EvolutionRequest, epoch: int) -> Outstanding:
-        """A visual edit of the sample's original image and scene (instruction evolution edits the original)."""
-        import json
-
-        src = self._pool.original(req.sample_id)
-        scene = self._pool.entries[req.sample_id].record.meta
-        if not (scene or {}).get("objects"):  # a real image (inpaint): no toy scene describes it
-            scene = None
-        job_id = _job_id(req.sample_id, epoch, json.dumps([list(req.edits), req.query, req.level], sort_keys=True))
-        return Outstanding(
-            job_id=job_id,
-            sample_id=req.sample_id,
-            description="",
-            epoch=epoch,
-            parent=self._pool.current(req.sample_id).version,
-            image_path=str(Path(src.image_path).resolve()),
-            boxes=[list(b) for b in src.boxes],
-            seed=zlib.crc32(job_id.encode()) % (2**31),
-            submitted_at=time.time(),
-            edit={"steps": list(req.edits), "scene": scene},
-            query=req.query,
-            level=req.level,
         )
 
     # ------------------------------------------------------------------------------------------------ swap
@@ -445,36 +217,17 @@ class SynthesisCallback(Callback):
 
     def _boundary(self, trainer: L.Trainer, pl_module: L.LightningModule, epoch: int, log_metrics: bool) -> None:
         """Collect the finished jobs and swap them in for epoch ``epoch + 1`` (all ranks)."""
-        swaps: list[dict[str, Any]] = []
+        swaps: list[ImageSwap | QuestionEdit] = []
         report: dict[str, Any] = {}
         if trainer.is_global_zero:
-            swaps, report = self._collect(trainer)
-            if self.pending_edits:
-                swaps += [{"sample_id": sid, **edit} for sid, edit in self.pending_edits.items()]
-                report["question_edits"] = len(self.pending_edits)
-                self.pending_edits = {}
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            box = [swaps]
-            torch.distributed.broadcast_object_list(box, src=0)
-            swaps = box[0]
-        for s in swaps:
-            if "image_path" not in s:  # a question edit: the base image, a new question
-                self._pool.edit_question(
-                    s["sample_id"], s["query"], epoch=epoch + 1, level=s["level"], base=s.get("base", "current")
-                )
-                continue
-            self._pool.swap(
-                s["sample_id"],
-                s["image_path"],
-                s["boxes"],
-                epoch=epoch + 1,
-                description=s["description"],
-                job_id=s["job_id"],
-                parent=s["parent"],
-                query=s.get("query"),
-                level=s.get("level"),
-                scene=s.get("scene"),
-            )
+            images, report = self._collect(trainer)
+            swaps.extend(images)
+            if self.jobs.pending_edits:
+                edits = self.jobs.take_question_edits()
+                swaps += edits
+                report["question_edits"] = len(edits)
+        swaps = _broadcast(swaps)
+        apply_swaps(self._pool, swaps, epoch)
         self.last_boundary = epoch
         if trainer.is_global_zero:
             report.update(epoch=epoch, pool_swapped=self._pool.num_swapped(), pool_size=len(self._pool))
@@ -486,132 +239,71 @@ class SynthesisCallback(Callback):
                     on_step=False,
                     on_epoch=True,
                 )
-            self._write_gallery(trainer)
+            self.gallery.write(trainer, self._pool)
 
-    def _collect(self, trainer: L.Trainer) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    def _collect(self, trainer: L.Trainer) -> tuple[list[ImageSwap], dict[str, Any]]:
+        """The finished jobs' swaps and the epoch's report (global zero), restarting a server that is down first."""
         if not self.strategy.paints:  # question edits only: no server, no jobs
             return [], {"swaps": 0, **self.strategy.stats()}
-        if self._local_server_dead() or self._submitter is None:
+        if self.server.down():
+            log.warning(
+                "synthesis server died; restarting it and resubmitting %d outstanding jobs", len(self.jobs.outstanding)
+            )
             try:
-                self._restart_local_server(trainer)
+                self.server.restart(trainer)
+                self._resend()
             except Exception as err:  # training goes on with the current images; try again next epoch
                 log.warning("synthesis server could not be restarted (%s); no swaps this epoch", err)
-                self._submitter = None
+                self.server.submitter = None
                 return [], {
                     "swaps": 0,
                     "failures": 0,
                     "dropped": 0,
-                    "outstanding": len(self.outstanding),
+                    "outstanding": len(self.jobs.outstanding),
                     "lag_s": 0.0,
                     "queue_depth": 0,
-                    "server_restarts": self.totals["server_restarts"],
+                    "server_restarts": self.server.restarts,
                 }
-        if self.mode in ("sync", "sync_epoch") and self.outstanding:
-            try:
-                self._submitter.wait(list(self.outstanding), timeout=self.sync_timeout)
-            except TimeoutError as err:
-                log.warning("sync synthesis: %s", err)
-        now = time.time()
-        swaps, lags, failed = [], [], 0
-        finished = self._submitter.pop_finished()
-        for status in finished:
-            job = self.outstanding.pop(status.job_id, None)
-            if job is None:
-                continue
-            res = status.result
-            if status.state.value == "done" and res is not None and res.audit.passed:
-                swaps.append(
-                    {
-                        "sample_id": job.sample_id,
-                        "image_path": res.output_path,
-                        "boxes": res.boxes,
-                        "description": job.description or None,
-                        "job_id": job.job_id,
-                        "parent": job.parent,
-                        "query": job.query,
-                        "level": job.level,
-                        "scene": res.scene,
-                    }
-                )
-                lags.append(now - job.submitted_at)
-            else:
-                failed += 1
-                log.warning(
-                    "synthesis job %s failed (the sample keeps its image): %s",
-                    status.job_id,
-                    status.error or (res.audit.message if res else "no result"),
-                )
-        self._submitter.ack([s.job_id for s in finished])
-        dropped = 0
-        if self.unfinished == "drop":
-            dropped = len(self.outstanding)
-            self.outstanding.clear()
-        self.totals["swapped"] += len(swaps)
-        self.totals["failed"] += failed
-        self.totals["dropped"] += dropped
-        stats = self._submitter.stats()
-        report = {
-            "swaps": len(swaps),
-            "failures": failed,
-            "dropped": dropped,
-            "outstanding": len(self.outstanding),
-            "lag_s": sum(lags) / len(lags) if lags else 0.0,
-            "queue_depth": stats["unsent"] + stats["in_flight"],
-            "server_restarts": self.totals["server_restarts"],
-            **self.strategy.stats(),
-        }
-        return swaps, report
-
-    # ------------------------------------------------------------------------------------------------ gallery
-    def _write_gallery(self, trainer: L.Trainer) -> None:
-        if self.gallery_samples <= 0:
-            return
-        from callbacks.gallery import lineage_strip
-
-        evolved = [sid for sid in self._pool.order if len(self._pool.entries[sid].versions) > 1]
-        if not evolved:
-            return
-        out_dir = Path(self.gallery_dir) if self.gallery_dir else Path(trainer.default_root_dir) / "lineage"
-        out_dir.mkdir(parents=True, exist_ok=True)
-        images = []
-        max_epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else None
-        for sid in evolved[: self.gallery_samples]:
-            strip = lineage_strip(
-                self._pool.lineage(sid), query=self._pool.entries[sid].record.query, max_epochs=max_epochs
-            )
-            strip.save(out_dir / f"{sid}.png")  # one strip per sample, the whole lineage (rewritten at each swap)
-            images.append(strip)
-        for logger in trainer.loggers:
-            if hasattr(logger, "log_image"):
-                try:
-                    logger.log_image(key="synth/lineage", images=images, step=trainer.global_step)
-                except Exception as err:  # a logger's image support must never stop training
-                    log.warning("could not log the lineage gallery to %s: %s", type(logger).__name__, err)
+        wait_s = self.sync_timeout if self.mode in ("sync", "sync_epoch") else None
+        swaps, report = self.jobs.collect(self.server.submitter, wait_s)
+        return swaps, {**report, "server_restarts": self.server.restarts, **self.strategy.stats()}
 
     # ------------------------------------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
+        jobs = self.jobs.state_dict()
         return {
-            "outstanding": {k: asdict(v) for k, v in self.outstanding.items()},
-            "totals": dict(self.totals),
+            "outstanding": jobs["outstanding"],
+            "totals": self.totals,
             "history": list(self.history),
             "last_boundary": self.last_boundary,
-            "pending_edits": dict(self.pending_edits),
+            "pending_edits": jobs["pending_edits"],
             "strategy": self.strategy.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.outstanding = {k: Outstanding(**v) for k, v in state.get("outstanding", {}).items()}
-        self.totals.update(state.get("totals", {}))
+        self.jobs.load_state_dict(state)
+        totals = state.get("totals", {})
+        self.jobs.counts.update({k: v for k, v in totals.items() if k in self.jobs.counts})
+        self.server.restarts = totals.get("server_restarts", self.server.restarts)
         self.history = list(state.get("history", []))
         epochs = [h["epoch"] for h in self.history if "epoch" in h]
         self.last_boundary = state.get("last_boundary", max(epochs, default=-1))
-        self.pending_edits = dict(state.get("pending_edits", {}))
         self.strategy.load_state_dict(state.get("strategy", {}))
 
 
-def _guard(description: str, meta: dict[str, Any]) -> str:
-    if not meta.get("objects"):
-        return description
-    from core.toy.scene import guard_description
+def _gather(requests: list[EvolutionRequest]) -> list[EvolutionRequest]:
+    """Every rank's requests, in rank order, on every rank (this rank's alone without DDP)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return requests
+    gathered: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, requests)
+    return [r for part in gathered for r in part]
 
-    return guard_description(description, meta)
+
+def _broadcast(swaps: list[ImageSwap | QuestionEdit]) -> list[ImageSwap | QuestionEdit]:
+    """Global zero's swaps on every rank, so each rank's pool makes the same ones."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return swaps
+    box = [swaps]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]

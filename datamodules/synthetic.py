@@ -59,34 +59,44 @@ class DataPool:
     """Samples by ``sample_id``, each with its lineage of image versions."""
 
     def __init__(self, records: list[Record]):
-        self.entries: dict[str, PoolEntry] = {}
+        self._entries: dict[str, PoolEntry] = {}
         for r in records:
-            if r.sample_id in self.entries:
+            if r.sample_id in self._entries:
                 raise DataError(
                     f"{r.source}: duplicate sample id {r.sample_id!r} (also at "
-                    f"{self.entries[r.sample_id].record.source}); ids must be unique in the pool"
+                    f"{self._entries[r.sample_id].record.source}); ids must be unique in the pool"
                 )
-            self.entries[r.sample_id] = PoolEntry(r, [Version(0, str(r.image_path), [list(b) for b in r.boxes])])
-        self.order = list(self.entries)
+            self._entries[r.sample_id] = PoolEntry(r, [Version(0, str(r.image_path), [list(b) for b in r.boxes])])
+        self.order = list(self._entries)
+        """Sample ids in the training data's order (what :meth:`record` indexes)."""
 
     def __len__(self) -> int:
         return len(self.order)
 
     def __contains__(self, sample_id: str) -> bool:
-        return sample_id in self.entries
+        return sample_id in self._entries
 
     def current(self, sample_id: str) -> Version:
-        return self.entries[sample_id].current
+        return self._entries[sample_id].current
 
     def original(self, sample_id: str) -> Version:
-        return self.entries[sample_id].versions[0]
+        return self._entries[sample_id].versions[0]
 
     def lineage(self, sample_id: str) -> list[Version]:
-        return list(self.entries[sample_id].versions)
+        return list(self._entries[sample_id].versions)
+
+    def base_record(self, sample_id: str) -> Record:
+        """The sample's record as the training data gave it: its original question and its ``meta`` (a toy sample's
+        scene), which every version's edits start from. Read it, never change it."""
+        return self._entries[sample_id].record
+
+    def evolved(self) -> list[str]:
+        """The ids of the samples that have a version beyond the original, in the pool's order."""
+        return [sid for sid in self.order if len(self._entries[sid].versions) > 1]
 
     def record(self, index: int) -> Record:
         """The record of the ``index``-th sample at its current version (what the dataloader serves)."""
-        entry = self.entries[self.order[index]]
+        entry = self._entries[self.order[index]]
         cur = entry.current
         rec = copy.copy(entry.record)
         rec.image_path = Path(cur.image_path)
@@ -120,9 +130,9 @@ class DataPool:
     ) -> Version:
         """Make ``image_path`` the current version of ``sample_id`` (with question ``query`` if given, else the current
         one, and ``scene``: what a visual edit made the image show); returns the new version."""
-        if sample_id not in self.entries:
+        if sample_id not in self._entries:
             raise KeyError(f"swap for unknown sample {sample_id!r}")
-        entry = self.entries[sample_id]
+        entry = self._entries[sample_id]
         if job_id is not None and any(v.job_id == job_id for v in entry.versions):
             return next(v for v in entry.versions if v.job_id == job_id)  # idempotent: a resumed job swaps once
         v = Version(
@@ -146,11 +156,11 @@ class DataPool:
         """A new version of ``sample_id`` that asks ``query`` about its ``base`` image: the ``current`` one, or the
         ``original`` (instruction evolution edits the original scene's question, so a visual edit made earlier is
         undone). The caller guarantees that the base's boxes answer ``query``."""
-        if sample_id not in self.entries:
+        if sample_id not in self._entries:
             raise KeyError(f"question edit for unknown sample {sample_id!r}")
         if base not in ("current", "original"):
             raise ValueError(f"a question edit's base is 'current' or 'original', got {base!r}")
-        entry = self.entries[sample_id]
+        entry = self._entries[sample_id]
         src = entry.current if base == "current" else entry.versions[0]
         return self.swap(
             sample_id,
@@ -165,20 +175,20 @@ class DataPool:
         )
 
     def num_swapped(self) -> int:
-        return sum(len(e.versions) > 1 for e in self.entries.values())
+        return sum(len(e.versions) > 1 for e in self._entries.values())
 
     def state_dict(self) -> dict[str, Any]:
         """Lineage of every sample (plain types): enough to rebuild the pool over the same base records."""
-        return {"lineage": {sid: [asdict(v) for v in e.versions[1:]] for sid, e in self.entries.items()}}
+        return {"lineage": {sid: [asdict(v) for v in e.versions[1:]] for sid, e in self._entries.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for sid, versions in state.get("lineage", {}).items():
-            if sid not in self.entries:
+            if sid not in self._entries:
                 raise DataError(
                     f"checkpoint pool holds sample {sid!r} that the configured training data lacks; "
                     "resume with the same --data.train_files"
                 )
-            entry = self.entries[sid]
+            entry = self._entries[sid]
             entry.versions = entry.versions[:1] + [Version(**v) for v in versions]
 
 

@@ -1,122 +1,31 @@
-"""The job table and the worker processes behind the HTTP app (``synth.server``).
+"""The data server's job manager behind the HTTP app (``synth.server``): the job table (``synth.job_table``), the
+worker processes that run its jobs, and the dispatcher thread between them.
 
-Jobs are keyed by (client id, ``job_id``): a client's operations reach only its own jobs (``synth.api``, "Clients and
-their jobs"); ``client=None`` on :meth:`JobManager.list` is the admin's view of every client. Every worker event is
-handled on one dispatcher thread; the HTTP handlers take the table's lock for their short reads and writes.
+Every worker event is handled on one dispatcher thread; the HTTP handlers take the table's lock for their short reads
+and writes. A finished job's output is published from the worker's temp file (``synth.outputs``).
 """
 
-import base64
-import collections
 import contextlib
 import logging
 import multiprocessing as mp
 import os
-import re
 import signal
-import stat
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait as mp_wait
-from pathlib import Path
 from typing import Any
 
-from synth.api import (
-    Ack,
-    AuditResult,
-    Health,
-    JobList,
-    JobRequest,
-    JobResult,
-    JobState,
-    JobStatus,
-    Timings,
-    WorkerInfo,
-)
-from synth.beneath import LinkError, open_file, opened_dir, relative_parts
+from synth.api import Ack, Health, JobList, JobRequest, JobState, JobStatus, WorkerInfo
 from synth.config import ServerConfig
-from synth.inputs import ApiError, PreparedInput, file_identity, open_output
+from synth.inputs import ApiError, PreparedInput
+from synth.job_table import JobTable, Key
+from synth.outputs import publish, sweep_temp_files, unlink_below
+from synth.worker import worker_main
 
 log = logging.getLogger("synth.server")
-
-TEMP_NAME = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")
-"""Worker temp files in a client's output folder: ``.<output name>.<job uid>.tmp``. One server per ``output_dir``: at
-start-up it removes every such file (a worker killed mid-write leaves one; the server killed with workers mid-write
-does too)."""
-
-Key = tuple[str, str]
-"""A job's key in the table: (client id, job_id)."""
-
-
-def temp_path(output_path: str, uid: str) -> str:
-    """Where a job's worker writes before the server publishes the file as ``output_path``."""
-    head, name = os.path.split(output_path)
-    return os.path.join(head, f".{name}.{uid}.tmp")
-
-
-def _unlink_below(output_dir: Path, path: str | None) -> bool:
-    """Remove a file the server or a worker wrote below ``output_dir``, reaching it without following a link; whether
-    a file was removed (not when a link stood on the way, or the file was gone or could not be removed)."""
-    parts = relative_parts(path, output_dir) if path else None
-    if not parts:
-        return False
-    try:
-        with opened_dir(output_dir, parts[:-1]) as d:
-            os.unlink(parts[-1], dir_fd=d)
-    except (FileNotFoundError, LinkError, PermissionError):
-        return False
-    return True
-
-
-def _publish(output_dir: Path, tmp_path: str, output_path: str, written: tuple[int, ...] | None) -> tuple[int, ...]:
-    """Rename a worker's audited temp file over ``output_path`` inside the client's folder, reached from
-    ``output_dir`` without following a link, only if it is still the file the worker wrote and audited (``written``:
-    its :func:`synth.inputs.file_identity` once written: a file put in its place has another change time, an inode
-    number reused or not) with one link; returns the published file's identity (taken after the rename, which sets
-    its change time)."""
-    parts, tmp_parts = relative_parts(output_path, output_dir), relative_parts(tmp_path, output_dir)
-    if not parts or tmp_parts is None or tmp_parts[:-1] != parts[:-1]:
-        raise OSError(f"{output_path!r} and its temp file are not in one folder below {str(output_dir)!r}")
-    with opened_dir(output_dir, parts[:-1]) as d:
-        fd = open_file(d, tmp_parts[-1])
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or file_identity(st) != tuple(written or ()):
-                raise OSError(f"{tmp_path!r} is not the file the worker wrote and audited (replaced or linked)")
-            os.replace(tmp_parts[-1], parts[-1], src_dir_fd=d, dst_dir_fd=d)
-            return file_identity(os.fstat(fd))
-        finally:
-            os.close(fd)
-
-
-@dataclass
-class _Job:
-    uid: str
-    client: str
-    request: JobRequest
-    """The request with ``image.data_b64`` dropped (the decoded bytes live in ``inp`` until the job finishes)."""
-    fingerprint: str
-    inp: PreparedInput | None
-    state: JobState = JobState.queued
-    attempts: int = 0
-    cursor: int = 0
-    solo: bool = False
-    """Run alone: set after a crash, so a job that kills its worker cannot take batch-mates down with it."""
-    result: dict | None = None
-    error: str | None = None
-    created_at: float = field(default_factory=time.time)
-    started_at: float | None = None
-    finished_at: float | None = None
-    run_s: float | None = None
-    paint_s: float | None = None
-    output_identity: tuple[int, ...] | None = None
-    """``synth.inputs.file_identity`` of the output the server published: only that file is ever served."""
-
-    @property
-    def key(self) -> Key:
-        return self.client, self.request.job_id
 
 
 @dataclass
@@ -143,21 +52,12 @@ class _Worker:
     given_up: bool = False
 
 
-class Unavailable(ApiError):
-    pass
-
-
 class JobManager:
-    """Job table, queue and worker processes. Every worker event is handled on one dispatcher thread."""
+    """The job table and the worker processes: starts, supervises and restarts the workers, hands them batches of
+    queued jobs and publishes their results. Every worker event is handled on one dispatcher thread."""
 
     def __init__(self, cfg: ServerConfig):
         self.cfg = cfg
-        self._lock = threading.Lock()
-        self._jobs: collections.OrderedDict[Key, _Job] = collections.OrderedDict()  # ordered by cursor
-        self._by_uid: dict[str, _Job] = {}
-        self._pending: collections.deque[str] = collections.deque()  # uids
-        self._counts: collections.Counter[str] = collections.Counter()
-        self._cursor = 0
         self._workers = [_Worker(i, d) for i, d in enumerate(cfg.devices)]
         self._ctx = mp.get_context("spawn")
         self._stop = threading.Event()
@@ -167,6 +67,9 @@ class JobManager:
         self._started_at = time.time()
         self.server_id = uuid.uuid4().hex[:12]
         self.output_dir = cfg.resolved_output_dir()
+        self.table = JobTable(cfg, self.output_dir, self.server_id)
+        self._lock = self.table.lock
+        """The table's lock, held too while the dispatcher changes a worker's state."""
         self._ever_ready = False
         self.on_never_started: Callable[[str], None] | None = None
         """Called (on the dispatcher thread, with the reason) when every worker is given up and none was ever ready:
@@ -177,25 +80,11 @@ class JobManager:
 
     def start(self) -> None:
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        self.sweep_temp_files()
+        sweep_temp_files(self.output_dir)
         for w in self._workers:
             self._spawn(w)
         self._thread = threading.Thread(target=self._run, name="synth-dispatcher", daemon=True)
         self._thread.start()
-
-    def sweep_temp_files(self) -> int:
-        """Remove worker temp files left in ``output_dir`` and its client folders by a run that was killed mid-write;
-        returns how many."""
-        n = 0
-        folders = [self.output_dir]
-        folders += [Path(e.path) for e in os.scandir(self.output_dir) if e.is_dir(follow_symlinks=False)]
-        for folder in folders:
-            for entry in os.scandir(folder):
-                if TEMP_NAME.match(entry.name) and entry.is_file(follow_symlinks=False):
-                    n += _unlink_below(self.output_dir, entry.path)
-        if n:
-            log.warning("removed %d temp files left in %s by an earlier run", n, self.output_dir)
-        return n
 
     def begin_shutdown(self) -> None:
         """Stop restarting workers (called on SIGINT / SIGTERM, which may also reach the workers)."""
@@ -227,8 +116,6 @@ class JobManager:
             os.write(self._wake_w, b"x")
 
     def _spawn(self, w: _Worker) -> None:
-        from synth.worker import worker_main
-
         parent, child = self._ctx.Pipe(duplex=True)
         painter = {"name": self.cfg.painter.name, **self.cfg.painter.kwargs()}
         fg = {"name": self.cfg.foreground.name, **self.cfg.foreground.kwargs()}
@@ -310,28 +197,26 @@ class JobManager:
         """Publish or discard a batch's results (caller holds the lock, so an ``ack`` cannot interleave)."""
         now = time.time()
         for r in results:
-            job = self._by_uid.get(r["uid"])
-            if job is None or job.state != JobState.running or self._jobs.get(job.key) is not job:
-                _unlink_below(
-                    self.output_dir, r.get("tmp_path")
-                )  # cancelled while running: its file must never replace another's
+            job = self.table.by_uid(r["uid"])
+            if job is None or job.state != JobState.running or not self.table.holds(job):
+                unlink_below(self.output_dir, r.get("tmp_path"))  # cancelled while running: never replaces another's
                 continue
             job.run_s, job.paint_s, job.finished_at = r.get("run_s"), r.get("paint_s"), now
             if r["ok"]:
                 try:
-                    job.output_identity = _publish(
+                    job.output_identity = publish(
                         self.output_dir, r["tmp_path"], r["result"]["output_path"], r.get("tmp_identity")
                     )
                 except OSError as e:
-                    _unlink_below(self.output_dir, r.get("tmp_path"))
+                    unlink_below(self.output_dir, r.get("tmp_path"))
                     job.error = f"could not publish the output {r['result']['output_path']!r}: {e}"
-                    self._set_state(job, JobState.failed)
+                    self.table.set_state(job, JobState.failed)
                 else:
                     job.result = r["result"]
-                    self._set_state(job, JobState.done)
+                    self.table.set_state(job, JobState.done)
             else:
                 job.error = r["error"]
-                self._set_state(job, JobState.failed)
+                self.table.set_state(job, JobState.failed)
             job.inp = None  # drop decoded bytes
         w.busy, w.busy_ids, w.temps, w.deadline = [], [], [], None
 
@@ -341,7 +226,7 @@ class JobManager:
         with self._lock:
             was_ready = w.ready
             for uid in w.busy:
-                job = self._by_uid.get(uid)
+                job = self.table.by_uid(uid)
                 if job is None or job.state != JobState.running:
                     continue
                 if job.attempts >= self.cfg.max_attempts:
@@ -351,13 +236,11 @@ class JobManager:
                     )
                     job.finished_at = now
                     job.inp = None
-                    self._set_state(job, JobState.failed)
+                    self.table.set_state(job, JobState.failed)
                 else:
-                    job.solo = True
-                    self._set_state(job, JobState.queued)
-                    self._pending.appendleft(job.uid)
+                    self.table.requeue_alone(job)
             for tmp in w.temps:  # a worker killed mid-write leaves a partial temp file
-                _unlink_below(self.output_dir, tmp)
+                unlink_below(self.output_dir, tmp)
             w.busy, w.busy_ids, w.temps, w.deadline, w.ready = [], [], [], None, False
             with contextlib.suppress(OSError):
                 w.conn.close()
@@ -384,12 +267,7 @@ class JobManager:
         if not all(w.given_up for w in self._workers):
             return
         msg = f"no worker can start: {self._workers[0].error}"
-        for uid in list(self._pending):
-            job = self._by_uid.get(uid)
-            if job is not None and job.state == JobState.queued:
-                job.error, job.finished_at, job.inp = msg, time.time(), None
-                self._set_state(job, JobState.failed)
-        self._pending.clear()
+        self.table.fail_queued(msg)
         if not self._ever_ready and self.on_never_started is not None:
             self.on_never_started(self._workers[0].error or msg)
 
@@ -418,63 +296,19 @@ class JobManager:
                 w.restarts += 1
                 self._spawn(w)
 
-    def _wait_for_batch(self, now: float) -> bool:
-        """True while fewer than ``batch_size`` jobs are queued and the oldest has waited less than the window."""
-        window = self.cfg.batch_window_s
-        if window <= 0 or len(self._pending) >= self.cfg.batch_size:
-            return False
-        oldest = self._by_uid.get(self._pending[0])
-        return oldest is not None and now - oldest.created_at < window
-
     def _dispatch(self) -> None:
         plans = []
         with self._lock:
             now = time.time()
             for w in self._workers:
-                if not (w.proc is not None and w.ready and not w.busy and self._pending):
+                if not (w.proc is not None and w.ready and not w.busy and self.table.waiting()):
                     continue
-                if self._wait_for_batch(now):
+                if self.table.hold_for_batch(now):
                     break
-                batch: list[_Job] = []
-                while self._pending and len(batch) < self.cfg.batch_size:
-                    job = self._by_uid.get(self._pending[0])
-                    if job is None or job.state != JobState.queued:
-                        self._pending.popleft()
-                        continue
-                    if job.solo and batch:
-                        break
-                    self._pending.popleft()
-                    batch.append(job)
-                    if job.solo:
-                        break
+                batch = self.table.next_batch()
                 if not batch:
                     continue
-                items = []
-                for job in batch:
-                    job.attempts += 1
-                    job.started_at = now
-                    self._set_state(job, JobState.running)
-                    inp = job.inp
-                    items.append(
-                        dict(
-                            uid=job.uid,
-                            job_id=job.request.job_id,
-                            image_path=inp.image_path,
-                            image_identity=inp.image_identity,
-                            image_root=inp.image_root,
-                            image_parts=inp.image_parts,
-                            image_bytes=inp.image_bytes,
-                            boxes=inp.boxes,
-                            description=job.request.description,
-                            seed=job.request.seed,
-                            canvas=job.request.canvas.model_dump(),
-                            edit=None if job.request.edit is None else job.request.edit.model_dump(),
-                            output_dir=str(self.output_dir),
-                            output_path=inp.output_path,
-                            tmp_path=temp_path(inp.output_path, job.uid),
-                            fsync=self.cfg.fsync_outputs,
-                        )
-                    )
+                items = [self.table.start(job, now) for job in batch]
                 w.busy, w.busy_ids = [j.uid for j in batch], [j.key for j in batch]
                 w.temps = [it["tmp_path"] for it in items]
                 w.deadline = now + self.cfg.job_timeout_s * len(batch)
@@ -485,121 +319,37 @@ class JobManager:
             except (OSError, ValueError):
                 self._kill(w, "could not be reached")
 
-    # -- table operations (HTTP handlers) -------------------------------------------------------------------------
-
-    def _set_state(self, job: _Job, state: JobState) -> None:
-        """Change state and bump the job's cursor (caller holds the lock)."""
-        if self._jobs.get(job.key) is job:
-            self._counts[job.state.value] -= 1
-            self._counts[state.value] += 1
-            self._cursor += 1
-            job.cursor = self._cursor
-            self._jobs.move_to_end(job.key)
-        job.state = state
+    # -- the HTTP handlers' operations ----------------------------------------------------------------------------
 
     def lookup(self, client: str, job_id: str, fingerprint: str) -> JobStatus | None:
         """The client's existing job for an idempotent resubmission, None if new; 409 when the body differs."""
-        with self._lock:
-            job = self._jobs.get((client, job_id))
-            if job is None:
-                return None
-            if job.fingerprint != fingerprint:
-                raise ApiError(
-                    409,
-                    f"job_id {job_id!r} already exists with a different request; a job_id names "
-                    "one request: resubmit the same body, or use a new job_id",
-                )
-            return self._status(job)
+        return self.table.lookup(client, job_id, fingerprint)
 
     def submit(self, client: str, req: JobRequest, fingerprint: str, inp: PreparedInput) -> tuple[JobStatus, bool]:
+        """Queue the job (503 when no worker can start); an identical one that raced it is answered as it is."""
         with self._lock:
-            existing = self._jobs.get((client, req.job_id))
-            if existing is not None:  # raced with an identical submission
-                if existing.fingerprint != fingerprint:
-                    raise ApiError(409, f"job_id {req.job_id!r} already exists with a different request")
-                return self._status(existing), False
+            existing = self.table.existing(client, req, fingerprint)
+            if existing is not None:
+                return existing, False
             if self._workers and all(w.given_up for w in self._workers):
                 raise ApiError(503, f"no worker can start, so no job can run: {self._workers[0].error}")
-            if self._counts[JobState.queued.value] >= self.cfg.max_queued:
-                raise ApiError(
-                    429, f"queue full ({self.cfg.max_queued} jobs queued): retry later", headers={"Retry-After": "1"}
-                )
-            if len(self._jobs) >= self.cfg.max_jobs_held:
-                raise ApiError(
-                    429,
-                    f"the server holds {len(self._jobs)} jobs (max_jobs_held): acknowledge finished "
-                    "jobs (POST /jobs/{id}/ack) to free room",
-                    headers={"Retry-After": "1"},
-                )
-            stored = req.model_copy(update={"image": req.image.model_copy(update={"data_b64": None})})
-            job = _Job(uid=uuid.uuid4().hex, client=client, request=stored, fingerprint=fingerprint, inp=inp)
-            self._jobs[job.key] = job
-            self._by_uid[job.uid] = job
-            self._counts[JobState.queued.value] += 1
-            self._cursor += 1
-            job.cursor = self._cursor
-            self._pending.append(job.uid)
-            status = self._status(job)
+            status = self.table.add(client, req, fingerprint, inp)
         self._wake()
         return status, True
 
-    def _find(self, client: str, job_id: str) -> _Job:
-        job = self._jobs.get((client, job_id))
-        if job is None:
-            raise ApiError(404, f"no job {job_id!r} of client {client!r} (never submitted, or already acknowledged)")
-        return job
-
     def get(self, client: str, job_id: str, include_image: bool = False) -> JobStatus:
-        with self._lock:
-            job = self._find(client, job_id)
-            status = self._status(job)
-        if status.result is not None and (include_image or job.request.return_bytes):
-            with self.open_output(client, job_id) as fh:
-                status.result.image_b64 = base64.b64encode(fh.read()).decode("ascii")
-        return status
+        return self.table.get(client, job_id, include_image)
 
     def open_output(self, client: str, job_id: str):
-        """The job's output PNG, opened: only the file the server published (never a link or a file put in its
-        place); 409 before the job is done, 410 once the file is gone or replaced."""
-        with self._lock:
-            job = self._find(client, job_id)
-            if job.state != JobState.done:
-                raise ApiError(409, f"job {job_id!r} is {job.state.value}, not done: it has no image")
-            path, identity = job.result["output_path"], job.output_identity
-        try:
-            return open_output(self.output_dir, path, identity)
-        except OSError as e:
-            raise ApiError(410, f"the output of job {job_id!r} is no longer on disk as written: {e}") from e
+        """The job's output PNG, opened (:meth:`synth.job_table.JobTable.open_output`)."""
+        return self.table.open_output(client, job_id)
 
     def list(self, client: str | None, states: list[JobState] | None, since: int, limit: int) -> JobList:
         """The jobs of ``client`` (None: every client's, the admin's view) that changed after cursor ``since``."""
-        wanted = set(states) if states else None
-        out: list[JobStatus] = []
-        truncated = False
-        with self._lock:
-            cursor = self._cursor
-            for job in reversed(self._jobs.values()):  # newest change first
-                if job.cursor <= since:
-                    break
-                if (client is None or job.client == client) and (wanted is None or job.state in wanted):
-                    out.append(self._status(job))
-            out.reverse()
-            if len(out) > limit:
-                out, truncated = out[:limit], True
-        return JobList(jobs=out, cursor=out[-1].cursor if truncated else cursor, server_id=self.server_id)
+        return self.table.list(client, states, since, limit)
 
     def ack(self, client: str, job_id: str) -> Ack:
-        with self._lock:
-            job = self._jobs.pop((client, job_id), None)
-            if job is None:
-                return Ack(job_id=job_id, acknowledged=False)
-            self._by_uid.pop(job.uid, None)
-            self._counts[job.state.value] -= 1
-            job.inp = None
-            cancelled = job.state in (JobState.queued, JobState.running)
-        if cancelled:
-            log.info("job %s cancelled while %s", job_id, job.state.value)
-        return Ack(job_id=job_id, acknowledged=True, cancelled=cancelled)
+        return self.table.ack(client, job_id)
 
     def health(self, client: str | None = None) -> Health:
         """The server's state; a worker's ``busy`` list names only ``client``'s jobs (None: the admin, every job)."""
@@ -632,40 +382,8 @@ class JobManager:
                 painter=self.cfg.painter.name,
                 foreground=self.cfg.foreground.name,
                 workers=workers,
-                queue_depth=self._counts[JobState.queued.value],
+                queue_depth=self.table.queued(),
                 queue_capacity=self.cfg.max_queued,
-                counts=self._client_counts(client),
+                counts=self.table.counts(client),
                 uptime_s=time.time() - self._started_at,
             )
-
-    def _client_counts(self, client: str | None) -> dict[str, int]:
-        """Jobs held by state: every client's (None, the admin's view), else only ``client``'s (caller holds the
-        lock)."""
-        if client is None:
-            return {s.value: self._counts[s.value] for s in JobState}
-        counts = collections.Counter(job.state.value for (c, _), job in self._jobs.items() if c == client)
-        return {s.value: counts[s.value] for s in JobState}
-
-    def _status(self, job: _Job) -> JobStatus:
-        result = None
-        if job.result is not None and job.state == JobState.done:
-            r = dict(job.result)
-            result = JobResult(**{**r, "audit": AuditResult(**r["audit"])})
-        return JobStatus(
-            job_id=job.request.job_id,
-            client=job.client,
-            sample_id=job.request.sample_id,
-            state=job.state,
-            attempts=job.attempts,
-            cursor=job.cursor,
-            result=result,
-            error=job.error,
-            timings=Timings(
-                created_at=job.created_at,
-                started_at=job.started_at,
-                finished_at=job.finished_at,
-                queue_s=None if job.started_at is None else job.started_at - job.created_at,
-                run_s=job.run_s,
-                paint_s=job.paint_s,
-            ),
-        )

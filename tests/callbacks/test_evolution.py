@@ -301,7 +301,7 @@ def test_visual_edits_run_through_the_data_server_and_swap_in_with_level_and_par
         v = pool.lineage(sid)
         assert len(v) == 2, "the refused edits of epoch 1 added no version"
         assert (v[1].level, v[1].parent, v[1].epoch) == (1, 0, 1) and v[1].scene is not None
-        assert v[1].boxes == v[0].boxes and v[1].query == pool.entries[sid].record.query
+        assert v[1].boxes == v[0].boxes and v[1].query == pool.base_record(sid).query
         # the swapped-in file is the scene's render, and its question is still exact on it
         image, _ = toy_scene.render_meta(v[1].scene)
         assert np.asarray(Image.open(v[1].image_path).convert("RGB")).tobytes() == np.asarray(image).tobytes()
@@ -417,7 +417,7 @@ def test_real_images_get_painted_clutter_through_the_data_server_and_step_back(t
     for sid in pool.order:
         v = pool.lineage(sid)
         assert [(x.level, x.epoch) for x in v] == [(0, 0), (1, 1), (0, 2)], v
-        query = pool.entries[sid].record.query  # the original question (version 0 records None: unchanged)
+        query = pool.base_record(sid).query  # the original question (version 0 records None: unchanged)
         assert v[1].boxes == v[0].boxes and v[1].query == query and v[1].parent == 0
         src = np.asarray(Image.open(v[0].image_path).convert("RGB"))
         out = np.asarray(Image.open(v[1].image_path).convert("RGB"))

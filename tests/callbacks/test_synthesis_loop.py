@@ -46,8 +46,8 @@ class _Recorder(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if self.kill_at == (trainer.current_epoch, batch_idx):
             synth = next(c for c in trainer.callbacks if type(c).__name__ == "SynthesisCallback")
-            synth._server.proc.kill()
-            synth._server.proc.wait(10)
+            synth.server.local.proc.kill()
+            synth.server.local.proc.wait(10)
 
 
 def _fit(
@@ -149,7 +149,7 @@ def test_epoch_two_trains_on_synthesized_images(tiny_model_dir, rec_dir, tmp_pat
             assert Path(v.image_path).exists() and v.epoch >= 1 and v.job_id
     assert synth.totals["failed"] == 0
     strips = sorted(p.stem for p in (tmp_path / "run" / "lineage").glob("*.png"))
-    assert strips and len(strips) == len(set(strips)) and all(s in pool.entries for s in strips)  # one per sample
+    assert strips and len(strips) == len(set(strips)) and all(s in pool for s in strips)  # one per sample
 
 
 def test_server_killed_mid_run_training_continues_and_swaps_resume(tiny_model_dir, rec_dir, tmp_path):
@@ -192,7 +192,7 @@ class _InFlight(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         synth = next(c for c in trainer.callbacks if type(c).__name__ == "SynthesisCallback")
-        stats = synth._submitter.stats()
+        stats = synth.server.submitter.stats()
         self.after_batch.append(stats["unsent"] + stats["in_flight"])
 
 

@@ -18,9 +18,9 @@ import torch
 from conftest import write_rec_jsonl
 
 from analysis import read_metrics_jsonl
+from callbacks import synthesis_server
 from core.records import DataError
 from datamodules.resumable import EpochSampler, ResumableLoader
-from synth import client as synth_client
 from synth.client import AsyncSubmitter
 from train import cli_main
 
@@ -100,13 +100,13 @@ class _Faults(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         synth = next(c for c in trainer.callbacks if type(c).__name__ == "SynthesisCallback")
         if trainer.global_step == self.kill_worker_at:
-            with synth._server.client() as c:
+            with synth.server.local.client() as c:
                 pid = c.health().workers[0].pid
             os.kill(pid, signal.SIGKILL)
             self.killed.append(f"worker {pid}")
         if trainer.global_step == self.kill_server_at:
-            synth._server.proc.kill()
-            synth._server.proc.wait(10)
+            synth.server.local.proc.kill()
+            synth.server.local.proc.wait(10)
             self.killed.append("server")
 
 
@@ -272,7 +272,7 @@ def test_server_and_worker_killed_while_training_lose_nothing(tiny_model_dir, re
     ones step 3 sends while it is down are gone with it): the run finishes, the server is restarted at the epoch
     boundary, the outstanding jobs are resubmitted under their ids, and the pool and the per-step metrics are the
     uninterrupted run's (the painter is deterministic)."""
-    monkeypatch.setattr(synth_client, "AsyncSubmitter", _QuickGiveUp)  # callbacks.synthesis imports it per connect
+    monkeypatch.setattr(synthesis_server, "AsyncSubmitter", _QuickGiveUp)  # the callback's DataServer makes it
     out = tmp_path / "run"
     faults = _Faults(kill_worker_at=1, kill_server_at=2)
     cli = _fit(tiny_model_dir, reference["data"], out, extra=[faults])

@@ -133,7 +133,7 @@ def test_only_the_file_the_worker_wrote_is_published(tmp_path):
     """The HTTP process renames a temp file into place only if it is still the one the worker wrote and audited
     (its identity once written) with one link: a file swapped in after the audit, or a hard link to one, is refused."""
     from synth.inputs import file_identity
-    from synth.jobs import _publish
+    from synth.outputs import publish
 
     folder = tmp_path / "c1"
     folder.mkdir()
@@ -143,12 +143,12 @@ def test_only_the_file_the_worker_wrote_is_published(tmp_path):
     tmp.unlink()
     tmp.write_bytes(b"swapped in after the audit")
     with pytest.raises(OSError, match="not the file the worker wrote"):
-        _publish(tmp_path, str(tmp), str(out), written)
+        publish(tmp_path, str(tmp), str(out), written)
     written = file_identity(tmp.stat())
     os.link(tmp, tmp_path / "elsewhere")
     with pytest.raises(OSError, match="not the file the worker wrote"):
-        _publish(tmp_path, str(tmp), str(out), written)
+        publish(tmp_path, str(tmp), str(out), written)
     (tmp_path / "elsewhere").unlink()
     written = file_identity(tmp.stat())  # the link's removal changed the change time: the file as it is now
-    identity = _publish(tmp_path, str(tmp), str(out), written)
+    identity = publish(tmp_path, str(tmp), str(out), written)
     assert out.read_bytes() == b"swapped in after the audit" and identity[:2] == written[:2] and not tmp.exists()
