@@ -85,7 +85,7 @@ class HeldOutSummary(Callback):
                 hits: list[int] = []
                 for i in range(0, len(samples), self.batch_size):
                     batch = samples[i : i + self.batch_size]
-                    for s, a in zip(batch, module._greedy(batch)):
+                    for s, a in zip(batch, module.greedy(batch)):
                         hits.append(int(bool(a.boxes and s.boxes and iou(a.boxes[0], s.boxes[0]) >= 0.5)))
                     if tty:
                         print(f"\r  {split}: {len(hits)}/{len(samples)} scenes", end="", flush=True)
@@ -102,7 +102,7 @@ class HeldOutSummary(Callback):
             if trainer.is_global_zero:
                 print("held-out summary skipped: it runs on one process (use train.py test with the held-out overlay)")
             return False
-        return hasattr(module, "_greedy")
+        return hasattr(module, "greedy")
 
     # ------------------------------------------------------------------------------------------------ hooks
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

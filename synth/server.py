@@ -3,8 +3,9 @@
     python -m synth.server --config configs/synth/procedural.yaml [--port 0 --port-file PATH] [--set key=value ...]
     python -m synth.server token CLIENT_ID [--config ...]     # print a client's own token (needs the secret)
 
-The HTTP process validates requests, keeps the job table (``synth.jobs``) and hands jobs to worker processes
-(``synth.worker``); it never imports torch or a diffusers pipeline. Guarantees (docs/data_server.md has the full note):
+The HTTP process validates requests, keeps the job table (``synth.job_table``, run by ``synth.jobs.JobManager``) and
+hands jobs to worker processes (``synth.worker``); it never imports torch or a diffusers pipeline. Guarantees
+(docs/data_server.md has the full note):
 
 - Jobs belong to a client: each client's token names it, and it sees, fetches, cancels and acknowledges only its
   own jobs; the admin token (the server's secret) sees all (``synth.api``, "Clients and their jobs").

@@ -320,7 +320,7 @@ class GRPOModule(L.LightningModule):
             self.log("iou", logs["train/iou"], prog_bar=True, batch_size=bsz, logger=False)
 
     # ---------------------------------------------------------------------------------------------------- eval
-    def _greedy(self, batch):
+    def greedy(self, batch):
         """Greedy answers to the batch under the evaluation prompt (``evaluation.greedy_answers``)."""
         with self.host().gathered():
             return greedy_answers(
@@ -342,7 +342,7 @@ class GRPOModule(L.LightningModule):
                 f"(Method.grounding is False) but left its {kind} batch to the REC / OVD evaluator: its evaluate() "
                 "must score the batch and return True"
             )
-        answers = self._greedy(batch)
+        answers = self.greedy(batch)
         # the method's own answer format (VLM-R1's think + answer for the GRPO baselines), not always Syn-GRPO's
         logs = self.evaluator.update(kind, name, batch, answers, format=self.eval_format)
         self.log_dict(logs, batch_size=len(batch), on_step=False, on_epoch=True, add_dataloader_idx=False)
@@ -363,7 +363,7 @@ class GRPOModule(L.LightningModule):
     def rec_predictions(self, batch) -> list[dict]:
         """`predict_step`'s REC / OVD records: the greedy answer of each sample, its boxes and its rewards
         (`evaluation.evaluator.rec_records`)."""
-        return rec_records(batch, self._greedy(batch), format=self.eval_format)
+        return rec_records(batch, self.greedy(batch), format=self.eval_format)
 
     def _log_detection(self, kind: str) -> None:
         detection = self.evaluator.detection(self.trainer, kind) if self.method.grounding else {}
