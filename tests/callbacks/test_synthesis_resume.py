@@ -17,9 +17,9 @@ import pytest
 import torch
 from conftest import write_rec_jsonl
 
-from analysis import read_metrics_jsonl
 from core.records import DataError
 from datamodules.resumable import EpochSampler, ResumableLoader
+from runner.runs import read_metrics_jsonl
 from synth import client as synth_client
 from synth.client import AsyncSubmitter
 from train import cli_main

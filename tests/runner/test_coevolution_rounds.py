@@ -1,5 +1,5 @@
 """``python -m cli.coevolve``: EvolvedGRPO's rounds on a few toy math rows, on the CPU, with the toy checkpoint as A
-and Q (lightning_modules/coevolution_rounds.py, docs/evolved_coevolution.md, "The rounds").
+and Q (runner/coevolution_rounds.py, docs/evolved_coevolution.md, "The rounds").
 
 The toy checkpoint never writes Q's JSON, so every row is kept (gate ``malformed``): these tests check the machinery
 (stages, files, lineage, metrics, resumption, determinism), not learning. Its rewards are 0, so its GRPO steps leave
@@ -22,15 +22,17 @@ import yaml
 from cli.coevolve import main
 from core.coevolution import split_image_rows
 from datamodules.reasoning import ReasoningDataModule, read_rows
-from lightning_modules.coevolution_edits import (
+from runner.coevolution_config import RoundsConfig, RoundsError
+from runner.coevolution_edits import (
     EditSettings,
+    _RecordingJudge,
     build_next_dataset,
     edit_stats,
     lineage_record,
     next_row,
     read_jsonl_rows,
 )
-from lightning_modules.coevolution_rounds import STOP_ENV, Rounds, RoundsConfig, RoundsError, StopRequested
+from runner.coevolution_rounds import STOP_ENV, Rounds, StopRequested
 
 REPO = Path(__file__).resolve().parents[2]
 TOY = REPO / "checkpoints/toy-qwen2.5-vl"
@@ -233,7 +235,6 @@ def test_image_edits_through_the_real_editor_carry_the_edited_scene_into_the_nex
 
     from datamodules.reasoning import load_reasoning_sample, write_jsonl
     from datamodules.toy_math import export_split
-    from lightning_modules.coevolution_edits import _RecordingJudge
 
     torch.manual_seed(0)
     CLIPVisionModelWithProjection(CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
@@ -284,7 +285,6 @@ def test_a_toy_rounds_image_rows_reach_ok_through_the_shipped_toy_editor_and_sim
     from datamodules.reasoning import load_reasoning_sample
     from datamodules.sft_math import edit_instruction_target
     from datamodules.toy_math import export_split
-    from lightning_modules.coevolution_edits import _RecordingJudge
 
     src = export_split(tmp_path / "toy", "train", 20, seed=0)
     raws, samples = read_jsonl_rows(src), [load_reasoning_sample(r) for r in read_rows(src)]
