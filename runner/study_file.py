@@ -23,9 +23,9 @@ record of each finished run under ``<out>/runs/<row>/seed<s>/`` (``run.json``, `
 scene, ``metrics.jsonl``: the training curves, the logs), which is what comes back from a device call and what the
 notebook reads.
 
-Here: the study file (`load_study`: `Study` and its `Row` s, ablations expanded); the runs and their command lines in
-`runner.study_plan`, their records in `runner.study_records`, the table in `runner.study_report`, the command in
-`runner.study`.
+Here: the study file (`load_study`: a `Study` and its rows, `Row`, ablations expanded); the runs and their command
+lines in `runner.study_plan`, their records in `runner.study_records`, the table in `runner.study_report`, the command
+in `runner.study`.
 """
 
 from __future__ import annotations
