@@ -117,15 +117,15 @@ toy-model-math: setup
 	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage_math.yaml --trainer.precision $(TOY_PRECISION) $(TOY_FLAGS)
 
 # Table 1 on the toy world with intervals (docs/study.md): rows x 3 seeds + the beta ablation, evaluated on the held-out
-# test splits. J processes at a time; SHARD=i/n runs a fixed part (a device call), then `python -m study merge`.
+# test splits. J processes at a time; SHARD=i/n runs a fixed part (a device call), then `python -m runner.study merge`.
 J ?= 2
 SHARD ?= 1/1
 study: setup
-	$(PY_RUN) -m study experiments/study/table1_toy.yaml -j $(J) --shard $(SHARD)
+	$(PY_RUN) -m runner.study experiments/study/table1_toy.yaml -j $(J) --shard $(SHARD)
 
 # The smallest study (Original + GRPO + Syn-GRPO x 2 seeds, one step each, 16 test scenes per split): ~1.5 min on 2 cores
 study-smoke: setup
-	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY_RUN) -m study experiments/study/smoke.yaml -j 1 --out outputs/study/smoke \
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY_RUN) -m runner.study experiments/study/smoke.yaml -j 1 --out outputs/study/smoke \
 		--results outputs/study/smoke/results
 
 lint:
@@ -136,8 +136,8 @@ lint:
 # the build 2 min 51 s (2:07 with pip's cache warm; ~3.5 GB downloaded, 6.6 GB on disk), the tests ~2 min (19 tests).
 VLLM_VENV ?= .venv-vllm
 
-$(VLLM_VENV)/.installed: scripts/build_vllm_venv.sh
-	scripts/build_vllm_venv.sh $(VLLM_VENV)
+$(VLLM_VENV)/.installed: runner/build_vllm_venv.sh
+	runner/build_vllm_venv.sh $(VLLM_VENV)
 
 vllm-venv: $(VLLM_VENV)/.installed
 

@@ -2,7 +2,7 @@
 gallery of rollouts with ground-truth and predicted boxes.
 
 * ``MetricsJSONL``: one JSON object per line, flushed at every write, appended across resumes. The format is the
-  notebook's contract (``analysis.read_metrics_jsonl``) and is documented in docs/analysis.md.
+  notebook's contract (``runner.runs.read_metrics_jsonl``) and is documented in docs/analysis.md.
 * ``OfflineAwareWandbLogger``: ``lightning.pytorch.loggers.WandbLogger`` that runs offline unless W&B can really be
   reached (an API key in the environment, ``WANDB_MODE=online`` or a sweep agent), and finishes its run when the
   trainer is done so that a second fit in the same process gets its own run.
@@ -102,7 +102,7 @@ class MetricsJSONL(Callback):
       ``interrupted``: written at once after a Ctrl-C, with the ``checkpoint`` it saved or null).
 
     A resumed fit appends to the same file; readers keep the rows of earlier segments up to the resumed step
-    (``analysis.read_metrics_jsonl``). Only global rank 0 writes.
+    (``runner.runs.read_metrics_jsonl``). Only global rank 0 writes.
 
     Args:
         path: the file; default ``<dirpath>/<filename>``.

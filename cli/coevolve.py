@@ -6,7 +6,7 @@
 
 D_1 -> A_1 -> Q_1 -> D_2 -> ... : A_k and Q_k train through ``train.py fit`` with the config's A and Q configs, are
 exported as HF folders, A_k is evaluated (``train.py test``), and D_{k+1} is D_k edited by Q_k and labelled by A_k,
-with per-row lineage (`lightning_modules.coevolution_rounds`, docs/evolved_coevolution.md, "The rounds"). The same
+with per-row lineage (`runner.coevolution_rounds`, docs/evolved_coevolution.md, "The rounds"). The same
 command started again after a kill continues where it stopped: finished stages are skipped, an unfinished fit resumes
 from its last checkpoint, an unfinished dataset from its last written chunk. Outputs: ``<out>/state.json``,
 ``<out>/round_<k>/{dataset.jsonl, answer/, question/, answer_eval/, metrics.json}``, ``<out>/summary.json``.
@@ -21,6 +21,10 @@ import json
 import sys
 
 from cli.errors import fail
+from cli.main import cli_main
+from core.records import DataError
+from runner.coevolution_config import RoundsConfig, RoundsError
+from runner.coevolution_rounds import Rounds
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,8 +53,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def launch_inprocess(args: list[str]) -> None:
     """``train.py <args>`` in this process (``launcher: inprocess``)."""
-    from cli.main import cli_main
-
     argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI also reads sys.argv when given args (and warns)
     try:
         cli_main(args)
@@ -60,9 +62,6 @@ def launch_inprocess(args: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     args = _parser().parse_args(argv)
-    from core.records import DataError
-    from lightning_modules.coevolution_rounds import Rounds, RoundsConfig, RoundsError
-
     given = (("rounds", args.rounds), ("launcher", args.launcher), ("mode", args.mode), ("seed", args.seed))
     overrides = {k: v for k, v in given if v is not None}
     try:

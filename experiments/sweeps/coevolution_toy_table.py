@@ -4,7 +4,7 @@ Reads the ``summary.json`` of runs made by
     python -m cli.coevolve --config configs/coevolve/toy.yaml --seed S --out RUNS/coevolve_sS
     python -m cli.coevolve --config configs/coevolve/toy.yaml --seed S --mode plain --out RUNS/plain_sS
 and prints a markdown table: A's held-out greedy accuracy after each round (mean and 95% t interval over seeds,
-study.stats.t_interval), the paired difference co-evolution - plain per seed, and Q's valid / harder edit rates.
+runner.stats.t_interval), the paired difference co-evolution - plain per seed, and Q's valid / harder edit rates.
     python experiments/sweeps/coevolution_toy_table.py RUNS > table.md
 """
 
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from study.stats import t_interval  # noqa: E402
+from runner.stats import t_interval  # noqa: E402
 
 
 def fmt(values: list[float], pct: bool = True) -> str:

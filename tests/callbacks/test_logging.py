@@ -12,16 +12,11 @@ import pytest
 import torch
 import yaml
 
-from analysis import (
-    iter_wandb_records,
-    load_runs,
-    load_wandb_offline,
-    read_metrics_jsonl,
-    read_wandb_offline,
-    wandb_run_complete,
-)
 from callbacks.logging import MetricsJSONL, OfflineAwareWandbLogger, json_safe, wandb_should_be_offline
 from callbacks.results import ResultsTable, collect_results, markdown_table, paper_row
+from runner.analysis import load_runs
+from runner.runs import read_metrics_jsonl
+from runner.wandb_runs import iter_wandb_records, load_wandb_offline, read_wandb_offline, wandb_run_complete
 from train import cli_main
 
 CURVE_KEYS = (

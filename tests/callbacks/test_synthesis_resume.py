@@ -17,10 +17,10 @@ import pytest
 import torch
 from conftest import write_rec_jsonl
 
-from analysis import read_metrics_jsonl
 from callbacks import synthesis_server
 from core.records import DataError
 from datamodules.resumable import EpochSampler, ResumableLoader
+from runner.runs import read_metrics_jsonl
 from synth.client import AsyncSubmitter
 from train import cli_main
 

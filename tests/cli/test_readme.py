@@ -22,6 +22,7 @@ import pytest
 import yaml
 from test_config_runs import compose, cpu_swap, toy_data  # noqa: F401 - toy_data is a fixture
 
+from runner.sweep import main as sweep_main
 from train import cli_main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,7 +47,7 @@ def _commands(prefix: str) -> list[list[str]]:
 
 def test_the_readme_is_short_and_its_commands_are_known():
     assert len(README.read_text(encoding="utf-8").splitlines()) <= 100
-    kinds = ("make ", "python train.py ", "python -m sweep ", "wandb sweep ", "RUNS=", "python -m synth.server ")
+    kinds = ("make ", "python train.py ", "python -m runner.sweep ", "wandb sweep ", "RUNS=", "python -m synth.server ")
     for c in readme_commands():
         assert c.startswith(kinds), f"a README command no test runs: {c}"
     assert [c[1] for c in _commands("make ")] == ["train", "test"]
@@ -110,9 +111,7 @@ def test_every_train_line_of_the_readme_runs(gpu_lines):
 
 
 def test_the_sweep_lines_of_the_readme(capsys):
-    from sweep.__main__ import main as sweep_main
-
-    (argv,) = _commands("python -m sweep ")
+    (argv,) = _commands("python -m runner.sweep ")
     assert sweep_main([*argv[3:], "--dry-run"]) == 0
     points = capsys.readouterr().out.splitlines()
     assert len(points) == 2 and all("train.py fit --config configs/tiny.yaml" in p for p in points)
@@ -151,7 +150,7 @@ DOCS = [README, *sorted((REPO / "docs").glob("*.md"))]
 PROGRAMS = ("python ", "make ", "jupyter ", "wandb ", "torchrun ", "srun ", "bash ", "papermill ")
 ENV = re.compile(r"^(?:[A-Z_]+=\S*\s*)+")
 EXEMPT = {
-    "wandb ": "talks to a W&B server (an account, the network); the sweep files are checked by tests/sweep/test_sweeps.py",
+    "wandb ": "talks to a W&B server (an account, the network); the sweep files are checked by tests/runner/test_sweeps.py",
     "papermill ": "executes the notebook as the README's nbconvert line does, which runs here",
     "jupyter ": "executes the notebook on runs made first; the README's line runs (test_the_notebook_line_...), the "
     "others differ in RUNS / OUT only",

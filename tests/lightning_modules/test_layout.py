@@ -8,8 +8,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "lightning_modules"
-ORDER = {"models": 1, "engines": 2, "evaluation": 3, "methods": 4, "grpo": 5, "sft": 5, "coevolution_edits": 5}
-ORDER["coevolution_rounds"] = 6  # EvolvedGRPO's rounds run the modules and the edit stage above everything else
+ORDER = {"models": 1, "engines": 2, "evaluation": 3, "methods": 4, "grpo": 5, "sft": 5}
 LEAVES = {"objective", "rewards", "registry", "checkpoints", "question_rewards", "judge"}
 
 

@@ -12,11 +12,18 @@ from __future__ import annotations
 import contextlib
 import io
 import itertools
+import subprocess
+import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
+from runner import analysis, figures
+from runner.points import Point, run_points
+from runner.sweep import main as sweep_main
+from runner.sweep import plan
 from train import cli_main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -123,13 +130,11 @@ def test_cli_accepts_every_sweep_command(path, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# The offline runner: python -m sweep
+# The offline runner: python -m runner.sweep
 # ---------------------------------------------------------------------------------------------------------------------
 
 
 def test_offline_runner_plans_one_folder_and_one_name_per_point(tmp_path):
-    from sweep import plan
-
     sweep, points, out = plan(REPO / "configs/sweeps/beta.yaml", tmp_path / "beta", ["--trainer.max_epochs", "1"])
     assert len(points) == 5 and out == tmp_path / "beta"
     assert [p.name for p in points] == [f"diversity_beta={b}" for b in (0.1, 0.3, 0.5, 0.7, 0.9)]
@@ -141,8 +146,6 @@ def test_offline_runner_plans_one_folder_and_one_name_per_point(tmp_path):
 
 
 def test_only_runs_a_subset_of_the_points(capsys):
-    from sweep.__main__ import main as sweep_main
-
     assert sweep_main([str(REPO / "configs/sweeps/beta.yaml"), "--dry-run", "--only", "diversity_beta=0.[15]"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [ln.split("--model.init_args.method.init_args.diversity_beta=")[1].split()[0] for ln in lines] == [
@@ -156,10 +159,6 @@ def test_only_runs_a_subset_of_the_points(capsys):
 
 def test_a_running_point_reports_its_progress_between_start_and_done(tmp_path, capsys):
     """A long fit is not silent: every status_every seconds a [run  ] line names its last logged step."""
-    import sys
-
-    from sweep import Point, run_points
-
     metrics = tmp_path / "p" / "metrics.jsonl"
     code = (
         "import json, time\n"
@@ -173,8 +172,6 @@ def test_a_running_point_reports_its_progress_between_start_and_done(tmp_path, c
 
 
 def test_offline_runner_refuses_what_needs_a_server(tmp_path, capsys):
-    from sweep.__main__ import main as sweep_main
-
     bayes = tmp_path / "bayes.yaml"
     bayes.write_text(yaml.safe_dump({"method": "bayes", "program": "train.py", "parameters": {}, "command": []}))
     assert sweep_main([str(bayes)]) == 2
@@ -200,16 +197,11 @@ SHORT_POINT = [  # one GRPO step on 4 toy scenes, a 4-sample validation; no data
 
 @pytest.mark.slow
 def test_offline_sweep_of_five_points_two_at_a_time_feeds_the_notebook(tmp_path):
-    """``python -m sweep configs/sweeps/beta.yaml -j 2``: five points, each in its own folder, results collected, and
+    """``python -m runner.sweep configs/sweeps/beta.yaml -j 2``: five points, each in its own folder, results collected, and
     the notebook's loader labels every point distinctly."""
-    import subprocess
-    import sys
-
-    import analysis as A
-
     out = tmp_path / "beta"
     data = tmp_path / "toy"
-    cmd = [sys.executable, "-m", "sweep", "configs/sweeps/beta.yaml", "-j", "2", "--out", str(out), "--"]
+    cmd = [sys.executable, "-m", "runner.sweep", "configs/sweeps/beta.yaml", "-j", "2", "--out", str(out), "--"]
     cmd += SHORT_POINT + [f"--data.init_args.data_root={data}"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -217,14 +209,12 @@ def test_offline_sweep_of_five_points_two_at_a_time_feeds_the_notebook(tmp_path)
     assert [p.name for p in folders] == [f"diversity_beta={b}" for b in (0.1, 0.3, 0.5, 0.7, 0.9)]
     for f in folders:
         assert (f / "metrics.jsonl").is_file() and (f / "config.yaml").is_file(), sorted(f.iterdir())
-    import pandas as pd
-
     results = pd.read_csv(out / "results.csv")
     assert results["returncode"].tolist() == [0] * 5 and "val/toy_val/acc50" in results
-    runs = A.load_runs(str(out))
+    runs = analysis.load_runs(str(out))
     assert len(runs) == 5 and len({r.label for r in runs}) == 5
     assert sorted(r.beta for r in runs) == [0.1, 0.3, 0.5, 0.7, 0.9]
-    table = A.beta_table(runs)  # every point is a Syn-GRPO run: each has its final validation in the ablation
+    table = analysis.beta_table(runs)  # every point is a Syn-GRPO run: each has its final validation in the ablation
     assert sorted(set(table["beta"])) == [0.1, 0.3, 0.5, 0.7, 0.9] and table["acc50"].notna().all()
-    fig = A.plot_beta_ablation(runs)
-    assert A.save_figure(fig, tmp_path / "fig", "beta").stat().st_size > 1000
+    fig = figures.plot_beta_ablation(runs)
+    assert figures.save_figure(fig, tmp_path / "fig", "beta").stat().st_size > 1000

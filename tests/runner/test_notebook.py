@@ -9,10 +9,14 @@ import sys
 from pathlib import Path
 
 import nbformat
+import pandas as pd
 import pytest
 import yaml
 
-import analysis as A
+from runner import analysis, figures
+from runner.outputs import figures_dir
+from runner.runs import Run
+from runner.wandb_runs import load_wandb_api
 from train import cli_main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -122,9 +126,7 @@ def test_notebook_executes_on_a_tiny_run_and_writes_figures(tiny_model_dir, rec_
 
 def test_beta_ablation_reads_hparams_and_skips_grpo_baselines():
     def run(name, beta, weight, acc):
-        import pandas as pd
-
-        return A.Run(
+        return Run(
             name=name,
             hparams={"diversity_beta": beta, "diversity_weight": weight},
             val=pd.DataFrame(
@@ -133,11 +135,11 @@ def test_beta_ablation_reads_hparams_and_skips_grpo_baselines():
         )
 
     runs = [run("b1", 0.1, 1.0, 0.4), run("b7", 0.7, 1.0, 0.6), run("grpo", 0.7, 0.0, 0.2)]
-    table = A.beta_table(runs)
+    table = analysis.beta_table(runs)
     assert table[["beta", "acc50"]].values.tolist() == [[0.1, 0.4], [0.7, 0.6]]  # final value; GRPO left out
-    assert A.Run(name="syn-grpo-beta0.9").beta == 0.9  # from the name when the hparams lack it
+    assert Run(name="syn-grpo-beta0.9").beta == 0.9  # from the name when the hparams lack it
     assert (
-        A.Run(name="x", hparams={"model.init_args.method.init_args.diversity_beta": 0.5}).beta == 0.5
+        Run(name="x", hparams={"model.init_args.method.init_args.diversity_beta": 0.5}).beta == 0.5
     )  # W&B sweep config
     # today's hparams: the method is a plug-in block; a study of GRPO and Syn-GRPO rows keeps only the Syn-GRPO ones
     plugin = {
@@ -147,20 +149,18 @@ def test_beta_ablation_reads_hparams_and_skips_grpo_baselines():
     runs = [run("s3", 0.3, 1.0, 0.5), run("g7", 0.7, 1.0, 0.1)]
     runs[0].hparams = {"method": plugin["syn"]}
     runs[1].hparams = {"method": plugin["grpo"]}
-    assert [A.method_plugin(r) for r in runs] == ["syn_grpo", "grpo"]
-    assert A.beta_table(runs)[["beta", "acc50"]].values.tolist() == [[0.3, 0.5]]
+    assert [analysis.method_plugin(r) for r in runs] == ["syn_grpo", "grpo"]
+    assert analysis.beta_table(runs)[["beta", "acc50"]].values.tolist() == [[0.3, 0.5]]
 
 
 @pytest.mark.parametrize("spec,expected", [("a.jsonl,b", ["a.jsonl", "b"]), (" a \n b ", ["a", "b"]), (None, [])])
 def test_split_spec(spec, expected):
-    assert A.split_spec(spec) == expected
+    assert analysis.split_spec(spec) == expected
 
 
 def test_figures_go_beside_the_runs_unless_out_says_otherwise():
     """The README's notebook line names a sweep folder (RUNS and --output-dir): its figures land there, not in a
     fixed outputs/figures."""
-    from analysis.outputs import figures_dir
-
     assert figures_dir("outputs/sweeps/syn-grpo-beta") == "outputs/sweeps/syn-grpo-beta/figures"
     assert figures_dir("outputs/tiny/metrics.jsonl") == "outputs/tiny/figures"
     assert figures_dir("grpo=outputs/grpo,syn-grpo=outputs/tiny") == "outputs/figures"
@@ -169,42 +169,38 @@ def test_figures_go_beside_the_runs_unless_out_says_otherwise():
 
 def test_wandb_api_is_skipped_without_a_key(monkeypatch, capsys):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    assert A.load_wandb_api(["entity/project/abc123"]) == []
+    assert load_wandb_api(["entity/project/abc123"]) == []
     assert "skipped" in capsys.readouterr().out
 
 
 def test_evolution_curves_pool_seeds_per_method_and_read_epoch_levels():
-    import pandas as pd
-
     def run(name, level=None):
         train = pd.DataFrame({"step": [1, 2, 3], "train/diversity/zero_frac": [0.5, 0.6, 0.7]})
         epochs = pd.DataFrame()
         if level is not None:
             train["train/level/mean"] = [0.0, level, level + 1]
             epochs = pd.DataFrame({"epoch": [0, 1], "step": [2, 3], "synth/level/mean": [level, level + 1]})
-        return A.Run(name=name, train=train, epochs=epochs)
+        return Run(name=name, train=train, epochs=epochs)
 
     runs = [run("grpo-seed0"), run("grpo-seed1"), run("evolved_grpo-seed0", 1.0), run("evolved_grpo-seed1", 2.0)]
-    per_step, per_epoch = A.plot_evolution_by_method(runs)
+    per_step, per_epoch = figures.plot_evolution_by_method(runs)
     level_ax, zero_ax = per_step.axes[0], per_step.axes[1]
     assert [line.get_label() for line in level_ax.get_lines()] == ["evolved_grpo (n=2)"]
     assert list(level_ax.get_lines()[0].get_ydata()) == [0.0, 1.5, 2.5]  # mean over the two seeds
     assert sorted(line.get_label() for line in zero_ax.get_lines()) == ["evolved_grpo (n=2)", "grpo (n=2)"]
-    reroll_ax = per_step.axes[list(A.EVOLUTION_KEYS).index("train/level/reroll/frac")]
+    reroll_ax = per_step.axes[list(figures.EVOLUTION_KEYS).index("train/level/reroll/frac")]
     assert reroll_ax.get_lines() == []  # no run re-generated groups: an empty panel, not an error
     (line,) = per_epoch.axes[0].get_lines()
     assert list(line.get_xdata()) == [0, 1] and list(line.get_ydata()) == [1.5, 2.5]
 
 
 def test_runs_of_different_lengths_are_never_averaged_together():
-    import pandas as pd
-
     def run(name, n, value):
-        return A.Run(name=name, train=pd.DataFrame({"step": range(1, n + 1), "train/diversity/zero_frac": [value] * n}))
+        return Run(name=name, train=pd.DataFrame({"step": range(1, n + 1), "train/diversity/zero_frac": [value] * n}))
 
     runs = [run("grpo-seed0", 4, 0.2), run("grpo-seed1", 4, 0.4), run("grpo-seed2", 8, 0.9)]
-    fig = A.plot_evolution_by_method(runs)[0]
-    ax = fig.axes[list(A.EVOLUTION_KEYS).index("train/diversity/zero_frac")]
+    fig = figures.plot_evolution_by_method(runs)[0]
+    ax = fig.axes[list(figures.EVOLUTION_KEYS).index("train/diversity/zero_frac")]
     lines = {line.get_label(): line for line in ax.get_lines()}
     assert set(lines) == {"grpo, 4 steps (n=2)", "grpo, 8 steps (n=1)"}
     assert list(lines["grpo, 4 steps (n=2)"].get_xdata()) == [1, 2, 3, 4]

@@ -1,6 +1,6 @@
-"""Studies: Table 1's rows x seeds (+ ablations), trained and evaluated on held-out test splits, with intervals.
+"""Study files: Table 1's rows x seeds (+ ablations), trained and evaluated on held-out test splits, with intervals.
 
-``python -m study experiments/study/table1_toy.yaml -j 2`` (docs/study.md). A study file lists **rows** (a method: the
+``python -m runner.study experiments/study/table1_toy.yaml -j 2`` (docs/study.md). A study file lists **rows** (a method: the
 ``train.py`` configs and flags it trains with) and **seeds**; an **ablation** adds rows that vary one parameter of a
 row (a W&B sweep file's grid, e.g. configs/sweeps/beta.yaml). Every (row, seed) is one **run**: a ``train.py fit``
 process, then, when it exits with 0, one evaluation of its final checkpoint by the one evaluator every run shares:
@@ -13,35 +13,35 @@ checks that they give the same metrics) and also writes each scene's answer and 
 scenes needs (``evaluator: test`` runs ``train.py test`` instead: per-set metrics only, the bootstrap then resamples
 seeds only). A row with ``train: false`` (Original, the starting checkpoint) is evaluated without a checkpoint, once.
 
-The runs are ``sweep.Point`` command lines run by ``sweep.run_points`` (``-j`` processes at a time; the evaluation is
+The runs are `runner.points.Point` command lines run by `runner.points.run_points` (``-j`` processes at a time; the evaluation is
 each training point's ``then``). ``--shard i/n`` runs every n-th run (a fixed subset, so n calls, e.g. n device calls of
 10 minutes, cover the grid); a run whose evaluation record exists is skipped (resumable), and ``merge`` builds the
-table from the records of every shard (``study.report``).
+table from the records of every shard (`runner.study_report`).
 
 Layout: heavy run folders (checkpoints, synthesized images) under ``--work`` (default ``<out>/work``); the light
 record of each finished run under ``<out>/runs/<row>/seed<s>/`` (``run.json``, ``scenes.csv``: one line per test
 scene, ``metrics.jsonl``: the training curves, the logs), which is what comes back from a device call and what the
 notebook reads.
+
+Here: the study file (`load_study`: a `Study` and its rows, `Row`, ablations expanded); the runs and their command
+lines in `runner.study_plan`, their records in `runner.study_records`, the table in `runner.study_report`, the command
+in `runner.study`.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from sweep import Point, grid, load_sweep, point_name
+from datamodules import toy, toy_video
+from runner.sweep import grid, load_sweep, point_name
 
 REPO = Path(__file__).resolve().parents[1]
 EVALUATORS = ("predict", "test")
-HELDOUT = "experiments/study/heldout.yaml"
-HELDOUT_VIDEO = "experiments/study/heldout_video.yaml"
 WORLDS = ("image", "video")
 
 
@@ -87,7 +87,7 @@ class Study:
     overrides: list[str] = field(default_factory=list)
     eval_overrides: list[str] = field(default_factory=list)
     fit_flags: list[str] = field(default_factory=list)
-    """``train.py fit`` flags of one call (``python -m study --fit-flag``), after every override: where the fits run
+    """``train.py fit`` flags of one call (``python -m runner.study --fit-flag``), after every override: where the fits run
     (the device's GPU, a faster rollout engine). Never read from the study file: the file says what is measured, the
     call where it runs."""
     evaluator: str = "predict"
@@ -104,39 +104,6 @@ class Study:
             if r.name == name:
                 return r
         raise StudyError(f"{self.path}: no row named {name!r}; the rows are {[r.name for r in self.rows]}")
-
-
-@dataclass
-class Run:
-    """One (row, seed) of a study: its training point (None for an evaluation-only row) and its evaluation point."""
-
-    row: Row
-    seed: int | None
-    key: str
-    """``<row>/seed<s>`` (``<row>/single`` for an evaluation-only row): the folder under ``runs/`` and ``work/``."""
-    work: Path
-    record: Path
-    """The light record's folder, ``<out>/runs/<key>``."""
-    train: Point | None
-    evaluate: Point
-    export: Point | None = None
-    """``train.py export`` of the final checkpoint, between training and evaluation (rows with ``eval_configs``)."""
-
-    @property
-    def done(self) -> bool:
-        return (self.record / "run.json").is_file()
-
-    @property
-    def trained(self) -> bool:
-        return self.train is None or ((self.work / "TRAINED").is_file() and (self.work / LAST_CKPT).is_file())
-
-
-LAST_CKPT = "checkpoints/last.ckpt"
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# The study file
-# ---------------------------------------------------------------------------------------------------------------------
 
 
 def _strings(value: Any, where: str) -> list[str]:
@@ -182,18 +149,14 @@ def load_study(path: str | Path) -> Study:
     world = raw.get("world", "image")
     if world not in WORLDS:
         raise StudyError(f"{path}: world must be one of {WORLDS}, got {world!r}")
-    if world == "video":
-        from datamodules.toy_video import SPLITS
-    else:
-        from datamodules.toy import SPLITS
-
+    world_splits = toy_video.SPLITS if world == "video" else toy.SPLITS
     example = "{test: 200}" if world == "video" else "{test_id: 1000}"
     if not isinstance(splits, Mapping) or not splits:
         raise StudyError(f"{path}: test_splits must map a toy split to its number of scenes, e.g. {example}")
     for s, n in splits.items():
-        if s not in SPLITS or not isinstance(n, int) or n < 1:
+        if s not in world_splits or not isinstance(n, int) or n < 1:
             raise StudyError(
-                f"{path}: test_splits: {s}: {n!r}; the {world} world's splits are {tuple(SPLITS)} (held out: "
+                f"{path}: test_splits: {s}: {n!r}; the {world} world's splits are {tuple(world_splits)} (held out: "
                 f"{'test' if world == 'video' else 'test_*'}), counts >= 1"
             )
         if not s.startswith("test"):
@@ -295,201 +258,3 @@ def _ablation_rows(study: Study, spec: Any, where: str) -> list[Row]:
             )
         )
     return rows
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Planning and sharding
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def _fill(flags: Sequence[str], **values: Any) -> list[str]:
-    """``{data_root}``, ``{seed}``, ``{out}`` in a flag -> their values."""
-    out = []
-    for f in flags:
-        for k, v in values.items():
-            f = f.replace("{" + k + "}", str(v))
-        out.append(f)
-    return out
-
-
-def eval_flags(study: Study, data_root: Path) -> list[str]:
-    """What makes ``train.py test / predict`` the study's evaluator: the held-out overlay, the scene counts of this
-    study, the shared data folder, no logger."""
-    video = study.world == "video"
-    flags = ["--config", HELDOUT_VIDEO if video else HELDOUT]
-    flags += [
-        "--data.init_args.toy.splits=" + json.dumps(study.test_splits),
-        "--data.init_args.test_files="
-        + json.dumps({s: f"{s}_video.jsonl" if video else f"{s}.jsonl" for s in study.test_splits}),
-        f"--data.init_args.data_root={data_root}",
-        "--trainer.logger=false",
-        "--trainer.enable_progress_bar=false",
-    ]
-    return flags
-
-
-def plan(
-    study: Study, out: str | Path, work: str | Path | None = None, python: str = sys.executable
-) -> tuple[list[Run], Path]:
-    """Every run of the study with its command lines, in a fixed order (rows in file order, then seeds); returns the
-    runs and the shared data folder (``<work>/data``)."""
-    out = Path(out)
-    work = Path(work) if work else out / "work"
-    data_root = work / "data"
-    runs = []
-    for row in study.rows:
-        for seed in study.seeds if row.train else [None]:
-            key = f"{row.name}/seed{seed}" if seed is not None else f"{row.name}/single"
-            folder, record = work / key, out / "runs" / key
-            values = {"data_root": data_root, "seed": seed if seed is not None else 0, "out": out}
-            configs = [c for cfg in [study.base, *row.configs] for c in ("--config", cfg)]
-            train = None
-            if row.train:
-                argv = [python, "train.py", "fit", *configs]
-                argv += _fill([*study.overrides, *row.overrides, *study.fit_flags], **values)
-                argv += [
-                    f"--seed_everything={seed}",
-                    f"--data.init_args.seed={seed}",
-                    f"--data.init_args.data_root={data_root}",
-                    f"--name={row.name}-seed{seed}",
-                    "--method=null",
-                    f"--trainer.default_root_dir={folder}",
-                ]
-                train = Point(name=f"{key} fit", params={"row": row.name, "seed": seed}, argv=argv, folder=folder)
-            eval_configs = row.configs if row.eval_configs is None else row.eval_configs
-            argv = [python, "train.py", study.evaluator, "--config", study.base]
-            argv += [c for cfg in eval_configs for c in ("--config", cfg)]
-            argv += eval_flags(study, data_root) + _fill(study.eval_overrides, **values)
-            argv += [f"--name={row.name}", "--method=null", f"--trainer.default_root_dir={folder / 'eval'}"]
-            export = None
-            if row.train and row.eval_configs is not None:
-                export = Point(
-                    name=f"{key} export",
-                    params={"row": row.name, "seed": seed},
-                    argv=[python, "train.py", "export", *configs, f"--ckpt_path={folder / LAST_CKPT}"]
-                    + [f"--out={folder / 'export'}", f"--trainer.default_root_dir={folder}", "--trainer.logger=false"],
-                    folder=folder,
-                    log_name="export.log",
-                )
-                argv.append(f"--model.init_args.policy.model_name_or_path={folder / 'export'}")
-            elif row.train:
-                argv.append(f"--ckpt_path={folder / LAST_CKPT}")
-            evaluate = Point(
-                name=f"{key} {study.evaluator}",
-                params={"row": row.name, "seed": seed},
-                argv=argv,
-                folder=folder,
-                log_name="eval.log",
-            )
-            if export is not None:
-                export.then = evaluate
-            runs.append(Run(row, seed, key, folder, record, train, evaluate, export))
-    return runs, data_root
-
-
-def parse_shard(text: str | None) -> tuple[int, int]:
-    """``"2/3"`` -> (2, 3): the second of three shards (1-based)."""
-    if text is None:
-        return 1, 1
-    try:
-        i, n = (int(x) for x in text.split("/"))
-    except ValueError:
-        raise StudyError(f"--shard takes i/n (e.g. --shard 2/3: the second of 3 shards), got {text!r}") from None
-    if not 1 <= i <= n:
-        raise StudyError(f"--shard {text}: i must lie in 1..n")
-    return i, n
-
-
-def shard(runs: Sequence[Run], i: int, n: int) -> list[Run]:
-    """Every n-th run starting at the i-th (1-based): a fixed subset that depends only on the study file, so the n
-    shards cover every run exactly once whoever runs them, in any order."""
-    return [r for k, r in enumerate(runs) if k % n == i - 1]
-
-
-def resolved_config(argv: Sequence[str]) -> dict[str, Any]:
-    """The config ``train.py`` would run for ``argv`` (``[subcommand, flags...]``), from ``--print_config``."""
-    import contextlib
-    import io
-
-    from train import cli_main
-
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        try:
-            cli_main([*argv, "--print_config"])
-        except SystemExit as e:
-            if e.code not in (None, 0):
-                raise StudyError(f"train.py rejected the command line {' '.join(argv)}; run it to see why") from None
-    return yaml.safe_load(buf.getvalue())
-
-
-def prepare_data(runs: Sequence[Run], evaluation: bool = True) -> None:
-    """Render the toy data of the runs once, before their processes start: the first training run's splits and (with
-    ``evaluation``) the first evaluation's test splits, through the data module's own ``prepare_data`` (same files,
-    same manifests), so ``-j N`` processes find them instead of all rendering them at once. Strips ``--ckpt_path``
-    (not read here)."""
-    from datamodules.rec import RECDataModule, ToySpec
-    from datamodules.video import ToyVideoSpec, VideoGroundingDataModule
-
-    seen: set[str] = set()
-    first_eval = runs[0].evaluate if runs and evaluation else None
-    for point in [next((r.train for r in runs if r.train is not None), None), first_eval]:
-        if point is None:
-            continue
-        argv = [a for a in point.argv[2:] if not a.startswith(("--ckpt_path", "--model.init_args.model_name"))]
-        resolved = resolved_config(argv)["data"]
-        data = resolved["init_args"]
-        if data.get("toy") is None or json.dumps(data["toy"], sort_keys=True) in seen:
-            continue
-        seen.add(json.dumps(data["toy"], sort_keys=True))
-        if resolved.get("class_path", "").endswith("VideoGroundingDataModule"):
-            VideoGroundingDataModule(data_root=data["data_root"], toy=ToyVideoSpec(**data["toy"])).prepare_data()
-        else:
-            RECDataModule(data_root=data["data_root"], toy=ToySpec(**data["toy"])).prepare_data()
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Records
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def mark_trained(point: Point) -> None:
-    """``on_done`` of a training point: a marker that the fit exited with 0, so a resumed study evaluates its
-    checkpoint instead of training again."""
-    if point.returncode == 0 and point.folder is not None and point.log_name == "train.log":
-        (point.folder / "TRAINED").write_text(json.dumps({"seconds": point.seconds}) + "\n")
-
-
-def write_record(run: Run, study: Study) -> dict[str, Any]:
-    """Copy what the table and the notebook need from the run's (heavy) folder into ``<out>/runs/<key>/``:
-    ``scenes.csv`` (per test scene: set, sample id, IoU, format; ``predict`` only), ``metrics.jsonl`` (the training
-    curves), the logs, and ``run.json`` (written last: its presence marks the run as done)."""
-    from study.report import read_evaluation
-
-    rec = run.record
-    rec.mkdir(parents=True, exist_ok=True)
-    per_set, scenes = read_evaluation(run.work / "eval", study.evaluator)
-    if scenes is not None:
-        scenes.to_csv(rec / "scenes.csv", index=False)
-    for name in ("metrics.jsonl", "train.log", "export.log", "eval.log", "config.yaml"):
-        if (run.work / name).is_file():
-            shutil.copy2(run.work / name, rec / name)
-    seconds = {}
-    if (run.work / "TRAINED").is_file():
-        seconds["train"] = json.loads((run.work / "TRAINED").read_text()).get("seconds")
-    seconds["eval"] = run.evaluate.seconds
-    info = {
-        "study": study.name,
-        "row": run.row.name,
-        "label": run.row.label,
-        "ablation": run.row.ablation,
-        "seed": run.seed,
-        "evaluator": study.evaluator,
-        "test_splits": study.test_splits,
-        "metrics": per_set,
-        "seconds": seconds,
-        "train_argv": run.train.argv if run.train else None,
-        "eval_argv": run.evaluate.argv,
-    }
-    (rec / "run.json").write_text(json.dumps(info, indent=1) + "\n")
-    return info

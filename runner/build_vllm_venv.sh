@@ -9,7 +9,7 @@
 #      (`operator torchvision::nms does not exist` otherwise); vLLM still picks its CPU backend when no GPU is present;
 #   3. the project, editable, with its runtime dependencies held to the versions vLLM brought (torch, transformers,
 #      tokenizers, numpy, ...), plus pytest.
-# Usage: scripts/build_vllm_venv.sh [VENV_DIR]   (default .venv-vllm; `make vllm-venv` runs it)
+# Usage: runner/build_vllm_venv.sh [VENV_DIR]   (default .venv-vllm; `make vllm-venv` runs it)
 set -euo pipefail
 VENV="${1:-.venv-vllm}"
 PY="${PYTHON:-python3}"

@@ -1,7 +1,7 @@
 """Every study file under ``experiments/study/`` parses: the study runner reads it, and one fit and one evaluation
 command line of it are accepted by ``train.py`` (``--print_config``: no weights, no checkpoint needed). The held-out
 overlays parse on the configs they overlay. Which studies reproduce a published table by real fit steps:
-tests/study/test_study.py (``test_a_row_of_each_new_study_fits_real_steps``)."""
+tests/runner/test_study.py (``test_a_row_of_each_new_study_fits_real_steps``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from test_study import _print_config  # the config the CLI composes for a command line
 
-from study import HELDOUT, HELDOUT_VIDEO, load_study, plan
+from runner.study_file import load_study
+from runner.study_plan import HELDOUT, HELDOUT_VIDEO, plan
 
 REPO = Path(__file__).resolve().parents[2]
 OVERLAYS = {REPO / HELDOUT: "configs/tiny.yaml", REPO / HELDOUT_VIDEO: "configs/cycle_tiny_temporal.yaml"}

@@ -1,4 +1,4 @@
-"""``python -m study``: the intervals (numbers worked by hand), the plan of Table 1 on the toy world, sharding, merging
+"""``python -m runner.study``: the intervals (numbers worked by hand), the plan of Table 1 on the toy world, sharding, merging
 and resuming without training, and (slow) the smoke study end to end through real ``train.py`` processes."""
 
 from __future__ import annotations
@@ -16,9 +16,15 @@ import pytest
 import yaml
 
 from cli.toy_checkpoints import missing_checkpoint_message
-from study import StudyError, load_study, parse_shard, plan, shard
-from study.__main__ import main as study_main
-from study.stats import bootstrap_mean, paired_bootstrap, t_interval, t_quantile_975
+from runner import analysis, figures
+from runner.points import Point, run_points
+from runner.stats import bootstrap_mean, paired_bootstrap, t_interval, t_quantile_975
+from runner.study import main as study_main
+from runner.study_file import StudyError, load_study
+from runner.study_plan import parse_shard, plan, prepare_data, shard
+from runner.study_records import read_evaluation
+from runner.study_report import _scene_matrix
+from train import cli_main
 
 REPO = Path(__file__).resolve().parents[2]
 TABLE1 = REPO / "experiments/study/table1_toy.yaml"
@@ -119,8 +125,6 @@ def test_table1_plans_every_row_times_three_seeds_and_the_beta_ablation(tmp_path
 
 
 def _print_config(argv: list[str]) -> dict:
-    from train import cli_main
-
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf), pytest.raises(SystemExit) as exc:
         cli_main([*argv, "--print_config"])
@@ -196,7 +200,6 @@ def test_a_video_study_plans_cycle_runs_on_the_toy_video_world(path, tmp_path, m
     """``world: video``: the rows train cycle_tiny_temporal.yaml / cycle_tiny_st.yaml in their ablation mode; every
     evaluation reads the held-out ``test`` clips (``test_video.jsonl``, all of them); ``prepare_data`` exports the
     clips once."""
-    from study import prepare_data
 
     monkeypatch.chdir(REPO)
     study = load_study(path)
@@ -222,7 +225,7 @@ def test_a_video_study_plans_cycle_runs_on_the_toy_video_world(path, tmp_path, m
         for a in runs[0].evaluate.argv
     ]
     runs[0].evaluate.argv[:] = small
-    prepare_data(runs[:2])  # the evaluation-only row, then the first training run (24 clips)
+    prepare_data(runs[:2], resolve=_print_config)  # the evaluation-only row, then the first training run (24 clips)
     lines = (data_root / "test_video.jsonl").read_text().splitlines()
     assert len(lines) == 2 and (data_root / "train_video.jsonl").is_file()  # the first training run's clips too
 
@@ -405,8 +408,6 @@ def test_fit_flags_of_a_call_reach_every_fit_last_and_no_evaluation(tmp_path, ca
 
 
 def test_run_points_starts_then_only_after_success_and_reports_each_exit(tmp_path):
-    from sweep import Point, run_points
-
     def point(name: str, code: str) -> Point:
         return Point(name, {}, [sys.executable, "-c", code], folder=tmp_path / name)
 
@@ -422,8 +423,6 @@ def test_run_points_starts_then_only_after_success_and_reports_each_exit(tmp_pat
 
 
 def test_read_evaluation_of_predict_and_of_test(tmp_path):
-    from study.report import read_evaluation
-
     pred = tmp_path / "p/predictions"
     pred.mkdir(parents=True)
     (pred / "summary.json").write_text(json.dumps({"test_id": {"acc50": 0.5, "miou": 0.45, "format": 1.0}}))
@@ -446,8 +445,6 @@ def test_read_evaluation_of_predict_and_of_test(tmp_path):
 def test_image_queries_without_a_target_count_in_n_acc_not_in_miou(tmp_path):
     """An image set with no-target queries (test_nt): acc50 / miou over the queries with a target, as the set's summary
     (`callbacks.predictions.summarize`) computes them; the rejections are n_acc's, the answered targets t_acc's."""
-    from study.report import _scene_matrix, read_evaluation
-
     pred = tmp_path / "p/predictions"
     pred.mkdir(parents=True)
     (pred / "summary.json").write_text(json.dumps({"test_nt": {"miou": 0.4, "n_acc": 0.5}}))
@@ -472,8 +469,6 @@ def test_image_queries_without_a_target_count_in_n_acc_not_in_miou(tmp_path):
 def test_clip_records_give_per_clip_metrics_and_skip_clips_without_a_caption(tmp_path):
     """CycleGRPO's clip records (``predict``): tIoU / R1 per clip from the consistency, locatability / confusion per
     caption; a no-target clip has no caption, so it leaves the locatability matrix (the same clips for every run)."""
-    from study.report import _scene_matrix, read_evaluation
-
     pred = tmp_path / "p/predictions"
     pred.mkdir(parents=True)
     (pred / "summary.json").write_text(json.dumps({"test": {"tiou": 0.5, "locatability": 0.5}}))
@@ -505,8 +500,6 @@ def test_clip_records_give_per_clip_metrics_and_skip_clips_without_a_caption(tmp
 def test_smoke_study_end_to_end(tmp_path):
     """Original + GRPO + Syn-GRPO x 2 seeds: 4 fits and 5 held-out evaluations, the table, then a second call that
     finds every run done, and the notebook's loader reading the runs per method."""
-    import analysis as A
-
     out, results = tmp_path / "out", tmp_path / "results"
     cmd = [sys.executable, "-m", "study", str(SMOKE), "-j", "1", "--out", str(out), "--results", str(results)]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
@@ -530,18 +523,16 @@ def test_smoke_study_end_to_end(tmp_path):
     again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "(5 done before)" in again.stdout and "[start]" not in again.stdout
 
-    runs = A.load_runs(str(out / "runs"))
-    assert sorted(A.method_of(r) for r in runs) == ["grpo", "grpo", "syn_grpo", "syn_grpo"]
-    fig = A.plot_collapse_by_method(runs)
-    assert A.save_figure(fig, tmp_path / "fig", "collapse_by_method").stat().st_size > 1000
+    runs = analysis.load_runs(str(out / "runs"))
+    assert sorted(figures.method_of(r) for r in runs) == ["grpo", "grpo", "syn_grpo", "syn_grpo"]
+    fig = figures.plot_collapse_by_method(runs)
+    assert figures.save_figure(fig, tmp_path / "fig", "collapse_by_method").stat().st_size > 1000
 
 
 def test_a_study_of_eleven_methods_gets_eleven_colours():
     """Table 1's study has 11 methods: tab10 gave the 11th GRPO's colour; every line of up to 20 has its own."""
-    import analysis as A
-
     for n in (3, 11, 20):
-        colour = A._palette(n)
+        colour = figures._palette(n)
         assert len({colour(i) for i in range(n)}) == n
 
 
@@ -634,9 +625,6 @@ def test_a_study_of_eleven_methods_gets_eleven_colours():
 def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatch):
     """The study's own fit command line of one row (its overrides: the crowded mix, the step-back rule, the anchor
     space), two real optimizer steps with validation off, through train.py's CLI in process."""
-    from study import prepare_data
-    from train import cli_main
-
     monkeypatch.chdir(REPO)
     study = load_study(path)
     runs, _ = plan(study, tmp_path / "out")
@@ -651,7 +639,9 @@ def test_a_row_of_each_new_study_fits_real_steps(path, row, tmp_path, monkeypatc
             "checkpoints/toy-qwen2.5-vl-cycle-video" if "cycle" in start[-1] else "checkpoints/toy-qwen2.5-vl-evolved"
         )
         argv.append(f"--model.init_args.policy.model_name_or_path={kept}")
-    prepare_data([run], evaluation=False)  # the training splits only: the fit reads no test split
+    prepare_data(
+        [run], evaluation=False, resolve=_print_config
+    )  # the training splits only: the fit reads no test split
     extra = []
     # the _long studies' steps of 16 questions x 6 (8 scenes x 12) run on the device's GPU; here 4 per step
     if path.stem in (

@@ -1,10 +1,10 @@
 """What the study's rows did while training: per row, the mean of a ``train/*`` curve over a run's steps, with a 95% t
 interval over seeds, per third of training, and the seed-paired differences of the study's comparisons.
 
-    python -m study training experiments/study/evolved_toy_in_step.yaml OUT [OUT ...] [--key train/zero_variance_frac ...]
+    python -m runner.study training experiments/study/evolved_toy_in_step.yaml OUT [OUT ...] [--key train/zero_variance_frac ...]
 
-Reads ``<out>/runs/<row>/seed<s>/metrics.jsonl`` (the records a study writes, `study.write_record`) and writes
-``training.md`` and ``training.csv`` into the results folder. The held-out table (`study.report`) says where the
+Reads ``<out>/runs/<row>/seed<s>/metrics.jsonl`` (the records a study writes, `runner.study_records.write_record`) and writes
+``training.md`` and ``training.csv`` into the results folder. The held-out table (`runner.study_report`) says where the
 rows end; this says how they trained: the zero-variance fraction (groups that give no gradient), which way tied
 groups converge, EvolvedGRPO's levels, and the sampled rewards (whether the policy improved on its training questions
 at all: a row whose accuracy reward stays flat over the thirds learned nothing a held-out split could show). A
@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from study import Study
-from study.stats import t_interval
+from runner.stats import t_interval
+from runner.study_file import Study
 
 KEYS = (
     "train/zero_variance_frac",

@@ -4,15 +4,13 @@ Reads the light records of ``study`` (``<out>/runs/<row>/<seed>/run.json`` + ``s
 folders (one per shard) and writes, into the results folder:
 
 - ``runs.csv``: one line per run and test split (row, seed, metrics, seconds);
-- ``table.csv``: one line per (method, split, metric): seeds, mean, 95% interval and which interval (``study.stats``);
+- ``table.csv``: one line per (method, split, metric): seeds, mean, 95% interval and which interval (`runner.stats`);
 - ``differences.csv``: per (A - B, split, metric): the observed difference and its paired-bootstrap interval;
 - ``table.md``: the same as tables, percentages, with the intervals stated above them.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,8 +18,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from study import Study, plan
-from study.stats import Interval, bootstrap_mean, paired_bootstrap, t_interval
+from runner.stats import Interval, bootstrap_mean, paired_bootstrap, t_interval
+from runner.study_file import Study
+from runner.study_plan import plan
+from runner.study_records import load_records
 
 SCENE_METRICS: dict[str, tuple[str, float | None]] = {
     "acc50": ("iou", 0.5),
@@ -50,89 +50,6 @@ scene has none (a clip of the other region space; a scene without a target has n
 leave the matrix, the same scenes for every run since they depend on the ground truth only."""
 
 LABELS = {"acc50": "Acc@0.5", "miou": "mIoU", "format": "format"}
-
-
-SCENE_COLUMNS = [
-    "set",
-    "sample_id",
-    "task",
-    "iou",
-    "format_ok",
-    "tiou",
-    "st",
-    "when",
-    "where",
-    "located",
-    "confused",
-    "rejected",
-    "answered",
-    "prefix",
-    "step1",
-]
-"""``scenes.csv``'s columns (``tiou`` .. ``confused``: nan where a record has no such value)."""
-
-
-def read_evaluation(eval_dir: str | Path, evaluator: str = "predict") -> tuple[dict[str, dict[str, float]], Any]:
-    """(``{set: {metric: value}}``, per-scene frame or None) of one evaluation folder (its ``default_root_dir``).
-
-    ``predict``: ``predictions/summary.json`` and ``predictions/<set>.jsonl`` (frame columns ``SCENE_COLUMNS``);
-    ``test``: ``results/test.csv`` (no per-scene frame)."""
-    eval_dir = Path(eval_dir)
-    if evaluator == "test":
-        path = eval_dir / "results/test.csv"
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: the test run wrote no results table; see {eval_dir.parent}/eval.log")
-        frame = pd.read_csv(path)
-        per_set = {
-            str(r["set"]): {k: float(v) for k, v in r.items() if k != "set" and pd.notna(v)}
-            for _, r in frame.iterrows()
-        }
-        return per_set, None
-    summary = eval_dir / "predictions/summary.json"
-    if not summary.is_file():
-        raise FileNotFoundError(f"{summary}: the predict run wrote no summary; see {eval_dir.parent}/eval.log")
-    per_set = json.loads(summary.read_text())
-    rows = []
-    for name in per_set:
-        for line in (eval_dir / "predictions" / f"{name}.jsonl").read_text().splitlines():
-            r = json.loads(line)
-            cycle, scores = r.get("cycle") or {}, r.get("scores") or {}
-            rows.append(
-                {
-                    "set": name,
-                    "sample_id": r["sample_id"],
-                    "task": r["task"],
-                    # an image query without a target scores its rejection (n_acc), not an IoU: left out of
-                    # acc50 / miou as `callbacks.predictions.summarize` leaves it (clips keep it: tIoU's table)
-                    "iou": math.nan if r.get("no_target") and r["task"] != "video" else float(r["rewards"]["accuracy"]),
-                    "format_ok": bool(r["format_ok"]),
-                    **{k: float(scores.get(k, math.nan)) for k in ("tiou", "st", "when", "where")},
-                    "located": float(cycle["located"]) if cycle else math.nan,
-                    "confused": float(cycle["confused"]) if cycle else math.nan,
-                    "rejected": float(r["rejected"]) if "rejected" in r and r.get("no_target") else math.nan,
-                    "answered": float(r["answered"]) if "answered" in r and not r.get("no_target") else math.nan,
-                    "prefix": float(r["steps"]["prefix_credit"]) if r.get("steps") else math.nan,
-                    "step1": float(r["steps"]["step1"]) if r.get("steps") else math.nan,
-                }
-            )
-    return per_set, pd.DataFrame(rows, columns=SCENE_COLUMNS)
-
-
-def load_records(folders: Sequence[str | Path]) -> dict[str, dict[str, Any]]:
-    """``{key: run.json + {"scenes": frame or None, "folder": path}}`` of every finished run under ``folders``
-    (``<folder>/runs/<row>/<seed>/run.json``); the first folder that has a key wins."""
-    records: dict[str, dict[str, Any]] = {}
-    for folder in folders:
-        for path in sorted(Path(folder).glob("runs/*/*/run.json")):
-            key = f"{path.parent.parent.name}/{path.parent.name}"
-            if key in records:
-                continue
-            rec = json.loads(path.read_text())
-            scenes = path.parent / "scenes.csv"
-            rec["scenes"] = pd.read_csv(scenes) if scenes.is_file() else None
-            rec["folder"] = str(path.parent)
-            records[key] = rec
-    return records
 
 
 def _scene_scores(records: list[dict[str, Any]], split: str, metric: str) -> tuple[np.ndarray, list[str]] | None:

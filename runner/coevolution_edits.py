@@ -38,6 +38,7 @@ from core.coevolution import compose_follow_up
 from core.records import jsonl_objects
 from datamodules.reasoning import load_reasoning_sample, read_rows
 from lightning_modules.methods.question_generator import AnswerModel, QuestionGenerator, question_prompt
+from synth.edit_client import InstructionEditor, job_id_for
 
 __all__ = ["EditSettings", "build_next_dataset", "edit_stats", "lineage_record", "next_row", "read_jsonl_rows"]
 
@@ -124,8 +125,6 @@ class _RecordingJudge(QuestionGenerator):
 
     def _edit_images(self, images, device) -> None:
         if self._editor is None:
-            from synth.edit_client import InstructionEditor  # the data side's editor, only when used
-
             self._editor = _RecordingEditor(InstructionEditor(**dict(self.image_editor or {})))
             weakref.finalize(self, self._editor.close)
         super()._edit_images(images, device)
@@ -167,8 +166,6 @@ def lineage_record(
     if kind == "text":
         rec.update(votes=evidence.get("votes"), label=score.label)
     else:
-        from synth.edit_client import job_id_for  # the data side's job ids, only for image edits
-
         seed = int(hashlib.sha256(f"{evidence.get('row_id')}:{edit}".encode()).hexdigest()[:8], 16)
         rec.update(
             edit_job=job_id_for(evidence["row_id"], edit, seed) if edit else None,

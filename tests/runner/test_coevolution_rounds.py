@@ -1,5 +1,5 @@
 """``python -m cli.coevolve``: EvolvedGRPO's rounds on a few toy math rows, on the CPU, with the toy checkpoint as A
-and Q (lightning_modules/coevolution_rounds.py, docs/evolved_coevolution.md, "The rounds").
+and Q (runner/coevolution_rounds.py, docs/evolved_coevolution.md, "The rounds").
 
 The toy checkpoint never writes Q's JSON, so every row is kept (gate ``malformed``): these tests check the machinery
 (stages, files, lineage, metrics, resumption, determinism), not learning. Its rewards are 0, so its GRPO steps leave
@@ -15,22 +15,30 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 import yaml
+from safetensors.torch import load_file
+from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
 
 from cli.coevolve import main
 from core.coevolution import split_image_rows
-from datamodules.reasoning import ReasoningDataModule, read_rows
-from lightning_modules.coevolution_edits import (
+from datamodules.reasoning import ReasoningDataModule, load_reasoning_sample, read_rows, write_jsonl
+from datamodules.sft_math import edit_instruction_target
+from datamodules.toy_math import export_split
+from lightning_modules.question_rewards import score_image_edit, score_text_edit
+from runner.coevolution_config import RoundsConfig, RoundsError
+from runner.coevolution_edits import (
     EditSettings,
+    _RecordingJudge,
     build_next_dataset,
     edit_stats,
     lineage_record,
     next_row,
     read_jsonl_rows,
 )
-from lightning_modules.coevolution_rounds import STOP_ENV, Rounds, RoundsConfig, RoundsError, StopRequested
+from runner.coevolution_rounds import STOP_ENV, Rounds, StopRequested
 
 REPO = Path(__file__).resolve().parents[2]
 TOY = REPO / "checkpoints/toy-qwen2.5-vl"
@@ -105,7 +113,6 @@ def test_one_round_killed_in_the_edit_stage_resumes_per_row(tmp_path, monkeypatc
     # the files of a round
     r1 = out / "round_1"
     assert (r1 / "answer/hf/config.json").is_file() and (r1 / "question/hf/config.json").is_file()
-    from safetensors.torch import load_file
 
     w0 = load_file(TOY / "model.safetensors")
     for role in ("answer", "question"):  # the round's weights moved: the resume and the build use A_1, Q_1, not A_0
@@ -171,9 +178,6 @@ def test_one_round_killed_in_the_edit_stage_resumes_per_row(tmp_path, monkeypatc
 def test_replaced_rows_get_the_composed_problem_and_label_or_the_edited_image_and_scene(tmp_path):
     """The rows a Q that writes valid JSON produces (the toy checkpoint never does): a text edit past the gate gets
     the composed problem and the vote's label, an image edit the edited image and its toy scene; a gated one stays."""
-    from datamodules.reasoning import load_reasoning_sample
-    from datamodules.toy_math import export_split
-    from lightning_modules.question_rewards import score_image_edit, score_text_edit
 
     src = export_split(tmp_path / "toy", "train", 3, seed=0)
     raws, samples = read_jsonl_rows(src), [load_reasoning_sample(r) for r in read_rows(src)]
@@ -228,12 +232,6 @@ def test_image_edits_through_the_real_editor_carry_the_edited_scene_into_the_nex
     checkpoint as A: the lineage gets the job, image and CLIP similarity, and the row the edited scene, so a second
     edit of the edited row (the next round) is accepted by the toy editor, which checks that the meta describes the
     image it edits."""
-    import torch
-    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
-
-    from datamodules.reasoning import load_reasoning_sample, write_jsonl
-    from datamodules.toy_math import export_split
-    from lightning_modules.coevolution_edits import _RecordingJudge
 
     torch.manual_seed(0)
     CLIPVisionModelWithProjection(CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
@@ -277,14 +275,6 @@ def test_a_toy_rounds_image_rows_reach_ok_through_the_shipped_toy_editor_and_sim
     2025 + target_round). Q's image outputs are what the toy math checkpoint's Q learns to write
     (`datamodules.sft_math.edit_instruction_target`, an instruction of the toy grammar that keeps the answer); the
     toy checkpoint is A. Each image row is edited, compared with its source and reaches ``ok``."""
-    import numpy as np
-    import torch
-
-    from core.coevolution import split_image_rows
-    from datamodules.reasoning import load_reasoning_sample
-    from datamodules.sft_math import edit_instruction_target
-    from datamodules.toy_math import export_split
-    from lightning_modules.coevolution_edits import _RecordingJudge
 
     src = export_split(tmp_path / "toy", "train", 20, seed=0)
     raws, samples = read_jsonl_rows(src), [load_reasoning_sample(r) for r in read_rows(src)]
@@ -362,7 +352,6 @@ def test_killed_mid_fit_in_a_subprocess_resumes_to_the_uninterrupted_result(tmp_
     for s in STAGES[:-1]:
         assert after[f"round_1/{s}"] == before[f"round_1/{s}"], s
     main(["--config", str(write_learning_config(ref_dir)), "--out", str(ref_dir / "out")])
-    from safetensors.torch import load_file
 
     w0 = load_file(TOY / "model.safetensors")
     for role in ("answer", "question"):

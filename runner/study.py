@@ -1,6 +1,9 @@
-"""``python -m study STUDY.yaml [-j N] [--shard i/n] [--out DIR] [--work DIR] [--results DIR] [--dry-run] [--prune]``,
-``python -m study merge STUDY.yaml [OUT ...] [--results DIR]`` and ``python -m study training STUDY.yaml [OUT ...]
-[--key KEY ...] [--results DIR]`` (docs/study.md)."""
+"""The study command (docs/study.md):
+
+python -m runner.study STUDY.yaml [-j N] [--shard i/n] [--out DIR] [--work DIR] [--results DIR] [--dry-run] [--prune]
+python -m runner.study merge STUDY.yaml [OUT ...] [--results DIR]
+python -m runner.study training STUDY.yaml [OUT ...] [--key KEY ...] [--results DIR]
+"""
 
 from __future__ import annotations
 
@@ -11,8 +14,13 @@ import sys
 import time
 from pathlib import Path
 
-from study import Run, StudyError, load_study, mark_trained, parse_shard, plan, prepare_data, shard, write_record
-from sweep import Point, run_points
+from runner.points import Point, run_points
+from runner.study_file import StudyError, load_study
+from runner.study_plan import Run, parse_shard, plan, prepare_data, shard
+from runner.study_records import mark_trained, write_record
+from runner.study_report import merge
+from runner.study_training import KEYS
+from runner.study_training import write as write_training
 
 
 def _defaults(study_name: str, out: str | None, results: str | None) -> tuple[Path, Path]:
@@ -21,7 +29,7 @@ def _defaults(study_name: str, out: str | None, results: str | None) -> tuple[Pa
 
 def _records_parser(command: str, description: str, folders_help: str) -> argparse.ArgumentParser:
     """The parser of a command that reads a study's run records: ``STUDY [OUT ...] [--results DIR]``."""
-    ap = argparse.ArgumentParser(prog=f"python -m study {command}", description=description, allow_abbrev=False)
+    ap = argparse.ArgumentParser(prog=f"python -m runner.study {command}", description=description, allow_abbrev=False)
     ap.add_argument("study", help="the study file, e.g. experiments/study/table1_toy.yaml")
     ap.add_argument("folders", nargs="*", help=f"{folders_help} (default: outputs/study/<name>)")
     ap.add_argument("--results", default=None, help="table folder (default experiments/results/study_<name>)")
@@ -41,8 +49,6 @@ def _records_study(args: argparse.Namespace):
 
 
 def _merge_main(argv: list[str]) -> int:
-    from study.report import merge
-
     ap = _records_parser(
         "merge",
         "Collect the run records of a study's shards (their --out folders) into one table.",
@@ -63,8 +69,6 @@ def _merge_main(argv: list[str]) -> int:
 
 
 def _training_main(argv: list[str]) -> int:
-    from study.training import KEYS, write
-
     ap = _records_parser(
         "training",
         "The training curves of a study's runs (the zero-variance fraction, tied groups, levels): per row the mean "
@@ -79,7 +83,7 @@ def _training_main(argv: list[str]) -> int:
         return 2
     study, folders, results = loaded
     try:
-        md = write(study, folders, results, args.key or KEYS)
+        md = write_training(study, folders, results, args.key or KEYS)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -95,10 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["training"]:
         return _training_main(argv[1:])
     ap = argparse.ArgumentParser(
-        prog="python -m study",
+        prog="python -m runner.study",
         description="Train and evaluate a study's rows x seeds: one train.py fit per run, then its held-out "
         "evaluation; -j processes at a time; --shard i/n runs a fixed part; finished runs are skipped.",
-        epilog="Then: python -m study merge STUDY [OUT ...] builds the table from the shards' --out folders.",
+        epilog="Then: python -m runner.study merge STUDY [OUT ...] builds the table from the shards' --out folders.",
         allow_abbrev=False,
     )
     ap.add_argument("study", help="a study file, e.g. experiments/study/table1_toy.yaml")
@@ -204,12 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     if left:
         print(
             f"{len(left)} run(s) of the study have no record in {out} yet (other shards, or failed ones); when all "
-            f"shards are done: python -m study merge {args.study} <each shard's --out>",
+            f"shards are done: python -m runner.study merge {args.study} <each shard's --out>",
             flush=True,
         )
     else:
-        from study.report import merge
-
         md = merge(study, [out], results, out)
         print(md.read_text())
         print(f"written to {results}/ (table.md, table.csv, differences.csv, runs.csv)")

@@ -6,7 +6,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from analysis import split_spec
+from runner.analysis import split_spec
 
 
 def figures_dir(spec: str | Sequence[str] | None, fallback: str = "outputs/figures") -> str:

@@ -16,8 +16,8 @@ is skipped. Every output is written atomically or under a staging name (a fit's 
 `FinalCheckpoint` when the fit ends, an export goes to ``hf.tmp`` then is renamed, D_{k+1} is appended per chunk to
 ``dataset.jsonl.partial``), so a run killed anywhere and started again with the same command redoes only the stage it
 was in: a fit resumes from its run folder's ``checkpoints/last.ckpt``, the edit stage from its last written chunk.
-The run's config is saved as ``coevolve.yaml``; a run folder refuses a different config (rounds aside: a finished run
-can be extended by more rounds).
+The run's config (`runner.coevolution_config.RoundsConfig`) is saved as ``coevolve.yaml``; a run folder refuses a
+different config (rounds aside: a finished run can be extended by more rounds).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -40,9 +40,11 @@ import yaml
 from lightning.pytorch.callbacks import Callback
 
 from datamodules.reasoning import read_rows, write_jsonl
-from lightning_modules.coevolution_edits import EditSettings, build_next_dataset, read_jsonl_rows
+from datamodules.toy_math import ToyMathSpec
+from runner.coevolution_config import RoundsConfig, RoundsError, config_method_args
+from runner.coevolution_edits import build_next_dataset, read_jsonl_rows
 
-__all__ = ["FinalCheckpoint", "Rounds", "RoundsConfig", "RoundsError", "stop_point"]
+__all__ = ["FinalCheckpoint", "Rounds", "StopRequested", "stop_point"]
 
 REPO = Path(__file__).resolve().parents[1]
 STOP_ENV = "COEVOLVE_STOP_AT"
@@ -50,10 +52,6 @@ STOP_ENV = "COEVOLVE_STOP_AT"
 start``, ...) at which the run stops as if killed (``os._exit(86)``; with ``COEVOLVE_STOP_HOW=raise`` it raises
 `StopRequested` instead, for an in-process test)."""
 METHOD_ARGS = "model.init_args.method.init_args."
-
-
-class RoundsError(ValueError):
-    """A mistake in the rounds' config or run folder; the message names the key (file) or path and the fix."""
 
 
 class StopRequested(BaseException):
@@ -87,74 +85,6 @@ class FinalCheckpoint(Callback):
         if trainer.is_global_zero:
             os.replace(tmp, self.path)
         trainer.strategy.barrier()
-
-
-@dataclass
-class RoundsConfig:
-    """The rounds' YAML (``configs/coevolve/*.yaml``); relative paths are relative to the working directory."""
-
-    answer_config: str
-    """``train.py`` config of A's GRPO (``math_answer``), e.g. configs/evolved_answer_tiny.yaml."""
-    question_config: str
-    """``train.py`` config of Q's GRPO (``question_generator``); its method arguments also judge the edits."""
-    dataset: str
-    """D_1: reasoning rows (JSONL, JSON or parquet; `datamodules.reasoning.read_rows`)."""
-    answer_model: str
-    """A_0, the HF folder A_1 starts from."""
-    question_model: str
-    """Q_0, the HF folder Q_1 starts from."""
-    rounds: int = 5
-    seed: int = 0
-    """Fits use seed + 3100 + k (A) and seed + 4100 + k (Q) (the seed's per-round seeds); the edits seed + k."""
-    eval_files: dict[str, str] = field(default_factory=dict)
-    """A's held-out sets, name -> file; empty: the answer config's ``data.test_files``."""
-    toy: dict[str, Any] | None = None
-    """``{data_root, splits, seed}``: write the toy visual-math world first (`datamodules.toy_math.ToyMathSpec`)."""
-    max_rows: int | None = None
-    """Use only D_1's first rows."""
-    answer_args: dict[str, Any] = field(default_factory=dict)
-    """More ``train.py`` keys for A's fits and evaluation, dotted (``trainer.limit_train_batches: 2``)."""
-    question_args: dict[str, Any] = field(default_factory=dict)
-    """More keys for Q's fits; ``model.init_args.method.init_args.*`` ones also apply to the edit stage's judge."""
-    edits: EditSettings = field(default_factory=EditSettings)
-    prune_checkpoints: bool = False
-    """Delete a fit's checkpoints (``checkpoints/``, ``final.ckpt``) once its export is written (a 7B round's
-    checkpoints hold hundreds of GB; the export is what later stages read)."""
-    mode: str = "coevolve"
-    """``coevolve``: the rounds above. ``plain``: the study's baseline, plain GRPO with the same answer-model updates:
-    A_k starts from A_{k-1} and trains one epoch on D_1 every round; no Q is trained and no dataset is edited."""
-    launcher: str = "subprocess"
-    """``subprocess``: each ``train.py`` call is a process of its own (its memory returned when it ends);
-    ``inprocess``: ``train.cli_main`` in this process (no import per stage: the tests)."""
-
-    @classmethod
-    def from_yaml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> RoundsConfig:
-        """Read ``path``; unknown or missing keys raise `RoundsError` naming the file and the key."""
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-        data.update(overrides or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise RoundsError(f"{path}: unknown key(s) {unknown}; the keys are {sorted(known)}")
-        edits = data.pop("edits", None) or {}
-        bad = sorted(set(edits) - {f.name for f in fields(EditSettings)})
-        if bad:
-            raise RoundsError(f"{path}: unknown key(s) {bad} under edits; see lightning_modules/coevolution_edits.py")
-        try:
-            cfg = cls(**data, edits=EditSettings(**edits))
-        except TypeError as e:
-            raise RoundsError(f"{path}: {e} (the required keys: answer_config, question_config, dataset, "
-                              "answer_model, question_model)") from None  # fmt: skip
-        if cfg.rounds < 1:
-            raise RoundsError(f"{path}: rounds must be >= 1, got {cfg.rounds}")
-        if cfg.mode not in ("coevolve", "plain"):
-            raise RoundsError(f"{path}: mode must be coevolve or plain, got {cfg.mode!r}")
-        if cfg.launcher not in ("subprocess", "inprocess"):
-            raise RoundsError(f"{path}: launcher must be subprocess or inprocess, got {cfg.launcher!r}")
-        for key in ("answer_config", "question_config"):
-            if not Path(getattr(cfg, key)).is_file():
-                raise RoundsError(f"{path}: {key} {getattr(cfg, key)}: no such file")
-        return cfg
 
 
 def _nest(dotted: dict[str, Any]) -> dict[str, Any]:
@@ -267,7 +197,7 @@ class Rounds:
             "trainer": {"default_root_dir": str(run)},
             "callbacks": {
                 "coevolve_final": {
-                    "class_path": "lightning_modules.coevolution_rounds.FinalCheckpoint",
+                    "class_path": "runner.coevolution_rounds.FinalCheckpoint",
                     "init_args": {"path": str(final), "stage": name},
                 }
             },
@@ -320,9 +250,7 @@ class Rounds:
 
     # ------------------------------------------------------------------------------------------------ the rounds
     def _judge_args(self, answer: str, images: Path) -> dict[str, Any]:
-        qcfg = yaml.safe_load(Path(self.cfg.question_config).read_text(encoding="utf-8")) or {}
-        method = ((qcfg.get("model") or {}).get("init_args") or {}).get("method") or {}
-        args = dict(method.get("init_args") or {})
+        args = config_method_args(self.cfg.question_config)
         args.update({k[len(METHOD_ARGS) :]: v for k, v in self.cfg.question_args.items() if k.startswith(METHOD_ARGS)})
         args["answer_model"] = answer
         if args.get("answer_engine") is None and self.cfg.edits.engine:
@@ -333,8 +261,6 @@ class Rounds:
 
     def _first_dataset(self) -> dict:
         if self.cfg.toy:
-            from datamodules.toy_math import ToyMathSpec
-
             toy = dict(self.cfg.toy)
             ToyMathSpec(splits=toy.get("splits") or {"train": 64}, seed=int(toy.get("seed", 0))).export(
                 toy["data_root"]
