@@ -53,11 +53,13 @@ from jsonargparse import Namespace  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
 
+from cli.compose import parse_composed_path, with_parts  # noqa: E402
 from cli.errors import ConfigError, config_key_error, explain, fail, init_flags, locate_value  # noqa: E402
 from cli.help import HelpFormatter, method_help_value, print_method_help  # noqa: E402
 from cli.resume_checks import checkpoint_temps, finished_run_line, intact_checkpoint  # noqa: E402
 from cli.run_folder import RunEnd, choose_run_folder, print_end, remember_folder  # noqa: E402
 from cli.toy_checkpoints import missing_checkpoint_message  # noqa: E402
+from core.config_files import ConfigFileError, load_config  # noqa: E402
 from core.records import DataError  # noqa: E402
 from lightning_modules.methods.base import METHODS  # noqa: E402
 
@@ -131,6 +133,10 @@ class ProjectParser(LightningArgumentParser):
             print_method_help(value)  # the flags in full, with or without a --config (cli/help.py)
         return super().parse_args(merge_named_callbacks(args), *a, **kw)
 
+    def parse_path(self, path: Any, *args: Any, **kwargs: Any) -> Namespace:
+        """A config file with its ``compose:`` parts merged in (cli/compose.py)."""
+        return parse_composed_path(self, path, super().parse_path, *args, **kwargs)
+
     def _known_flags(self) -> list[str]:
         flags = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
         classes = _project_classes()
@@ -151,7 +157,7 @@ class ProjectParser(LightningArgumentParser):
         parser = getattr(ex, "subcommand_parser", None) or self
         known = parser._known_flags() if isinstance(parser, ProjectParser) else []
         argv = ProjectParser._argv
-        in_file = config_key_error(message, [f for _, f in _config_files(argv)], argv, known)
+        in_file = config_key_error(message, with_parts(f for _, f in _config_files(argv)), argv, known)
         fail(in_file or explain(message, known))
 
 
@@ -187,15 +193,13 @@ def merge_named_callbacks(args: list[str]) -> list[str]:
     overlays patch one callback and expect the others to stay. The mappings of every config file are merged here
     (``merge_callback_entry``) and given to the parser once more, right after the last config file, so that flags
     after it (``--callbacks.synthesis.init_args.mode off``) still apply on top."""
-    import yaml
-
     files = _config_files(args)
     merged: dict[str, Any] = {}
     seen = 0
     for _, path in files:
         try:
-            data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError):
+            data = load_config(path)
+        except ConfigFileError:
             continue  # the parser reports it
         named = data.get("callbacks") if isinstance(data, dict) else None
         if isinstance(named, dict):
@@ -438,7 +442,7 @@ class SynGRPOCLI(LightningCLI):
 
     def _check_paths(self, cfg: Namespace) -> None:
         """One sentence (flag, file:line, what to do) for the paths people forget to edit."""
-        files = [str(p) for p in (cfg.get("config") or []) if p is not None]
+        files = with_parts(cfg.get("config") or [])
         model = cfg.get("model")
         args = model.get("init_args") if isinstance(model, Namespace) else None
         policy = args.get("policy") if args is not None else None  # GRPOModule's and SFTModule's policy group
