@@ -17,6 +17,7 @@ Only the standard library and PyYAML: the low layer, which the CLI and the tooli
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,7 @@ def _parts(path: Path, text: str, data: dict[str, Any]) -> list[tuple[Path, int]
         raise ConfigFileError(f"{path}:{line}: {COMPOSE_KEY}: expected a list of part paths, got {listed!r}")
     items = next(v for k, v in node.value if k.value == COMPOSE_KEY)
     lines = [n.start_mark.line + 1 for n in items.value] if isinstance(items, yaml.SequenceNode) else [line]
-    return [((path.parent / p), at) for p, at in zip(listed, lines, strict=True)]
+    return [(Path(os.path.normpath(path.parent / p)), at) for p, at in zip(listed, lines, strict=True)]
 
 
 def _read(path: Path) -> tuple[str, dict[str, Any]]:

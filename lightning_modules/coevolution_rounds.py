@@ -39,6 +39,7 @@ import torch
 import yaml
 from lightning.pytorch.callbacks import Callback
 
+from core.config_files import load_config
 from datamodules.reasoning import read_rows, write_jsonl
 from lightning_modules.coevolution_edits import EditSettings, build_next_dataset, read_jsonl_rows
 
@@ -130,7 +131,7 @@ class RoundsConfig:
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> RoundsConfig:
         """Read ``path``; unknown or missing keys raise `RoundsError` naming the file and the key."""
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        data = load_config(path)  # its compose: parts merged in (core/config_files.py)
         data.update(overrides or {})
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
@@ -320,7 +321,7 @@ class Rounds:
 
     # ------------------------------------------------------------------------------------------------ the rounds
     def _judge_args(self, answer: str, images: Path) -> dict[str, Any]:
-        qcfg = yaml.safe_load(Path(self.cfg.question_config).read_text(encoding="utf-8")) or {}
+        qcfg = load_config(self.cfg.question_config)  # a composed config: its parts merged in
         method = ((qcfg.get("model") or {}).get("init_args") or {}).get("method") or {}
         args = dict(method.get("init_args") or {})
         args.update({k[len(METHOD_ARGS) :]: v for k, v in self.cfg.question_args.items() if k.startswith(METHOD_ARGS)})

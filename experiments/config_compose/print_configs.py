@@ -43,6 +43,7 @@ def stacks(configs: Path) -> list[tuple[str, ...]]:
 def print_all(repo: Path, out: Path) -> None:
     os.chdir(repo)
     sys.path.insert(0, str(repo))
+    sys.argv[1:] = []  # cli_main gets its own args (LightningCLI warns when it sees both)
     from train import cli_main
 
     out.mkdir(parents=True, exist_ok=True)
@@ -61,7 +62,9 @@ def print_all(repo: Path, out: Path) -> None:
 
 def compare(a: Path, b: Path) -> int:
     names = sorted({p.name for p in a.glob("*.yaml")} | {p.name for p in b.glob("*.yaml")})
-    differ = [n for n in names if not (a / n).is_file() or not (b / n).is_file() or (a / n).read_text() != (b / n).read_text()]
+    differ = [
+        n for n in names if not (a / n).is_file() or not (b / n).is_file() or (a / n).read_text() != (b / n).read_text()
+    ]
     errors = [n for n in names if (a / n).is_file() and (a / n).read_text().startswith("exit ")]
     print(f"{len(names)} stacks, {len(names) - len(differ)} printed equal, {len(differ)} differ: {differ}")
     print(f"{len(errors)} of them exit with an error in both (the same message): {errors}")
