@@ -54,7 +54,6 @@ logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropNotes(
 
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
-import yaml  # noqa: E402
 from jsonargparse import Namespace  # noqa: E402
 from jsonargparse._common import debug_mode_active  # noqa: E402
 from lightning.fabric.utilities.rank_zero import rank_zero_only  # noqa: E402
@@ -70,6 +69,7 @@ import callbacks.progress  # noqa: E402, F401
 import callbacks.results  # noqa: E402, F401
 import callbacks.synthesis  # noqa: E402, F401
 from callbacks.checkpoint_disk import CheckpointDisk  # noqa: E402
+from cli.compose import parse_composed_path, with_parts  # noqa: E402
 from cli.errors import EXIT_CODES, ConfigError, config_key_error, explain, fail, init_flags  # noqa: E402
 from cli.export import export_policy  # noqa: E402
 from cli.flat_flags import checkpoint_init_args, moved_hint  # noqa: E402
@@ -79,6 +79,7 @@ from cli.path_checks import check_paths  # noqa: E402
 from cli.resume_checks import checkpoint_temps, finished_run_line, intact_checkpoint  # noqa: E402
 from cli.run_config import RunConfigCallback  # noqa: E402
 from cli.run_folder import RunEnd, choose_run_folder, print_end, remember_folder  # noqa: E402
+from core.config_files import ConfigFileError, load_config  # noqa: E402
 from core.records import DataError  # noqa: E402
 from datamodules.rec import RECDataModule  # noqa: E402
 from datamodules.synthetic import SyntheticDataModule  # noqa: E402
@@ -145,6 +146,10 @@ class ProjectParser(LightningArgumentParser):
             print_method_help(value)  # the flags in full, with or without a --config (cli/help.py)
         return super().parse_args(merge_named_callbacks(args), *a, **kw)
 
+    def parse_path(self, path: Any, *args: Any, **kwargs: Any) -> Namespace:
+        """A config file with its ``compose:`` parts merged in (cli/compose.py)."""
+        return parse_composed_path(self, path, super().parse_path, *args, **kwargs)
+
     def _known_flags(self) -> list[str]:
         flags = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
         classes = _project_classes()
@@ -163,7 +168,7 @@ class ProjectParser(LightningArgumentParser):
         parser = getattr(ex, "subcommand_parser", None) or self
         known = parser._known_flags() if isinstance(parser, ProjectParser) else []
         argv = ProjectParser._argv
-        in_file = config_key_error(message, [f for _, f in _config_files(argv)], argv, known)
+        in_file = config_key_error(message, with_parts(f for _, f in _config_files(argv)), argv, known)
         fail(in_file or explain(message, known, moved=moved_hint))
 
 
@@ -204,8 +209,8 @@ def merge_named_callbacks(args: list[str]) -> list[str]:
     seen = 0
     for _, path in files:
         try:
-            data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError):
+            data = load_config(path)
+        except ConfigFileError:
             continue  # the parser reports it
         named = data.get("callbacks") if isinstance(data, dict) else None
         if isinstance(named, dict):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from jsonargparse import Namespace
 
+from cli.compose import with_parts
 from cli.errors import EXIT_CODES, fail, locate_value
 from cli.toy_checkpoints import missing_checkpoint_message
 from datamodules.toy_export import ForeignFolderError, check
@@ -31,7 +32,7 @@ def has_model(path: str) -> bool:
 def check_paths(cfg: Namespace) -> None:
     """One sentence (flag, file:line, what to do) for the paths people forget to edit, from the parsed config of a
     subcommand (``cfg``)."""
-    files = [str(p) for p in (cfg.get("config") or []) if p is not None]
+    files = with_parts(cfg.get("config") or [])  # a composed config's parts are searched too
     model = cfg.get("model")
     args = model.get("init_args") if isinstance(model, Namespace) else None
     policy = args.get("policy") if args is not None else None  # GRPOModule's and SFTModule's policy group

@@ -8,8 +8,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from core.config_files import load_config
 from runner.coevolution_edits import EditSettings
 
 __all__ = ["RoundsConfig", "RoundsError", "config_method_args"]
@@ -60,7 +59,7 @@ class RoundsConfig:
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> RoundsConfig:
         """Read ``path``; unknown or missing keys raise `RoundsError` naming the file and the key."""
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        data = load_config(path)  # its compose: parts merged in (core/config_files.py)
         data.update(overrides or {})
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
@@ -90,6 +89,6 @@ class RoundsConfig:
 def config_method_args(path: str | Path) -> dict[str, Any]:
     """The method arguments (``model.init_args.method.init_args``) of the ``train.py`` config at ``path``, read from
     its raw YAML."""
-    cfg = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    cfg = load_config(path)  # a composed config: its parts merged in
     method = ((cfg.get("model") or {}).get("init_args") or {}).get("method") or {}
     return dict(method.get("init_args") or {})

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
+from core.config_files import load_config
 from runner.analysis import final_eval
 from runner.points import Point, run_points
 from runner.runs import read_metrics_jsonl
@@ -39,7 +39,7 @@ def load_sweep(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise SweepError(f"{path}: no such sweep file; the sweeps are in configs/sweeps/")
-    sweep = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    sweep = load_config(path)
     for key in ("program", "parameters", "command"):
         if key not in sweep:
             raise SweepError(f"{path}: the sweep has no '{key}:' (a W&B sweep file needs program, parameters, command)")

@@ -13,6 +13,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from core.config_files import load_config as load_config_file
+
 
 class BlockConfig(BaseModel):
     """A ``{name: ..., **kwargs}`` block: the registry name and the constructor arguments."""
@@ -130,8 +132,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
     """Read a YAML config and apply ``key.sub=value`` overrides (values parsed as YAML)."""
     raw: dict[str, Any] = {}
     if path is not None:
-        with open(path, encoding="utf-8") as f:
-            raw = yaml.safe_load(f) or {}
+        raw = load_config_file(path)  # a composed file's parts merged in (core/config_files.py)
         if not isinstance(raw, dict):
             raise ValueError(f"{path}: the config must be a mapping, got {type(raw).__name__}")
     for item in overrides or []:

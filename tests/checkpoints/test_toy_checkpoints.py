@@ -11,13 +11,14 @@ from pathlib import Path
 import yaml
 
 from cli.toy_checkpoints import BUILDS, KEPT, missing_checkpoint_message
+from core.config_files import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
 
 
 def _model_path(config: Path) -> str | None:
-    model = (yaml.safe_load(config.read_text()) or {}).get("model") or {}
+    model = load_config(config).get("model") or {}
     init = model.get("init_args") or {}
     return (init.get("policy") or init).get("model_name_or_path")
 
@@ -102,5 +103,5 @@ def test_the_tiny_runs_keep_their_last_checkpoint_only():
     """configs/tiny.yaml and the other tiny configs: last.ckpt, rewritten every N steps (resume from it), no
     per-step files (a default tiny fit wrote 264 MB of them; 27 MB now)."""
     for name in ("tiny", "tiny_ovd", "cycle_tiny", "cycle_tiny_st", "cycle_tiny_temporal", "evolved_tiny"):
-        cb = yaml.safe_load((REPO / f"configs/{name}.yaml").read_text())["callbacks"]["checkpoint"]["init_args"]
+        cb = load_config(REPO / f"configs/{name}.yaml")["callbacks"]["checkpoint"]["init_args"]
         assert cb["save_last"] is True and cb["save_top_k"] == 0 and cb["every_n_train_steps"] > 0, name
