@@ -226,6 +226,7 @@ def kill_after_checkpoint(proc: subprocess.Popen, ckpt: Path, timeout: float) ->
     return {
         "killed": proc.returncode == -signal.SIGKILL,
         "rc": proc.returncode,
+        "checkpoint_complete_at": seen,
         "checkpoint_complete_after_s": round(seen - t0, 1),
         "killed_and_reaped_in_s": round(reaped, 3),
         "group_left_running": group_alive(proc.pid),
@@ -459,6 +460,9 @@ def run_all(args: argparse.Namespace, work: Path, root: Path, base: dict, ctx: d
         if kill is not None:
             runs[name].update(kill, wrote_end=any(r.get("event") == "end" for r in seg))
             runs[name]["checkpoint"] = checkpoint_facts(ckpt)
+            step_n = train_rows(seg).get(args.steps)
+            if step_n and kill.get("checkpoint_complete_at"):  # step N's row is written just before the save starts
+                runs[name]["checkpoint"]["save_s"] = round(kill["checkpoint_complete_at"] - step_n["time"], 1)
         print(f"[{name}] rc={rc} steps {runs[name]['trained_steps']} ({runs[name]['process_wall_s']} s)", flush=True)
         save()
     if not args.keep_checkpoint:
@@ -474,16 +478,30 @@ def judge(result: dict[str, Any], root: Path, n: int, kl_coef: float) -> None:
     resumed = compare(a[n + 1], c[n + 1], kl_coef) if n + 1 in a and n + 1 in c else None
     result["resumed_vs_uninterrupted"] = dict(resumed, step=n + 1) if resumed else None
     passed, line = verdict(resumed, result["floor"], n + 1)
+    failed = [
+        f"{k} rc={r['rc']}: {_last_line(r)}" for k, r in result["runs"].items() if r.get("rc") not in (0, -9, None)
+    ]
+    if failed:
+        line += "; " + "; ".join(failed)
     killed = result["runs"]["killed"]
     if not (killed.get("killed") and not killed.get("wrote_end") and not killed.get("group_left_running")):
         passed, line = False, f"FAIL: the run was not killed as a crash would be: {_short(killed)}"
     peaks = [r["peak_mem_gib"] for r in result["runs"].values() if "peak_mem_gib" in r]
+    starts = [result["runs"][k].get("startup_s") for k in ("uninterrupted", "resumed")]
+    if None not in starts:  # the resume's integrity check (every byte read) and restore, over a fresh start's
+        result["resume_overhead_s"] = round(starts[1] - starts[0], 1)
     result.update(
         passed=passed,
         verdict=line,
         s_per_step=result["runs"]["uninterrupted"].get("median_step_s"),
         peak_mem_gib=max(peaks) if peaks else None,
     )
+
+
+def _last_line(run: dict[str, Any]) -> str:
+    """The last line a failed run printed (an out-of-memory error is one line that names what lowers the peak)."""
+    lines = [x for x in run.get("log_tail", "").splitlines() if x.strip()]
+    return lines[-1][:300] if lines else "no output"
 
 
 def _train_rows(path: Path, segment: int) -> dict[int, dict[str, Any]]:

@@ -16,7 +16,7 @@ sys.path.insert(0, str(REPO))
 from bench.fsdp_resume import compare, main, verdict  # noqa: E402
 
 
-@pytest.mark.slow  # ~35 s on 2 shared cores: three fits of the tiny config, 3 + 2 + 1 steps
+@pytest.mark.slow  # ~40 s on 2 shared cores: three fits of the tiny config, 3 + 2 + 1 steps
 def test_smoke_kills_after_the_checkpoint_and_the_resume_matches_bit_for_bit(tmp_path):
     r = main(["--smoke", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "r.json")])
     assert r["passed"], r["verdict"]
@@ -38,6 +38,26 @@ def test_smoke_kills_after_the_checkpoint_and_the_resume_matches_bit_for_bit(tmp
     # not a vacuous match: the toy model earns rewards, the loss and the gradient are not zero
     assert m["loss"]["uninterrupted"] != 0 and m["train/grad_norm"]["uninterrupted"] > 0
     assert r["verdict"].startswith("PASS: step 3 loss")
+
+
+@pytest.mark.slow  # ~50 s on 2 shared cores
+def test_gpu_mode_code_path_on_cpu_with_the_tiny_architecture(tmp_path):
+    """What the GPU call runs, on the CPU: e2e_gpu's builder (tiny), configs/rec_3b_1gpu.yaml with its paths and
+    lengths swapped, the fast rollout engine and bf16 compute under fsdp2, the packed update engine replaced by hf
+    (the check refuses it), at 2 prompts and 16 tokens."""
+    lengths = [
+        "--set",
+        "model.init_args.sampling.max_new_tokens=16",
+        "--set",
+        "model.init_args.sampling.min_new_tokens=16",
+    ]
+    r = main(["--arch", "tiny", "--batch", "2", *lengths, "--work", str(tmp_path / "w")])
+    assert r["passed"], r["verdict"]
+    assert r["builds"]["config"] == "configs/rec_3b_1gpu.yaml" and r["builds"]["batch"]["prompts"] == 2
+    changed = " ".join(r["overridden"])
+    for key in ("model.policy.model_name_or_path", "update_engine: 'packed' -> 'hf'", "rollout_compile: True -> False"):
+        assert key in changed
+    assert r["runs"]["resumed"]["trained_steps"] == [3] and r["resumed_vs_uninterrupted"]["exact"]
 
 
 def _row(**metrics: float) -> dict:
