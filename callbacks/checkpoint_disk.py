@@ -89,15 +89,16 @@ def _saves_in_run(cb: ModelCheckpoint, trainer: L.Trainer) -> int | None:
     return None
 
 
-def files_at_peak(cb: ModelCheckpoint, trainer: L.Trainer) -> tuple[int | None, str]:
-    """(the most checkpoint files of ``cb`` on disk at once, None when unbounded; what they are, in words)."""
+def files_at_peak(cb: ModelCheckpoint, trainer: L.Trainer, fresh: bool = False) -> tuple[int | None, str]:
+    """(the most checkpoint files of ``cb`` on disk at once, None when unbounded; what they are, in words).
+    ``fresh``: the folder holds no checkpoint yet, so a run that saves at most once writes beside nothing."""
     k = cb.save_top_k
     kept: int | None
+    saves = _saves_in_run(cb, trainer)
     if k == -1:
-        kept = _saves_in_run(cb, trainer)
+        kept = saves
         what = f"save_top_k -1 keeps every save: {kept if kept is not None else 'an unbounded number'}"
     else:
-        saves = _saves_in_run(cb, trainer)
         kept = k if saves is None else min(k, saves)
         what = f"save_top_k {k}"
     last = 1 if cb.save_last is True else 0
@@ -107,7 +108,7 @@ def files_at_peak(cb: ModelCheckpoint, trainer: L.Trainer) -> tuple[int | None, 
         what += " + last.ckpt (a link)"
     if kept is None:
         return None, what
-    writing = 1 if kept + last > 0 else 0
+    writing = 1 if kept + last > 0 and not (fresh and saves is not None and saves <= 1) else 0
     return kept + last + writing, what + (" + one being written" if writing else "")
 
 
@@ -139,8 +140,9 @@ class CheckpointDisk(Callback):
 
     def _check(self, trainer: L.Trainer, folder: Path, cbs: list[ModelCheckpoint], size: CheckpointSize) -> None:
         need, parts, unbounded = 0, [], False
+        fresh = not folder.is_dir() or not any(p.name.endswith(".ckpt") for p in folder.iterdir())
         for cb in cbs:
-            files, what = files_at_peak(cb, trainer)
+            files, what = files_at_peak(cb, trainer, fresh)
             each = size.weights if cb.save_weights_only else size.full
             kind = "weights-only" if cb.save_weights_only else "full"
             parts.append(f"{what} ({kind}, {_gib(each)} each)")

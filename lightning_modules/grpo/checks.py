@@ -13,8 +13,9 @@ __all__ = ["check_strategy"]
 
 def check_strategy(trainer: L.Trainer, rollout_engine: RolloutEngine, update_engine: UpdateEngine) -> None:
     """Raise a ValueError naming the flag when ``trainer``'s strategy or precision does not fit the GRPO step or the
-    module's engines (FSDP1, tensor parallelism, FSDP2 without fp32 master shards or with a compiled decode step,
-    autocast over engines that run in the weights' dtype, a single-process update engine under DDP)."""
+    module's engines (FSDP1, tensor parallelism, FSDP2 without fp32 master shards, with a compiled decode step or with
+    an update engine that runs the model's sub-modules itself, autocast over engines that run in the weights' dtype, a
+    single-process update engine under DDP)."""
     strategy = type(trainer.strategy).__name__
     if "FSDP" in strategy and not isinstance(trainer.strategy, fsdp.ModelParallelStrategy):
         raise ValueError(
@@ -34,6 +35,13 @@ def check_strategy(trainer: L.Trainer, rollout_engine: RolloutEngine, update_eng
                 f"--trainer.precision {trainer.precision} with FSDP2 would cast the fp32 master shards: use "
                 "--trainer.precision 32-true; the compute dtype is --model.policy.dtype (bf16: gathered in bf16, "
                 "gradients reduced in fp32)"
+            )
+        if update_engine.own_kernels:
+            raise ValueError(
+                f"--model.engines.update_engine {update_engine.name} runs the vision tower and the decoder layers "
+                "itself, past FSDP2's root unit, whose parameters (the patch embedding, the embeddings, the merger) "
+                "then stay sharded and whose gradients are never reduced: use --model.engines.update_engine hf with "
+                "--trainer.strategy fsdp2"
             )
         if rollout_engine.compile_step:
             raise ValueError(

@@ -52,6 +52,15 @@ def test_files_on_disk_at_once(init, files):
     assert files_at_peak(ModelCheckpoint(**init), _trainer(500))[0] == files
 
 
+def test_a_run_that_saves_once_into_an_empty_folder_holds_one_checkpoint():
+    """bench/fsdp_resume.py's killed run: last.ckpt at step 2 of 3, one save; beside nothing in a new folder (one
+    3B FSDP2 checkpoint, ~42 GiB, fits a 64 GiB disk), beside the previous run's last.ckpt in a used one."""
+    cb = ModelCheckpoint(save_top_k=0, every_n_train_steps=2, save_last=True)
+    assert files_at_peak(cb, _trainer(3), fresh=True) == (1, "save_top_k 0 + last.ckpt")
+    assert files_at_peak(cb, _trainer(3), fresh=False)[0] == 2
+    assert files_at_peak(cb, _trainer(4), fresh=True)[0] == 2  # the second save is written beside the first
+
+
 def test_every_save_of_an_endless_run_is_unbounded():
     n, what = files_at_peak(ModelCheckpoint(save_top_k=-1, every_n_train_steps=50), _trainer(float("inf")))
     assert n is None and "unbounded" in what
@@ -61,7 +70,8 @@ def test_fit_prints_the_size_and_the_estimate_matches_the_file(tiny_model_dir, r
     out = tmp_path / "run"
     cli = cli_main(_args(tiny_model_dir, rec_dir, out, "--trainer.max_steps", "1"))  # tiny.yaml: last.ckpt only
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("checkpoints: one full checkpoint"))
-    assert "save_top_k 0 + last.ckpt + one being written (full" in line and f"free in {out}/checkpoints" in line
+    # one step, no interval reached: last.ckpt once, at the end, into a new folder (nothing beside it)
+    assert "save_top_k 0 + last.ckpt (full" in line and f"free in {out}/checkpoints" in line
     size = checkpoint_size(cli.model, cli.trainer.optimizers).full
     written = (out / "checkpoints" / "last.ckpt").stat().st_size
     assert 0.9 < written / size < 1.15, (written, size)  # the rest: hyper-parameters, loop and callback state

@@ -90,3 +90,17 @@ def test_strategy_misuse_gets_a_clear_error(strategy, devices, precision, match)
     module.trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, precision=precision, logger=False)
     with pytest.raises(ValueError, match=match):
         check_strategy(module.trainer, module.rollout_engine, module.update_engine)
+
+
+def test_fsdp2_refuses_the_packed_update_engine():
+    """The packed engine calls the vision tower directly: under FSDP2 the root unit's patch embedding is still a
+    sharded DTensor there (a CPU fit of rec_3b_1gpu's engines stopped in conv3d, "mixed torch.Tensor and DTensor")."""
+    import lightning as L
+
+    from lightning_modules.grpo import GRPOModule
+    from lightning_modules.grpo.checks import check_strategy
+
+    module = GRPOModule(policy={"model_name_or_path": "unused"}, engines={"update_engine": "packed"})
+    module.trainer = L.Trainer(accelerator="cpu", devices=1, strategy="fsdp2", precision="32-true", logger=False)
+    with pytest.raises(ValueError, match="update_engine hf with --trainer.strategy fsdp2"):
+        check_strategy(module.trainer, module.rollout_engine, module.update_engine)
