@@ -24,6 +24,7 @@ from cli.main import main
 from cli.resume_checks import checkpoint_temps, intact_checkpoint
 from lightning_modules import checkpoints
 from lightning_modules.checkpoints import damage, leftovers, staging_path
+from lightning_modules.models import fsdp
 from lightning_modules.models.fsdp import FSDP2Strategy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,7 +58,7 @@ def test_distributed_save_keeps_the_previous_checkpoint_until_the_new_one_is_com
         seen.append(staging)
         real_switch(staging, final)
 
-    monkeypatch.setattr(checkpoints, "switch", checked_switch)
+    monkeypatch.setattr(fsdp, "switch", checked_switch)  # where the strategy's save finds it
     real_exchange, exchanged = checkpoints.exchange, []
     monkeypatch.setattr(
         checkpoints, "exchange", lambda a, b: exchanged.append(atomic) or (atomic and real_exchange(a, b))
