@@ -40,9 +40,10 @@ test: setup
 
 # The slow CPU tests, deselected by `make test` (CI runs both; marker `slow`, pyproject.toml): several processes
 # (DDP, FSDP2 ranks, killed and resumed runs, co-evolution rounds), the update's learning test, the README's train
-# lines, the baselines and ablations on their bases, study rows, an offline sweep
+# lines, the baselines and ablations on their bases, study rows, an offline sweep. In one process: beside a second
+# xdist worker on 2 cores, the e2e harness's async run swapped nothing in before its last step (a failure, 2026-12-07).
 test-slow: setup
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=$${MKL_NUM_THREADS:-1} $(PY_RUN) -m pytest -q -m slow $(XDIST)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=$${MKL_NUM_THREADS:-1} $(PY_RUN) -m pytest -q -m slow
 
 # Fuzz the data server: >= 50,000 requests from two concurrent clients (schemathesis positive and negative data, job
 # bodies with real images, cross-client probes); prints the 5xx count and the jobs one client touched of the other's
