@@ -267,6 +267,7 @@ class _QuickGiveUp(AsyncSubmitter):
         super().__init__(client, **{**kwargs, "max_retries": 5, "backoff": 0.05, "max_backoff": 0.5})
 
 
+@pytest.mark.slow
 def test_server_and_worker_killed_while_training_lose_nothing(tiny_model_dir, reference, tmp_path, monkeypatch):
     """SIGKILL a painter worker after step 1 and the whole data server after step 2 (its jobs of steps 1-2 and the
     ones step 3 sends while it is down are gone with it): the run finishes, the server is restarted at the epoch

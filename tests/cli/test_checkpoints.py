@@ -472,6 +472,7 @@ def test_truncated_last_ckpt_is_one_line_and_resume_intact_uses_the_newest_intac
     assert damage(last) is None  # the resumed fit saved a whole one
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_fsdp2_fit_killed_mid_save_resumes_from_the_previous_save(tiny_model_dir, rec_dir, tmp_path):
     """A real FSDP2 fit (one CPU process, distributed checkpoints every step, ``save_top_k 1``) SIGKILLs itself while

@@ -45,6 +45,16 @@ RUNS = (
 )
 
 
+VARIANT_BASES = (CONFIGS / "rec_3b_1gpu.yaml", CONFIGS / "evolved_tiny.yaml", CONFIGS / "cycle_tiny.yaml")
+"""The baselines and ablations on these bases change a few arguments of a base that runs in the default suite: they run
+in ``make test-slow`` (CI runs both), the judge overlay (its own server) by default."""
+
+
+def _marks(run: tuple[Path, ...]) -> list[pytest.MarkDecorator]:
+    variant = len(run) == 2 and run[0] in VARIANT_BASES and run[1].stem != "cycle_judge"
+    return [pytest.mark.slow] if variant else []
+
+
 def _id(run: tuple[Path, ...]) -> str:
     return "+".join(p.relative_to(CONFIGS).with_suffix("").as_posix() for p in run)
 
@@ -225,7 +235,7 @@ def tiny_qwen3_vl(tmp_path_factory) -> Path:
     return build_tiny_qwen3_vl(tmp_path_factory.mktemp("tiny-qwen3-vl"), TOY_CKPT)
 
 
-@pytest.mark.parametrize("run", RUNS, ids=_id)
+@pytest.mark.parametrize("run", [pytest.param(r, marks=_marks(r)) for r in RUNS], ids=_id)
 def test_config_runs_fit_steps_on_cpu(run, toy_data, tiny_qwen3_vl, tmp_path, monkeypatch):
     cfg = cpu_swap(compose(run), toy_data, tmp_path, qwen3_vl=tiny_qwen3_vl)
     if cfg["data"]["init_args"].get("max_train_samples"):  # one batch of 2 per epoch: 2 steps, 2 validations, a swap

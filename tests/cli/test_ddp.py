@@ -13,6 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_two_ranks_share_pool_and_smoother(tiny_model_dir, rec_dir, tmp_path):
     offline = rec_dir / "offline.jsonl"

@@ -40,6 +40,7 @@ def _rel(x: dict[str, torch.Tensor], y: dict[str, torch.Tensor]) -> float:
     return math.sqrt(num / sum(float((y[k] ** 2).sum()) for k in y))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_one_step_on_two_processes_matches_one(tiny_model_dir, rec_dir, tmp_path):
     from transformers import AutoModelForImageTextToText

@@ -99,6 +99,7 @@ def gpu_lines(toy_data, tmp_path_factory) -> dict:  # noqa: F811 - the imported 
     return done
 
 
+@pytest.mark.slow
 def test_every_train_line_of_the_readme_runs(gpu_lines):
     lines = _commands("python train.py ")
     assert len(gpu_lines) == len(lines) >= 4
@@ -120,6 +121,7 @@ def test_the_sweep_lines_of_the_readme(capsys):
     assert sweep["program"] == "train.py" and shutil.which("wandb", path=str(Path(sys.executable).parent))
 
 
+@pytest.mark.slow
 def test_the_notebook_line_of_the_readme_executes(gpu_lines, tmp_path):
     (argv,) = _commands("RUNS=")
     runs = [str(out) for _, out, _ in gpu_lines.values() if (out / "metrics.jsonl").is_file()]

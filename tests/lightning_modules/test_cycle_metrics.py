@@ -190,6 +190,7 @@ _RANKED = {
 }
 
 
+@pytest.mark.slow
 def test_metrics_reduce_over_ranks(tmp_path):
     """Under torch.distributed each rank's compute() sums every rank's states, so two ranks holding half the samples
     each report the one-process value (the states are created and updated on the metric's device, as NCCL needs)."""

@@ -13,11 +13,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from train import cli_main
 
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_grpo_raises_the_reward_on_scenes_it_trains_on(tmp_path):
     out = tmp_path / "run"
     cli_main(

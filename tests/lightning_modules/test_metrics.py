@@ -391,6 +391,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_ddp_gloo_two_ranks_equal_single_process_on_union(tmp_path):
     import torch.multiprocessing as mp

@@ -88,6 +88,7 @@ def stages(out: Path) -> dict:
     return json.loads((out / "state.json").read_text())["stages"]
 
 
+@pytest.mark.slow
 def test_one_round_killed_in_the_edit_stage_resumes_per_row(tmp_path, monkeypatch):
     """One round end to end, stopped after D_2's first chunk; the same command finishes it without re-running a
     finished stage or row, and the rows it writes are the rows an uninterrupted build writes."""
@@ -366,6 +367,7 @@ def test_killed_mid_fit_in_a_subprocess_resumes_to_the_uninterrupted_result(tmp_
     assert m[0]["answer_eval"] == m[1]["answer_eval"] and m[0]["question_edits"] == m[1]["question_edits"]
 
 
+@pytest.mark.slow
 def test_a_round_with_fsdp2_fits_exports_a_sharded_final_checkpoint(tmp_path, monkeypatch):
     """The paper configs' strategy (FSDP2, here on one CPU process): the final checkpoint is a distributed checkpoint
     folder, the export reads it, A's evaluation gathers the sharded policy."""
@@ -382,6 +384,7 @@ def test_a_round_with_fsdp2_fits_exports_a_sharded_final_checkpoint(tmp_path, mo
     assert json.loads((r1 / "metrics.json").read_text())["question_edits"]["rows"] == 4
 
 
+@pytest.mark.slow
 def test_the_plain_baseline_trains_the_answer_model_on_d1_every_round_and_no_question_generator(tmp_path, monkeypatch):
     """``mode: plain`` (the study's baseline, the same answer-model updates): A_k continues A_{k-1} on D_1 each round;
     no Q stage runs and no dataset is edited."""

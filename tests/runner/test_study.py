@@ -537,8 +537,8 @@ def test_a_study_of_eleven_methods_gets_eleven_colours():
 
 
 # Each study's own fit command line of one row, two real steps. The default suite runs the rows whose overrides take a
-# path no other test takes (the crowded mix, the step-back rule, the doubled clips, in-step evolution, the long runs'
-# batch, the no-target group size); the others are `slow` (`make test-slow`): their command lines are still parsed in
+# path no other test takes (the crowded mix, the step-back rule, the doubled clips, in-step evolution, the no-target
+# group size); the others are `slow` (`make test-slow`; the long runs' batch, ~50 s): their command lines are parsed in
 # the default suite (test_the_cli_accepts_one_run_of_every_row), and experiments/ is not the product (issue 39).
 @pytest.mark.parametrize(
     "path,row",
@@ -606,6 +606,7 @@ def test_a_study_of_eleven_methods_gets_eleven_colours():
         pytest.param(
             *(REPO / "experiments/study/evolved_toy_multihop_chains_long.yaml", "evolved_in_step"),
             id="multihop_chains_long",
+            marks=pytest.mark.slow,
         ),
         pytest.param(
             *(REPO / "experiments/study/evolved_toy_multihop_anchors_long.yaml", "grpo"),
