@@ -50,9 +50,18 @@ VARIANT_BASES = (CONFIGS / "rec_3b_1gpu.yaml", CONFIGS / "evolved_tiny.yaml", CO
 in ``make test-slow`` (CI runs both), the judge overlay (its own server) by default."""
 
 
+HARDWARE_VARIANTS = {
+    f"{name}.yaml"
+    for name in ("rec_3b", "rec_3b_2gpu", "rec_3b_2gpu_split", "rec_3b_80gb", "rec_7b_2gpu", "rec_7b_1gpu", "ovd_3b")
+}
+"""Configs that are another config of the default suite on other hardware parts (rec_3b_1gpu, rec_7b, ovd_3b_1gpu: the
+same task and model parts; the DDP / FSDP2 / offload paths they switch on have tests of their own): their fits run in
+``make test-slow``."""
+
+
 def _marks(run: tuple[Path, ...]) -> list[pytest.MarkDecorator]:
     variant = len(run) == 2 and run[0] in VARIANT_BASES and run[1].stem != "cycle_judge"
-    return [pytest.mark.slow] if variant else []
+    return [pytest.mark.slow] if variant or (len(run) == 1 and run[0].name in HARDWARE_VARIANTS) else []
 
 
 def _id(run: tuple[Path, ...]) -> str:
