@@ -335,7 +335,7 @@ def test_merge_of_two_shards_builds_the_table_by_hand(tmp_path, capsys):
 
 
 def test_training_curves_by_hand(tmp_path, capsys):
-    """``python -m study training``: per run the mean of a curve over its steps, the t interval over seeds, thirds,
+    """``python -m runner.study training``: per run the mean of a curve over its steps, the t interval over seeds, thirds,
     and seed-paired differences; lines that are no training step are skipped, a cut line too."""
     out = tmp_path / "out"
 
