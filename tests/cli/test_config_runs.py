@@ -53,10 +53,11 @@ in ``make test-slow`` (CI runs both), the judge overlay (its own server) by defa
 HARDWARE_VARIANTS = {
     f"{name}.yaml"
     for name in ("rec_3b", "rec_3b_2gpu", "rec_3b_2gpu_split", "rec_3b_80gb", "rec_7b_2gpu", "rec_7b_1gpu", "ovd_3b")
-}
-"""Configs that are another config of the default suite on other hardware parts (rec_3b_1gpu, rec_7b, ovd_3b_1gpu: the
-same task and model parts; the DDP / FSDP2 / offload paths they switch on have tests of their own): their fits run in
-``make test-slow``."""
+} | {f"{name}.yaml" for name in ("cycle_st_7b", "evolved_question_7b", "evolved_answer_7b", "evolved_3b", "isr_3b")}
+"""Configs whose task runs in the default suite in another config: the same task and model parts on other hardware
+(rec_3b_1gpu, rec_7b, ovd_3b_1gpu; the DDP / FSDP2 / offload paths they switch on have tests of their own), or the
+paper-size twin of a toy config (cycle_tiny_st, evolved_question_3b_1gpu, evolved_answer_3b_1gpu, evolved_tiny,
+tiny_isr): their fits run in ``make test-slow``."""
 
 
 def _marks(run: tuple[Path, ...]) -> list[pytest.MarkDecorator]:

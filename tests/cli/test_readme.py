@@ -294,16 +294,24 @@ def _train_parser():
     return ParserOnly.parser
 
 
-def test_every_command_of_the_readme_and_the_docs_runs_as_written(gpu_lines, monkeypatch, capsys):
+@pytest.fixture(scope="module")
+def run_config(tmp_path_factory) -> str:
+    """A run folder's ``config.yaml`` (what ``outputs/<run>/config.yaml`` in a command stands for): the tiny config as
+    the CLI resolves it, written without a fit (the README's fits run in ``make test-slow``)."""
+    path = tmp_path_factory.mktemp("run") / "config.yaml"
+    path.write_text(yaml.safe_dump(compose((REPO / "configs/tiny.yaml",)), sort_keys=False))
+    return str(path)
+
+
+def test_every_command_of_the_readme_and_the_docs_runs_as_written(run_config, monkeypatch, capsys):
     """Each command parses as written, with the placeholders filled: ``train.py`` lines through ``--print_config``
     (GPU and cluster lines as a one-process dry run: the parse does not touch a device), ``python -m`` modules and
     scripts through their argparse parser (stopped there), ``make`` targets in the Makefile. The fits and the
-    notebook of the README run for real above; EXEMPT lists what is not run, with the reason."""
+    notebook of the README run for real above (``make test-slow``); EXEMPT lists what is not run, with the reason."""
     status = ["git", "status", "--porcelain", "--untracked-files=all"]
     tree_before = subprocess.run(status, cwd=REPO, capture_output=True, text=True).stdout
     makefile = (REPO / "Makefile").read_text()
     targets = set(re.findall(r"^([\w.-]+):", makefile, flags=re.M))
-    run_config = str(next(out for _, out, _ in gpu_lines.values() if (out / "config.yaml").is_file()) / "config.yaml")
     commands = doc_commands()
     parser = _train_parser()
     assert len(commands) >= 100, "the extraction found too few commands"

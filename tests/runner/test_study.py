@@ -540,6 +540,7 @@ def test_a_study_of_eleven_methods_gets_eleven_colours():
 # path no other test takes (the crowded mix, the step-back rule, the doubled clips, in-step evolution, the no-target
 # group size); the others are `slow` (`make test-slow`; the long runs' batch, ~50 s): their command lines are parsed in
 # the default suite (test_the_cli_accepts_one_run_of_every_row), and experiments/ is not the product (issue 39).
+@pytest.mark.slow  # two real fit steps per study row, ~6-40 s each: CI runs them (make test-slow)
 @pytest.mark.parametrize(
     "path,row",
     [
