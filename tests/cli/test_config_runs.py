@@ -287,7 +287,8 @@ def test_config_runs_fit_steps_on_cpu(run, toy_data, tiny_qwen3_vl, tmp_path, mo
         evolves = synth and "levels" in synth[0].strategy.state_dict()
         if synth and synth[0].mode != "off" and synth[0].strategy.paints and not evolves:
             assert synth[0].totals["submitted"] > 0, synth[0].totals
-            if synth[0].server.server_overrides.get("foreground.name") == "sam2":  # a paper config: SAM 2 kept the objects
+            overrides = synth[0].server.server_overrides
+            if overrides.get("foreground.name") == "sam2":  # a paper config: SAM 2 kept the objects
                 assert synth[0].totals["failed"] == 0, synth[0].history  # (the worker loads it at start, or fails)
             if synth[0].jobs.canvas.extend_range[1] > 0:  # outpainting: some canvas grew past the toy scene's 224 x 224
                 sizes = [Image.open(f).size for f in out.rglob("*.png") if f.parent.name == "synth"]
