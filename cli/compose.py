@@ -16,8 +16,8 @@ from typing import Any
 import yaml
 from jsonargparse import Namespace
 from jsonargparse import Path as ConfigPath
-from jsonargparse._paths import change_to_path_dir
-from jsonargparse._util import load_config_path_context
+from jsonargparse._paths import change_to_path_dir  # private helpers (jsonargparse >= 4.49, pyproject.toml): a
+from jsonargparse._util import load_config_path_context  # composed file's relative paths resolve as jsonargparse's own
 
 from core.config_files import COMPOSE_KEY, ConfigFileError, config_sources, dump_config, load_config
 
