@@ -501,7 +501,7 @@ def test_smoke_study_end_to_end(tmp_path):
     """Original + GRPO + Syn-GRPO x 2 seeds: 4 fits and 5 held-out evaluations, the table, then a second call that
     finds every run done, and the notebook's loader reading the runs per method."""
     out, results = tmp_path / "out", tmp_path / "results"
-    cmd = [sys.executable, "-m", "study", str(SMOKE), "-j", "1", "--out", str(out), "--results", str(results)]
+    cmd = [sys.executable, "-m", "runner.study", str(SMOKE), "-j", "1", "--out", str(out), "--results", str(results)]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     study = load_study(SMOKE)
