@@ -25,6 +25,9 @@ Fixed once and not tuned afterwards (experiments/toy_yardstick.md says why each 
 * **Binding** (a reading aid, added 2026-12-06): greedy Acc@0.5 and error kinds on ``--bind`` (256) ``val_bind``
   scenes (seed 0), drawn as ``val`` except that every other object has the target's size: a model that matches the
   size word alone is right by chance here.
+* **Format** (added 2026-12-07, issue 58): the share of the greedy and of the sampled completions whose answer
+  format the prompt's own format reward accepts, and the **gate** a base passes before RL (``GATE``): greedy in
+  [0.15, 0.45], pass@G >= greedy + 0.10, format >= 0.95, all on ``val``.
 * **Answer-span entropy**: the mean token entropy (temperature 1) of the sampled completions over the tokens inside
   ``<answer>...</answer>`` only, so the Syn-GRPO prompt's extra fields (diversity, description) do not inflate it.
 
@@ -54,6 +57,7 @@ from datamodules.rec import load_sample, read_jsonl  # noqa: E402
 from lightning_modules import rewards  # noqa: E402
 from lightning_modules.engines.base import rollout  # noqa: E402
 from lightning_modules.engines.hf import completion_logps  # noqa: E402
+from lightning_modules.evaluation.evaluator import format_for_template  # noqa: E402
 from lightning_modules.models.loading import load_policy  # noqa: E402
 
 _ANSWER = re.compile(r"<answer>.*?(?:</answer>|$)", re.S)
@@ -120,13 +124,15 @@ def measure(
     """Greedy Acc@0.5 / mIoU, pass@G, the sampled Acc@0.5, response diversity and answer-span entropy of ``samples``
     (``probe``: how many of them the diversity is averaged over; 0: all)."""
     device = next(model.parameters()).device
-    sampled, ent_sum, ent_n = [], 0.0, 0
+    sampled, ent_sum, ent_n, fmt_ok, fmt_n = [], 0.0, 0, 0.0, 0
     kw = dict(template=template, max_new_tokens=max_new_tokens)
     for i in range(0, len(samples), batch):
         b = samples[i : i + batch]
         ims, qs, tasks = [s.image for s in b], [s.query for s in b], [s.task for s in b]
         sm = rollout(model, processor, ims, qs, group_size=group, do_sample=True, temperature=1.0, task=tasks, **kw)
         sampled.append(_iou(sm.texts, b, sm.input_wh, group).reshape(len(b), group))
+        fmt_ok += sum(rewards.format_reward(sm.texts, format=format_for_template(template)))
+        fmt_n += len(sm.texts)
         span = answer_span_mask(processor.tokenizer, sm.completion_ids, sm.completion_mask)
         for r0 in range(0, len(sm.texts), 4 * group):
             rows = list(range(r0, min(r0 + 4 * group, len(sm.texts))))
@@ -149,6 +155,8 @@ def measure(
         "response_diversity": float(probe_rows.var(1).mean()),
         "zero_variance_frac": float((probe_rows.var(1) == 0).mean()),
         "answer_entropy": ent_sum / max(ent_n, 1),
+        "sampled_format": fmt_ok / max(fmt_n, 1),
+        "greedy_format": g["greedy_format"],
         "greedy_errors": g["greedy_errors"],
     }
 
@@ -157,7 +165,7 @@ def measure(
 def greedy(model, processor, samples, *, batch: int, max_new_tokens: int, template: str = "toy") -> dict:
     """Greedy Acc@0.5, mIoU and error kinds of ``samples`` (greedy decoding draws no random numbers, so where this
     runs does not change the sampled figures)."""
-    ious, texts, whs = [], [], []
+    ious, texts, whs, fmt = [], [], [], []
     for i in range(0, len(samples), batch):
         b = samples[i : i + batch]
         ims, qs, tasks = [s.image for s in b], [s.query for s in b], [s.task for s in b]
@@ -173,6 +181,7 @@ def greedy(model, processor, samples, *, batch: int, max_new_tokens: int, templa
             max_new_tokens=max_new_tokens,
         )
         ious.append(_iou(g.texts, b, g.input_wh, 1))
+        fmt.extend(rewards.format_reward(g.texts, format=format_for_template(template)))
         texts += g.texts
         whs += list(g.input_wh)
     iou_ = np.concatenate(ious)
@@ -180,6 +189,25 @@ def greedy(model, processor, samples, *, batch: int, max_new_tokens: int, templa
         "greedy_acc50": float((iou_ >= 0.5).mean()),
         "greedy_miou": float(iou_.mean()),
         "greedy_errors": error_kinds(texts, samples, whs),
+        "greedy_format": float(np.mean(fmt)) if fmt else 0.0,
+    }
+
+
+GATE = {"greedy_acc50": (0.15, 0.45), "headroom": 0.10, "format": 0.95}
+"""The gate a toy base passes before RL is run from it (issue 58; docs/toy_model.md, "The base"), read on ``val``:
+greedy Acc@0.5 within ``greedy_acc50`` (room to rise), pass@G at least ``headroom`` above greedy (right answers within
+reach of sampling), and the answer format valid in at least ``format`` of the sampled and of the greedy completions
+(so a gain cannot come from learning the format)."""
+
+
+def gate(result: dict) -> dict[str, bool]:
+    """Which of ``GATE``'s conditions the yardstick ``result`` of one checkpoint meets (on ``val``)."""
+    m = result["val"]
+    lo, hi = GATE["greedy_acc50"]
+    return {
+        "greedy_in_range": lo <= m["greedy_acc50"] <= hi,
+        "headroom": m["pass_at_g"] - m["greedy_acc50"] >= GATE["headroom"],
+        "format": min(m["sampled_format"], m["greedy_format"]) >= GATE["format"],
     }
 
 
@@ -261,6 +289,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
             )
             errs = ", ".join(f"{k} {v:.3f}" for k, v in m["greedy_errors"].items())
             print(f"{'':<40} {split:>4} greedy answers: {errs}")
+        m = r["val"]
+        r["gate"] = gate(r)
+        verdict = "passes" if all(r["gate"].values()) else "fails"
+        print(
+            f"{'':<40} gate {verdict}: greedy {m['greedy_acc50']:.3f} in {GATE['greedy_acc50']}, pass@G - greedy "
+            f"{m['pass_at_g'] - m['greedy_acc50']:+.3f} (>= {GATE['headroom']}), format sampled "
+            f"{m['sampled_format']:.3f} / greedy {m['greedy_format']:.3f} (>= {GATE['format']})"
+        )
         if "val_bind" in r:
             m = r["val_bind"]
             errs = ", ".join(f"{k} {v:.3f}" for k, v in m["greedy_errors"].items())

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from core.toy import grammar
-from core.toy.query import Step
+from core.toy.query import Desc, QueryParseError, Step, parse_query
 from core.toy.scene import difficulty
 
 
@@ -36,13 +36,19 @@ def _query(record: dict[str, Any]) -> str:
     return str((record.get("meta") or {}).get("query", ""))
 
 
-def sft_target(record: dict[str, Any], input_wh: tuple[int, int], grounded_think: bool = False) -> str:
+def sft_target(
+    record: dict[str, Any], input_wh: tuple[int, int], grounded_think: bool = False, named_only: bool = False
+) -> str:
     """The four-part completion that warm-starts the toy model on ``record``.
 
     ``<think>`` a templated reasoning grounded in the scene, ``<diversity>`` the scene's ``difficulty``,
     ``<description>`` a random grammar description seeded by the record id, ``<answer>`` the box (OVD: the list of
     boxes) in integer pixels of the model input of size ``input_wh`` = (width, height), scaled from the original
     size as Qwen2.5-VL answers on the resized image.
+
+    ``named_only`` (the toy base's target, ``toy_base``): a plain attribute query's reasoning looks for what the query
+    names and nothing else ("I look for red shapes and find only one."), so a base taught on one-attribute queries
+    never reads the target's full triple in its own reasoning.
     """
     meta = record.get("meta") or {}
     query = _query(record)
@@ -54,6 +60,11 @@ def sft_target(record: dict[str, Any], input_wh: tuple[int, int], grounded_think
         same = [o for o in objects if o["colour"] == colour and o["shape"] == shape]
         found = f"find {len(same)}, and none is {size}" if same else "find none"
         think = f"The query asks for {query}. I look for {colour} {grammar.plural(shape)} and {found}."
+    elif task == "rec" and objects and named_only and (desc := _plain_desc(query)) is not None:
+        words = desc.words()
+        n = sum(desc.matches(o) for o in objects)
+        found = "find only one" if n == 1 else f"find {n}"
+        think = f"The query asks for {query}. I look for {' '.join(words[:-1] + [grammar.plural(words[-1])])} and {found}."
     elif task == "rec" and objects:
         t = next(o for o in objects if o["role"] == "target")
         kind = f"{t['colour']} {grammar.plural(t['shape'])}"
@@ -90,6 +101,16 @@ def sft_target(record: dict[str, Any], input_wh: tuple[int, int], grounded_think
         f"<think>{think}</think><diversity>{value:.2f}</diversity>"
         f"<description>{description}</description><answer>{answer}</answer>"
     )
+
+
+def _plain_desc(query: str) -> Desc | None:
+    """The descriptor of a plain attribute query ("the red shape", "the small red circle"); None for anything else."""
+    try:
+        np_ = parse_query(query)
+    except QueryParseError:
+        return None
+    plain = np_.region is None and np_.negate is None and np_.relation is None and np_.ordinal is None
+    return np_.desc if plain else None
 
 
 def format_steps(

@@ -86,6 +86,10 @@ class SplitSpec:
     short_query: bool = False
     """REC only: the query is the target's shortest exact descriptor ("the yellow shape", "the large shape", "the
     star"; ``_short_query``), the form a multi-step question's anchors take, instead of the full attribute triple."""
+    single_attr: bool = False
+    """REC only: the query names one attribute that no other object of the scene wears ("the red shape", "the large
+    shape", "the circle"; ``_single_attr_query``); a scene whose target has none is drawn again (a new seed for the
+    same index). The toy base's SFT task (docs/toy_model.md): grounding by one attribute, never the triple RL asks."""
 
 
 SPLITS: dict[str, SplitSpec] = {
@@ -110,6 +114,10 @@ SPLITS: dict[str, SplitSpec] = {
     # EvolvedGRPO's too-hard pool: drawn as test_multihop (multi-step questions) on a code of its own, for training
     "train_multihop": SplitSpec(13, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, text_levels=(3, 5)),
     # the anchors' query form as one-step questions: drawn as train / test_id, asked by the shortest exact descriptor
+    # the toy base's SFT scenes (docs/toy_model.md): asked by one unique attribute, on codes no RL split uses
+    "base": SplitSpec(19, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, single_attr=True),
+    "base_varied": SplitSpec(20, grammar.BACKGROUNDS, (1, 10), share=False, near=False, single_attr=True),
+    "val_base": SplitSpec(21, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, single_attr=True),
     "train_short": SplitSpec(14, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, short_query=True),
     "test_short": SplitSpec(15, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, short_query=True),
     # test_multihop's scenes (its code), each asked its question's first step alone: how well the anchor is grounded
@@ -262,6 +270,14 @@ def make_scene(split: str, index: int, seed: int, size: int = 224, task: str = "
     levels = SPLITS[split].text_levels
     if task == "isr":
         return _isr_scene(split, index, seed, size, _rng(seed, split, task, index))
+    if SPLITS[split].single_attr and task == "rec":
+        for attempt in range(HARD_QUERY_ATTEMPTS):
+            rec = _draw_scene(split, index, seed, size, task, _rng(seed, split, task, index, attempt))
+            pick = np.random.default_rng(np.random.SeedSequence([seed, SPLITS[split].code, index, attempt, _SINGLE_TAG]))
+            if _single_attr_query(rec, pick):
+                return rec
+        raise RuntimeError(f"{split} scene {index} (seed {seed}): no target with a unique attribute in "
+                           f"{HARD_QUERY_ATTEMPTS} draws; the split draws too many objects (SPLITS[{split!r}].others)")
     if not levels:
         rec = _draw_scene(split, index, seed, size, task, _rng(seed, split, task, index))
         if SPLITS[split].short_query and task == "rec":
@@ -329,6 +345,25 @@ def _short_query(rec: dict[str, Any], rng: np.random.Generator) -> None:
     query = format_query(NP(shortest[int(rng.integers(len(shortest)))]))
     meta["query"] = query
     rec["conversations"][0]["value"] = f"<image>{query}"
+
+
+_SINGLE_TAG = 7933
+"""Enters the seed of a ``single_attr`` split's per-draw choice (which unique attribute is asked)."""
+
+
+def _single_attr_query(rec: dict[str, Any], rng: np.random.Generator) -> bool:
+    """Ask REC record ``rec``'s target by one attribute that only it wears, in place, one of them at random; False
+    (``rec`` untouched) when every attribute of the target is shared with another object of the scene."""
+    meta = rec["meta"]
+    t = target_index(meta)
+    descs = [d for d in _descs(meta["objects"][t], min_attrs=1) if sum(v is not None for v in (d.size, d.colour, d.shape)) == 1]
+    descs = [d for d in descs if resolve(NP(d), meta) == [t]]
+    if not descs:
+        return False
+    query = format_query(NP(descs[int(rng.integers(len(descs)))]))
+    meta["query"] = query
+    rec["conversations"][0]["value"] = f"<image>{query}"
+    return True
 
 
 _NO_TARGET_TAG = 7919

@@ -71,6 +71,11 @@ def toy_grounded_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str
     return sft_target(_toy_record(sample), input_wh, grounded_think=True)
 
 
+def toy_base_target(sample, input_wh: tuple[int, int], seed: int = 0) -> str:
+    """``toy_grounded_target`` whose reasoning looks for what the query names only (the toy base: docs/toy_model.md)."""
+    return sft_target(_toy_record(sample), input_wh, grounded_think=True, named_only=True)
+
+
 def _toy_target_with_steps(sample, input_wh: tuple[int, int], seed: int, **step_format) -> str:
     """``toy_grounded_target``, except that a multi-step question's reasoning walks its steps (``format_steps`` with
     ``step_format``), then states the box."""
@@ -103,6 +108,7 @@ TARGETS = {
     "answer": answer_target,
     "toy": toy_target,
     "toy_grounded": toy_grounded_target,
+    "toy_base": toy_base_target,
     "toy_steps": toy_steps_target,
     "toy_steps_named": toy_steps_named_target,
 }

@@ -419,3 +419,26 @@ def test_the_bind_split_gives_every_other_object_the_targets_size_and_keeps_the_
     assert "bind" not in toy.TEST_SPLITS
     held = toy.generate_split("val_bind", 8, seed=0)
     assert not {r["image"].tobytes() for r in held} & {r["image"].tobytes() for r in recs[:8]}
+
+
+@pytest.mark.parametrize("split", ["base", "base_varied", "val_base"])
+def test_base_splits_ask_one_unique_attribute_and_share_nothing_with_rl(split):
+    """The toy base's SFT splits (docs/toy_model.md, "The base"): the target asked by one attribute only it wears,
+    never the triple RL asks, on scenes of codes no other split uses."""
+    from core.toy.query import parse_query, resolve
+    from core.toy.scene import target_index
+
+    recs = toy.generate_split(split, 60, seed=0)
+    kinds = Counter()
+    for r in recs:
+        meta, query = r["meta"], r["meta"]["query"]
+        desc = parse_query(query).desc
+        named = [a for a in ("size", "colour", "shape") if getattr(desc, a) is not None]
+        assert len(named) == 1, query
+        kinds[named[0]] += 1
+        assert resolve(parse_query(query), meta) == [target_index(meta)], query
+        assert r["conversations"][0]["value"] == f"<image>{query}"
+    assert set(kinds) == {"size", "colour", "shape"}, kinds
+    codes = [s.code for s in toy.SPLITS.values()]
+    assert codes.count(toy.SPLITS[split].code) == 1
+    assert toy.make_scene(split, 7, 0)["meta"]["query"] == recs[7]["meta"]["query"]
