@@ -22,11 +22,11 @@ import zlib
 
 import torch
 
+from core import rewards
 from core.math_prompts import answer_prompt
 from core.regions import region_space
 from datamodules.evolve import query_steps
 from datamodules.sft_targets import format_steps, sft_target
-from lightning_modules import rewards
 from lightning_modules.methods.base import MethodContext
 from lightning_modules.methods.cycle_grpo import CycleGRPO
 from lightning_modules.methods.cycle_masks import MaskSFT, MaskSFTSpec

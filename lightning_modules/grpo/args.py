@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from lightning_modules import rewards
+from core import rewards
 from lightning_modules.engines.base import ROLLOUT_ENGINES, UPDATE_ENGINES
 from lightning_modules.methods.base import MethodContext
 from lightning_modules.models.loading import PolicyArgs, as_group
