@@ -68,8 +68,8 @@ PAPER_EPOCH_STEPS = 100  # 2,000 samples / 20 prompts
 # ------------------------------------------------------------------------------------------------------------ build
 def _corpus() -> list[str]:
     """The project's prompts and answer formats: the text a REC / OVD run tokenizes."""
+    from core.prompts import PROMPT_TEMPLATES
     from datamodules.toy import generate_split
-    from lightning_modules.models.prompts import PROMPT_TEMPLATES
 
     lines = []
     for templates in PROMPT_TEMPLATES.values():

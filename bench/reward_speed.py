@@ -35,7 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from lightning_modules.rewards import (  # noqa: E402 - after the path set-up
+from core.rewards import (  # noqa: E402 - after the path set-up
     extract_boxes,
     ovd_reward,
     parse_completion,

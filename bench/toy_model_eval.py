@@ -20,9 +20,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from core import rewards  # noqa: E402
 from datamodules import toy  # noqa: E402
 from datamodules.rec import load_sample, read_jsonl  # noqa: E402
-from lightning_modules import rewards  # noqa: E402
 from lightning_modules.engines.base import rollout  # noqa: E402
 from lightning_modules.models.loading import load_policy  # noqa: E402
 

@@ -51,10 +51,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from core import rewards  # noqa: E402
 from core.boxes import iou, rescale_box  # noqa: E402
 from datamodules import toy  # noqa: E402
 from datamodules.rec import load_sample, read_jsonl  # noqa: E402
-from lightning_modules import rewards  # noqa: E402
 from lightning_modules.engines.base import rollout  # noqa: E402
 from lightning_modules.engines.hf import completion_logps  # noqa: E402
 from lightning_modules.evaluation.evaluator import format_for_template  # noqa: E402

@@ -31,7 +31,7 @@ from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from PIL import Image, ImageDraw
 
 from callbacks.gallery import GT_COLOUR, LINE_H, PRED_COLOUR, colour_key, draw_boxes, wrap
-from lightning_modules import rewards
+from core import rewards
 from lightning_modules.evaluation.evaluator import greedy_answers
 from lightning_modules.grpo.outputs import StepOutput
 

@@ -45,10 +45,10 @@ from cli.evaluate_common import (
     run_info,
     take_shard,
 )
+from core.prompts import PROMPT_TEMPLATES
 from core.records import DataError
 from datamodules.gres import read_gres, read_groundingsuite
 from evals.benchmarks import evaluate_benchmark, load_mask_tokenizer, read_predictions
-from lightning_modules.models.prompts import PROMPT_TEMPLATES
 
 BENCHMARK_MODULES: tuple[str, ...] = ("cli.evaluate_video", "cli.evaluate_regions", "cli.evaluate_captions")
 """Modules that add more benchmarks: each has ``register(subparsers)``, which adds its sub-commands with

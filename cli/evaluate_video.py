@@ -35,10 +35,10 @@ from cli.evaluate_common import (
     take_shard,
     with_judge,
 )
+from core.prompts import PROMPT_TEMPLATES
 from evals.dove import evaluate_dove, read_dove, read_dove_predictions
 from evals.video_inputs import VideoIndex
 from evals.vstar import VSTAR_PROMPTS, evaluate_vstar, read_vstar, read_vstar_predictions
-from lightning_modules.models.prompts import PROMPT_TEMPLATES
 
 __all__ = ["register"]
 

@@ -19,7 +19,7 @@ import torch
 
 from cli.errors import ConfigError
 from cli.flat_flags import flat_hparams
-from lightning_modules.models.prompts import PROMPT_TEMPLATES
+from core.prompts import PROMPT_TEMPLATES
 
 
 def _policy_state(ckpt_path: str | Path, model: L.LightningModule) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -19,15 +19,15 @@ import time
 
 import torch
 
-from lightning_modules.models.loading import load_policy
-from lightning_modules.models.mask_tokenizer.toy import ToyMaskTokenizer
-from lightning_modules.models.mask_tokenizer.train_toy import (
+from cli.mask_tokenizer_training import (
     EVAL_SPLITS,
     ToyTrainArgs,
     build_mask_set,
     evaluate,
     train_toy,
 )
+from lightning_modules.models.loading import load_policy
+from lightning_modules.models.mask_tokenizer.toy import ToyMaskTokenizer
 from lightning_modules.models.mask_tokenizer.vocab import add_mask_tokens
 
 

@@ -24,8 +24,8 @@ from torch.utils.data import DataLoader
 from cli.errors import fail
 from cli.main import cli_main
 from core.records import DataError
+from core.rewards import parse_completion
 from datamodules.rec import collate_samples
-from lightning_modules.rewards import parse_completion
 
 
 def describe(config_args: list[str], out: str | Path) -> dict[str, int]:

@@ -1,6 +1,5 @@
 """Boxes written in text, and their geometry: the parsing and the maths that the rewards, the evolved questions'
-process reward and the benchmarks share (moved from ``lightning_modules/rewards.py``, which re-exports the public
-names for its callers).
+process reward and the benchmarks share (``core/rewards.py`` re-exports the public names for its callers).
 
 Box conventions: a box is ``[x1, y1, x2, y2]`` in absolute pixels. Qwen2.5-VL answers in pixels of the *resized*
 model input; ground truth is in original pixels, so answers are rescaled by ``(orig_w / input_w, orig_h / input_h)``

@@ -17,7 +17,7 @@ One JSONL line per (image, description) pair with at least one box, under D3's i
 JSON, ``D3.convert2coco(is_group_separated=True)``): an image is asked its group's descriptions (``inner_sent_id``),
 and the solution holds every box annotated with the description. Pairs without a box (D3's negatives) are not written:
 the OVD reader and reward need at least one box. Each line carries its question as VLM-R1's OVD rows do
-(``ovd_row_question``), so ``prompts.question_text`` asks it as VLM-R1 does.
+(``ovd_row_question``), so ``core.prompts.question_text`` asks it as VLM-R1 does.
 
 D3 has no train / val / test split (it is an evaluation benchmark). The converter splits the images of each group at
 random with ``--seed`` (``--val``, ``--test``: fractions), so every split has every scene and no image is in two.
@@ -44,21 +44,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from core.prompts import OVD_ROW_FORMAT, OVD_ROW_LEAD
 from core.records import DataError
 
 PKL_FILES = ("images.pkl", "annotations.pkl", "sentences.pkl", "groups.pkl")
 """The four pickles of ``d3_pkl.zip`` (``D3.load_data``)."""
 SPLITS = ("train", "val", "test")
-
-# VLM-R1's OVD rows carry the whole question (om-ai-lab/VLM-R1 issue 246, a maintainer's D3 training row; the unmerged
-# PR 359 asks the same lead): the descriptions as a Python list, then the answer format. Training code that asks in
-# another answer format (Syn-GRPO's four parts) replaces OVD_ROW_FORMAT and keeps the rest (prompts.question_text).
-OVD_ROW_LEAD = "Please carefully check the image and detect the following objects: "
-OVD_ROW_FORMAT = (
-    " Output the bbox coordinates of detected objects in JSON format in <answer></answer>. The bbox coordinate format"
-    ' should be: \n```json\n[{"bbox_2d": [x1, y1, x2, y2], "label": "object name"}]\n```\n. If no targets are detected'
-    ' in the image, simply respond with "None".'
-)
 
 _NUMPY = ("numpy", "numpy.core.multiarray", "numpy._core.multiarray", "numpy.core.numeric", "numpy._core.numeric")
 _ALLOWED = {(m, n) for m in _NUMPY for n in ("_reconstruct", "scalar", "ndarray", "dtype", "_frombuffer")}

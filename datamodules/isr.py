@@ -25,8 +25,8 @@ solution holds every box of it in the view, as D3's OVD samples do, so the class
 what was asked. ``--group view`` writes one line per view whose question lists every category in it (the reward then
 does not check which box is which category). A line is laid out as the D3 converter's: the human turn is VLM-R1's OVD
 question (``datamodules.d3.ovd_row_question``: "Please carefully check the image and detect the following objects:
-['dining chair']." and VLM-R1's answer format), so ``prompts.question_text`` asks it as VLM-R1 does; the gpt turn is
-VLM-R1's labelled JSON answer (each box with its category); the reader takes the boxes from ``solution``.
+['dining chair']." and VLM-R1's answer format), so ``core.prompts.question_text`` asks it as VLM-R1 does; the gpt turn
+is VLM-R1's labelled JSON answer (each box with its category); the reader takes the boxes from ``solution``.
 
 CLI::
 

@@ -128,7 +128,7 @@ def predict_masks(
     progress: Any = None,
 ) -> list[MaskPrediction]:
     """Greedy mask predictions of ``model`` for ``samples`` (`Sample` s: image, query), ``batch_size`` at a time,
-    prompted with ``template`` (``lightning_modules.models.prompts.PROMPT_TEMPLATES``); ``progress(done, total)``
+    prompted with ``template`` (``core.prompts.PROMPT_TEMPLATES``); ``progress(done, total)``
     is called after each batch."""
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")

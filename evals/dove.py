@@ -42,11 +42,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core.prompts import PROMPT_TEMPLATES
 from core.records import DataError, jsonl_objects
 from core.regions import IntervalSpace
 from evals.bench_files import predictions_path, require_predictions, write_results
 from evals.video_inputs import answer_part, greedy_video_answers, load_clip
-from lightning_modules.models.prompts import PROMPT_TEMPLATES
 
 __all__ = [
     "DOVE_JUDGE_PROMPT",

@@ -28,11 +28,11 @@ from pathlib import Path
 import lightning as L
 import torch
 
+from core.prompts import CHAT_TEMPLATE, PROMPT_TEMPLATES, question_text
 from lightning_modules.engines.packing import enable_fast_vision_attention
 from lightning_modules.evaluation.evaluator import Evaluator, eval_set_name
 from lightning_modules.methods.cycle_masks import MaskSFTSpec
 from lightning_modules.models.loading import PolicyArgs, as_group, load_policy, prepare_policy
-from lightning_modules.models.prompts import CHAT_TEMPLATE, PROMPT_TEMPLATES, question_text
 from lightning_modules.models.qwen_vl import model_inputs
 from lightning_modules.models.tiny_model import build_tiny_qwen2_5_vl
 from lightning_modules.sft_eval import SFTEvaluation

@@ -19,14 +19,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from core import rewards
 from core.coevolution import EDIT_KEYS
 from core.math_grading import answers_match, extract_boxed, format_ok
+from core.question_rewards import parse_question_output
 from datamodules.sft_math import edit_in_grammar
-from lightning_modules import rewards
 from lightning_modules.engines.base import RolloutRequest, Sampling, build_rollout_engine, rollout
 from lightning_modules.evaluation.evaluator import Evaluator, format_for_template, greedy_answers
 from lightning_modules.methods.cycle_rewards import caption_text
-from lightning_modules.question_rewards import parse_question_output
 from lightning_modules.sft_examples import SFTExamples, pair_prompt
 
 __all__ = ["SFTEvaluation"]

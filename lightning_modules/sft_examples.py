@@ -22,18 +22,19 @@ import zlib
 
 import torch
 
+from core import rewards
 from core.math_prompts import answer_prompt
+from core.prompts import PROMPT_TEMPLATES
 from core.regions import region_space
 from datamodules.evolve import query_steps
 from datamodules.sft_targets import format_steps, sft_target
-from lightning_modules import rewards
 from lightning_modules.methods.base import MethodContext
 from lightning_modules.methods.cycle_grpo import CycleGRPO
 from lightning_modules.methods.cycle_masks import MaskSFT, MaskSFTSpec
 from lightning_modules.methods.cycle_regions import VIDEO_SPACES
 from lightning_modules.methods.math_answer import chat_prompt
 from lightning_modules.methods.question_generator import question_prompt
-from lightning_modules.models.prompts import PROMPT_TEMPLATES, build_prompt_text
+from lightning_modules.models.prompts import build_prompt_text
 from lightning_modules.models.qwen_vl import box_frame, box_frame_wh, model_input_size, processor_inputs
 
 __all__ = ["TARGETS", "VIDEO_TEMPLATES", "SFTExamples", "pair_prompt"]

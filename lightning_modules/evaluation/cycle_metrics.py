@@ -10,12 +10,12 @@
 As in ``evaluation/metrics.py``: every state is a sum (float64 sums, int64 counts, ``dist_reduce_fx="sum"``),
 so ``compute()`` after any split of the data over ``update()`` calls or ranks equals the one-shot value; a ratio with
 nothing counted is ``nan``, not 0; results are float32 tensors. Unreadable predictions (None) are wrong answers:
-IoU 0, and for a no-target sample not a rejection.
+IoU 0, and for a no-target sample not a rejection. The per-sample rules that records share with these classes
+(``st_scores``, ``pair_consistency``, ``locate``) are ``core/regions/sample_scores.py``.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,16 +24,13 @@ from torch import Tensor
 from torchmetrics import Metric
 
 from core.regions import NO_TARGET, AnchorSpace, IntervalSpace, RegionSpace, region_space
-from core.regions.boxes import box_iou
+from core.regions.sample_scores import pair_consistency, st_scores
 
 __all__ = [
     "Locatability",
     "RegionGroundingMetrics",
     "SpatioTemporalMetrics",
     "TemporalGroundingMetrics",
-    "locate",
-    "pair_consistency",
-    "st_scores",
 ]
 
 
@@ -141,10 +138,6 @@ class TemporalGroundingMetrics(Metric):
         return out
 
 
-def _slots(anchors: Sequence[tuple[float, Any]], slot: float) -> list[tuple[float, float]]:
-    return [(max(t - slot / 2, 0.0), t + slot / 2) for t, _ in anchors]  # a slot never starts before the clip
-
-
 class SpatioTemporalMetrics(Metric):
     """When / where scores of (timestamp, box) answers, and their Eq. 15 consistency (``"st"``), per-sample means.
 
@@ -229,45 +222,3 @@ class Locatability(Metric):
 
     def compute(self) -> dict[str, Tensor]:
         return {"locatability": _ratio(self.located, self.n), "confusion": _ratio(self.confused, self.n)}
-
-
-# --- one sample at a time (CycleGRPO.predict's records: the same rules as the metrics above) ---------------------
-
-
-def pair_consistency(
-    space: RegionSpace, owns: Sequence[Any], lookalikes: Sequence[Sequence[Any]], preds: Sequence[Any]
-) -> tuple[list[float], list[float]]:
-    """Per caption: the consistency of its grounding ``preds[i]`` with its own region, and the best with any of its
-    look-alike regions (0 without any), as ``Locatability.update_regions`` scores them."""
-    if not len(owns) == len(lookalikes) == len(preds):
-        raise ValueError(
-            f"one own region, one list of look-alikes and one prediction per caption, got {len(owns)}, "
-            f"{len(lookalikes)}, {len(preds)}"
-        )
-    own = [space.consistency(o, p) for o, p in zip(owns, preds)]
-    other = [max((space.consistency(d, p) for d in ds), default=0.0) for ds, p in zip(lookalikes, preds)]
-    return own, other
-
-
-def locate(own_iou: float, distractor_iou: float, threshold: float = 0.5) -> tuple[bool, bool]:
-    """``(located, confused)`` of one caption, as ``Locatability.update`` counts it (a nan / -inf distractor: none)."""
-    other = 0.0 if math.isnan(distractor_iou) or distractor_iou == -math.inf else distractor_iou
-    return own_iou >= threshold and own_iou > other, other >= threshold and other >= own_iou
-
-
-def st_scores(gt: Any, pred: Any, tau: float = 3.0, slot: float = 0.5) -> tuple[float, float, float]:
-    """``(when, where, st)`` of one anchor answer (``SpatioTemporalMetrics``' per-sample scores): the merged frame
-    slots' tIoU, the mean IoU with the predicted box nearest in time (0 beyond ``tau``), Eq. 15."""
-    space = AnchorSpace(tau=tau)
-    if pred is None:
-        return 0.0, 0.0, 0.0
-    gt, pred = space.normalize(gt), space.normalize(pred)
-    if gt is NO_TARGET or pred is NO_TARGET:
-        v = 1.0 if gt is pred else 0.0
-        return v, v, v
-    when = IntervalSpace().consistency(_slots(gt, slot), _slots(pred, slot))
-    where = 0.0
-    for t, box in gt:
-        dt, nearest = min((abs(t - tp), bp) for tp, bp in pred)
-        where += box_iou(box, nearest) if dt <= space.tau else 0.0
-    return when, where / len(gt), space.consistency(gt, pred)

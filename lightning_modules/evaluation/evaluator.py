@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from core import rewards
 from core.regions import NO_TARGET, region_space
 from datamodules import evolve
-from lightning_modules import rewards
 from lightning_modules.engines.base import RolloutEngine, RolloutRequest, Sampling, build_rollout_engine
 from lightning_modules.evaluation.cycle_metrics import RegionGroundingMetrics
 from lightning_modules.evaluation.metrics import DetectionMetrics, FormatRate, GroundingAccuracy, MeanIoU

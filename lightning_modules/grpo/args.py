@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from lightning_modules import rewards
+from core import rewards
+from core.prompts import PROMPT_TEMPLATES
 from lightning_modules.engines.base import ROLLOUT_ENGINES, UPDATE_ENGINES
 from lightning_modules.methods.base import MethodContext
 from lightning_modules.models.loading import PolicyArgs, as_group
-from lightning_modules.models.prompts import PROMPT_TEMPLATES
 from lightning_modules.registry import document
 
 __all__ = [
@@ -47,7 +47,7 @@ class SamplingArgs:
 
     Args:
         prompt_template: the training prompt: ``syn_grpo`` (asks for diversity and description), ``vlm_r1`` or
-            ``toy`` (``lightning_modules/models/prompts.py``).
+            ``toy`` (``core/prompts.py``).
         group_size: completions sampled per prompt (G).
         temperature: sampling temperature of the rollout (and of the log-probs).
         top_p: nucleus sampling threshold of the rollout.
@@ -64,7 +64,7 @@ class SamplingArgs:
     min_new_tokens: int = 0
 
     def __post_init__(self) -> None:
-        _choice("sampling.prompt_template", self.prompt_template, PROMPT_TEMPLATES, " (models/prompts.py)")
+        _choice("sampling.prompt_template", self.prompt_template, PROMPT_TEMPLATES, " (core/prompts.py)")
         if self.group_size < 2:
             raise _bad("sampling.group_size", f"must be >= 2 for group-normalised advantages, got {self.group_size}")
         if self.temperature <= 0:
@@ -233,7 +233,7 @@ class EvalArgs:
 
     def __post_init__(self) -> None:
         if self.prompt_template is not None:
-            _choice("evaluation.prompt_template", self.prompt_template, PROMPT_TEMPLATES, " (models/prompts.py)")
+            _choice("evaluation.prompt_template", self.prompt_template, PROMPT_TEMPLATES, " (core/prompts.py)")
         if self.format is not None:
             _choice("evaluation.format", self.format, rewards.FORMATS)
 

@@ -63,6 +63,7 @@ import itertools
 
 import torch
 
+from core import rewards
 from core.regions import (
     NO_TARGET,
     caption_phi,
@@ -72,7 +73,6 @@ from core.regions import (
     localization_reward,
     temporal_proximity,
 )
-from lightning_modules import rewards
 from lightning_modules.engines.base import RolloutRequest
 from lightning_modules.judge import JudgeConfig
 from lightning_modules.methods.base import Method, MethodHost, Scores

@@ -50,6 +50,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from core.prompts import PROMPT_TEMPLATES
 from core.regions import NO_TARGET, MaskSpace, region_space
 from core.regions.checks import has_mask_token_leak
 from core.regions.mask_rewards import MASK_CONSISTENCIES, mask_consistency, no_target_reward
@@ -60,7 +61,7 @@ from lightning_modules.methods.cycle_rewards import raw_caption
 from lightning_modules.models.mask_tokenizer.toy import ToyMaskTokenizer
 from lightning_modules.models.mask_tokenizer.vocab import mask_token_ids
 from lightning_modules.models.mask_tokenizer.vq_sam2 import VQSam2MaskTokenizer
-from lightning_modules.models.prompts import PROMPT_TEMPLATES, build_prompt_text
+from lightning_modules.models.prompts import build_prompt_text
 
 __all__ = [
     "MASK_REWARDS",

@@ -10,7 +10,7 @@ whether that counts as ``located`` / ``confused``, as ``Locatability`` counts th
 from __future__ import annotations
 
 from core.regions import NO_TARGET
-from lightning_modules.evaluation.cycle_metrics import locate, pair_consistency, st_scores
+from core.regions.sample_scores import locate, pair_consistency, st_scores
 from lightning_modules.methods.base import MethodHost
 from lightning_modules.methods.cycle_eval import CycleEvaluation, greedy
 

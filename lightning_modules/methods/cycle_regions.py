@@ -17,9 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from core import regions
+from core import regions, rewards
 from core.regions import NO_TARGET, AnchorSpace, IntervalSpace
-from lightning_modules import rewards
 from lightning_modules.evaluation.evaluator import answered_region
 from lightning_modules.methods.cycle_masks import MaskRegions
 from lightning_modules.methods.cycle_rewards import raw_caption

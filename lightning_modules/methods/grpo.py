@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from lightning_modules import rewards
+from core import rewards
 from lightning_modules.methods.base import Method, RewardContext, RewardTerm, Scores, _flag
 from lightning_modules.models.rollout import Rollout
 

@@ -5,8 +5,8 @@ partition fixes which edit the row gets (by default the seed's, drawn anew each 
 the round's n rows, `core.coevolution.split_image_rows`; or fixed per row id, `edit_kind`), and Q's prompt asks for
 exactly one JSON key: ``follow_up_problem`` (text edit) or ``edit_instruction`` (image edit). Each of Q's G completions
 is judged by a second, frozen model, the answer model A (``answer_model``: a local HF folder, sampled through a rollout
-engine of the project, :data:`question_rewards.VOTES` samples at temperature 0.7), and rewarded by
-`question_rewards.score_text_edit` / `score_image_edit`::
+engine of the project, :data:`core.question_rewards.VOTES` samples at temperature 0.7), and rewarded by
+`core.question_rewards.score_text_edit` / `score_image_edit`::
 
     reward = max(0, log(p_step) - log(max(0.2, p_answer)) + log(5)),   0 behind the gate
 
@@ -44,20 +44,12 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from PIL import Image
 
+from core import rewards
 from core.coevolution import EDIT_KEYS, compose_follow_up, edit_kind, split_image_rows
 from core.math_grading import extract_boxed
 from core.math_prompts import answer_prompt
-from lightning_modules import rewards
-from lightning_modules.engines.base import RolloutEngine, RolloutRequest, Sampling, build_rollout_engine
-from lightning_modules.engines.packing import enable_fast_vision_attention
-from lightning_modules.evaluation.metrics import FormatRate
-from lightning_modules.methods.base import Method, MethodHost, Scores, _flag
-from lightning_modules.methods.math_answer import chat_prompt, greedy_texts
-from lightning_modules.models.loading import load_policy
-from lightning_modules.models.rollout import Rollout
-from lightning_modules.question_rewards import (
+from core.question_rewards import (
     VOTES,
-    ClipSimilarity,
     QuestionScore,
     answer_success_rate,
     majority_vote,
@@ -67,6 +59,14 @@ from lightning_modules.question_rewards import (
     screen_output,
     toy_similarity,
 )
+from lightning_modules.engines.base import RolloutEngine, RolloutRequest, Sampling, build_rollout_engine
+from lightning_modules.engines.packing import enable_fast_vision_attention
+from lightning_modules.evaluation.metrics import FormatRate
+from lightning_modules.methods.base import Method, MethodHost, Scores, _flag
+from lightning_modules.methods.math_answer import chat_prompt, greedy_texts
+from lightning_modules.models.clip_similarity import ClipSimilarity
+from lightning_modules.models.loading import load_policy
+from lightning_modules.models.rollout import Rollout
 from synth.edit_client import InstructionEdit, InstructionEditor
 
 __all__ = [
@@ -275,7 +275,7 @@ class QuestionGenerator(Method):
         image_editor: keyword arguments of ``synth.edit_client.InstructionEditor`` (``url``, ``server_config``,
             ``server_overrides``, ``output_dir``, ``timeout_s``); null: image-edit rows get the gate's 0
             (``no_editor``).
-        clip_model: a local CLIP folder (`question_rewards.ClipSimilarity`) for an image edit's ``p_step``; null:
+        clip_model: a local CLIP folder (`models.clip_similarity.ClipSimilarity`) for an image edit's ``p_step``; null:
             image-edit rows get the gate's 0 (``no_clip``), unless ``image_similarity`` is ``toy``.
         image_similarity: ``clip`` (the seed's) or ``toy``: `question_rewards.toy_similarity` of the source and the
             edited toy image stands in for CLIP (no weights; a row without a toy scene gets ``no_clip``).

@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from typing import Any, Literal
 
-from lightning_modules import rewards
+from core import rewards
 from lightning_modules.methods.base import RewardContext, RewardTerm, Scores, Selection, _flag
 from lightning_modules.methods.grpo import GRPO
 from lightning_modules.models.rollout import Rollout

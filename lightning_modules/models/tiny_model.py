@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from lightning_modules.models.prompts import CHAT_TEMPLATE, CHAT_TEMPLATE_IMAGE_LAST, QWEN_SPECIAL_TOKENS, eos_token_ids
+from core.prompts import CHAT_TEMPLATE, CHAT_TEMPLATE_IMAGE_LAST, QWEN_SPECIAL_TOKENS
+from lightning_modules.models.prompts import eos_token_ids
 
 # --------------------------------------------------------------------------------------------------------------------
 # The tiny model factory: same classes as Qwen2.5-VL-7B, a few million parameters, a locally trained tokenizer.

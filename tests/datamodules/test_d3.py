@@ -62,7 +62,7 @@ def test_split_keeps_each_image_in_one_split_and_is_seeded(tmp_path):
 
 
 def test_a_perfect_answer_earns_the_full_ovd_reward(tmp_path):
-    from lightning_modules.rewards import ovd_reward
+    from core.rewards import ovd_reward
 
     convert(IMAGES, PKL, tmp_path)
     row = json.loads(next(x for x in (tmp_path / "d3_train.jsonl").read_text().splitlines() if '"d3-10-1"' in x))

@@ -34,7 +34,7 @@ DATA = Path(__file__).parents[1] / "data"
 
 @pytest.fixture(scope="module")
 def processor():
-    """A processor with the project's chat template (``prompts.CHAT_TEMPLATE``, Qwen2.5-VL's shape)."""
+    """A processor with the project's chat template (``core.prompts.CHAT_TEMPLATE``, Qwen2.5-VL's shape)."""
     return build_processor(train_bpe_tokenizer(["Find: the red circle"] * 5, vocab_size=300), 112)
 
 

@@ -63,7 +63,7 @@ def test_converted_jsonl_loads_through_the_ovd_reader_with_the_right_boxes_and_c
 
 
 def test_a_perfect_answer_to_a_converted_sample_earns_the_full_ovd_reward(tmp_path):
-    from lightning_modules.rewards import ovd_reward
+    from core.rewards import ovd_reward
 
     root = _render(tmp_path / "renders")
     convert(root, tmp_path / "isr.jsonl")

@@ -15,6 +15,7 @@ import pytest
 
 from core.coevolution import EDIT_KEYS, compose_follow_up
 from core.math_grading import answers_match, extract_boxed, format_ok
+from core.question_rewards import parse_question_output
 from core.toy_math import parse_follow_up
 from core.toy_math.edits import edit_problem
 from datamodules.reasoning import ReasoningSample
@@ -27,7 +28,6 @@ from datamodules.sft_math import (
     math_pair,
 )
 from datamodules.toy_math import ToyMathSpec, make_row
-from lightning_modules.question_rewards import parse_question_output
 
 REPO = Path(__file__).resolve().parents[2]
 

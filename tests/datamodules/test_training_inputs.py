@@ -9,8 +9,8 @@ import warnings
 import pytest
 
 from core.records import DataError
+from core.rewards import MAX_PRED_BOXES, ovd_reward
 from datamodules.rec import read_jsonl
-from lightning_modules.rewards import MAX_PRED_BOXES, ovd_reward
 
 
 def _line(i: int) -> str:

@@ -132,8 +132,8 @@ def test_no_target_images_score_gres_metrics_and_are_refused_by_the_grpo_reward(
     for the rejection; the GRPO accuracy reward refuses it and says where it trains."""
     import pytest
 
+    from core import rewards
     from datamodules.rec import GroundingDataset, Record
-    from lightning_modules import rewards
     from lightning_modules.evaluation.evaluator import Answer, Evaluator
     from lightning_modules.methods.base import RewardContext
     from lightning_modules.methods.grpo import accuracy_reward

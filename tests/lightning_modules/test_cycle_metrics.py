@@ -1,4 +1,5 @@
-"""Tests for lightning_modules/evaluation/cycle_metrics.py: hand-worked values and chunked updates equal to one-shot ones."""
+"""Tests for lightning_modules/evaluation/cycle_metrics.py (and core/regions/sample_scores.py): hand-worked values and
+chunked updates equal to one-shot ones."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from core.regions import NO_TARGET, IntervalSpace, MaskSpace
+from core.regions.sample_scores import locate
 from lightning_modules.evaluation.cycle_metrics import (
     Locatability,
     RegionGroundingMetrics,
@@ -130,8 +132,6 @@ def test_locatability_hand_values():
 
 
 def test_locate_counts_one_caption_as_locatability_does():
-    from lightning_modules.evaluation.cycle_metrics import locate
-
     own = [0.9, 0.6, 0.2, 0.55, 0.3, 0.5]
     other = [0.0, 0.7, 0.8, float("nan"), float("-inf"), 0.5]
     for o, d in zip(own, other):

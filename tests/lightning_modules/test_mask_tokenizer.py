@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import torch
 
+from cli.mask_tokenizer_training import ToyTrainArgs, train_toy
 from core.regions import MaskSpace
 from core.regions.mask_tokens import format_mask, mask_token_strings, parse_masks
 from core.toy.masks import object_masks
 from datamodules.toy import make_scene
 from lightning_modules.models.mask_tokenizer.quantizer import ResidualQuantizer, kmeans
 from lightning_modules.models.mask_tokenizer.toy import ToyMaskTokenizer, ToyVQConfig
-from lightning_modules.models.mask_tokenizer.train_toy import ToyTrainArgs, train_toy
 
 REPO = Path(__file__).resolve().parents[2]
 TOY_POLICY = REPO / "checkpoints" / "toy-qwen2.5-vl"

@@ -1,4 +1,5 @@
-"""Tests for lightning_modules/evaluation/metrics.py: hand-worked values, mAP against pycocotools, and a 2-rank gloo sync."""
+"""Tests for lightning_modules/evaluation/metrics.py and core/metric_maths.py: hand-worked values, mAP against
+pycocotools, and a 2-rank gloo sync."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from core.metric_maths import greedy_match, group_diversity, safe_box_iou
 from lightning_modules.evaluation.metrics import (
     DetectionMetrics,
     FormatRate,
@@ -22,9 +24,6 @@ from lightning_modules.evaluation.metrics import (
     MeanIoU,
     ResponseEntropy,
     RewardDiversity,
-    greedy_match,
-    group_diversity,
-    safe_box_iou,
 )
 
 SQUARE = [0.0, 0.0, 10.0, 10.0]  # area 100

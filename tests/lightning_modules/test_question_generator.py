@@ -242,7 +242,7 @@ def test_image_edits_through_the_editor_and_clip(tmp_path):
     # The real editor (synth.edit_client, a local procedural server: toy math edits) and a tiny random CLIP; A is
     # scripted (on the kept problem: three right answers in five). "Add some noise" is in the toy edit
     # grammar and keeps the answer; "draw a cat" is not (edit_failed). Judged twice: the second time from the cache.
-    from test_question_rewards import _tiny_clip  # tests/lightning_modules is on sys.path under pytest
+    from test_clip_similarity import _tiny_clip  # tests/lightning_modules is on sys.path under pytest
 
     from datamodules.reasoning import ReasoningDataModule
     from datamodules.toy_math import ToyMathSpec

@@ -10,7 +10,7 @@ import torch
 from PIL import Image, ImageDraw
 from test_video_engines import plain_hf_logps, rope_index  # tests/lightning_modules is on sys.path
 
-from lightning_modules import rewards
+from core import rewards
 from lightning_modules.engines.base import rollout
 from lightning_modules.models.loading import load_policy
 from lightning_modules.models.qwen_vl import box_frame, box_frame_wh, model_input_wh

@@ -24,10 +24,10 @@ from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWi
 
 from cli.coevolve import main
 from core.coevolution import split_image_rows
+from core.question_rewards import score_image_edit, score_text_edit
 from datamodules.reasoning import ReasoningDataModule, load_reasoning_sample, read_rows, write_jsonl
 from datamodules.sft_math import edit_instruction_target
 from datamodules.toy_math import export_split
-from lightning_modules.question_rewards import score_image_edit, score_text_edit
 from runner.coevolution_config import RoundsConfig, RoundsError
 from runner.coevolution_edits import (
     EditSettings,

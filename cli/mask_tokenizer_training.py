@@ -1,4 +1,5 @@
-"""Training and measuring the toy VQ mask tokenizer on exact toy-world masks (``python -m cli.mask_tokenizer``).
+"""Training and measuring the toy VQ mask tokenizer on exact toy-world masks (``python -m cli.mask_tokenizer``, its only
+user: a build step run outside any fit, so it sits beside that command rather than with the tokenizer).
 
 Data: every visible object (target, other foreground objects, painted distractors) of toy scenes, its exact visible
 mask (``core.toy.masks``) and tight box. Training scenes come from ``TRAIN_SPLITS``, held-out ones from

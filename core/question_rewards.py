@@ -19,10 +19,9 @@ a consensus (no boxed answer at all, or fewer than 2 votes for the winner); an i
 whose CLIP similarity is below 0.2. Past the gate the reward is at least 0 by construction (``p_step >= 0.2`` and
 ``max(0.2, p_answer) <= 1``), in [0, log 25]: highest for a reliable edit that A then always fails.
 
-Also: :class:`ClipSimilarity`, the CLIP image-image similarity from transformers' CLIP classes, loaded from a local
-folder only (``CLIPModel`` or ``CLIPVisionModelWithProjection`` weights and a ``CLIPImageProcessor``); and
-:func:`toy_similarity`, the toy visual-math world's stand-in for it (no weights): the intersection over union of the
-two images' object pixels, labelled by colour.
+Also :func:`toy_similarity`, the toy visual-math world's stand-in for the CLIP similarity (no weights): the
+intersection over union of the two images' object pixels, labelled by colour. CLIP itself, a model, is
+``lightning_modules/models/clip_similarity.py`` (`ClipSimilarity`).
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from core.coevolution import BRIDGE, EDIT_KEYS
@@ -40,7 +38,6 @@ from core.math_grading import answers_match, extract_boxed, normalize_answer
 from core.toy.grammar import COLOURS, OBJECT_COLOURS
 
 __all__ = [
-    "ClipSimilarity",
     "QuestionScore",
     "Vote",
     "answer_success_rate",
@@ -286,59 +283,6 @@ def score_image_edit(q_output: Any, clip_similarity: Any, completions: Sequence[
         return QuestionScore(0.0, "low_clip", output=out)
     p_answer = answer_success_rate(completions, answer)
     return QuestionScore(question_reward(p_step, p_answer), "ok", p_step, p_answer, out, answer)
-
-
-# --- CLIP image-image similarity -------------------------------------------------------------------------------------
-
-
-class ClipSimilarity:
-    """Cosine similarity of two images' CLIP embeddings, from a local folder (no download).
-
-    The folder holds a ``CLIPModel`` (e.g. openai/clip-vit-large-patch14, as the seed) or a
-    ``CLIPVisionModelWithProjection``, and its ``CLIPImageProcessor``. Loaded on first use; ``embeddings =
-    visual_projection(vision_model(pixels).pooler_output)``, the same for both classes, L2-normalised in fp32.
-    """
-
-    def __init__(self, path: str | Path, device: str = "cpu", dtype: str = "float32") -> None:
-        self.path = Path(path)
-        self.device = device
-        self.dtype = dtype
-        self._model = None
-        self._processor = None
-
-    def _load(self) -> None:
-        if self._model is not None:
-            return
-        import torch
-        from transformers import AutoConfig, CLIPImageProcessor, CLIPModel, CLIPVisionModelWithProjection
-
-        if not (self.path / "config.json").is_file():
-            raise FileNotFoundError(
-                f"no CLIP checkpoint at {self.path} (config.json missing): save a CLIPModel or "
-                "CLIPVisionModelWithProjection there with save_pretrained, and its CLIPImageProcessor"
-            )
-        model_type = AutoConfig.from_pretrained(self.path, local_files_only=True).model_type
-        cls = CLIPModel if model_type == "clip" else CLIPVisionModelWithProjection
-        model = cls.from_pretrained(self.path, local_files_only=True, dtype=getattr(torch, self.dtype))
-        self._model = model.to(self.device).eval()
-        self._processor = CLIPImageProcessor.from_pretrained(self.path, local_files_only=True)
-
-    def embed(self, images: Sequence[Any]):
-        """``[N, D]`` L2-normalised fp32 embeddings of N PIL images."""
-        import torch
-
-        self._load()
-        pixels = self._processor(images=[im.convert("RGB") for im in images], return_tensors="pt")["pixel_values"]
-        model = self._model
-        with torch.inference_mode():
-            pooled = model.vision_model(pixel_values=pixels.to(self.device, model.dtype)).pooler_output  # [N, H]
-            emb = model.visual_projection(pooled).float()  # [N, D]
-        return torch.nn.functional.normalize(emb, dim=-1)
-
-    def __call__(self, source: Any, edited: Any) -> float:
-        """The cosine similarity in [-1, 1] of ``source`` and ``edited`` (PIL images)."""
-        emb = self.embed([source, edited])
-        return float((emb[0] * emb[1]).sum())
 
 
 # --- the toy world's stand-in for CLIP --------------------------------------------------------------------------------

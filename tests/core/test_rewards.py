@@ -1,4 +1,4 @@
-"""Tests for lightning_modules/rewards.py: one literal test per behaviour, the 45 real completions in
+"""Tests for core/rewards.py: one literal test per behaviour, the 45 real completions in
 shared/data/real_completions.jsonl, property tests that nothing raises on arbitrary text, the OVD reward against
 pycocotools, and the diversity smoother's hand-worked EMA sequence."""
 
@@ -16,8 +16,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import lightning_modules.rewards as rewards_module
-from lightning_modules.rewards import (
+import core.rewards as rewards_module
+from core.rewards import (
     ACCURACY_REWARDS,
     DIVERSITY_REWARD_FORMS,
     MAX_COMPLETION_CHARS,
