@@ -64,7 +64,9 @@ def sft_target(
         words = desc.words()
         n = sum(desc.matches(o) for o in objects)
         found = "find only one" if n == 1 else f"find {n}"
-        think = f"The query asks for {query}. I look for {' '.join(words[:-1] + [grammar.plural(words[-1])])} and {found}."
+        think = (
+            f"The query asks for {query}. I look for {' '.join(words[:-1] + [grammar.plural(words[-1])])} and {found}."
+        )
     elif task == "rec" and objects:
         t = next(o for o in objects if o["role"] == "target")
         kind = f"{t['colour']} {grammar.plural(t['shape'])}"

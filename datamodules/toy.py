@@ -273,11 +273,15 @@ def make_scene(split: str, index: int, seed: int, size: int = 224, task: str = "
     if SPLITS[split].single_attr and task == "rec":
         for attempt in range(HARD_QUERY_ATTEMPTS):
             rec = _draw_scene(split, index, seed, size, task, _rng(seed, split, task, index, attempt))
-            pick = np.random.default_rng(np.random.SeedSequence([seed, SPLITS[split].code, index, attempt, _SINGLE_TAG]))
+            pick = np.random.default_rng(
+                np.random.SeedSequence([seed, SPLITS[split].code, index, attempt, _SINGLE_TAG])
+            )
             if _single_attr_query(rec, pick):
                 return rec
-        raise RuntimeError(f"{split} scene {index} (seed {seed}): no target with a unique attribute in "
-                           f"{HARD_QUERY_ATTEMPTS} draws; the split draws too many objects (SPLITS[{split!r}].others)")
+        raise RuntimeError(
+            f"{split} scene {index} (seed {seed}): no target with a unique attribute in "
+            f"{HARD_QUERY_ATTEMPTS} draws; the split draws too many objects (SPLITS[{split!r}].others)"
+        )
     if not levels:
         rec = _draw_scene(split, index, seed, size, task, _rng(seed, split, task, index))
         if SPLITS[split].short_query and task == "rec":
@@ -356,7 +360,11 @@ def _single_attr_query(rec: dict[str, Any], rng: np.random.Generator) -> bool:
     (``rec`` untouched) when every attribute of the target is shared with another object of the scene."""
     meta = rec["meta"]
     t = target_index(meta)
-    descs = [d for d in _descs(meta["objects"][t], min_attrs=1) if sum(v is not None for v in (d.size, d.colour, d.shape)) == 1]
+    descs = [
+        d
+        for d in _descs(meta["objects"][t], min_attrs=1)
+        if sum(v is not None for v in (d.size, d.colour, d.shape)) == 1
+    ]
     descs = [d for d in descs if resolve(NP(d), meta) == [t]]
     if not descs:
         return False
