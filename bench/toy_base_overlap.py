@@ -2,8 +2,8 @@
 
     python bench/toy_base_overlap.py [--scenes 5000] [--out result.json]
 
-Reads the first ``--scenes`` training samples of the base's mix (``configs/toy_sft_stage_base.yaml``: the ``base`` and
-``base_varied`` splits, a quarter of them captioning samples) against as many scenes of each split RL trains and is
+Reads the first ``--scenes`` training samples of each stage's mix (``configs/toy_sft_stage_base{,2}.yaml``: the
+``base``, ``base_varied`` and ``base_solo`` splits, a quarter of them captioning samples) against as many scenes of each split RL trains and is
 measured on (``train``, ``val``, ``ood``; seed 0) and prints, each of which should be 0:
 
 * **query kind**: base samples whose query (or, for a captioning sample, whose answer) names two or more of size,
@@ -34,7 +34,10 @@ from core.toy.query import parse_query  # noqa: E402
 from datamodules import toy  # noqa: E402
 from lightning_modules.sft_examples import SFTExamples  # noqa: E402
 
-MIX = {"base": 0.6, "base_varied": 0.4}  # configs/toy_sft_stage_base.yaml
+MIXES = {  # the training mixes of configs/toy_sft_stage_base.yaml and configs/toy_sft_stage_base2.yaml
+    "stage1": {"base": 0.6, "base_varied": 0.4},
+    "stage2": {"base_solo": 0.25, "base": 0.45, "base_varied": 0.3},
+}
 CAPTION_FRAC = 0.25
 
 
@@ -51,15 +54,21 @@ def _n_attrs(text: str) -> int:
     return sum(v is not None for v in (d.size, d.colour, d.shape))
 
 
-def measure(scenes: int) -> dict:
-    examples = SFTExamples(target="toy_base", prompt_template=["toy", "vlm_r1"], caption_frac=CAPTION_FRAC)
-    base = toy.ToySceneDataset("train", 1_000_000, seed=0, mix=MIX)
+def rl_task(scenes: int) -> tuple[set, set, set]:
+    """Query texts, image hashes and scene keys of the first ``scenes`` of each split RL trains and is measured on."""
     rl_queries, rl_images, rl_scenes = set(), set(), set()
     for split in ("train", "val", "ood"):
         for rec in toy.iter_split(split, scenes, seed=0):
             rl_queries.add(rec["meta"]["query"])
             rl_images.add(_image_key(rec["image"]))
             rl_scenes.add(_scene_key(rec["meta"]))
+    return rl_queries, rl_images, rl_scenes
+
+
+def measure(scenes: int, mix: dict[str, float], rl: tuple[set, set, set]) -> dict:
+    rl_queries, rl_images, rl_scenes = rl
+    examples = SFTExamples(target="toy_base", prompt_template=["toy", "vlm_r1"], caption_frac=CAPTION_FRAC)
+    base = toy.ToySceneDataset("train", 1_000_000, seed=0, mix=mix)
     counts = dict.fromkeys(("multi_attribute", "shared_query_text", "target_with_rl_query", "image", "scene"), 0)
     queries, captions = set(), 0
     for i in range(scenes):
@@ -74,6 +83,7 @@ def measure(scenes: int) -> dict:
         counts["scene"] += _scene_key(s.meta) in rl_scenes
     counts["shared_query_text"] = len(queries & rl_queries)
     return {
+        "mix": mix,
         "base_samples": scenes,
         "captioning_samples": captions,
         "distinct_base_queries": len(queries),
@@ -89,14 +99,17 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     t0 = time.time()
-    r = measure(args.scenes)
-    print(
-        f"toy base mix: {r['base_samples']} samples ({r['captioning_samples']} captioning, "
-        f"{r['distinct_base_queries']} distinct queries) against {r['rl_scenes_per_split']} scenes each of RL's "
-        f"train / val / ood ({r['distinct_rl_queries']} distinct queries)"
-    )
-    for k, v in r["overlap"].items():
-        print(f"  overlap {k:<22} {v}")
+    rl = rl_task(args.scenes)
+    r: dict = {"stages": {}}
+    for stage, mix in MIXES.items():
+        m = r["stages"][stage] = measure(args.scenes, mix, rl)
+        print(
+            f"toy base {stage} mix {mix}: {m['base_samples']} samples ({m['captioning_samples']} captioning, "
+            f"{m['distinct_base_queries']} distinct queries) against {m['rl_scenes_per_split']} scenes each of RL's "
+            f"train / val / ood ({m['distinct_rl_queries']} distinct queries)"
+        )
+        for k, v in m["overlap"].items():
+            print(f"  overlap {k:<22} {v}")
     if args.out:
         r.update(
             what="toy base SFT mix vs RL's task (bench/toy_base_overlap.py; a data measurement)",

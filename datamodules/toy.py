@@ -117,6 +117,7 @@ SPLITS: dict[str, SplitSpec] = {
     # the toy base's SFT scenes (docs/toy_model.md): asked by one unique attribute, on codes no RL split uses
     "base": SplitSpec(19, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, single_attr=True),
     "base_varied": SplitSpec(20, grammar.BACKGROUNDS, (1, 10), share=False, near=False, single_attr=True),
+    "base_solo": SplitSpec(22, grammar.PLAIN_BACKGROUNDS, (0, 0), share=False, near=False, single_attr=True),
     "val_base": SplitSpec(21, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, single_attr=True),
     "train_short": SplitSpec(14, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, short_query=True),
     "test_short": SplitSpec(15, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, short_query=True),

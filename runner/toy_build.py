@@ -1,4 +1,5 @@
-"""Build the toy base's SFT stages in order, resumably (``make toy-model``; docs/toy_model.md, "The base").
+"""Build the toy base's SFT stages in order, resumably (``make toy-base``; docs/toy_model.md, "A base that has not
+seen the RL task").
 
     python -m runner.toy_build [--precision 32-true|bf16-mixed] [--only STAGE ...] [--force] [-- TRAIN.PY FLAGS]
 
@@ -6,8 +7,8 @@ Each stage is ``python train.py fit --config configs/toy_sft.yaml --config confi
 A stage whose model directory holds this builder's ``BUILD`` record for the same configs is done and skipped; a stage
 stopped part-way (killed, out of time, a device call's limit) continues from its run's newest checkpoint
 (``outputs/toy_sft-base<k>/checkpoints/last.ckpt``, written every 200 steps); otherwise it starts. So the build can
-stop at any point and the same command continues it: on a GPU each stage is one shard of under 10 minutes (one H200:
-~5, ~3 and ~4 min), on 2 CPU cores the three stages take hours (docs/toy_model.md gives the measured times).
+stop at any point and the same command continues it (a device call's limit, a session's end); docs/toy_model.md gives
+the measured times of both stages on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ class Stage:
 STAGES = (
     Stage("base1", BASE, "outputs/toy_base/stage1"),
     Stage("base2", ("configs/toy_sft.yaml", "configs/toy_sft_stage_base2.yaml"), "outputs/toy_base/stage2"),
-    Stage("base3", ("configs/toy_sft.yaml", "configs/toy_sft_stage_base3.yaml"), "checkpoints/toy-qwen2.5-vl"),
 )
 
 
