@@ -40,6 +40,7 @@ class Stage:
 STAGES = (
     Stage("base1", BASE, "outputs/toy_base/stage1"),
     Stage("base2", ("configs/toy_sft.yaml", "configs/toy_sft_stage_base2.yaml"), "outputs/toy_base/stage2"),
+    Stage("base3", ("configs/toy_sft.yaml", "configs/toy_sft_stage_base3.yaml"), "outputs/toy_base/stage3"),
 )
 
 
