@@ -62,7 +62,7 @@ toy-model: setup
 	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage3.yaml --trainer.precision $(TOY_PRECISION)
 	$(PY_RUN) train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage4.yaml --trainer.precision $(TOY_PRECISION)
 
-# The toy base that has not seen the RL task (issue 58; docs/toy_model.md, "A base that has not seen the RL task"): two
+# The toy base that has not seen the RL task (issue 58; docs/toy_model.md, "A base that has not seen the RL task"): the
 # SFT stages on tasks that are not RL's, into outputs/toy_base/stage{1,2,3} (not yet the committed checkpoint: it has not
 # passed the gate before RL). Resumable: a stopped build continues where it stopped when run again. TOY_FLAGS go to
 # every stage's train.py.
