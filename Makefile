@@ -65,8 +65,7 @@ toy-model: setup
 # The toy base that has not seen the RL task (issue 58; docs/toy_model.md, "A base that has not seen the RL task"): the
 # SFT stages on tasks that are not RL's, into outputs/toy_base/stage{1,2,3} (not yet the committed checkpoint: it has not
 # passed the gate before RL). Resumable: a stopped build continues where it stopped when run again. TOY_FLAGS go to
-# every stage's train.py.
-TOY_FLAGS ?=
+# every stage's train.py (TOY_FLAGS is defined with toy-model-cycle-video below).
 toy-base: setup
 	$(PY_RUN) -m runner.toy_build -- $(TOY_FLAGS)
 

@@ -1,4 +1,4 @@
-"""How much of RL's task the toy base's SFT mix holds (issue 58; docs/toy_model.md, "The base"): it should be none.
+"""How much of RL's task the toy base's SFT mix holds (issue 58; docs/toy_model.md, "A base that has not seen the RL task"): it should be none.
 
     python bench/toy_base_overlap.py [--scenes 5000] [--out result.json]
 

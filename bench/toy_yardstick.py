@@ -194,7 +194,7 @@ def greedy(model, processor, samples, *, batch: int, max_new_tokens: int, templa
 
 
 GATE = {"greedy_acc50": (0.15, 0.45), "headroom": 0.10, "format": 0.95}
-"""The gate a toy base passes before RL is run from it (issue 58; docs/toy_model.md, "The base"), read on ``val``:
+"""The gate a toy base passes before RL is run from it (issue 58; docs/toy_model.md, "A base that has not seen the RL task"), read on ``val``:
 greedy Acc@0.5 within ``greedy_acc50`` (room to rise), pass@G at least ``headroom`` above greedy (right answers within
 reach of sampling), and the answer format valid in at least ``format`` of the sampled and of the greedy completions
 (so a gain cannot come from learning the format)."""

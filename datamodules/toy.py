@@ -41,7 +41,7 @@ from core.records import Sample
 from core.toy import grammar
 from core.toy.grammar import OBJECT_COLOURS, SHAPES, SIZE_FRACTIONS, SIZES, Description
 from core.toy.indoor import indoor_scene
-from core.toy.query import NP, _descs, decompose, format_query, parse_query, resolve
+from core.toy.query import ATTRS, NP, Desc, _descs, decompose, format_query, parse_query, resolve
 from core.toy.scene import difficulty, first_free_square, guard_description, target_index
 from datamodules.edit_plans import edit_query
 from datamodules.evolve import Level, evolve
@@ -113,12 +113,12 @@ SPLITS: dict[str, SplitSpec] = {
     "test_nt": SplitSpec(16, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, no_target=0.25),  # held out
     # EvolvedGRPO's too-hard pool: drawn as test_multihop (multi-step questions) on a code of its own, for training
     "train_multihop": SplitSpec(13, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, text_levels=(3, 5)),
-    # the anchors' query form as one-step questions: drawn as train / test_id, asked by the shortest exact descriptor
     # the toy base's SFT scenes (docs/toy_model.md): asked by one unique attribute, on codes no RL split uses
     "base": SplitSpec(19, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, single_attr=True),
     "base_varied": SplitSpec(20, grammar.BACKGROUNDS, (1, 10), share=False, near=False, single_attr=True),
     "base_solo": SplitSpec(22, grammar.PLAIN_BACKGROUNDS, (0, 0), share=False, near=False, single_attr=True),
     "val_base": SplitSpec(21, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, single_attr=True),
+    # the anchors' query form as one-step questions: drawn as train / test_id, asked by the shortest exact descriptor
     "train_short": SplitSpec(14, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, short_query=True),
     "test_short": SplitSpec(15, grammar.PLAIN_BACKGROUNDS, (1, 3), share=False, near=False, short_query=True),
     # test_multihop's scenes (its code), each asked its question's first step alone: how well the anchor is grounded
@@ -281,7 +281,8 @@ def make_scene(split: str, index: int, seed: int, size: int = 224, task: str = "
                 return rec
         raise RuntimeError(
             f"{split} scene {index} (seed {seed}): no target with a unique attribute in "
-            f"{HARD_QUERY_ATTEMPTS} draws; the split draws too many objects (SPLITS[{split!r}].others)"
+            f"{HARD_QUERY_ATTEMPTS} draws; the split draws too many objects for one to be unique: lower "
+            f"SPLITS[{split!r}].others in datamodules/toy.py"
         )
     if not levels:
         rec = _draw_scene(split, index, seed, size, task, _rng(seed, split, task, index))
@@ -361,12 +362,8 @@ def _single_attr_query(rec: dict[str, Any], rng: np.random.Generator) -> bool:
     (``rec`` untouched) when every attribute of the target is shared with another object of the scene."""
     meta = rec["meta"]
     t = target_index(meta)
-    descs = [
-        d
-        for d in _descs(meta["objects"][t], min_attrs=1)
-        if sum(v is not None for v in (d.size, d.colour, d.shape)) == 1
-    ]
-    descs = [d for d in descs if resolve(NP(d), meta) == [t]]
+    target = meta["objects"][t]
+    descs = [d for d in (Desc(**{a: target[a]}) for a in ATTRS) if resolve(NP(d), meta) == [t]]
     if not descs:
         return False
     query = format_query(NP(descs[int(rng.integers(len(descs)))]))

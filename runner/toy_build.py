@@ -22,15 +22,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BASE = ("configs/toy_sft.yaml", "configs/toy_sft_stage_base.yaml")
+SFT = "configs/toy_sft.yaml"
+"""Every stage's first config (the toy SFT setting and the model's shape); the stage's own config follows it."""
 
 
 @dataclass(frozen=True)
 class Stage:
     name: str
-    configs: tuple[str, ...]
+    config: str
+    """The stage's config, composed on ``SFT``."""
     model_dir: str
     """The stage's ``export_dir`` (its config's): the next stage starts from it."""
+
+    @property
+    def configs(self) -> tuple[str, str]:
+        return (SFT, self.config)
 
     @property
     def run_dir(self) -> Path:
@@ -38,9 +44,9 @@ class Stage:
 
 
 STAGES = (
-    Stage("base1", BASE, "outputs/toy_base/stage1"),
-    Stage("base2", ("configs/toy_sft.yaml", "configs/toy_sft_stage_base2.yaml"), "outputs/toy_base/stage2"),
-    Stage("base3", ("configs/toy_sft.yaml", "configs/toy_sft_stage_base3.yaml"), "outputs/toy_base/stage3"),
+    Stage("base1", "configs/toy_sft_stage_base.yaml", "outputs/toy_base/stage1"),
+    Stage("base2", "configs/toy_sft_stage_base2.yaml", "outputs/toy_base/stage2"),
+    Stage("base3", "configs/toy_sft_stage_base3.yaml", "outputs/toy_base/stage3"),
 )
 
 

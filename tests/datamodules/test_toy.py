@@ -423,7 +423,7 @@ def test_the_bind_split_gives_every_other_object_the_targets_size_and_keeps_the_
 
 @pytest.mark.parametrize("split", ["base", "base_varied", "base_solo", "val_base"])
 def test_base_splits_ask_one_unique_attribute_and_share_nothing_with_rl(split):
-    """The toy base's SFT splits (docs/toy_model.md, "The base"): the target asked by one attribute only it wears,
+    """The toy base's SFT splits (docs/toy_model.md, "A base that has not seen the RL task"): the target asked by one attribute only it wears,
     never the triple RL asks, on scenes of codes no other split uses."""
     from core.toy.query import parse_query, resolve
     from core.toy.scene import target_index

@@ -10,7 +10,7 @@ from runner import toy_build
 
 def test_a_stopped_stage_continues_and_a_built_stage_is_skipped(tmp_path, monkeypatch):
     monkeypatch.setattr(toy_build, "ROOT", tmp_path)
-    stage = toy_build.Stage("base1", toy_build.BASE, "models/stage1")
+    stage = toy_build.Stage("base1", "configs/toy_sft_stage_base.yaml", "models/stage1")
     (tmp_path / "models/stage1").mkdir(parents=True)
     assert not toy_build.is_built(stage)
     assert "--ckpt_path" not in toy_build.command(stage, "32-true", [])
@@ -39,12 +39,13 @@ def test_stage_one_fits_from_scratch_and_is_recorded(tmp_path):
         "--trainer.default_root_dir", str(tmp_path / "run"),
     ]  # fmt: skip
     code = (
-        "import sys; from pathlib import Path; from runner import toy_build as t; "
-        f"t.STAGES = (t.Stage('stage1', t.BASE, {str(tmp_path / 'stage1')!r}),); "
+        "import sys; from runner import toy_build as t; "
+        f"t.STAGES = (t.Stage('stage1', 'configs/toy_sft_stage_base.yaml', {str(tmp_path / 'stage1')!r}),); "
         "sys.exit(t.main(['--precision', '32-true', '--only', 'stage1', '--'] + sys.argv[1:]))"
     )
     out = subprocess.run([sys.executable, "-c", code, *flags], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert (tmp_path / "stage1" / "config.json").is_file()
     record = json.loads((tmp_path / "stage1" / "BUILD").read_text())
-    assert record["configs"] == list(toy_build.BASE) and record["precision"] == "32-true"
+    assert record["configs"] == ["configs/toy_sft.yaml", "configs/toy_sft_stage_base.yaml"]
+    assert record["precision"] == "32-true"
