@@ -3,7 +3,7 @@ seen the RL task").
 
     python -m runner.toy_build [--precision 32-true|bf16-mixed] [--only STAGE ...] [--force] [-- TRAIN.PY FLAGS]
 
-Each stage is ``python train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage_base{,2,3}.yaml``.
+Each stage is ``python train.py fit --config configs/toy_sft.yaml --config configs/toy_sft_stage_base{,2,3,4}.yaml``.
 A stage whose model directory holds this builder's ``BUILD`` record for the same configs is done and skipped; a stage
 stopped part-way (killed, out of time, a device call's limit) continues from its run's newest checkpoint
 (``outputs/toy_sft-base<k>/checkpoints/last.ckpt``, written every 200 steps); otherwise it starts. So the build can
@@ -47,6 +47,7 @@ STAGES = (
     Stage("base1", "configs/toy_sft_stage_base.yaml", "outputs/toy_base/stage1"),
     Stage("base2", "configs/toy_sft_stage_base2.yaml", "outputs/toy_base/stage2"),
     Stage("base3", "configs/toy_sft_stage_base3.yaml", "outputs/toy_base/stage3"),
+    Stage("base4", "configs/toy_sft_stage_base4.yaml", "outputs/toy_base/stage4"),
 )
 
 
