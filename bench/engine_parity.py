@@ -53,7 +53,7 @@ def run_parity(
     new_tokens: int = 64,
     micro_batch: int = 4,
 ) -> dict[str, Any]:
-    from lightning_modules import objective
+    from core import objective
     from lightning_modules.engines.decode import fast_generate
     from lightning_modules.engines.fast import repeat_encoding
     from lightning_modules.engines.hf import completion_logps

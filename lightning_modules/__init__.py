@@ -7,8 +7,8 @@
 5. ``grpo/``: `GRPOModule`, the loop: plan -> generate -> score -> advantage -> update -> log; ``sft.py``: the SFT
    stage.
 
-Beside them, imported from any layer: ``objective.py`` (the GRPO objective as pure tensor functions), ``registry.py``
-(name -> class registries, resolved lazily), ``checkpoints.py`` (checkpoint files written atomically) and ``judge.py``
-(the judge's client). The reward functions of completions are plain functions of text, in ``core/rewards.py`` and
-``core/question_rewards.py``.
+Beside them, imported from any layer: ``registry.py`` (name -> class registries, resolved lazily), ``checkpoints.py``
+(checkpoint files written atomically) and ``judge.py`` (the judge's client). The GRPO objective is pure tensor
+functions, in ``core/objective.py``; the reward functions of completions are plain functions of text, in
+``core/rewards.py`` and ``core/question_rewards.py``.
 """

@@ -45,8 +45,7 @@ import lightning as L
 import torch
 from torch import nn
 
-from core import rewards
-from lightning_modules import objective
+from core import objective, rewards
 from lightning_modules.engines.base import Sampling, build_rollout_engine, build_update_engine
 from lightning_modules.engines.packing import enable_fast_vision_attention
 from lightning_modules.evaluation.evaluator import Evaluator, eval_set_name, greedy_answers, rec_records

@@ -15,8 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from core import rewards
-from lightning_modules import objective
+from core import objective, rewards
 from lightning_modules.engines.base import RolloutEngine, RolloutRequest, Sampling
 from lightning_modules.grpo.args import KLArgs, OptimArgs
 from lightning_modules.grpo.outputs import StepOutput

@@ -39,9 +39,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from core import rewards
+from core import objective, rewards
 from datamodules import evolve
-from lightning_modules import objective
 from lightning_modules.engines.base import RolloutRequest
 from lightning_modules.methods.base import MethodHost, RewardContext, RewardTerm, Scores
 from lightning_modules.methods.grpo import GRPO

@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
+from core import objective
 from core.math_grading import accuracy_reward, extract_boxed, format_reward
 from core.math_prompts import answer_prompt
-from lightning_modules import objective
 from lightning_modules.engines.base import RolloutRequest, Sampling
 from lightning_modules.evaluation.metrics import FormatRate
 from lightning_modules.methods.base import Method, MethodHost, RewardContext, RewardTerm, Scores, _flag
