@@ -8,7 +8,8 @@
    stage.
 
 Beside them, imported from any layer: ``registry.py`` (name -> class registries, resolved lazily), ``checkpoints.py``
-(checkpoint files written atomically) and ``judge.py`` (the judge's client). The GRPO objective is pure tensor
+(Lightning's single-file checkpoint writer; the checkpoint files' staging and checks are in ``core/checkpoint_files.py``)
+and ``judge.py`` (the judge's client). The GRPO objective is pure tensor
 functions, in ``core/objective.py``; the reward functions of completions are plain functions of text, in
 ``core/rewards.py`` and ``core/question_rewards.py``.
 """
