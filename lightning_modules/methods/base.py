@@ -39,10 +39,10 @@ import torch
 from torch import nn
 
 from core import objective, rewards
+from core.registry import Registry
+from core.rollout import Rollout
 from lightning_modules.engines.base import RolloutEngine, RolloutRequest, Sampling
 from lightning_modules.models.prompts import build_prompt_text
-from lightning_modules.models.rollout import Rollout
-from lightning_modules.registry import Registry
 
 __all__ = [
     "METHODS",
