@@ -53,14 +53,14 @@ def run_parity(
     new_tokens: int = 64,
     micro_batch: int = 4,
 ) -> dict[str, Any]:
-    from lightning_modules import objective
+    from core import objective
+    from core.rollout import Rollout, completion_mask_from_ids
     from lightning_modules.engines.decode import fast_generate
     from lightning_modules.engines.fast import repeat_encoding
     from lightning_modules.engines.hf import completion_logps
     from lightning_modules.engines.packing import completion_logprobs, pack_rollout, policy_backward
     from lightning_modules.models.loading import load_policy
     from lightning_modules.models.prompts import build_prompt_text, eos_token_ids, special_token_ids, untokenizable_ids
-    from lightning_modules.models.rollout import Rollout, completion_mask_from_ids
 
     dtype = "bf16" if device.startswith("cuda") else "fp32"
     if smoke:

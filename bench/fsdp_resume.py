@@ -17,7 +17,7 @@ prompts and update micro-batches of `H100_MICRO_BATCH` rows (the output's ``buil
 (a) **uninterrupted**: N + 1 steps, saving nothing;
 (b) **killed**: the same run saving ``last.ckpt`` every N steps (``save_top_k 0``, ``save_last true``: one checkpoint
     on disk). Once the distributed checkpoint of step N is complete (its ``checksums.json``, the last file a save
-    writes, is in place: lightning_modules/checkpoints.py), the process group gets SIGKILL, as a crash would;
+    writes, is in place: core/checkpoint_files.py), the process group gets SIGKILL, as a crash would;
 (c) **resumed**: ``--ckpt_path <run>/checkpoints/last.ckpt`` in (b)'s run folder (a resume continues its own run,
     docs/outputs.md), which runs step N + 1. (a) and (c) save nothing (``save_last false``), so one full checkpoint is
     on disk at a time (3B: ~42 GiB of fp32 shards and AdamW moments): the run folders go under ``--work`` when its
@@ -67,7 +67,7 @@ from bench.e2e_gpu import (  # noqa: E402
     step_times,
     swap_paths_and_lengths,
 )
-from lightning_modules.checkpoints import MANIFEST, damage  # noqa: E402
+from core.checkpoint_files import MANIFEST, damage  # noqa: E402
 
 BF16_EPS = 2.0**-7
 """bf16's machine epsilon: the tolerance of a metric of step N + 1 where the floor shows nondeterministic kernels."""

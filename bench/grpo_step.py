@@ -286,7 +286,7 @@ def flops_update(fl: dict, packed, n_images: int, patches_per_image: int, cfg, p
 def grpo_loss_fn(packed, old_logp, ref_logp, adv, kl_coef: float, total_tokens: int):
     """Section 3's loss: ``objective.policy_loss`` (clipped surrogate + k3 KL, token-mean over the WHOLE batch) per
     micro-batch, as `GRPOModule` weights it; used only to time `packing.policy_backward` in isolation."""
-    from lightning_modules.objective import policy_loss
+    from core.objective import policy_loss
 
     mask_all = packed.completion_mask
 

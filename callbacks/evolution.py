@@ -43,11 +43,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from core.registry import Registry
 from core.toy import grammar
 from datamodules.edit_plans import plan_inpaint
 from datamodules.evolve import EASIER_KINDS, Level, LevelState, evolve
 from lightning_modules.grpo.outputs import StepOutput
-from lightning_modules.registry import Registry
 
 __all__ = [
     "STRATEGIES",

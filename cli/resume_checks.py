@@ -17,7 +17,8 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.utilities import rank_zero_info
 
 from cli.errors import fail
-from lightning_modules.checkpoints import candidates, damage, newest_intact, remove_stale_temps, use_beside_temp
+from core.checkpoint_files import candidates, damage, newest_intact, remove_stale_temps
+from lightning_modules.checkpoints import use_beside_temp
 
 SHOWN = 5
 """At most this many checkpoints are named in one message."""
@@ -93,7 +94,7 @@ def checkpoint_temps(trainer: L.Trainer, clean: bool) -> None:
 
 
 def intact_checkpoint(ckpt: str, *, use_intact: bool = False, run: str = "run", run_root: str = "outputs") -> str:
-    """``ckpt`` when it is intact (lightning_modules/checkpoints.py: its structure, and every record's or shard's
+    """``ckpt`` when it is intact (core/checkpoint_files.py: its structure, and every record's or shard's
     checksum, read once, without loading a tensor). A damaged one (truncated, bytes changed, shards missing) or a
     missing one (a save killed between two renames leaves a complete staging folder) stops with one line naming the
     newest intact checkpoint in its folder; with ``use_intact`` (``--resume_intact``) that one is used.

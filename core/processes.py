@@ -1,5 +1,5 @@
 """Processes named in file names: whether one is still running (the stale-file sweeps of killed checkpoint saves,
-``lightning_modules/checkpoints.py``, and of killed trainers' local data servers, ``synth/client.py``)."""
+``core/checkpoint_files.py``, and of killed trainers' local data servers, ``synth/client.py``)."""
 
 import os
 

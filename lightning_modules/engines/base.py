@@ -23,11 +23,11 @@ from typing import Any, ClassVar
 import torch
 from PIL import Image
 
+from core.registry import Registry
+from core.rollout import Rollout, completion_mask_from_ids
 from core.video import VideoClip
 from lightning_modules.models.prompts import build_prompt_text, eos_token_ids, special_token_ids, untokenizable_ids
 from lightning_modules.models.qwen_vl import box_frame, model_input_size
-from lightning_modules.models.rollout import Rollout, completion_mask_from_ids
-from lightning_modules.registry import Registry
 
 __all__ = [
     "RolloutRequest",

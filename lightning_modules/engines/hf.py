@@ -10,13 +10,13 @@ import inspect
 
 import torch
 
+from core.objective import selective_log_softmax, token_entropy
+from core.rollout import Rollout
 from lightning_modules.engines.base import LossFn, RolloutEngine, Sampling, UpdateEngine
 from lightning_modules.engines.fast import repeat_encoding
 from lightning_modules.engines.vision_cache import VisionCache
 from lightning_modules.models.fsdp import needs_lockstep
 from lightning_modules.models.qwen_vl import model_inputs, processor_inputs
-from lightning_modules.models.rollout import Rollout
-from lightning_modules.objective import selective_log_softmax, token_entropy
 
 
 class HFRolloutEngine(RolloutEngine):

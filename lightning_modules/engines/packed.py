@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
+from core.rollout import Rollout
 from lightning_modules.engines.base import LossFn, UpdateEngine
 from lightning_modules.engines.packing import completion_logprobs, pack_rollout, policy_backward
-from lightning_modules.models.rollout import Rollout
 
 
 class PackedUpdateEngine(UpdateEngine):

@@ -153,10 +153,6 @@ class PackedRollout:
     """The placeholder the vision features replace (``<|video_pad|>``'s id for a video rollout)."""
 
     @property
-    def num_rows(self) -> int:
-        return self.input_ids.shape[0]
-
-    @property
     def num_tokens(self) -> int:
         """Real tokens scored (prompt + completion up to EOS, summed over rows)."""
         return int(self.lengths.sum())

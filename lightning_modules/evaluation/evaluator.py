@@ -21,12 +21,12 @@ from torch import nn
 
 from core import rewards
 from core.regions import NO_TARGET, region_space
+from core.rollout import Rollout
 from datamodules import evolve
 from lightning_modules.engines.base import RolloutEngine, RolloutRequest, Sampling, build_rollout_engine
 from lightning_modules.evaluation.cycle_metrics import RegionGroundingMetrics
 from lightning_modules.evaluation.metrics import DetectionMetrics, FormatRate, GroundingAccuracy, MeanIoU
 from lightning_modules.models.prompts import build_prompt_text
-from lightning_modules.models.rollout import Rollout
 
 __all__ = [
     "Answer",

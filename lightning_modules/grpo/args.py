@@ -14,10 +14,10 @@ from typing import Any, Literal
 
 from core import rewards
 from core.prompts import PROMPT_TEMPLATES
+from core.registry import document
 from lightning_modules.engines.base import ROLLOUT_ENGINES, UPDATE_ENGINES
 from lightning_modules.methods.base import MethodContext
 from lightning_modules.models.loading import PolicyArgs, as_group
-from lightning_modules.registry import document
 
 __all__ = [
     "EngineArgs",

@@ -45,8 +45,8 @@ import lightning as L
 import torch
 from torch import nn
 
-from core import rewards
-from lightning_modules import objective
+from core import objective, rewards
+from core.registry import document
 from lightning_modules.engines.base import Sampling, build_rollout_engine, build_update_engine
 from lightning_modules.engines.packing import enable_fast_vision_attention
 from lightning_modules.evaluation.evaluator import Evaluator, eval_set_name, greedy_answers, rec_records
@@ -69,7 +69,6 @@ from lightning_modules.models import fsdp
 from lightning_modules.models.loading import dtype_from_name, load_policy, prepare_policy
 from lightning_modules.models.offload import policy_optimizer
 from lightning_modules.models.precision import fp32_default_dtype, optimizer_tensors
-from lightning_modules.registry import document
 
 OptimizerCallable = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
 

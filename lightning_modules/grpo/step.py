@@ -15,14 +15,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from core import rewards
-from lightning_modules import objective
+from core import objective, rewards
+from core.rollout import Rollout
 from lightning_modules.engines.base import RolloutEngine, RolloutRequest, Sampling
 from lightning_modules.grpo.args import KLArgs, OptimArgs
 from lightning_modules.grpo.outputs import StepOutput
 from lightning_modules.methods.base import Method, Scores, Selection
 from lightning_modules.models import fsdp
-from lightning_modules.models.rollout import Rollout
 
 __all__ = ["PhaseTimer", "PolicyHost", "StepLoss", "micro_batch_loss", "step_output", "train_logs"]
 

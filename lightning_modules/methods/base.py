@@ -38,12 +38,11 @@ from typing import Any, ClassVar, Protocol
 import torch
 from torch import nn
 
-from core import rewards
-from lightning_modules import objective
+from core import objective, rewards
+from core.registry import Registry
+from core.rollout import Rollout
 from lightning_modules.engines.base import RolloutEngine, RolloutRequest, Sampling
 from lightning_modules.models.prompts import build_prompt_text
-from lightning_modules.models.rollout import Rollout
-from lightning_modules.registry import Registry
 
 __all__ = [
     "METHODS",

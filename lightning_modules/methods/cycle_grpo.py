@@ -73,6 +73,7 @@ from core.regions import (
     localization_reward,
     temporal_proximity,
 )
+from core.rollout import Rollout, concat_rollouts
 from lightning_modules.engines.base import RolloutRequest
 from lightning_modules.judge import JudgeConfig
 from lightning_modules.methods.base import Method, MethodHost, Scores
@@ -93,7 +94,6 @@ from lightning_modules.methods.cycle_rewards import (
     repository_rows,
     side_ids,
 )
-from lightning_modules.models.rollout import Rollout, concat_rollouts
 
 
 class CycleGRPO(Method):

@@ -39,15 +39,14 @@ import numpy as np
 import torch
 from PIL import Image
 
-from core import rewards
+from core import objective, rewards
+from core.rollout import Rollout, concat_rollouts, take_rows
 from datamodules import evolve
-from lightning_modules import objective
 from lightning_modules.engines.base import RolloutRequest
 from lightning_modules.methods.base import MethodHost, RewardContext, RewardTerm, Scores
 from lightning_modules.methods.grpo import GRPO
 from lightning_modules.methods.syn_grpo import SynGRPO
 from lightning_modules.models import fsdp
-from lightning_modules.models.rollout import Rollout, concat_rollouts, take_rows
 
 REROLL_MODES = ("off", "evolve", "resample")
 

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from core import rewards
+from core.rollout import Rollout
 from lightning_modules.methods.base import Method, RewardContext, RewardTerm, Scores, _flag
-from lightning_modules.models.rollout import Rollout
 
 
 def accuracy_reward(ctx: RewardContext, threshold: float | None = None) -> list[float]:

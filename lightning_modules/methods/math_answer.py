@@ -22,13 +22,13 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
+from core import objective
 from core.math_grading import accuracy_reward, extract_boxed, format_reward
 from core.math_prompts import answer_prompt
-from lightning_modules import objective
+from core.rollout import Rollout
 from lightning_modules.engines.base import RolloutRequest, Sampling
 from lightning_modules.evaluation.metrics import FormatRate
 from lightning_modules.methods.base import Method, MethodHost, RewardContext, RewardTerm, Scores, _flag
-from lightning_modules.models.rollout import Rollout
 
 __all__ = ["MathAnswer", "chat_prompt", "greedy_texts"]
 

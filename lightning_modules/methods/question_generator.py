@@ -59,6 +59,7 @@ from core.question_rewards import (
     screen_output,
     toy_similarity,
 )
+from core.rollout import Rollout
 from lightning_modules.engines.base import RolloutEngine, RolloutRequest, Sampling, build_rollout_engine
 from lightning_modules.engines.packing import enable_fast_vision_attention
 from lightning_modules.evaluation.metrics import FormatRate
@@ -66,7 +67,6 @@ from lightning_modules.methods.base import Method, MethodHost, Scores, _flag
 from lightning_modules.methods.math_answer import chat_prompt, greedy_texts
 from lightning_modules.models.clip_similarity import ClipSimilarity
 from lightning_modules.models.loading import load_policy
-from lightning_modules.models.rollout import Rollout
 from synth.edit_client import InstructionEdit, InstructionEditor
 
 __all__ = [

@@ -16,9 +16,9 @@ import random
 from typing import Any, Literal
 
 from core import rewards
+from core.rollout import Rollout
 from lightning_modules.methods.base import RewardContext, RewardTerm, Scores, Selection, _flag
 from lightning_modules.methods.grpo import GRPO
-from lightning_modules.models.rollout import Rollout
 
 
 class SynGRPO(GRPO):

@@ -43,7 +43,7 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
 from torch import nn
 
-from lightning_modules.checkpoints import checksums, leftovers, remove, staging_path, switch, write_manifest
+from core.checkpoint_files import checksums, leftovers, remove, staging_path, switch, write_manifest
 
 _SHARD = re.compile(r"__(\d+)_")
 """A DCP shard file name, ``__<writing rank>_<n>.distcp``."""
@@ -72,7 +72,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         """A distributed checkpoint is written into a staging folder beside ``filepath`` and switched into place only
         once every rank has written its shard and rank 0 ``meta.pt`` and the checksums of every file
         (``checksums.json``, verified before a resume): a kill mid-save (minutes for a 7B run) leaves the previous
-        checkpoint whole and a staging folder that the next save removes (lightning_modules/checkpoints.py). A single
+        checkpoint whole and a staging folder that the next save removes (core/checkpoint_files.py). A single
         file (``save_distributed_checkpoint=False``) is Lightning's own atomic save."""
         if not self._save_distributed_checkpoint:
             return super().save_checkpoint(checkpoint, filepath, storage_options)

@@ -1,4 +1,4 @@
-"""Checkpoints survive a kill mid-write (lightning_modules/checkpoints.py): a distributed checkpoint is written beside
+"""Checkpoints survive a kill mid-write (core/checkpoint_files.py): a distributed checkpoint is written beside
 the previous one and switched in when complete, and a damaged ``--ckpt_path`` stops with one line that names the
 newest intact checkpoint (``--resume_intact true`` uses it)."""
 
@@ -22,8 +22,9 @@ from test_cli import _error  # one line on stderr, exit status 2
 
 from cli.main import main
 from cli.resume_checks import checkpoint_temps, intact_checkpoint
+from core import checkpoint_files
+from core.checkpoint_files import damage, leftovers, staging_path
 from lightning_modules import checkpoints
-from lightning_modules.checkpoints import damage, leftovers, staging_path
 from lightning_modules.models import fsdp
 from lightning_modules.models.fsdp import FSDP2Strategy
 
@@ -50,7 +51,7 @@ def test_distributed_save_keeps_the_previous_checkpoint_until_the_new_one_is_com
     strategy, last = FSDP2Strategy(), tmp_path / "last.ckpt"
     _save(strategy, last, 1)
     before = _files(last)
-    real_switch, seen = checkpoints.switch, []
+    real_switch, seen = checkpoint_files.switch, []
 
     def checked_switch(staging: Path, final: Path) -> None:
         assert _files(final) == before  # untouched while the new one was written
@@ -59,9 +60,9 @@ def test_distributed_save_keeps_the_previous_checkpoint_until_the_new_one_is_com
         real_switch(staging, final)
 
     monkeypatch.setattr(fsdp, "switch", checked_switch)  # where the strategy's save finds it
-    real_exchange, exchanged = checkpoints.exchange, []
+    real_exchange, exchanged = checkpoint_files.exchange, []
     monkeypatch.setattr(
-        checkpoints, "exchange", lambda a, b: exchanged.append(atomic) or (atomic and real_exchange(a, b))
+        checkpoint_files, "exchange", lambda a, b: exchanged.append(atomic) or (atomic and real_exchange(a, b))
     )
     _save(strategy, last, 2)
     assert seen and exchanged == [atomic] and _step(last) == 2 and damage(last) is None and not leftovers(last)
@@ -106,7 +107,7 @@ def test_damaged_or_missing_checkpoint_names_the_newest_intact_one(tmp_path, cap
 
     # nothing intact: the line says so
     for p in ckpts.iterdir():
-        checkpoints.remove(p)
+        checkpoint_files.remove(p)
     (ckpts / "last.ckpt").write_bytes(b"PK\x03\x04")
     err = _error(["test", "--config", TINY, "--ckpt_path", str(ckpts / "last.ckpt")], capsys)
     assert "its end overwritten, or not a torch.save archive" in err and "no intact checkpoint beside it" in err
@@ -356,7 +357,7 @@ def test_damaged_distributed_checkpoint_is_one_line_naming_the_newest_intact(tmp
     for i, p in enumerate((older, last)):
         _save(strategy, p, i + 1)
         os.utime(p / "meta.pt", (1_000_000 + i, 1_000_000 + i))
-    manifest = json.loads((last / checkpoints.MANIFEST).read_text())["files"]
+    manifest = json.loads((last / checkpoint_files.MANIFEST).read_text())["files"]
     assert sorted(manifest) == [".metadata", "__0_0.distcp", "meta.pt"] and damage(last) is None
     corrupt, reason = DCP_DAMAGE[kind]
     corrupt(last)
@@ -398,7 +399,7 @@ def test_a_killed_single_file_save_leaves_its_temp_beside_the_checkpoint_and_a_f
     checkpoints.BesideCheckpointIO().save_checkpoint({"state_dict": {"w": torch.zeros(4)}, "global_step": 1}, last)
     pid = _killed_save(last, systmp)
     (partial,) = [p for p in ckpts.iterdir() if p.name != "last.ckpt"]
-    here = checkpoints.host()
+    here = checkpoint_files.host()
     assert partial.name == f".last.ckpt.{here}.{pid}.tmp" and partial.stat().st_size > 2**20
     assert not list(systmp.iterdir()) and torch.load(last)["global_step"] == 1  # nothing in TMPDIR; the old one whole
 
@@ -462,7 +463,7 @@ def test_truncated_last_ckpt_is_one_line_and_resume_intact_uses_the_newest_intac
     if (pid := os.fork()) == 0:  # a process of this machine that is gone
         os._exit(0)
     os.waitpid(pid, 0)
-    stale = run / f"checkpoints/.last.ckpt.{checkpoints.host()}.{pid}.tmp"
+    stale = run / f"checkpoints/.last.ckpt.{checkpoint_files.host()}.{pid}.tmp"
     stale.write_bytes(b"PK")
     main(_args(tiny_model_dir, rec_dir, run, "--ckpt_path", str(last), "--resume_intact", "true",
                "--trainer.max_steps", "3", *every, *_started(tmp_path)))  # fmt: skip

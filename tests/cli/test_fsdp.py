@@ -117,8 +117,8 @@ def test_sharded_checkpoint_resumes_and_exports(tiny_model_dir, rec_dir, tmp_pat
     fit(1, "first")
     ckpt = run / "checkpoints/last.ckpt"
     assert (ckpt / "meta.pt").is_file() and len(list(ckpt.glob("*.distcp"))) == 2  # one shard file per rank
-    # each rank checksummed its share of the files; rank 0 wrote them all (lightning_modules/checkpoints.py)
-    from lightning_modules.checkpoints import MANIFEST, damage
+    # each rank checksummed its share of the files; rank 0 wrote them all (core/checkpoint_files.py)
+    from core.checkpoint_files import MANIFEST, damage
 
     listed = sorted(json.loads((ckpt / MANIFEST).read_text())["files"])
     assert listed == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"] and damage(ckpt) is None

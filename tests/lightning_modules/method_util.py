@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
+from core.rollout import Rollout
 from lightning_modules.methods.base import METHODS, Method, MethodContext, build_method
-from lightning_modules.models.rollout import Rollout
 
 
 def build_test_method(name: str, hp: Any = None, args: dict[str, Any] | None = None) -> Method:

@@ -9,7 +9,7 @@ import torch
 from method_util import build_test_method  # tests/lightning_modules is on sys.path under pytest
 from test_methods import Sample  # the same stand-in sample (tests/lightning_modules is on sys.path)
 
-from lightning_modules.models.rollout import Rollout, concat_rollouts
+from core.rollout import Rollout, concat_rollouts
 
 
 def _hp():

@@ -10,7 +10,7 @@ from method_util import build_test_method  # tests/lightning_modules is on sys.p
 from test_cycle_grpo import _hp, _rollout
 from test_methods import Sample
 
-from lightning_modules import objective
+from core import objective
 from lightning_modules.grpo.args import KLArgs, OptimArgs
 from lightning_modules.grpo.step import StepLoss
 

@@ -10,7 +10,7 @@ import torch
 from method_util import build_test_method  # tests/lightning_modules is on sys.path under pytest
 from test_methods import _hp, _rollout  # tests/lightning_modules is on sys.path under pytest
 
-from lightning_modules import objective
+from core import objective
 
 # a hand-made scene (100 x 100): a red square at the top left, a blue circle below it, a blue circle at the right
 OBJECTS = [

@@ -1,5 +1,5 @@
 """lightning_modules' own layers (lightning_modules/__init__.py): models < engines < evaluation < methods < sft_examples <
-sft_eval < grpo / sft, with the leaf modules (objective, registry, checkpoints, judge) importable from any of them. A
+sft_eval < grpo / sft, with the leaf modules (checkpoints, judge) importable from any of them. A
 module imports its own sub-package and the ones below it, never one above: read from the source, lazy imports
 included."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "lightning_modules"
 ORDER = {"models": 1, "engines": 2, "evaluation": 3, "methods": 4, "grpo": 5, "sft": 5}
 ORDER |= {"sft_examples": 4.4, "sft_eval": 4.6}  # SFTModule's parts: its (prompt, target) pairs, then its validation
-LEAVES = {"objective", "registry", "checkpoints", "judge"}
+LEAVES = {"checkpoints", "judge"}
 
 
 def _part(module: str) -> str:

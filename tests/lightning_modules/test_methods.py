@@ -12,7 +12,7 @@ from method_util import build_test_method, text_rollout  # tests/lightning_modul
 from PIL import Image
 from test_grpo import _args  # the tiny GRPO run's flags (tests/lightning_modules is on sys.path under pytest)
 
-from lightning_modules import objective
+from core import objective
 from lightning_modules.methods.base import METHODS, Method, RewardTerm, register_method
 
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 from PIL import Image
 
+from core.rollout import completion_mask_from_ids
 from lightning_modules.engines.base import rollout
 from lightning_modules.engines.hf import completion_logps
 from lightning_modules.models.loading import load_policy
 from lightning_modules.models.prompts import eos_token_ids, special_token_ids
-from lightning_modules.models.rollout import completion_mask_from_ids
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,10 @@ import types
 
 import pytest
 
+from core.registry import Registry, document
 from lightning_modules.engines.base import ROLLOUT_ENGINES, UPDATE_ENGINES
 from lightning_modules.grpo import GRPOModule
 from lightning_modules.methods.base import METHODS
-from lightning_modules.registry import Registry, document
 
 
 def test_an_entry_is_imported_when_first_read_and_named_by_the_registry(monkeypatch):

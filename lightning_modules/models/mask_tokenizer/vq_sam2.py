@@ -283,13 +283,10 @@ class VQSam2Net(nn.Module):
         )
         return queries[:, 0, 0]
 
-    def decode_logits(self, pixel_values: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-        """Quantised latents ``q [B, C]`` -> low-resolution mask logits ``[B, h, w]`` (best of three by IoU)."""
-        return self.decode_features(*self.features(pixel_values), q)
-
     def decode_features(self, emb: list[torch.Tensor], pe: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-        """`decode_logits` from the image's features (`features`): each level ``[1 or B, ...]``, a single image's
-        broadcast to the ``B`` latents ``q [B, C]``, so the image encoder runs once for all codes of one image."""
+        """Quantised latents ``q [B, C]`` -> low-resolution mask logits ``[B, h, w]`` (best of three by IoU), from the
+        image's features (`features`): each level ``[1 or B, ...]``, a single image's broadcast to the ``B`` latents, so
+        the image encoder runs once for all codes of one image."""
         b = q.shape[0]
         emb = [e.expand(b, -1, -1, -1) for e in emb]
         pe = pe.expand(b, -1, -1, -1)

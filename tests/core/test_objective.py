@@ -1,4 +1,4 @@
-"""Tests for lightning_modules/objective.py.
+"""Tests for core/objective.py.
 
 Hand-worked numbers (with the reason in a comment), then agreement with small re-derivations of the peers' public
 formulas: TRL's GRPOTrainer (advantages with scale_rewards, _compute_loss for loss_type grpo / bnpo / dr_grpo / dapo,
@@ -15,10 +15,11 @@ from collections import defaultdict
 import pytest
 import torch
 
-from lightning_modules.objective import (
+from core.objective import (
     Groups,
     advantages_by_group,
     aggregate,
+    group_convergence,
     kl_penalty,
     masked_mean,
     policy_loss,
@@ -455,8 +456,6 @@ def test_token_entropy_matches_reference_and_masks():
 
 def test_group_convergence_says_which_way_groups_tie():
     """Three groups of 2 (IoU rewards): both right, both wrong, mixed; uneven groups go through the same path."""
-    from lightning_modules.objective import group_convergence
-
     iou = torch.tensor([0.9, 0.5, 0.1, 0.0, 0.7, 0.2])
     assert group_convergence(iou, [0, 0, 1, 1, 2, 2]) == pytest.approx((1 / 3, 1 / 3))
     assert group_convergence(iou, [0, 0, 0, 1, 1, 1], threshold=0.05) == (0.5, 0.0)  # 0.0 < 0.05: group 1 is mixed
