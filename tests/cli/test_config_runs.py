@@ -45,24 +45,40 @@ RUNS = (
 )
 
 
-VARIANT_BASES = (CONFIGS / "rec_3b_1gpu.yaml", CONFIGS / "evolved_tiny.yaml", CONFIGS / "cycle_tiny.yaml")
-"""The baselines and ablations on these bases change a few arguments of a base that runs in the default suite: they run
-in ``make test-slow`` (CI runs both), the judge overlay (its own server) by default."""
+VARIANT_BASES = (
+    CONFIGS / "rec_3b_1gpu.yaml",
+    CONFIGS / "evolved_tiny.yaml",
+    CONFIGS / "cycle_tiny.yaml",
+    CONFIGS / "cycle_4b.yaml",
+    CONFIGS / "cycle_4b_temporal.yaml",
+)
+"""The baselines, ablations and engine overlays on these bases change a few arguments of a base that runs in the default
+suite: they run in ``make test-slow`` (CI runs both); the judge overlay (its own server) and the released-parquet
+overlay (three configs) run by default."""
+
+CONTINUATIONS = {"toy_sft_stage_base3", "toy_sft_stage_base4"}
+"""Stages that compose an earlier stage and change only its steps, batch and paths (stage 2's mix, which runs by
+default): their fits run in ``make test-slow``."""
 
 
 HARDWARE_VARIANTS = {
     f"{name}.yaml"
     for name in ("rec_3b", "rec_3b_2gpu", "rec_3b_2gpu_split", "rec_3b_80gb", "rec_7b_2gpu", "rec_7b_1gpu", "ovd_3b")
-} | {f"{name}.yaml" for name in ("cycle_st_7b", "evolved_question_7b", "evolved_answer_7b", "evolved_3b", "isr_3b")}
+} | {
+    f"{name}.yaml"
+    for name in ("cycle_st_7b", "evolved_question_7b", "evolved_answer_7b", "evolved_3b", "isr_3b", "ovd_3b_1gpu")
+}
 """Configs whose task runs in the default suite in another config: the same task and model parts on other hardware
-(rec_3b_1gpu, rec_7b, ovd_3b_1gpu; the DDP / FSDP2 / offload paths they switch on have tests of their own), or the
-paper-size twin of a toy config (cycle_tiny_st, evolved_question_3b_1gpu, evolved_answer_3b_1gpu, evolved_tiny,
-tiny_isr): their fits run in ``make test-slow``."""
+(rec_3b_1gpu, rec_7b; the DDP / FSDP2 / offload paths they switch on have tests of their own), or the paper-size twin
+of a toy config (cycle_tiny_st, evolved_question_3b_1gpu, evolved_answer_3b_1gpu, evolved_tiny, tiny_isr, tiny_ovd):
+their fits run in ``make test-slow``."""
 
 
 def _marks(run: tuple[Path, ...]) -> list[pytest.MarkDecorator]:
     variant = len(run) == 2 and run[0] in VARIANT_BASES and run[1].stem != "cycle_judge"
-    return [pytest.mark.slow] if variant or (len(run) == 1 and run[0].name in HARDWARE_VARIANTS) else []
+    continuation = len(run) == 2 and run[1].stem in CONTINUATIONS
+    hardware = len(run) == 1 and run[0].name in HARDWARE_VARIANTS
+    return [pytest.mark.slow] if variant or continuation or hardware else []
 
 
 def _id(run: tuple[Path, ...]) -> str:

@@ -81,6 +81,7 @@ def test_unknown_or_repeated_query_parameters_are_422(server):
         assert http.get("/jobs", params=[("state", "done"), ("state", "failed")]).status_code == 200  # a list may
 
 
+@pytest.mark.slow  # ~11 s: 60 examples per operation and generation mode (the schema checks above and the hypothesis bodies below run by default)
 def test_schemathesis_over_the_schema_finds_no_server_error_and_no_undocumented_answer(server):
     report = fuzz_schema(server.url, server.token, max_examples=60, seed=13)
     print(report.as_dict())
