@@ -201,26 +201,31 @@ def merge_named_callbacks(args: list[str]) -> list[str]:
     """Make ``callbacks:`` of several ``--config`` files merge by name.
 
     jsonargparse replaces a mapping given by a later config file (keeping only the keys it names); the project's
-    overlays patch one callback and expect the others to stay. The mappings of every config file are merged here
-    (``merge_callback_entry``) and given to the parser once more, right after the last config file, so that flags
-    after it (``--callbacks.synthesis.init_args.mode off``) still apply on top."""
-    files = _config_files(args)
+    overlays patch one callback and expect the others to stay. The mappings of the config files so far are merged
+    (``merge_callback_entry``) and given to the parser once more right after each config file from the second that
+    names callbacks: a later overlay's patch (``checkpoint: {init_args: ...}``, no ``class_path``) then meets the whole
+    mapping, whatever overlay came before it, and flags after the last file (``--callbacks.synthesis.init_args.mode
+    off``) still apply on top."""
     merged: dict[str, Any] = {}
     seen = 0
-    for _, path in files:
+    out: list[str] = []
+    at = 0
+    for end, path in _config_files(args):
+        out += args[at : end + 1]
+        at = end + 1
         try:
             data = load_config(path)
         except ConfigFileError:
             continue  # the parser reports it
         named = data.get("callbacks") if isinstance(data, dict) else None
-        if isinstance(named, dict):
-            seen += 1
-            for key, entry in named.items():
-                merged[key] = merge_callback_entry(merged.get(key), entry) if key in merged else entry
-    if seen < 2:
-        return args
-    at = files[-1][0] + 1
-    return [*args[:at], "--callbacks", json.dumps(merged), *args[at:]]
+        if not isinstance(named, dict):
+            continue
+        seen += 1
+        for key, entry in named.items():
+            merged[key] = merge_callback_entry(merged.get(key), entry) if key in merged else entry
+        if seen >= 2:
+            out += ["--callbacks", json.dumps(merged)]
+    return args if seen < 2 else [*out, *args[at:]]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -209,6 +209,17 @@ def test_named_callbacks_merge_by_name():
     assert named["synthesis"]["init_args"]["mode"] == "off" and named["synthesis"]["init_args"]["gallery_samples"] == 4
     assert named["gallery"] is None and named["metrics"] and named["results"] and named["progress"]
     assert cfg["name"] == "tiny" and cfg["method"] == "grpo"
+    # an overlay that adds a callback before one that patches another (make train's summary, then a baseline)
+    heldout = str(REPO / "configs/overlays/heldout_summary.yaml")
+    cfg = _print_config(
+        ["fit", "--config", TINY, "--config", heldout, "--config", str(REPO / "configs/baselines/grpo.yaml")]
+    )
+    named = cfg["callbacks"]
+    assert named["heldout"]["init_args"]["scenes"] == 512 and named["synthesis"]["init_args"]["mode"] == "off"
+    assert (
+        named["checkpoint"]["class_path"].endswith("ModelCheckpoint")
+        and named["checkpoint"]["init_args"]["every_n_epochs"] == 1
+    )
 
 
 def test_one_folder_and_one_name_per_run(tmp_path, monkeypatch, capsys):
