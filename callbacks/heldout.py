@@ -102,7 +102,10 @@ class HeldOutSummary(Callback):
             if trainer.is_global_zero:
                 print("held-out summary skipped: it runs on one process (use train.py test with the held-out overlay)")
             return False
-        return hasattr(module, "greedy")
+        if not hasattr(module, "greedy"):
+            print(f"held-out summary skipped: {type(module).__name__} has no greedy(batch) to read the scenes with")
+            return False
+        return True
 
     # ------------------------------------------------------------------------------------------------ hooks
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

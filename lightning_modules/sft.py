@@ -275,6 +275,11 @@ class SFTModule(L.LightningModule):
             self.log(k, v, add_dataloader_idx=False)
 
     @torch.no_grad()
+    def greedy(self, batch) -> list:
+        """Greedy answers to image samples under the first training template (``SFTEvaluation.greedy``)."""
+        return self.evaluation.greedy(self.policy, self.processor, batch)
+
+    @torch.no_grad()
     def _eval(self, batch, kind: str, dataloader_idx: int) -> None:
         """A validation / test batch, greedily (`SFTEvaluation.evaluate`), logged as epoch means."""
         name = eval_set_name(self._trainer, kind, dataloader_idx)

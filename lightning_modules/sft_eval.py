@@ -54,6 +54,13 @@ class SFTEvaluation:
             return self._pairs(policy, processor, batch, kind, name)
         return self._images(policy, processor, batch, kind, name)
 
+    def greedy(self, policy, processor, batch) -> list:
+        """Greedy answers to image samples under the first training template, as validation reads them (the held-out
+        summary's reading, callbacks/heldout.py)."""
+        return greedy_answers(
+            policy, processor, batch, template=self.examples.first_template, max_new_tokens=self.max_new_tokens
+        )[0]
+
     def epoch_logs(self, trainer, kind: str) -> dict[str, float]:
         """The epoch's values of every eval set of ``kind`` that are not batch means (the evaluator's detection and
         GRES metrics, the clips' metrics), then reset."""
@@ -64,7 +71,7 @@ class SFTEvaluation:
 
     def _images(self, policy, processor, batch, kind: str, name: str) -> Logs:
         first, n = self.examples.first_template, self.max_new_tokens
-        answers, _ = greedy_answers(policy, processor, batch, template=first, max_new_tokens=n)
+        answers = self.greedy(policy, processor, batch)
         logs = self.evaluator.update(kind, name, batch, answers, format=format_for_template(first))
         out: Logs = {k: (v, len(batch)) for k, v in logs.items()}
         sampled = rollout(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import lightning as L
 
+from callbacks.heldout import HeldOutSummary
 from lightning_modules.models.loading import load_policy
 from train import cli_main
 
@@ -79,6 +80,10 @@ def test_sft_builds_trains_and_exports(tmp_path):
     assert not [w for w in caught if "eval mode" in str(w.message)], "the policy must train in train mode"
     assert len(losses.losses) == 4 and losses.losses[-1] < losses.losses[0]
     assert "val/toy_val/acc50" in cli.trainer.callback_metrics
+    # the held-out summary reads an SFT run as it reads a GRPO one (SFT continued is RL's control): greedy answers
+    # under the first training template, the validation's reading
+    hits = HeldOutSummary(scenes=2, splits=("val",), batch_size=2).measure(cli.trainer, cli.model)
+    assert len(hits["val"]) == 2 and set(hits["val"]) <= {0, 1}
     model, processor = load_policy(str(tmp_path / "export"), dtype="fp32")
     assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
     # the byte-level BPE trained on the toy corpus round-trips text, and "description" merged below its 11 bytes
