@@ -6,13 +6,15 @@
 #   grpo  GRPO (configs/baselines/grpo.yaml: VLM-R1's prompt, no data server)
 #   sft   SFT continued on RL's task with exact targets (the base's own target and prompt: toy_base, toy)
 #   bash experiments/sweeps/toy_base_rl.sh OUT_DIR [J]    then   python experiments/sweeps/toy_base_rl_table.py OUT_DIR
-# BASE_MODEL=outputs/toy_base/stage4 starts every run from that export instead of checkpoints/toy-qwen2.5-vl.
+# BASE_MODEL=outputs/toy_base/stage4 starts every run from that export instead of checkpoints/toy-qwen2.5-vl;
+# EXTRA="flags" are appended to every fit (a training setting for every method at once, never the held-out splits).
 set -u
 OUT=${1:?out dir}; J=${2:-2}; PY=${PY:-.venv/bin/python}
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 mkdir -p "$OUT"
 BASE="--config configs/tiny.yaml --config configs/overlays/heldout_summary.yaml --trainer.logger=false --trainer.enable_progress_bar=false"
 [ -n "${BASE_MODEL:-}" ] && BASE="$BASE --model.init_args.policy.model_name_or_path=$BASE_MODEL"
+BASE="$BASE ${EXTRA:-}"
 declare -A M=(
   [syn]=""
   [grpo]="--config configs/baselines/grpo.yaml"
