@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -64,7 +67,9 @@ def main() -> None:
             shown = f"[{iv.lo:+.1f}, {iv.hi:+.1f}]" if iv.kind == "t" else "(one seed)"
             print(f"{name + f' ({sp})':<36} {sum(d) / len(d):+5.1f} {shown}  seeds {seeds}")
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+        head = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} ({os.cpu_count()} cpus)"}
+        head["command"] = "python " + " ".join(sys.argv)
+        Path(args.json).write_text(json.dumps({**head, **out}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
