@@ -22,12 +22,14 @@ from cli.flat_flags import flat_hparams
 from core.prompts import PROMPT_TEMPLATES
 
 
-def _policy_state(ckpt_path: str | Path, model: L.LightningModule) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def _policy_state(
+    ckpt_path: str | Path, model: L.LightningModule, weights_only: bool = False
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(the ``policy.*`` tensors, a few facts) of a Lightning checkpoint, memory-mapped; a distributed checkpoint (a
     folder of shards, ``--trainer.strategy fsdp2``) is read into ``model``'s own tensors."""
     if Path(ckpt_path).is_dir():
         return _sharded_policy_state(Path(ckpt_path), model)
-    ckpt = torch.load(str(ckpt_path), map_location="cpu", mmap=True, weights_only=False)
+    ckpt = torch.load(str(ckpt_path), map_location="cpu", mmap=True, weights_only=weights_only)
     state = ckpt.get("state_dict") or {}
     policy = {k: v for k, v in state.items() if k.startswith("policy.")}
     if not policy:
@@ -86,6 +88,7 @@ def export_policy(
     ckpt_path: str | Path | None,
     out: str | Path,
     run_name: str | None = None,
+    weights_only: bool = False,
 ) -> Path:
     """Load the policy of ``model`` (from its ``model_name_or_path``) with the weights of ``ckpt_path`` and write
     it, with its processor, to ``out``; returns ``out``."""
@@ -96,7 +99,7 @@ def export_policy(
     model.configure_model()
     facts: dict[str, Any] = {}
     if ckpt_path:
-        state, facts = _policy_state(ckpt_path, model)
+        state, facts = _policy_state(ckpt_path, model, weights_only)
         result = model.load_state_dict(state, strict=False)
         missing = [k for k in result.missing_keys if k.startswith("policy.")]
         if missing:

@@ -245,6 +245,7 @@ class Trainer(L.Trainer):
         datamodule: L.LightningDataModule | None = None,
         ckpt_path: str | None = None,
         out: str | None = None,
+        weights_only: bool | None = None,
     ) -> Path:
         """Write the trained policy of a checkpoint as an HF model directory (without building the reference).
 
@@ -253,8 +254,11 @@ class Trainer(L.Trainer):
             datamodule: unused (the config's data section may stay as it is).
             ckpt_path: the Lightning checkpoint to export; none exports the config's model as loaded.
             out: the output directory (default ``<run folder>/export``).
+            weights_only: ``torch.load``'s, as Lightning's ``fit`` / ``test`` take it (a run's saved ``config.yaml``
+                names it, so it exports as it is); ``None`` or ``false`` reads the whole checkpoint.
         """
-        path = export_policy(model, ckpt_path, out or Path(self.default_root_dir) / "export", run_name=self.run_name)
+        out = out or Path(self.default_root_dir) / "export"
+        path = export_policy(model, ckpt_path, out, run_name=self.run_name, weights_only=bool(weights_only))
         print(f"exported {ckpt_path or 'the configured model'} to {path}", flush=True)
         return path
 

@@ -95,7 +95,8 @@ def test_export_from_pretrained_predict_reproduce_the_checkpoint(toy_rec, tmp_pa
     assert set(ref) >= {"test/toy_val/acc50", "test/toy_val/miou", "test/toy_val/format"}
 
     out = tmp_path / "hf"
-    exp = cli_main(["export", "--config", cfg, "--ckpt_path", str(ckpt), "--out", str(out)])
+    saved = str(tmp_path / "run/config.yaml")  # the run's own saved config, as it is (it names fit's weights_only)
+    exp = cli_main(["export", "--config", saved, "--ckpt_path", str(ckpt), "--out", str(out)])
     assert exp.model.reference is None
     for name in ("config.json", "model.safetensors", "generation_config.json", "prompt_template.json", "README.md"):
         assert (out / name).is_file(), name
