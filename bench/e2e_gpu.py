@@ -437,6 +437,48 @@ def run_fit(spec: str, ctx: dict[str, Any], timeout: float) -> dict[str, Any]:
     return r
 
 
+def run_profile(spec: str, ctx: dict[str, Any], steps: int, timeout: float) -> dict[str, Any]:
+    """``bench/profile_step.py`` (a component profiler around ``train.py fit``) on the config ``run_fit`` composed for
+    ``spec``: the same paths and lengths, its own run folder, 2 warm-up steps and ``steps`` profiled."""
+    src = Path(ctx["work"]) / "runs" / spec.replace(":", "_").replace("+", "_") / "config.yaml"
+    if not src.exists():
+        return {"error": f"no composed config for {spec!r} at {src}: --profile reads the first --runs entry's"}
+    out = Path(ctx["work"]) / "profile" / (spec.replace(":", "_").replace("+", "_") + ".json")
+    run_dir = out.parent / "run"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cmd = [sys.executable, "bench/profile_step.py", "--config", str(src), "--steps", str(steps), "--warmup", "2"]
+    cmd += [
+        "--top",
+        "40",
+        "--trace",
+        "none",
+        "--out",
+        str(out),
+        "--",
+        f"--trainer.default_root_dir={run_dir}",
+        "--trainer.max_epochs=1000",
+    ]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE="offline", TOKENIZERS_PARALLELISM="false")
+    log = out.with_suffix(".log")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as fh:
+        try:
+            rc = subprocess.run(cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+    r: dict[str, Any] = {
+        "command": "python " + " ".join(cmd[1:]),
+        "rc": rc,
+        "note": "component profiler (torch.profiler)",
+    }
+    if rc == 0 and out.exists():
+        r.update(json.loads(out.read_text()))
+    else:
+        r["log_tail"] = log.read_text()[-3000:]
+    print(f"[profile {spec}] rc={rc} mean step {r.get('mean_step_s')} s", flush=True)
+    return r
+
+
 def prompt_text_tokens(ctx: dict[str, Any], template: str = "syn_grpo") -> int:
     """Text tokens (vision start / end included, the image pads not) of a REC prompt with this tokenizer."""
     from transformers import AutoProcessor
@@ -616,6 +658,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--runs", default="", help="comma list of config[+overlay...]:off|async|sync")
     ap.add_argument("--trl", action="store_true", help="TRL's GRPOTrainer on the same work, in the same call")
     ap.add_argument("--trl-steps", type=int, default=2)
+    ap.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        help="N: after the fits, bench/profile_step.py on the first run's composed config (2 warm-up steps, N profiled)",
+    )
     ap.add_argument("--parity", action="store_true", help="engine parity on the real architecture")
     ap.add_argument("--server", default="", help="comma list of long sides for the data-server-alone bench")
     ap.add_argument("--server-jobs", type=int, default=64)
@@ -704,6 +752,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     save()
     for spec in [s for s in args.runs.split(",") if s]:
         result.setdefault("fit", {})[spec] = {**machine(), **run_fit(spec, ctx, args.timeout)}
+        save()
+    if args.profile and args.runs:
+        result["profile"] = {**machine(), **run_profile(args.runs.split(",")[0], ctx, args.profile, args.timeout)}
         save()
     if args.parity:  # its own process, so its GPU memory is gone before anything else runs
         parity_out = work / "parity.json"

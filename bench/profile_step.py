@@ -74,6 +74,34 @@ class StepProfiler(L.Callback):
             self.prof.__exit__(None, None, None)
 
 
+KERNEL_KINDS = (  # (kind, substrings of a device kernel's name), first match wins
+    ("attention", ("flash", "fmha", "attention", "attn")),
+    ("matmul", ("gemm", "nvjet", "cutlass", "xmma", "matmul", "splitk")),
+    ("copy / cast", ("memcpy", "memset", "copy", "cast", "convert")),
+    ("optimizer", ("adam", "multi_tensor", "foreach")),
+    ("normalisation", ("norm",)),
+    ("reduction", ("reduce", "softmax", "sum", "cumsum", "scan")),
+    ("elementwise", ("elementwise", "vectorized", "unrolled", "triton")),
+)
+
+
+def kernel_kinds(events, n_steps: int, step: float) -> list[dict[str, Any]]:
+    """Device kernels only (no CPU op, so nothing is counted twice), grouped by the kind their name says."""
+    totals: dict[str, float] = {}
+    for e in events:
+        if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA or e.self_device_time_total <= 0:
+            continue
+        name = e.key.lower()
+        kind = next((k for k, keys in KERNEL_KINDS if any(x in name for x in keys)), "other")
+        totals[kind] = totals.get(kind, 0.0) + e.self_device_time_total / 1e6 / n_steps
+    rows = [{"kind": k, "s": round(v, 4), "share": round(v / step, 4)} for k, v in totals.items()]
+    busy = sum(totals.values())
+    rows.append(
+        {"kind": "GPU idle (step - kernel time)", "s": round(step - busy, 4), "share": round(1 - busy / step, 4)}
+    )
+    return sorted(rows, key=lambda r: -r["s"])
+
+
 def summarise(p: StepProfiler, top: int) -> dict[str, Any]:
     """The step times, the spans and the top ops, each with its share of the mean profiled step."""
     if not p.step_s:
@@ -102,6 +130,7 @@ def summarise(p: StepProfiler, top: int) -> dict[str, Any]:
         "spans": spans,
         "ops_by": "self device time" if device else "self CPU time",
         "ops": ops[:top],
+        **({"kernel_kinds": kernel_kinds(events, len(p.step_s), step)} if device else {}),
     }
 
 
@@ -115,7 +144,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--warmup", type=int, default=1, help="steps run before profiling")
     parser.add_argument("--top", type=int, default=25, help="ops listed")
     parser.add_argument("--out", default="experiments/profile/profile.json")
-    parser.add_argument("--trace", default=None, help="the Chrome trace (default: --out with .trace.json)")
+    parser.add_argument(
+        "--trace", default=None, help="the Chrome trace (default: --out with .trace.json; 'none': not written)"
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     trace = Path(args.trace) if args.trace else out.with_suffix(".trace.json")
@@ -140,9 +171,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "warmup": args.warmup,
         "steps": len(profiler.step_s),
         **summarise(profiler, args.top),
-        "trace": str(trace),
+        "trace": str(trace) if args.trace != "none" else None,
     }
-    profiler.prof.export_chrome_trace(str(trace))
+    if args.trace != "none":
+        profiler.prof.export_chrome_trace(str(trace))
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(
         f"{args.config}: {result['steps']} steps profiled, mean {result['mean_step_s']:.3f} s/step on {result['device']}"
@@ -152,6 +184,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"top ops by {result['ops_by']}:")
     for r in result["ops"][:15]:
         print(f"  {r['share']:6.1%}  {r['self_s']:8.4f} s  {r['calls']:6d}x  {r['op']}")
+    for r in result.get("kernel_kinds", []):
+        print(f"  {r['share']:6.1%}  {r['s']:8.4f} s  kernels: {r['kind']}")
     print(f"wrote {out} and {trace}")
     return result
 
