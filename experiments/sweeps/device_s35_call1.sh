@@ -13,7 +13,7 @@ rm -rf /tmp/e2e7
 left=$((560 - SECONDS))
 echo "after 7B: ${SECONDS}s" >> "$OUT/machine.txt"
 if [ "$left" -gt 200 ]; then
-  python bench/e2e_gpu.py --runs rec_3b_1gpu:off --profile 3 --epochs 2 --train-samples 60 --timeout $((left / 2)) \
+  python bench/e2e_gpu.py --runs rec_3b_1gpu:off --profile 3 --epochs 1 --train-samples 60 --timeout $((left / 2)) \
     --work /tmp/e2e3 --out "$OUT/e2e_gpu_rec_3b_1gpu_profile.json" > "$OUT/3b.log" 2>&1
   cp /tmp/e2e3/profile/*.log /tmp/pack/ 2>/dev/null
 fi
