@@ -279,6 +279,13 @@ UPDATE_ENGINES.add(
     "micro-batches, chunked log-probs from hidden states; single-process only: its deferred vision backward is not "
     "DDP-aware",
 )
+UPDATE_ENGINES.add(
+    "packed_shared",
+    "lightning_modules.engines.shared_prompt:SharedPromptUpdateEngine",
+    "``engines/shared_prompt.py``: the ``packed`` engine with each prompt scored once per group (its G completions "
+    "attend to one copy of it under a mask): ~2x fewer tokens for REC on the 3B; sdpa or eager attention; "
+    "single-process only",
+)
 register_rollout_engine = ROLLOUT_ENGINES.register
 """Class decorator: make a `RolloutEngine` available as ``--model.engines.rollout_engine <name>``."""
 register_update_engine = UPDATE_ENGINES.register

@@ -14,6 +14,8 @@ from lightning_modules.engines.packing import completion_logprobs, pack_rollout,
 class PackedUpdateEngine(UpdateEngine):
     distributed_ok = False
     own_kernels = True
+    layout = None
+    """How rows are laid out for the decoder (``packing.py``'s rows when None; ``shared_prompt.py``'s groups)."""
 
     def prepare(self, model, processor, ro: Rollout, device: torch.device):
         return pack_rollout(
@@ -31,7 +33,11 @@ class PackedUpdateEngine(UpdateEngine):
 
     def logprobs(self, model, prepared) -> torch.Tensor:
         return completion_logprobs(
-            model, packed=prepared, micro_batch_size=self.ref_micro_batch_size, temperature=self.temperature
+            model,
+            packed=prepared,
+            micro_batch_size=self.ref_micro_batch_size,
+            temperature=self.temperature,
+            layout=self.layout,
         )[0]
 
     def run_backward(self, model, prepared, loss_fn: LossFn, entropy_grad: bool, backward) -> None:
@@ -46,4 +52,5 @@ class PackedUpdateEngine(UpdateEngine):
             gradient_checkpointing=self.gradient_checkpointing,
             vision_checkpointing=self.vision_checkpointing,
             backward=backward,
+            layout=self.layout,
         )

@@ -385,15 +385,34 @@ def _call_layer(layer, h, mask, cos, sin):
     return out[0] if isinstance(out, tuple) else out
 
 
-def _over_micro_batches(model, packed, feats, dev, *, micro_batch_size, max_tokens, with_entropy, fwd, step=None):
-    """`_forward_rows` over every length-bucketed micro-batch (``fwd``: its keyword arguments); ``step(rows, logp,
-    entropy)`` uses each micro-batch's outputs (the policy's loss and backward); returns the detached float32 log-probs
-    [N, T] and entropies [N, T] (or None) of all rows."""
+class RowLayout:
+    """The default layout: each completion a right-padded row [prompt | completion], length-bucketed micro-batches."""
+
+    @staticmethod
+    def batches(packed: PackedRollout, micro_batch_size: int, max_tokens: int | None) -> list[torch.Tensor]:
+        return micro_batches(packed, micro_batch_size, max_tokens)
+
+    @staticmethod
+    def forward(model, packed: PackedRollout, rows: torch.Tensor, feats, **fwd):
+        lp, e = _forward_rows(model, packed, rows, feats, **fwd)
+        return rows, lp, e
+
+
+ROWS = RowLayout()
+
+
+def _over_micro_batches(
+    model, packed, feats, dev, *, micro_batch_size, max_tokens, with_entropy, fwd, step=None, layout=None
+):
+    """``layout.forward`` (`_forward_rows` by default) over every micro-batch of ``layout.batches`` (``fwd``: its
+    keyword arguments); ``step(rows, logp, entropy)`` uses each micro-batch's outputs (the policy's loss and backward);
+    returns the detached float32 log-probs [N, T] and entropies [N, T] (or None) of all rows."""
+    layout = layout or ROWS
     N, T = packed.completion_ids.shape
     logp = torch.zeros(N, T, dtype=torch.float32, device=dev)
     ent = torch.zeros(N, T, dtype=torch.float32, device=dev) if with_entropy else None
-    for rows in micro_batches(packed, micro_batch_size, max_tokens):
-        lp, e = _forward_rows(model, packed, rows, feats, with_entropy=with_entropy, **fwd)
+    for batch in layout.batches(packed, micro_batch_size, max_tokens):
+        rows, lp, e = layout.forward(model, packed, batch, feats, with_entropy=with_entropy, **fwd)
         if step is not None:
             step(rows.to(dev), lp, e)
         logp[rows.to(dev)] = lp.detach()
@@ -413,11 +432,13 @@ def completion_logprobs(
     with_entropy: bool = False,
     image_embeds: torch.Tensor | None = None,
     chunk_tokens: int = 4096,
+    layout=None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs [N, T] (float32, 0 outside ``completion_mask``) of the completions under ``model``, no grad.
 
     For reference log-probs and old log-probs (``num_iterations > 1``). ``image_embeds``: the B prompts' merged vision
-    features from `image_embeddings` when already computed with the same vision weights.
+    features from `image_embeddings` when already computed with the same vision weights. ``layout``: how rows are
+    laid out (`RowLayout` by default; ``shared_prompt.SHARED_PROMPT``: each prompt once per group).
     """
     if image_embeds is None and packed.pixel_values is not None:
         dev = model_parts(model).text.embed_tokens.weight.device
@@ -432,6 +453,7 @@ def completion_logprobs(
         max_tokens=max_tokens,
         with_entropy=with_entropy,
         fwd=dict(temperature=temperature, grad=False, checkpoint_layers=False, chunk_tokens=chunk_tokens),
+        layout=layout,
     )
 
 
@@ -452,6 +474,7 @@ def policy_backward(
     entropy_grad: bool = False,
     backward: Callable[[torch.Tensor], None] | None = None,
     chunk_tokens: int = 4096,
+    layout=None,
 ) -> dict[str, torch.Tensor]:
     """Forward + backward of the policy over all rows in length-bucketed micro-batches; gradients accumulate.
 
@@ -462,7 +485,7 @@ def policy_backward(
     backward once after the last micro-batch. The optimizer step is the caller's. ``entropy_grad``: the entropy given
     to ``loss_fn`` carries gradient (the "GRPO + entropy loss" baseline); otherwise it is detached.
     ``vision_checkpointing``: keep only the vision tower's inputs and recompute its forward in the deferred backward
-    (one extra vision forward; frees its activations across all micro-batches).
+    (one extra vision forward; frees its activations across all micro-batches). ``layout``: as `completion_logprobs`.
 
     Returns detached ``logp`` [N, T], ``entropy`` [N, T] (if asked) and the summed ``loss``.
     """
@@ -499,6 +522,7 @@ def policy_backward(
         with_entropy=with_entropy,
         step=step,
         fwd=fwd,
+        layout=layout,
     )
     if feats is not None and feats.requires_grad and feats_leaf.grad is not None:
         torch.autograd.backward(feats, feats_leaf.grad)  # the vision tower's backward, once for all micro-batches

@@ -39,6 +39,7 @@ RUNS = (
     + [(CONFIGS / "evolved_tiny.yaml", o) for o in sorted((CONFIGS / "overlays").glob("evolved_*.yaml"))]
     + [(CONFIGS / "cycle_tiny.yaml", o) for o in sorted((CONFIGS / "overlays").glob("cycle_tiny_*.yaml"))]
     + [(CONFIGS / "cycle_tiny.yaml", CONFIGS / "overlays/cycle_judge.yaml")]  # against the toy judge server
+    + [(CONFIGS / "rec_3b_1gpu.yaml", CONFIGS / "overlays/shared_prompt.yaml")]  # each prompt once per group
     + [(CONFIGS / "cycle_4b.yaml", CONFIGS / "overlays/hf_engines.yaml")]  # the transformers engines on Qwen3-VL
     + [(CONFIGS / "cycle_4b_temporal.yaml", CONFIGS / "overlays/hf_engines.yaml")]  # ... and on its clips
     + [(CONFIGS / "cycle_4b.yaml", CONFIGS / "overlays/cycle_4b_parquet.yaml", CONFIGS / "overlays/hf_engines.yaml")]

@@ -70,7 +70,7 @@ def test_update_engines_agree_on_logprobs_and_gradients(policy):
     model, processor = policy
     ro = build_rollout_engine("hf").generate(model, processor, _requests(processor, 2), Sampling(max_new_tokens=6))
     out = {}
-    for name in ("hf", "packed"):
+    for name in ("hf", "packed", "packed_shared"):
         eng = build_update_engine(name, micro_batch_size=3, ref_micro_batch_size=2)
         prepared = eng.prepare(model, processor, ro, torch.device("cpu"))
         lp = eng.logprobs(model, prepared) * ro.completion_mask
@@ -81,6 +81,64 @@ def test_update_engines_agree_on_logprobs_and_gradients(policy):
     assert torch.allclose(out["hf"][0], out["packed"][0], atol=1e-4)
     cos = torch.nn.functional.cosine_similarity(out["hf"][1], out["packed"][1], dim=0)
     assert cos > 0.9999, float(cos)
+    # the prompt scored once per group: the same function of the weights as its G copies (fp32 rounding apart)
+    assert torch.allclose(out["packed"][0], out["packed_shared"][0], atol=1e-5)
+    assert torch.allclose(out["packed"][1], out["packed_shared"][1], rtol=1e-4, atol=1e-6)
+
+
+def test_shared_prompt_layout_with_early_eos_several_groups_per_micro_batch_and_entropy(policy):
+    """Completions of unequal lengths (EOS at different steps, one completion of length 1), prompts of unequal lengths
+    in one micro-batch (right-padded groups), and a budget that splits 3 groups 2 + 1: the log-probs, entropies and
+    gradients of the shared layout equal the row layout's."""
+    from lightning_modules.engines.packing import completion_logprobs, pack_rollout, policy_backward
+    from lightning_modules.engines.shared_prompt import SHARED_PROMPT, group_micro_batches
+
+    model, processor = policy
+    reqs = _requests(processor, 3) + [
+        RolloutRequest(
+            build_prompt_text(processor, "the large green square on the left", template="toy"),
+            Image.new("RGB", (112, 112), "green"),
+            3,
+            12,
+        )
+    ]
+    ro = build_rollout_engine("hf").generate(model, processor, reqs, Sampling(max_new_tokens=7))
+    cm = ro.completion_mask.clone()
+    for r, n in enumerate([7, 3, 1, 5, 7, 2, 4, 6, 1]):  # EOS placed by hand: rows end at n tokens
+        cm[r, n:] = False
+    packed = pack_rollout(
+        model,
+        prompt_ids=ro.prompt_ids,
+        prompt_mask=ro.prompt_mask,
+        pixel_values=ro.pixel_values,
+        image_grid_thw=ro.image_grid_thw,
+        completion_ids=ro.completion_ids,
+        completion_mask=cm,
+        group_size=3,
+        pad_token_id=processor.tokenizer.pad_token_id,
+    )
+    G, P = 3, packed.comp_start.view(-1, 3)[:, 0]
+    assert len(set(P.tolist())) > 1  # prompts of different lengths
+    budget = int(max(P[b] + (packed.lengths.view(-1, 3)[b] - P[b]).sum() for b in range(3))) * 2
+    batches = group_micro_batches(packed, max_tokens=budget)
+    assert sorted(b for mb in batches for b in mb) == [0, 1, 2] and max(len(mb) for mb in batches) == 2
+    out = {}
+    for name, layout in (("rows", None), ("shared", SHARED_PROMPT)):
+        lp, ent = completion_logprobs(model, packed, with_entropy=True, layout=layout, max_tokens=budget)
+        model.zero_grad(set_to_none=True)
+        got = policy_backward(
+            model,
+            packed,
+            lambda logp, e, rows: (logp * cm[rows]).sum() + e.sum(),
+            with_entropy=True,
+            entropy_grad=True,
+            layout=layout,
+            max_tokens=budget,
+        )
+        grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        out[name] = (lp, ent, got["loss"], grad)
+    for a, b in zip(out["rows"], out["shared"]):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), float((a - b).abs().max())
 
 
 def test_fast_engine_encodes_each_image_once_across_requests_and_calls(policy):
