@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Session 35's device calls (issue 57), each well inside 10 minutes, results under $OUT (one tarball of logs):
+#   bash experiments/sweeps/device_s35.sh 3b        the 3B step: packed vs packed_shared, TRL in the same call
+#   bash experiments/sweeps/device_s35.sh 7b        the 7B recipe on one GPU (masters + moments in host memory)
+#   bash experiments/sweeps/device_s35.sh profile   the 3B profile (component profiler) and FSDP2 fit -> kill -> resume
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD OMP_NUM_THREADS=4
+{ nvidia-smi --query-gpu=name,memory.total --format=csv; free -g; df -h /tmp /dev/shm; } > "$OUT/machine.txt" 2>&1
+mkdir -p /tmp/pack
+case "$1" in
+3b)
+  python bench/e2e_gpu.py --runs rec_3b_1gpu:off,rec_3b_1gpu+shared_prompt:off --trl --trl-steps 3 --epochs 1 \
+    --train-samples 80 --timeout 270 --work /tmp/e2e3 --out "$OUT/e2e_gpu_rec_3b_1gpu_shared.json" > "$OUT/run.log" 2>&1
+  for d in /tmp/e2e3/runs/*/; do cp "$d/metrics.jsonl" "/tmp/pack/$(basename "$d")_metrics.jsonl"; tail -60 "$d/train.log" > "/tmp/pack/$(basename "$d").log"; done ;;
+7b)
+  python bench/e2e_gpu.py --arch 7b --runs rec_7b_1gpu:off --epochs 1 --train-samples 80 --timeout 500 \
+    --work /tmp/e2e7 --out "$OUT/e2e_gpu_rec_7b_1gpu.json" > "$OUT/run.log" 2>&1
+  for d in /tmp/e2e7/runs/*/; do cp "$d/metrics.jsonl" "/tmp/pack/$(basename "$d")_metrics.jsonl"; tail -80 "$d/train.log" > "/tmp/pack/$(basename "$d").log"; done ;;
+profile)
+  python bench/e2e_gpu.py --runs rec_3b_1gpu:off --profile 3 --epochs 1 --train-samples 60 --timeout 240 \
+    --work /tmp/e2e3 --out "$OUT/e2e_gpu_rec_3b_1gpu_profile.json" > "$OUT/run.log" 2>&1
+  cp /tmp/e2e3/profile/*.log /tmp/pack/ 2>/dev/null
+  rm -rf /tmp/e2e3/runs /tmp/e2e3/profile/run
+  python bench/fsdp_resume.py --arch 3b --batch 8 --timeout 150 --work /tmp/e2e3 \
+    --out "$OUT/fsdp_resume.json" > "$OUT/fsdp.log" 2>&1 ;;
+esac
+echo "done in ${SECONDS}s" >> "$OUT/machine.txt"
+tar czf "$OUT/pack.tgz" -C /tmp/pack .
