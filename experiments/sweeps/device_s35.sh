@@ -2,7 +2,8 @@
 # Session 35's device calls (issue 57), each well inside 10 minutes, results under $OUT (one tarball of logs):
 #   bash experiments/sweeps/device_s35.sh 3b        the 3B step: packed vs packed_shared, TRL in the same call
 #   bash experiments/sweeps/device_s35.sh 7b        the 7B recipe on one GPU (masters + moments in host memory)
-#   bash experiments/sweeps/device_s35.sh profile   the 3B profile (component profiler) and FSDP2 fit -> kill -> resume
+#   bash experiments/sweeps/device_s35.sh profile   the 3B profile (component profiler)
+#   bash experiments/sweeps/device_s35.sh fsdp      FSDP2 at one rank: fit -> kill -> resume against uninterrupted
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD OMP_NUM_THREADS=4
@@ -20,9 +21,9 @@ case "$1" in
 profile)
   python bench/e2e_gpu.py --runs rec_3b_1gpu:off --profile 3 --epochs 1 --train-samples 60 --timeout 240 \
     --work /tmp/e2e3 --out "$OUT/e2e_gpu_rec_3b_1gpu_profile.json" > "$OUT/run.log" 2>&1
-  cp /tmp/e2e3/profile/*.log /tmp/pack/ 2>/dev/null
-  rm -rf /tmp/e2e3/runs /tmp/e2e3/profile/run
-  python bench/fsdp_resume.py --arch 3b --batch 8 --timeout 150 --work /tmp/e2e3 \
+  cp /tmp/e2e3/profile/*.log /tmp/pack/ 2>/dev/null ;;
+fsdp)
+  python bench/fsdp_resume.py --arch 3b --batch 8 --timeout 170 --work /tmp/fsdp \
     --out "$OUT/fsdp_resume.json" > "$OUT/fsdp.log" 2>&1 ;;
 esac
 echo "done in ${SECONDS}s" >> "$OUT/machine.txt"
