@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 35's device calls (issue 57), each well inside 10 minutes, results under $OUT (one tarball of logs):
 #   bash experiments/sweeps/device_s35.sh 3b        the 3B step: packed vs packed_shared, TRL in the same call
+#   bash experiments/sweeps/device_s35.sh 3b80      the same on one 80 GB card (rec_3b_80gb)
 #   bash experiments/sweeps/device_s35.sh 7b        the 7B recipe on one GPU (masters + moments in host memory)
 #   bash experiments/sweeps/device_s35.sh profile   the 3B profile (component profiler)
 #   bash experiments/sweeps/device_s35.sh fsdp      FSDP2 at one rank: fit -> kill -> resume against uninterrupted
@@ -13,6 +14,10 @@ case "$1" in
 3b)
   python bench/e2e_gpu.py --runs rec_3b_1gpu:off,rec_3b_1gpu+shared_prompt:off --trl --trl-steps 3 --epochs 1 \
     --train-samples 80 --timeout 270 --work /tmp/e2e3 --out "$OUT/e2e_gpu_rec_3b_1gpu_shared.json" > "$OUT/run.log" 2>&1
+  for d in /tmp/e2e3/runs/*/; do cp "$d/metrics.jsonl" "/tmp/pack/$(basename "$d")_metrics.jsonl"; tail -60 "$d/train.log" > "/tmp/pack/$(basename "$d").log"; done ;;
+3b80)  # one 80 GB card: the 3B recipe with its optimizer state in host memory, packed vs packed_shared
+  python bench/e2e_gpu.py --runs rec_3b_80gb:off,rec_3b_80gb+shared_prompt:off --epochs 1 \
+    --train-samples 80 --timeout 270 --work /tmp/e2e3 --out "$OUT/e2e_gpu_rec_3b_80gb_shared.json" > "$OUT/run.log" 2>&1
   for d in /tmp/e2e3/runs/*/; do cp "$d/metrics.jsonl" "/tmp/pack/$(basename "$d")_metrics.jsonl"; tail -60 "$d/train.log" > "/tmp/pack/$(basename "$d").log"; done ;;
 7b)
   python bench/e2e_gpu.py --arch 7b --runs rec_7b_1gpu:off --epochs 1 --train-samples 80 --timeout 500 \
