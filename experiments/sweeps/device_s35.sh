@@ -31,5 +31,9 @@ fsdp)
   python bench/fsdp_resume.py --arch 3b --batch 8 --timeout 170 --work /tmp/fsdp \
     --out "$OUT/fsdp_resume.json" > "$OUT/fsdp.log" 2>&1 ;;
 esac
+if [ "$1" != 7b ] && [ "$SECONDS" -lt 420 ]; then  # issue 55: VQ-SAM2 at Hiera-L on this GPU, batched vs one by one
+  timeout $((560 - SECONDS)) python bench/mask_decode.py --size hiera-l --device cuda --images 4 --codes 12 \
+    --out "$OUT/mask_decode_hiera_l.json" > "$OUT/mask.log" 2>&1
+fi
 echo "done in ${SECONDS}s" >> "$OUT/machine.txt"
 tar czf "$OUT/pack.tgz" -C /tmp/pack .
