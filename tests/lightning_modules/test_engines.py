@@ -117,7 +117,7 @@ def test_shared_prompt_layout_with_early_eos_several_groups_per_micro_batch_and_
         group_size=3,
         pad_token_id=processor.tokenizer.pad_token_id,
     )
-    G, P = 3, packed.comp_start.view(-1, 3)[:, 0]
+    P = packed.comp_start.view(-1, 3)[:, 0]
     assert len(set(P.tolist())) > 1  # prompts of different lengths
     budget = int(max(P[b] + (packed.lengths.view(-1, 3)[b] - P[b]).sum() for b in range(3))) * 2
     batches = group_micro_batches(packed, max_tokens=budget)
