@@ -1,4 +1,5 @@
-"""The fast rollout engine and the packed update engine against the HF path, on fixed (teacher-forced) completions.
+"""The fast rollout engine and the packed / packed_shared update engines against the HF path, on fixed (teacher-forced)
+completions.
 
     python bench/engine_parity.py --model DIR [--out experiments/results/engine_parity.json]   # a saved Qwen2.5-VL dir
     (bench/e2e_gpu.py --parity runs it on the random-weight 3B architecture it builds)
@@ -59,6 +60,7 @@ def run_parity(
     from lightning_modules.engines.fast import repeat_encoding
     from lightning_modules.engines.hf import completion_logps
     from lightning_modules.engines.packing import completion_logprobs, pack_rollout, policy_backward
+    from lightning_modules.engines.shared_prompt import SHARED_PROMPT
     from lightning_modules.models.loading import load_policy
     from lightning_modules.models.prompts import build_prompt_text, eos_token_ids, special_token_ids, untokenizable_ids
 
@@ -126,6 +128,7 @@ def run_parity(
             pad_token_id=tok.pad_token_id,
         )
         lp_packed = completion_logprobs(policy, packed, micro_batch_size=micro_batch)[0]
+        lp_shared = completion_logprobs(policy, packed, micro_batch_size=micro_batch, layout=SHARED_PROMPT)[0]
         fp32 = copy.deepcopy(policy).float()
         lp_fp32 = torch.cat([hf_logps(fp32, r) for r in mbs])
         del fp32
@@ -140,6 +143,8 @@ def run_parity(
             "packed_vs_fp32": _diff(lp_packed, lp_fp32, mask),
             "fast_sampling_vs_fp32": _diff(lp_fast, lp_fp32, mask),
             "packed_vs_hf": _diff(lp_packed, lp_hf, mask),
+            "packed_shared_vs_fp32": _diff(lp_shared, lp_fp32, mask),
+            "packed_shared_vs_packed": _diff(lp_shared, lp_packed, mask),
             "fast_sampling_vs_hf": _diff(lp_fast, lp_hf, mask),
         },
     }
@@ -179,35 +184,51 @@ def run_parity(
         loss_hf += float(loss)
     g_hf = [p.grad.detach().clone() if p.grad is not None else None for p in params]
     policy.zero_grad(set_to_none=True)
+
+    def cosine_to_hf() -> float:
+        dot = n_hf = n_pk = 0.0
+        for p, gh in zip(params, g_hf):
+            gp = p.grad
+            if gh is None or gp is None:
+                continue
+            gh, gp = gh.float(), gp.float()
+            dot += float((gh * gp).sum())
+            n_hf += float((gh * gh).sum())
+            n_pk += float((gp * gp).sum())
+        policy.zero_grad(set_to_none=True)
+        return dot / math.sqrt(max(n_hf * n_pk, 1e-30))
+
     res = policy_backward(
         policy, packed, lambda lp, ent, rows: loss_of(lp, rows.tolist()), micro_batch_size=micro_batch
     )
     loss_packed = float(res["loss"])
-    dot = n_hf = n_pk = 0.0
-    for p, gh in zip(params, g_hf):
-        gp = p.grad
-        if gh is None or gp is None:
-            continue
-        gh, gp = gh.float(), gp.float()
-        dot += float((gh * gp).sum())
-        n_hf += float((gh * gh).sum())
-        n_pk += float((gp * gp).sum())
-    policy.zero_grad(set_to_none=True)
-    cos = dot / math.sqrt(max(n_hf * n_pk, 1e-30))
+    cos = cosine_to_hf()
+    res = policy_backward(
+        policy,
+        packed,
+        lambda lp, ent, rows: loss_of(lp, rows.tolist()),
+        micro_batch_size=micro_batch,
+        layout=SHARED_PROMPT,
+    )
+    loss_shared = float(res["loss"])
+    cos_shared = cosine_to_hf()
     out["loss"] = {
         "hf": loss_hf,
         "packed": loss_packed,
+        "packed_shared": loss_shared,
         "relative_diff": abs(loss_packed - loss_hf) / max(abs(loss_hf), 1e-12),
+        "relative_diff_packed_shared": abs(loss_shared - loss_hf) / max(abs(loss_hf), 1e-12),
     }
     out["grad_cosine_packed_vs_hf"] = round(cos, 5)
+    out["grad_cosine_packed_shared_vs_hf"] = round(cos_shared, 5)
     noise = out["logprob_abs_diff"]["hf_vs_fp32 (bf16 noise)"]
     out["verdict"] = {
         "logprobs_within_bf16_noise": all(
             out["logprob_abs_diff"][k]["max"] <= max(1.5 * noise["max"], 1e-4)
-            for k in ("packed_vs_fp32", "fast_sampling_vs_fp32")
+            for k in ("packed_vs_fp32", "packed_shared_vs_fp32", "fast_sampling_vs_fp32")
         ),
-        "loss_within_1pct": out["loss"]["relative_diff"] <= 0.01,
-        "grad_cosine_at_least_0.99": cos >= 0.99,
+        "loss_within_1pct": max(out["loss"]["relative_diff"], out["loss"]["relative_diff_packed_shared"]) <= 0.01,
+        "grad_cosine_at_least_0.99": min(cos, cos_shared) >= 0.99,
     }
     print(json.dumps(out, indent=1), flush=True)
     return out
