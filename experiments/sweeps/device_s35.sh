@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 35's device calls (issue 57), each well inside 10 minutes, results under $OUT (one tarball of logs):
 #   bash experiments/sweeps/device_s35.sh 3b        the 3B step: packed vs packed_shared, TRL in the same call
+#   bash experiments/sweeps/device_s35.sh lean CONFIG   packed vs packed_shared only, 3 steps each
 #   bash experiments/sweeps/device_s35.sh 3b80      the same on one 80 GB card (rec_3b_80gb)
 #   bash experiments/sweeps/device_s35.sh 7b        the 7B recipe on one GPU (masters + moments in host memory)
 #   bash experiments/sweeps/device_s35.sh profile   the 3B profile (component profiler)
@@ -14,6 +15,10 @@ case "$1" in
 3b)
   python bench/e2e_gpu.py --runs rec_3b_1gpu:off,rec_3b_1gpu+shared_prompt:off --trl --trl-steps 3 --epochs 1 \
     --train-samples 80 --timeout 270 --work /tmp/e2e3 --out "$OUT/e2e_gpu_rec_3b_1gpu_shared.json" > "$OUT/run.log" 2>&1
+  for d in /tmp/e2e3/runs/*/; do cp "$d/metrics.jsonl" "/tmp/pack/$(basename "$d")_metrics.jsonl"; tail -60 "$d/train.log" > "/tmp/pack/$(basename "$d").log"; done ;;
+lean)  # the least device time: packed vs packed_shared on CONFIG (rec_3b_1gpu on an H200, rec_3b_80gb on an H100)
+  python bench/e2e_gpu.py --runs "$2:off,$2+shared_prompt:off" --epochs 1 --train-samples 60 --timeout 200 \
+    --work /tmp/e2e3 --out "$OUT/e2e_gpu_$2_shared.json" > "$OUT/run.log" 2>&1
   for d in /tmp/e2e3/runs/*/; do cp "$d/metrics.jsonl" "/tmp/pack/$(basename "$d")_metrics.jsonl"; tail -60 "$d/train.log" > "/tmp/pack/$(basename "$d").log"; done ;;
 3b80)  # one 80 GB card: the 3B recipe with its optimizer state in host memory, packed vs packed_shared
   python bench/e2e_gpu.py --runs rec_3b_80gb:off,rec_3b_80gb+shared_prompt:off --epochs 1 \
@@ -31,7 +36,7 @@ fsdp)
   python bench/fsdp_resume.py --arch 3b --batch 8 --timeout 170 --work /tmp/fsdp \
     --out "$OUT/fsdp_resume.json" > "$OUT/fsdp.log" 2>&1 ;;
 esac
-if [ "$1" != 7b ] && [ "$SECONDS" -lt 420 ]; then  # issue 55: VQ-SAM2 at Hiera-L on this GPU, batched vs one by one
+if [ "$1" != 7b ] && [ "$1" != lean ] && [ "$SECONDS" -lt 420 ]; then  # issue 55: VQ-SAM2 at Hiera-L on this GPU, batched vs one by one
   timeout $((560 - SECONDS)) python bench/mask_decode.py --size hiera-l --device cuda --images 4 --codes 12 \
     --out "$OUT/mask_decode_hiera_l.json" > "$OUT/mask.log" 2>&1
 fi
