@@ -2,6 +2,7 @@
 # Session 35's device calls (issue 57), each well inside 10 minutes, results under $OUT (one tarball of logs):
 #   bash experiments/sweeps/device_s35.sh 3b        the 3B step: packed vs packed_shared, TRL in the same call
 #   bash experiments/sweeps/device_s35.sh lean CONFIG   packed vs packed_shared only, 3 steps each
+#   bash experiments/sweeps/device_s35.sh one SPEC      one run spec only, 3 steps
 #   bash experiments/sweeps/device_s35.sh 3b80      the same on one 80 GB card (rec_3b_80gb)
 #   bash experiments/sweeps/device_s35.sh 7b        the 7B recipe on one GPU (masters + moments in host memory)
 #   bash experiments/sweeps/device_s35.sh profile   the 3B profile (component profiler)
@@ -20,6 +21,10 @@ lean)  # the least device time: packed vs packed_shared on CONFIG (rec_3b_1gpu o
   python bench/e2e_gpu.py --runs "$2:off,$2+shared_prompt:off" --epochs 1 --train-samples 60 --timeout 200 \
     --work /tmp/e2e3 --out "$OUT/e2e_gpu_$2_shared.json" > "$OUT/run.log" 2>&1
   for d in /tmp/e2e3/runs/*/; do cp "$d/metrics.jsonl" "/tmp/pack/$(basename "$d")_metrics.jsonl"; tail -60 "$d/train.log" > "/tmp/pack/$(basename "$d").log"; done ;;
+one)  # a single run spec, 3 steps (e.g. rec_3b_80gb+shared_prompt:off)
+  python bench/e2e_gpu.py --runs "$2" --epochs 1 --train-samples 60 --timeout 240 \
+    --work /tmp/e2e3 --out "$OUT/e2e_gpu_one.json" > "$OUT/run.log" 2>&1
+  for d in /tmp/e2e3/runs/*/; do cp "$d/metrics.jsonl" "/tmp/pack/$(basename "$d")_metrics.jsonl"; tail -60 "$d/train.log" > "/tmp/pack/$(basename "$d").log"; done ;;
 3b80)  # one 80 GB card: the 3B recipe with its optimizer state in host memory, packed vs packed_shared
   python bench/e2e_gpu.py --runs rec_3b_80gb:off,rec_3b_80gb+shared_prompt:off --epochs 1 \
     --train-samples 80 --timeout 270 --work /tmp/e2e3 --out "$OUT/e2e_gpu_rec_3b_80gb_shared.json" > "$OUT/run.log" 2>&1
@@ -36,7 +41,7 @@ fsdp)
   python bench/fsdp_resume.py --arch 3b --batch 8 --timeout 170 --work /tmp/fsdp \
     --out "$OUT/fsdp_resume.json" > "$OUT/fsdp.log" 2>&1 ;;
 esac
-if [ "$1" != 7b ] && [ "$1" != lean ] && [ "$SECONDS" -lt 420 ]; then  # issue 55: VQ-SAM2 at Hiera-L on this GPU, batched vs one by one
+if [ "$1" != 7b ] && [ "$1" != lean ] && [ "$1" != one ] && [ "$SECONDS" -lt 420 ]; then  # issue 55: VQ-SAM2 at Hiera-L on this GPU, batched vs one by one
   timeout $((560 - SECONDS)) python bench/mask_decode.py --size hiera-l --device cuda --images 4 --codes 12 \
     --out "$OUT/mask_decode_hiera_l.json" > "$OUT/mask.log" 2>&1
 fi
