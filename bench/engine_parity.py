@@ -23,6 +23,7 @@ import copy
 import json
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,11 @@ def _images_and_queries(n: int, size: int):
 
     recs = generate_split("val", n, seed=3, size=size)
     return [r["image"] for r in recs], [r["conversations"][0]["value"].replace("<image>", "") for r in recs]
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def _diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -129,6 +135,14 @@ def run_parity(
         )
         lp_packed = completion_logprobs(policy, packed, micro_batch_size=micro_batch)[0]
         lp_shared = completion_logprobs(policy, packed, micro_batch_size=micro_batch, layout=SHARED_PROMPT)[0]
+        timing = {}  # component timing of the no-grad scoring (the reference forward), each layout's second call
+        for name, layout in (("packed", None), ("packed_shared", SHARED_PROMPT)):
+            completion_logprobs(policy, packed, micro_batch_size=micro_batch, layout=layout)
+            _sync(device)
+            t0 = time.perf_counter()
+            completion_logprobs(policy, packed, micro_batch_size=micro_batch, layout=layout)
+            _sync(device)
+            timing[name] = round(time.perf_counter() - t0, 4)
         fp32 = copy.deepcopy(policy).float()
         lp_fp32 = torch.cat([hf_logps(fp32, r) for r in mbs])
         del fp32
@@ -146,6 +160,11 @@ def run_parity(
             "packed_shared_vs_fp32": _diff(lp_shared, lp_fp32, mask),
             "packed_shared_vs_packed": _diff(lp_shared, lp_packed, mask),
             "fast_sampling_vs_hf": _diff(lp_fast, lp_hf, mask),
+        },
+        "scoring_s (component timing, no grad, same micro-batch budget)": timing,
+        "tokens_scored": {
+            "packed": int(packed.lengths.sum()),
+            "packed_shared": int(packed.lengths.sum() - (group - 1) * packed.comp_start.view(-1, group)[:, 0].sum()),
         },
     }
 
