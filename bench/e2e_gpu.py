@@ -383,6 +383,11 @@ def _overlay_path(name: str) -> Path:
     raise SystemExit(f"--runs: no overlay {name!r} in configs/baselines/ or configs/overlays/")
 
 
+def _run_name(spec: str) -> str:
+    """A run spec (``config+overlay:mode``) as a folder name."""
+    return spec.replace(":", "_").replace("+", "_")
+
+
 def run_fit(spec: str, ctx: dict[str, Any], timeout: float) -> dict[str, Any]:
     import yaml
 
@@ -390,7 +395,7 @@ def run_fit(spec: str, ctx: dict[str, Any], timeout: float) -> dict[str, Any]:
     synthesis = synthesis or "off"
     names = cfg_part.split("+")
     paths = [REPO / "configs" / f"{names[0]}.yaml"] + [_overlay_path(n) for n in names[1:]]
-    run_dir = Path(ctx["work"]) / "runs" / spec.replace(":", "_").replace("+", "_")
+    run_dir = Path(ctx["work"]) / "runs" / _run_name(spec)
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     cfg = compose(paths)
@@ -440,10 +445,10 @@ def run_fit(spec: str, ctx: dict[str, Any], timeout: float) -> dict[str, Any]:
 def run_profile(spec: str, ctx: dict[str, Any], steps: int, timeout: float) -> dict[str, Any]:
     """``bench/profile_step.py`` (a component profiler around ``train.py fit``) on the config ``run_fit`` composed for
     ``spec``: the same paths and lengths, its own run folder, 2 warm-up steps and ``steps`` profiled."""
-    src = Path(ctx["work"]) / "runs" / spec.replace(":", "_").replace("+", "_") / "config.yaml"
+    src = Path(ctx["work"]) / "runs" / _run_name(spec) / "config.yaml"
     if not src.exists():
         return {"error": f"no composed config for {spec!r} at {src}: --profile reads the first --runs entry's"}
-    out = Path(ctx["work"]) / "profile" / (spec.replace(":", "_").replace("+", "_") + ".json")
+    out = Path(ctx["work"]) / "profile" / f"{_run_name(spec)}.json"
     run_dir = out.parent / "run"
     shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [sys.executable, "bench/profile_step.py", "--config", str(src), "--steps", str(steps), "--warmup", "2"]

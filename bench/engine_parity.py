@@ -135,9 +135,8 @@ def run_parity(
         )
         lp_packed = completion_logprobs(policy, packed, micro_batch_size=micro_batch)[0]
         lp_shared = completion_logprobs(policy, packed, micro_batch_size=micro_batch, layout=SHARED_PROMPT)[0]
-        timing = {}  # component timing of the no-grad scoring (the reference forward), each layout's second call
+        timing = {}  # component timing of the no-grad scoring (the reference forward), warm: both ran just above
         for name, layout in (("packed", None), ("packed_shared", SHARED_PROMPT)):
-            completion_logprobs(policy, packed, micro_batch_size=micro_batch, layout=layout)
             _sync(device)
             t0 = time.perf_counter()
             completion_logprobs(policy, packed, micro_batch_size=micro_batch, layout=layout)

@@ -323,6 +323,49 @@ def _feature_index(packed: PackedRollout, rows: torch.Tensor) -> torch.Tensor:
     return base + torch.arange(total, device=rows.device)
 
 
+def _embed(text, ids: torch.Tensor, feats, feat_index: Callable[[], torch.Tensor] | None, image_token_id: int):
+    """Token embeddings with the image features scattered into the image tokens: (h, image-token mask or None,
+    DeepStack features). ``feat_index()``: the flat indices of the features, in the order the image tokens appear."""
+    h = text.embed_tokens(ids)
+    if feats is None:
+        return h, None, []
+    img = ids == image_token_id
+    f = feats.index_select(0, feat_index().to(feats.device))
+    merged, deepstack = split_visual_features(f, h.shape[-1])  # Qwen3-VL: DeepStack features beside the merged
+    return h.masked_scatter(img[..., None], merged.to(h.dtype)), img, deepstack
+
+
+def _decode(text, h, mask, pos, img, deepstack, *, grad: bool, checkpoint_layers: bool) -> torch.Tensor:
+    """The decoder layers (checkpointed when asked and the layer does not checkpoint itself) and the final norm."""
+    cos, sin = text.rotary_emb(h, pos)
+    for li, layer in enumerate(text.layers):
+        hf_ckpt = getattr(layer, "gradient_checkpointing", False) and layer.training
+        if grad and checkpoint_layers and not hf_ckpt and torch.is_grad_enabled():
+            h = checkpoint(_call_layer, layer, h, mask, cos, sin, use_reentrant=False)
+        else:
+            h = _call_layer(layer, h, mask, cos, sin)
+        if li < len(deepstack):
+            h = add_deepstack(h, img, deepstack[li])
+    return text.norm(h)
+
+
+def _completion_scores(
+    parts, packed: PackedRollout, hid, rows, *, temperature, with_entropy, grad, chunk_tokens, entropy_grad
+):
+    """Log-probs (and entropies) [n, T] of ``rows``' completion tokens from the hidden states predicting them
+    (``hid`` [n, T, H]), 0 outside ``completion_mask``."""
+    device = hid.device
+    targets = packed.completion_ids.to(device)[rows]
+    logp, ent = _head_logprobs(
+        parts.lm_head, hid, targets, temperature, with_entropy, grad, chunk_tokens, entropy_grad=entropy_grad
+    )
+    cmask = packed.completion_mask.to(device)[rows]
+    logp = logp.masked_fill(~cmask, 0.0)
+    if ent is not None:
+        ent = ent.masked_fill(~cmask, 0.0)
+    return logp, ent
+
+
 def _forward_rows(
     model,
     packed: PackedRollout,
@@ -343,41 +386,29 @@ def _forward_rows(
     L = int(packed.lengths[rows].max())
     ids = packed.input_ids.to(device)[rows, :L]
     pos = packed.positions.to(device)[:, rows, :L]
-    h = text.embed_tokens(ids)
-    img, deepstack = None, []
-    if feats is not None:
-        img = ids == packed.image_token_id
-        f = feats.index_select(0, _feature_index(packed, rows.to(feats.device)).to(feats.device))
-        merged, deepstack = split_visual_features(f, h.shape[-1])  # Qwen3-VL: DeepStack features beside the merged
-        h = h.masked_scatter(img[..., None], merged.to(h.dtype))
-    cos, sin = text.rotary_emb(h, pos)
+    index = None if feats is None else (lambda: _feature_index(packed, rows.to(feats.device)))
+    h, img, deepstack = _embed(text, ids, feats, index, packed.image_token_id)
     impl = getattr(text.config, "_attn_implementation", "sdpa")
     mask = None
     if impl not in ("sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"):  # eager needs a causal mask
         mask = torch.full((L, L), -math.inf, device=device, dtype=h.dtype).triu(1)[None, None]
-    for li, layer in enumerate(text.layers):
-        hf_ckpt = getattr(layer, "gradient_checkpointing", False) and layer.training
-        if grad and checkpoint_layers and not hf_ckpt and torch.is_grad_enabled():
-            h = checkpoint(_call_layer, layer, h, mask, cos, sin, use_reentrant=False)
-        else:
-            h = _call_layer(layer, h, mask, cos, sin)
-        if li < len(deepstack):
-            h = add_deepstack(h, img, deepstack[li])
-    h = text.norm(h)
+    h = _decode(text, h, mask, pos, img, deepstack, grad=grad, checkpoint_layers=checkpoint_layers)
     # hidden state at column comp_start + t - 1 predicts completion token t
     T = packed.completion_ids.shape[1]
     start = packed.comp_start.to(device)[rows]
     col = (start[:, None] - 1 + torch.arange(T, device=device)[None]).clamp(max=L - 1)
     hid = h.gather(1, col[..., None].expand(-1, -1, h.shape[-1]))
-    targets = packed.completion_ids.to(device)[rows]
-    logp, ent = _head_logprobs(
-        parts.lm_head, hid, targets, temperature, with_entropy, grad, chunk_tokens, entropy_grad=entropy_grad
+    return _completion_scores(
+        parts,
+        packed,
+        hid,
+        rows,
+        temperature=temperature,
+        with_entropy=with_entropy,
+        grad=grad,
+        chunk_tokens=chunk_tokens,
+        entropy_grad=entropy_grad,
     )
-    cmask = packed.completion_mask.to(device)[rows]
-    logp = logp.masked_fill(~cmask, 0.0)
-    if ent is not None:
-        ent = ent.masked_fill(~cmask, 0.0)
-    return logp, ent
 
 
 def _call_layer(layer, h, mask, cos, sin):

@@ -27,8 +27,8 @@ import math
 import torch
 
 from lightning_modules.engines.packed import PackedUpdateEngine
-from lightning_modules.engines.packing import PackedRollout, _call_layer, _head_logprobs
-from lightning_modules.models.qwen_vl import add_deepstack, model_parts, split_visual_features
+from lightning_modules.engines.packing import PackedRollout, _completion_scores, _decode, _embed
+from lightning_modules.models.qwen_vl import model_parts
 
 __all__ = ["SHARED_PROMPT", "SharedPromptLayout", "SharedPromptUpdateEngine", "group_micro_batches"]
 
@@ -62,8 +62,8 @@ def group_micro_batches(
 
 
 def _group_layout(packed: PackedRollout, groups: list[int], device: torch.device):
-    """ids [k, L], positions [3, k, L], the attention mask [k, 1, L, L] (True: attend), the image-token mask [k, L],
-    and for each of the k * G rows the column of the hidden state predicting each completion token [k * G, T]."""
+    """ids [k, L], positions [3, k, L], the attention mask [k, 1, L, L] (True: attend), and for each of the k * G
+    rows the column of the hidden state predicting each completion token [k * G, T]."""
     G, T = packed.group_size, packed.completion_ids.shape[1]
     lengths, starts = packed.lengths.tolist(), packed.comp_start.tolist()
     sizes = [starts[b * G] + sum(lengths[b * G + i] - starts[b * G] for i in range(G)) for b in groups]
@@ -92,7 +92,7 @@ def _group_layout(packed: PackedRollout, groups: list[int], device: torch.device
     same = (seg[:, None, :] == 0) | (seg[:, None, :] == seg[:, :, None])  # key in the prompt or in the query's segment
     real = (seg >= 0)[:, None, :] & (seg >= 0)[:, :, None]
     mask = (causal[None] & same & real) | torch.eye(L, dtype=torch.bool, device=device)[None]  # padding sees itself
-    return ids, pos, mask[:, None], ids == packed.image_token_id, pred
+    return ids, pos, mask[:, None], pred
 
 
 class SharedPromptLayout:
@@ -117,8 +117,6 @@ class SharedPromptLayout:
         entropy_grad=False,
     ):
         """(rows [k * G], log-probs [k * G, T], entropies or None) of the groups' completions."""
-        from torch.utils.checkpoint import checkpoint
-
         parts = model_parts(model)
         text = parts.text
         device = text.embed_tokens.weight.device
@@ -130,37 +128,27 @@ class SharedPromptLayout:
                 "sdpa, or use --model.engines.update_engine packed"
             )
         G = packed.group_size
-        ids, pos, mask, img, pred = _group_layout(packed, groups, device)
-        h = text.embed_tokens(ids)
-        deepstack: list[torch.Tensor] = []
-        if feats is not None:
-            off = packed.feat_offsets.tolist()
-            index = torch.cat([torch.arange(off[b], off[b + 1]) for b in groups]).to(feats.device)
-            merged, deepstack = split_visual_features(feats.index_select(0, index), h.shape[-1])
-            h = h.masked_scatter(img[..., None], merged.to(h.dtype))
+        ids, pos, mask, pred = _group_layout(packed, groups, device)
+        off = packed.feat_offsets.tolist()
+        index = lambda: torch.cat([torch.arange(off[b], off[b + 1]) for b in groups])  # noqa: E731
+        h, img, deepstack = _embed(text, ids, feats, index, packed.image_token_id)
         if impl == "eager":  # an additive mask
             mask = torch.zeros(mask.shape, dtype=h.dtype, device=device).masked_fill(~mask, -math.inf)
-        cos, sin = text.rotary_emb(h, pos)
-        for li, layer in enumerate(text.layers):
-            hf_ckpt = getattr(layer, "gradient_checkpointing", False) and layer.training
-            if grad and checkpoint_layers and not hf_ckpt and torch.is_grad_enabled():
-                h = checkpoint(_call_layer, layer, h, mask, cos, sin, use_reentrant=False)
-            else:
-                h = _call_layer(layer, h, mask, cos, sin)
-            if li < len(deepstack):
-                h = add_deepstack(h, img, deepstack[li])
-        h = text.norm(h)
+        h = _decode(text, h, mask, pos, img, deepstack, grad=grad, checkpoint_layers=checkpoint_layers)
         row_group = torch.arange(len(groups), device=device).repeat_interleave(G)
         hid = h[row_group[:, None], pred]  # [k * G, T, H]
         rows = torch.tensor([b * G + i for b in groups for i in range(G)], device=device)
-        targets = packed.completion_ids.to(device)[rows]
-        logp, ent = _head_logprobs(
-            parts.lm_head, hid, targets, temperature, with_entropy, grad, chunk_tokens, entropy_grad=entropy_grad
+        logp, ent = _completion_scores(
+            parts,
+            packed,
+            hid,
+            rows,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            grad=grad,
+            chunk_tokens=chunk_tokens,
+            entropy_grad=entropy_grad,
         )
-        cmask = packed.completion_mask.to(device)[rows]
-        logp = logp.masked_fill(~cmask, 0.0)
-        if ent is not None:
-            ent = ent.masked_fill(~cmask, 0.0)
         return rows, logp, ent
 
 
