@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Session 35's device calls (issue 57), each well inside 10 minutes, results under $OUT (one tarball of logs):
-#   bash experiments/sweeps/device_s35.sh 3b        the 3B step: packed vs packed_shared, TRL in the same call
-#   bash experiments/sweeps/device_s35.sh lean CONFIG   packed vs packed_shared only, 3 steps each
-#   bash experiments/sweeps/device_s35.sh one SPEC      one run spec only, 3 steps
-#   bash experiments/sweeps/device_s35.sh 3b80      the same on one 80 GB card (rec_3b_80gb)
-#   bash experiments/sweeps/device_s35.sh 7b        the 7B recipe on one GPU (masters + moments in host memory)
-#   bash experiments/sweeps/device_s35.sh profile   the 3B profile (component profiler)
-#   bash experiments/sweeps/device_s35.sh fsdp      FSDP2 at one rank: fit -> kill -> resume against uninterrupted
+# The device calls of issues 55 and 57, each well inside 10 minutes, results under $OUT (one tarball of logs):
+#   bash experiments/sweeps/device_calls.sh 3b        the 3B step: packed vs packed_shared, TRL in the same call
+#   bash experiments/sweeps/device_calls.sh lean CONFIG   packed vs packed_shared only, 3 steps each
+#   bash experiments/sweeps/device_calls.sh one SPEC      one run spec only, 3 steps
+#   bash experiments/sweeps/device_calls.sh 3b80      the same on one 80 GB card (rec_3b_80gb)
+#   bash experiments/sweeps/device_calls.sh 7b        the 7B recipe on one GPU (masters + moments in host memory)
+#   bash experiments/sweeps/device_calls.sh profile   the 3B profile (component profiler)
+#   bash experiments/sweeps/device_calls.sh fsdp      FSDP2 at one rank: fit -> kill -> resume against uninterrupted
+#   bash experiments/sweeps/device_calls.sh h100      on an 80 GB card: fsdp, then the Hiera-L mask decode on the GPU
+#                                                    and, beside it, on one CPU thread of the same machine (issue 55)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD OMP_NUM_THREADS=4
@@ -37,13 +39,20 @@ profile)
   python bench/e2e_gpu.py --runs rec_3b_1gpu:off --profile 3 --epochs 1 --train-samples 60 --timeout 240 \
     --work /tmp/e2e3 --out "$OUT/e2e_gpu_rec_3b_1gpu_profile.json" > "$OUT/run.log" 2>&1
   cp /tmp/e2e3/profile/*.log /tmp/pack/ 2>/dev/null ;;
-fsdp)
+h100|fsdp)
+  if [ "$1" = h100 ]; then  # issue 55's denominator: one CPU thread of this machine, one pair decoded each way
+    OMP_NUM_THREADS=1 timeout 500 taskset -c 15 python bench/mask_decode.py --size hiera-l --device cpu --threads 1 \
+      --images 1 --codes 1 --out "$OUT/mask_decode_hiera_l_cpu1.json" > "$OUT/mask_cpu1.log" 2>&1 &
+    timeout 200 python bench/mask_decode.py --size hiera-l --device cuda --images 4 --codes 12 \
+      --out "$OUT/mask_decode_hiera_l.json" > "$OUT/mask.log" 2>&1
+  fi
   python bench/fsdp_resume.py --arch 3b --batch 8 --timeout 170 --work /tmp/fsdp \
     --out "$OUT/fsdp_resume.json" > "$OUT/fsdp.log" 2>&1 ;;
 esac
-if [ "$1" != 7b ] && [ "$1" != lean ] && [ "$1" != one ] && [ "$SECONDS" -lt 420 ]; then  # issue 55: VQ-SAM2 at Hiera-L on this GPU, batched vs one by one
+if [ "$1" != 7b ] && [ "$1" != h100 ] && [ "$1" != lean ] && [ "$1" != one ] && [ "$SECONDS" -lt 420 ]; then  # issue 55: VQ-SAM2 at Hiera-L on this GPU, batched vs one by one
   timeout $((560 - SECONDS)) python bench/mask_decode.py --size hiera-l --device cuda --images 4 --codes 12 \
     --out "$OUT/mask_decode_hiera_l.json" > "$OUT/mask.log" 2>&1
 fi
 echo "done in ${SECONDS}s" >> "$OUT/machine.txt"
+wait
 tar czf "$OUT/pack.tgz" -C /tmp/pack .
