@@ -204,6 +204,28 @@ def build_sam2(out: Path, size: str) -> dict[str, Any]:
     return {"path": str(out), "size": size, "build_s": round(time.perf_counter() - t0, 1)}
 
 
+def build_mask_data(work: Path, size: str, device: str, n: int = 64) -> dict[str, str]:
+    """For a config on the released RL parquet: a random-weight VQ-SAM2 of ``size`` (``hiera-l``: the release's
+    SAM 2.1 Hiera-L) in the release's layout (``mask_tokenizer_256x2.pth`` beside a transformers ``sam2/``), and ``n``
+    toy scenes in the parquet's schema, their masks encoded by it (``export_toy_parquet``); built once per ``work``."""
+    import torch
+
+    from bench.mask_decode import build_net
+    from datamodules.cycle_seg import export_toy_parquet
+    from lightning_modules.models.mask_tokenizer.vq_sam2 import VQSam2MaskTokenizer, released_state_dict
+
+    root = work / f"cycle_parquet_{size}"
+    out = {"tokenizer": str(root / "vq-sam2"), "parquet": str(root / "train_rl.parquet"), "root": str(root)}
+    if (root / "train_rl.parquet").exists():
+        return out
+    net = build_net(size)
+    (root / "vq-sam2").mkdir(parents=True, exist_ok=True)
+    torch.save(released_state_dict(net), root / "vq-sam2" / "mask_tokenizer_256x2.pth")
+    net.sam.save_pretrained(root / "vq-sam2" / "sam2")
+    export_toy_parquet(root / "train_rl.parquet", VQSam2MaskTokenizer(net, device=device), n=n, size=448)
+    return out
+
+
 def export_toy(root: Path, task: str, n_train: int, n_val: int, size: int) -> Path:
     from datamodules.toy import export_jsonl, export_offline_descriptions
 
@@ -267,6 +289,11 @@ def swap_paths_and_lengths(cfg: dict[str, Any], *, ctx: dict[str, Any], run_dir:
     for files in (d.get("val_files") or {}, d.get("test_files") or {}):
         for name in files.values():
             shutil.copy(jsonl_path(toy, "val", task), data / name)
+    if d.get("parquet_files"):  # CycleGRPO on the released parquet (overlays/cycle_4b_parquet.yaml)
+        masks = build_mask_data(Path(ctx["work"]), "tiny" if ctx.get("smoke") else "hiera-l", ctx["device"])
+        put(d, "parquet_files", [masks["parquet"]], "data")
+        put(d, "parquet_image_root", masks["root"], "data")
+        put(m["method"].setdefault("init_args", {}), "mask_tokenizer", masks["tokenizer"], "model.method")
     put(d, "data_root", str(data), "data")
     put(d, "image_root", str(toy), "data")
     put(d, "max_train_samples", ctx["train_samples"], "data")
@@ -428,6 +455,7 @@ def run_fit(spec: str, ctx: dict[str, Any], timeout: float) -> dict[str, Any]:
         if peaks:
             r["peak_mem_gib"] = round(max(peaks), 1)
         r["completion_length"] = round(statistics.mean(x.get("train/completion_length", 0) for x in train), 1)
+        r.update(mask_figures(train))
         start = next(x for x in rows if x.get("event") == "start")
         r.update(synth_figures(run_dir, start["time"], train[-1]["time"]))
         if r.get("median_step_s"):
@@ -440,6 +468,24 @@ def run_fit(spec: str, ctx: dict[str, Any], timeout: float) -> dict[str, Any]:
         r["log_tail"] = log.read_text()[-3000:]
     print(f"[fit {spec}] rc={rc} median step {r.get('median_step_s')} s, peak {r.get('peak_mem_gib')} GiB", flush=True)
     return r
+
+
+def mask_figures(train: list[dict[str, Any]]) -> dict[str, Any]:
+    """A CycleGRPO run with VQ-SAM2 masks: its tokenizer's seconds per step against the step, after the first (warm-up)
+    step; empty for other runs."""
+    rows = [x for x in train[1:] if x.get("train/cycle/mask_decode_s") is not None]
+    if not rows:
+        return {}
+    step = sum(sum(v for k, v in x.items() if k.startswith("train/time/")) for x in rows)
+    decode = sum(x["train/cycle/mask_decode_s"] for x in rows)
+    encode = sum(x["train/cycle/mask_encode_s"] for x in rows)
+    return {
+        "mask_steps": len(rows),
+        "mask_decodes_per_step": round(sum(x["train/cycle/mask_decodes"] for x in rows) / len(rows), 1),
+        "mask_decode_s_per_step": round(decode / len(rows), 3),
+        "mask_decode_share": round(decode / step, 4) if step else None,
+        "mask_tokenizer_share": round((decode + encode) / step, 4) if step else None,
+    }
 
 
 def run_profile(spec: str, ctx: dict[str, Any], steps: int, timeout: float) -> dict[str, Any]:
@@ -710,6 +756,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "train_samples": args.train_samples if not args.smoke else 4,
         "val_samples": args.val_samples if not args.smoke else 2,
         "set": args.set,
+        "device": device,
     }
     builds: dict[str, Any] = {}
     builds["qwen"] = build_qwen(

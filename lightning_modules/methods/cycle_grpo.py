@@ -221,6 +221,7 @@ class CycleGRPO(Method):
         if self.masks is not None:
             self.masks.check_processor(processor)
             self.masks.place(module.device)
+            self.masks.mark()
             if self.composition != "repository":  # the ground truths' spans, decoded in one batched call
                 self.masks.prefetch((s, self.masks.region_text(s)) for s in batch)
         targets, rejects = self.layout(batch)
@@ -371,7 +372,8 @@ class CycleGRPO(Method):
     def train_logs(self, scores: Scores, ro: Rollout) -> dict[str, float]:
         """``train/cycle/*``: the cycle's caption and grounding rewards, consistency, Acc@0.5 and leak fraction, and
         ``no_target_acc`` / ``no_target_reward`` (the fraction of the no-target groundings that answer ``no target``,
-        their mean reward). A step without that kind of sample logs nan for its keys (``null`` in metrics.jsonl), so
+        their mean reward), and with a VQ-SAM2 tokenizer its step's decode / encode seconds and decodes
+        (`MaskRegions.step_logs`). A step without that kind of sample logs nan for its keys (``null`` in metrics.jsonl), so
         no logger carries the last step's value over."""
         n_cap, n_loc = scores.extras["n_captions"], scores.extras["n_cycle_groundings"]
         p, nan = scores.parts, float("nan")
@@ -390,6 +392,7 @@ class CycleGRPO(Method):
             "train/cycle/no_target_acc": mean(p["consistency"][rejects] >= 1.0, n_rej),
             "train/cycle/no_target_reward": mean(p["total"][rejects], n_rej),
             **self._video_train_logs(scores),
+            **(self.masks.step_logs() if self.masks is not None else {}),
             **(self.judge.train_logs(scores.extras["judge"]) if self.judge is not None else {}),
         }
 

@@ -260,6 +260,26 @@ class MaskRegions:
             space.store(pair, mask)
         return len(codes)
 
+    def mark(self) -> None:
+        """Start a step's count of the tokenizer's work (`step_logs`)."""
+        self._mark = self._counters()
+
+    def step_logs(self) -> dict[str, float]:
+        """The tokenizer's work since `mark`: ``train/cycle/mask_decode_s`` / ``mask_encode_s`` (wall seconds of its
+        decode / encode calls, device work included) and ``mask_decodes`` (code pairs decoded); empty for a tokenizer
+        that keeps no counters (the toy's)."""
+        now, then = self._counters(), getattr(self, "_mark", None)
+        if now is None or then is None:
+            return {}
+        keys = ("mask_decode_s", "mask_encode_s", "mask_decodes")
+        return {f"train/cycle/{k}": float(a - b) for k, a, b in zip(keys, now, then)}
+
+    def _counters(self) -> tuple[float, float, int] | None:
+        seconds = getattr(self.codec, "seconds", None)
+        if seconds is None:
+            return None
+        return seconds["decode"], seconds["encode"], self.codec.n_decoded
+
     def bound(self, sample) -> MaskSpace:
         """The token-mode space bound to ``sample``'s image (one per sample)."""
         return self._entry(sample).space

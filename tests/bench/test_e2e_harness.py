@@ -37,11 +37,20 @@ def test_harness_smoke_builds_qwen3_vl_and_runs_the_cycle_config(tmp_path):
     rollout and packed update engines (DeepStack)."""
     from bench.e2e_gpu import main
 
-    r = main(["--smoke", "--arch", "qwen3vl-4b", "--work", str(tmp_path / "w"), "--runs", "cycle_4b:off"])
+    runs = "cycle_4b:off,cycle_4b+cycle_4b_parquet:off"
+    r = main(["--smoke", "--arch", "qwen3vl-4b", "--work", str(tmp_path / "w"), "--runs", runs])
     assert r["calls"][-1]["builds"]["qwen"]["arch"] == "qwen3vl-tiny"
     fit = r["fit"]["cycle_4b:off"]
     assert fit["rc"] == 0, fit.get("log_tail")
     assert fit["steps"] >= 2 and fit["median_step_s"] > 0
+    # the released parquet with masks: a random VQ-SAM2 in the release's layout, toy rows encoded by it, and the
+    # tokenizer's share of the steps read back from metrics.jsonl (issue 55 item 3)
+    masks = r["fit"]["cycle_4b+cycle_4b_parquet:off"]
+    assert masks["rc"] == 0, masks.get("log_tail")
+    changed = " ".join(masks["overridden"])
+    assert "data.parquet_files" in changed and "model.method.mask_tokenizer" in changed
+    assert masks["mask_steps"] >= 1 and masks["mask_decodes_per_step"] >= 1  # the ground truths' spans, at least
+    assert 0 < masks["mask_decode_share"] < 1
 
 
 @pytest.mark.slow

@@ -54,29 +54,54 @@ VARIANT_BASES = (
     CONFIGS / "cycle_4b_temporal.yaml",
 )
 """The baselines, ablations and engine overlays on these bases change a few arguments of a base that runs in the default
-suite: they run in ``make test-slow`` (CI runs both); the judge overlay (its own server) and the released-parquet
-overlay (three configs) run by default."""
+suite: they run in ``make test-slow`` (CI runs both), the judge overlay among them (the judge in CycleGRPO's step:
+tests/lightning_modules/test_cycle_judge.py, by default); the released-parquet overlay (three configs) runs by
+default."""
 
-CONTINUATIONS = {"toy_sft_stage_base3", "toy_sft_stage_base4"}
-"""Stages that compose an earlier stage and change only its steps, batch and paths (stage 2's mix, which runs by
-default): their fits run in ``make test-slow``."""
-
-
-HARDWARE_VARIANTS = {
-    f"{name}.yaml"
-    for name in ("rec_3b", "rec_3b_2gpu", "rec_3b_2gpu_split", "rec_3b_80gb", "rec_7b_2gpu", "rec_7b_1gpu", "ovd_3b")
-} | {
-    f"{name}.yaml"
-    for name in ("cycle_st_7b", "evolved_question_7b", "evolved_answer_7b", "evolved_3b", "isr_3b", "ovd_3b_1gpu")
+CONTINUATIONS = {
+    "toy_sft_stage_base3",
+    "toy_sft_stage_base4",
+    "toy_sft_stage2",
+    "toy_sft_stage3",
+    "toy_sft_stage4",
+    "toy_sft_stage_evolved_anchors",
+    "toy_sft_stage_evolved_chains_anchor",
+    "toy_sft_stage_evolved_long",
 }
+"""Stages that continue an earlier stage on its module, data path and targets and change its steps, batch, mix
+weights or paths: the new base's stages 3-4 (stage 2's mix, which runs by default), the committed checkpoint's stages
+2-4 (the toy mixes of the base's stages), the EvolvedGRPO stages that change the first's steps or mix (its `toy_steps`
+target; the named variant's own target and the chains' multi-hop scenes run by default). Their fits run in ``make test-slow``."""
+
+
+HARDWARE_VARIANTS = (
+    {
+        f"{name}.yaml"
+        for name in (
+            "rec_3b",
+            "rec_3b_2gpu",
+            "rec_3b_2gpu_split",
+            "rec_3b_80gb",
+            "rec_7b_2gpu",
+            "rec_7b_1gpu",
+            "ovd_3b",
+        )
+    }
+    | {
+        f"{name}.yaml"
+        for name in ("cycle_st_7b", "evolved_question_7b", "evolved_answer_7b", "evolved_3b", "isr_3b", "ovd_3b_1gpu")
+    }
+    | {f"{name}.yaml" for name in ("evolved_question_3b_1gpu", "evolved_answer_3b_1gpu", "cycle_tiny_temporal")}
+)
 """Configs whose task runs in the default suite in another config: the same task and model parts on other hardware
-(rec_3b_1gpu, rec_7b; the DDP / FSDP2 / offload paths they switch on have tests of their own), or the paper-size twin
-of a toy config (cycle_tiny_st, evolved_question_3b_1gpu, evolved_answer_3b_1gpu, evolved_tiny, tiny_isr, tiny_ovd):
+(rec_3b_1gpu, rec_7b; the DDP / FSDP2 / offload paths they switch on have tests of their own), the paper-size twin
+of a toy config (cycle_tiny_st, evolved_question_tiny, evolved_answer_tiny, evolved_tiny, tiny_isr, tiny_ovd), or
+the toy twin of a paper config (cycle_tiny_temporal: cycle_4b_temporal's interval cycle on the same toy clips):
 their fits run in ``make test-slow``."""
 
 
 def _marks(run: tuple[Path, ...]) -> list[pytest.MarkDecorator]:
-    variant = len(run) == 2 and run[0] in VARIANT_BASES and run[1].stem != "cycle_judge"
+    variant = len(run) == 2 and run[0] in VARIANT_BASES
     continuation = len(run) == 2 and run[1].stem in CONTINUATIONS
     hardware = len(run) == 1 and run[0].name in HARDWARE_VARIANTS
     return [pytest.mark.slow] if variant or continuation or hardware else []

@@ -142,7 +142,19 @@ CROWDED = REPO / "experiments/study/cycle_ablation_toy_crowded.yaml"
 IMAGE_PREDICT = REPO / "experiments/study/cycle_ablation_toy_predict.yaml"
 
 
-@pytest.mark.parametrize("path", [TABLE1, *EVOLVED, CROWDED, IMAGE_PREDICT], ids=lambda p: p.stem)
+SLOW_ROWS = {"evolved_toy_revisit", "evolved_toy_binary", "evolved_toy_stepback", "evolved_toy_isolate"}
+"""Study files that change a few arguments of a default one (evolved_toy's pool, reward and strategy switches; the
+zoom file checks the same switches): checked in ``make test-slow``."""
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(p, marks=[pytest.mark.slow] if p.stem in SLOW_ROWS else [])
+        for p in [TABLE1, *EVOLVED, CROWDED, IMAGE_PREDICT]
+    ],
+    ids=lambda p: p.stem,
+)
 def test_the_cli_accepts_one_run_of_every_row(path, tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     study = load_study(path)
@@ -195,7 +207,14 @@ VIDEO_ABLATIONS = {
 }
 
 
-@pytest.mark.parametrize("path", list(VIDEO_ABLATIONS), ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(p, marks=[pytest.mark.slow] if p.stem.endswith(("_5seeds", "_no_target_nk")) else [])
+        for p in VIDEO_ABLATIONS
+    ],  # the 5-seed and N/K files repeat another file's rows with more seeds / other N, K: make test-slow
+    ids=lambda p: p.stem,
+)
 def test_a_video_study_plans_cycle_runs_on_the_toy_video_world(path, tmp_path, monkeypatch):
     """``world: video``: the rows train cycle_tiny_temporal.yaml / cycle_tiny_st.yaml in their ablation mode; every
     evaluation reads the held-out ``test`` clips (``test_video.jsonl``, all of them); ``prepare_data`` exports the

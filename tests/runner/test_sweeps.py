@@ -107,7 +107,16 @@ def test_render_follows_wandb_macros():
     ]
 
 
-@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
+SLOW_SWEEPS = {"toy_tuning_step2.yaml", "toy_tuning_step3_b16.yaml"}
+"""Later steps of the toy tuning sweep, the same grid over other values (step 3 at batch 4 runs by default):
+checked in ``make test-slow``."""
+
+
+@pytest.mark.parametrize(
+    "path",
+    [pytest.param(p, marks=[pytest.mark.slow] if p.name in SLOW_SWEEPS else []) for p in SWEEPS],
+    ids=lambda p: p.name,
+)
 def test_cli_accepts_every_sweep_command(path, monkeypatch):
     monkeypatch.chdir(REPO)  # wandb agent runs from the repository root: program and --config are relative to it
     sweep = yaml.safe_load(path.read_text())

@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from runner import toy_build
 
 
@@ -27,6 +29,7 @@ def test_a_stopped_stage_continues_and_a_built_stage_is_skipped(tmp_path, monkey
     assert not toy_build.is_built(stage)
 
 
+@pytest.mark.slow  # a real stage-1 fit from scratch (~15 s); the resumable build's logic runs by default above
 def test_stage_one_fits_from_scratch_and_is_recorded(tmp_path):
     """The first stage's real fit (tiny: 2 steps of 2), its export and BUILD record, through the command a user runs."""
     flags = [
