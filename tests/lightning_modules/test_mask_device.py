@@ -78,9 +78,12 @@ def test_a_step_decodes_each_distinct_code_pair_of_a_sample_once(released_dir):
         f"<answer>{a}</answer>",  # the no-target sample's: a and c on another image
         f"<answer>{c}{c}</answer>",
     ]
+    m.masks.mark()  # what the rollout does at a step's start: the step's tokenizer figures count from here
     scores = m.score([s, nt], _rollout(texts, [0, 0, 2, 2, 3, 3, 4, 4]))
     assert len(scores.total) == 8
     # s's image: a, b; nt's image: a, c -> 4 code pairs, 2 image encodings, where one by one would decode 7 spans
     assert (tok.n_decoded, tok.n_images) == (4, 2)
+    logs = m.train_logs(scores, _rollout(texts, [0, 0, 2, 2, 3, 3, 4, 4]))
+    assert logs["train/cycle/mask_decodes"] == 4 and logs["train/cycle/mask_decode_s"] > 0
     m.score([s, nt], _rollout(texts, [0, 0, 2, 2, 3, 3, 4, 4]))  # the same samples again: all cached
     assert tok.n_decoded == 4
