@@ -9,6 +9,7 @@
 #   bash experiments/sweeps/device_calls.sh fsdp      FSDP2 at one rank: fit -> kill -> resume against uninterrupted
 #   bash experiments/sweeps/device_calls.sh cycle     issue 55: cycle_4b on the released parquet with a random Hiera-L
 #                                                    VQ-SAM2: the decode share of its steps (an H200: fp32 masters)
+#   bash experiments/sweeps/device_calls.sh mask      issue 55's decode alone: GPU and one CPU thread (~5 min)
 #   bash experiments/sweeps/device_calls.sh h100      on an 80 GB card: fsdp, then the Hiera-L mask decode on the GPU
 #                                                    and, beside it, on one CPU thread of the same machine (issue 55)
 set -u
@@ -45,17 +46,19 @@ cycle)
   python bench/e2e_gpu.py --arch qwen3vl-4b --runs cycle_4b+cycle_4b_parquet:off --epochs 1 --train-samples 6 --val-samples 2 \
     --timeout 420 --work /tmp/e2ec --out "$OUT/e2e_gpu_cycle_4b_parquet_masks.json" > "$OUT/run.log" 2>&1
   for d in /tmp/e2ec/runs/*/; do cp "$d/metrics.jsonl" "/tmp/pack/$(basename "$d")_metrics.jsonl"; tail -60 "$d/train.log" > "/tmp/pack/$(basename "$d").log"; done ;;
-h100|fsdp)
-  if [ "$1" = h100 ]; then  # issue 55's denominator: one CPU thread of this machine, one pair decoded each way
+h100|fsdp|mask)
+  if [ "$1" != fsdp ]; then  # issue 55's denominator: one CPU thread of this machine, one pair decoded each way
     OMP_NUM_THREADS=1 timeout 500 taskset -c 15 python bench/mask_decode.py --size hiera-l --device cpu --threads 1 \
       --images 1 --codes 1 --out "$OUT/mask_decode_hiera_l_cpu1.json" > "$OUT/mask_cpu1.log" 2>&1 &
     timeout 200 python bench/mask_decode.py --size hiera-l --device cuda --images 4 --codes 12 \
       --out "$OUT/mask_decode_hiera_l.json" > "$OUT/mask.log" 2>&1
   fi
-  python bench/fsdp_resume.py --arch 3b --batch 8 --timeout 170 --work /tmp/fsdp \
-    --out "$OUT/fsdp_resume.json" > "$OUT/fsdp.log" 2>&1 ;;
+  if [ "$1" != mask ]; then
+    python bench/fsdp_resume.py --arch 3b --batch 8 --timeout 170 --work /tmp/fsdp \
+      --out "$OUT/fsdp_resume.json" > "$OUT/fsdp.log" 2>&1
+  fi ;;
 esac
-if [ "$1" != 7b ] && [ "$1" != h100 ] && [ "$1" != cycle ] && [ "$1" != lean ] && [ "$1" != one ] && [ "$SECONDS" -lt 420 ]; then  # issue 55: VQ-SAM2 at Hiera-L on this GPU, batched vs one by one
+if [ "$1" != 7b ] && [ "$1" != h100 ] && [ "$1" != mask ] && [ "$1" != cycle ] && [ "$1" != lean ] && [ "$1" != one ] && [ "$SECONDS" -lt 420 ]; then  # issue 55: VQ-SAM2 at Hiera-L on this GPU, batched vs one by one
   timeout $((560 - SECONDS)) python bench/mask_decode.py --size hiera-l --device cuda --images 4 --codes 12 \
     --out "$OUT/mask_decode_hiera_l.json" > "$OUT/mask.log" 2>&1
 fi
