@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from cli.toy_checkpoints import BUILDS, KEPT, missing_checkpoint_message
@@ -79,6 +80,7 @@ def test_the_message_names_the_build_of_a_missing_toy_checkpoint(tmp_path):
     assert "\n" not in msg and "\n" not in kept
 
 
+@pytest.mark.slow  # the same line through a train.py subprocess (~9 s); the check itself runs by default above
 def test_fit_from_a_checkpoint_git_does_not_keep_fails_with_one_line(tmp_path, monkeypatch):
     """The SFT stage that builds evolved-chains-anchor starts from evolved-anchors, which git does not keep: run from a
     folder without it (a fresh clone), ``train.py fit`` stops before loading anything, with the one line."""

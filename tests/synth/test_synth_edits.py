@@ -163,6 +163,7 @@ def test_inpaint_on_the_sdxl_painter_keeps_everything_outside_the_regions(scenes
     np.testing.assert_array_equal(out[kept], src[kept])
 
 
+@pytest.mark.slow  # a server start that fails in its worker (~8 s); the SAM 2 one runs by default
 def test_the_sdxl_server_without_weights_is_a_clear_error(scenes, tmp_path):
     cfg = Path(__file__).resolve().parents[2] / "configs/synth/sdxl.yaml"
     over = {

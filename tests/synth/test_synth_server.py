@@ -250,6 +250,7 @@ def test_async_submitter_with_the_server_down_keeps_the_job():
     sub.close(timeout=1)
 
 
+@pytest.mark.slow  # two server starts (~8 s); a restart under the callback runs by default (test_synthesis_loop)
 def test_async_submitter_resubmits_after_a_server_restart(data, tmp_path):
     """The job table is in memory: a restarted server has forgotten queued jobs; the submitter sends them again."""
     p, b = data["items"][7]
