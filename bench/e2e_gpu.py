@@ -208,20 +208,16 @@ def build_mask_data(work: Path, size: str, device: str, n: int = 64) -> dict[str
     """For a config on the released RL parquet: a random-weight VQ-SAM2 of ``size`` (``hiera-l``: the release's
     SAM 2.1 Hiera-L) in the release's layout (``mask_tokenizer_256x2.pth`` beside a transformers ``sam2/``), and ``n``
     toy scenes in the parquet's schema, their masks encoded by it (``export_toy_parquet``); built once per ``work``."""
-    import torch
-
-    from bench.mask_decode import build_net
+    from bench.mask_decode import build_net, save_released
     from datamodules.cycle_seg import export_toy_parquet
-    from lightning_modules.models.mask_tokenizer.vq_sam2 import VQSam2MaskTokenizer, released_state_dict
+    from lightning_modules.models.mask_tokenizer.vq_sam2 import VQSam2MaskTokenizer
 
     root = work / f"cycle_parquet_{size}"
     out = {"tokenizer": str(root / "vq-sam2"), "parquet": str(root / "train_rl.parquet"), "root": str(root)}
     if (root / "train_rl.parquet").exists():
         return out
     net = build_net(size)
-    (root / "vq-sam2").mkdir(parents=True, exist_ok=True)
-    torch.save(released_state_dict(net), root / "vq-sam2" / "mask_tokenizer_256x2.pth")
-    net.sam.save_pretrained(root / "vq-sam2" / "sam2")
+    save_released(net, root / "vq-sam2")
     export_toy_parquet(root / "train_rl.parquet", VQSam2MaskTokenizer(net, device=device), n=n, size=448)
     return out
 

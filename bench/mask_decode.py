@@ -109,6 +109,17 @@ def throughput(tok, images: list[np.ndarray], codes_per_image: int, seed: int = 
     }
 
 
+def save_released(net, folder: Path) -> Path:
+    """Write ``net`` in the release's layout: ``mask_tokenizer_256x2.pth`` beside a transformers ``sam2/`` (what
+    ``load_mask_codec`` reads); returns ``folder``."""
+    from lightning_modules.models.mask_tokenizer.vq_sam2 import released_state_dict
+
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(released_state_dict(net), folder / "mask_tokenizer_256x2.pth")
+    net.sam.save_pretrained(folder / "sam2")
+    return folder
+
+
 def _train_seconds(metrics: Path) -> tuple[float, int]:
     """The sum of every ``train/time/*_s`` value in ``metrics.jsonl`` and the number of rows that had one."""
     total, steps = 0.0, 0
@@ -133,12 +144,8 @@ def _train_seconds(metrics: Path) -> tuple[float, int]:
 def fit_share(net, args, root: Path) -> dict:
     """Run ``train.py fit`` with this tokenizer (module docstring); the share of the steps' time in its calls."""
     from cli.main import cli_main
-    from lightning_modules.models.mask_tokenizer.vq_sam2 import released_state_dict
 
-    folder = root / "vq-sam2"
-    folder.mkdir(parents=True)
-    torch.save(released_state_dict(net), folder / "mask_tokenizer_256x2.pth")
-    net.sam.save_pretrained(folder / "sam2")
+    folder = save_released(net, root / "vq-sam2")
     run = root / "run"
     argv = ["fit"] + [x for c in args.fit_config for x in ("--config", str(REPO / c))]
     argv += [

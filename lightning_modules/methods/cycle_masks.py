@@ -216,6 +216,8 @@ class MaskRegions:
         self.space: MaskSpace = region_space("mask", codec=self.codec)
         self._cache: dict[int, _Entry] = {}
         self._checked: set[int] = set()
+        self._mark: tuple[float, float, int] | None = None
+        """The tokenizer's counters at the step's start (`mark`)."""
 
     def check_processor(self, processor) -> None:
         """Raise (once per processor) when the policy's tokenizer lacks the mask tokens."""
@@ -268,7 +270,7 @@ class MaskRegions:
         """The tokenizer's work since `mark`: ``train/cycle/mask_decode_s`` / ``mask_encode_s`` (wall seconds of its
         decode / encode calls, device work included) and ``mask_decodes`` (code pairs decoded); empty for a tokenizer
         that keeps no counters (the toy's)."""
-        now, then = self._counters(), getattr(self, "_mark", None)
+        now, then = self._counters(), self._mark
         if now is None or then is None:
             return {}
         keys = ("mask_decode_s", "mask_encode_s", "mask_decodes")
