@@ -91,12 +91,13 @@ HARDWARE_VARIANTS = (
         f"{name}.yaml"
         for name in ("cycle_st_7b", "evolved_question_7b", "evolved_answer_7b", "evolved_3b", "isr_3b", "ovd_3b_1gpu")
     }
-    | {f"{name}.yaml" for name in ("evolved_question_3b_1gpu", "evolved_answer_3b_1gpu", "cycle_tiny_temporal")}
+    | {f"{n}.yaml" for n in ("evolved_question_3b_1gpu", "evolved_answer_3b_1gpu", "cycle_tiny_temporal", "tiny_isr")}
 )
 """Configs whose task runs in the default suite in another config: the same task and model parts on other hardware
 (rec_3b_1gpu, rec_7b; the DDP / FSDP2 / offload paths they switch on have tests of their own), the paper-size twin
 of a toy config (cycle_tiny_st, evolved_question_tiny, evolved_answer_tiny, evolved_tiny, tiny_isr, tiny_ovd), or
-the toy twin of a paper config (cycle_tiny_temporal: cycle_4b_temporal's interval cycle on the same toy clips):
+the toy twin of a paper config (cycle_tiny_temporal: cycle_4b_temporal's interval cycle on the same toy clips), or
+tiny_isr (tiny_ovd's OVD step on the ISR rooms; the ISR reader is tested on its release layout in tests/datamodules):
 their fits run in ``make test-slow``."""
 
 

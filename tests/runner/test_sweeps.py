@@ -107,9 +107,9 @@ def test_render_follows_wandb_macros():
     ]
 
 
-SLOW_SWEEPS = {"toy_tuning_step2.yaml", "toy_tuning_step3_b16.yaml"}
-"""Later steps of the toy tuning sweep, the same grid over other values (step 3 at batch 4 runs by default):
-checked in ``make test-slow``."""
+SLOW_SWEEPS = {"toy_tuning_step2.yaml", "toy_tuning_step3_b4.yaml", "toy_tuning_step3_b16.yaml"}
+"""Later steps of the toy tuning sweep, the same grid over other values (its first step runs by default): checked in
+``make test-slow``."""
 
 
 @pytest.mark.parametrize(
