@@ -13,6 +13,7 @@
 #   bash experiments/sweeps/device_calls.sh h100      on an 80 GB card: fsdp, then the Hiera-L mask decode on the GPU
 #                                                    and, beside it, on one CPU thread of the same machine (issue 55)
 set -u
+compgen -G ".whl/*.whl" > /dev/null || { echo "no wheels in .whl/: run ../shared/device/wheels.sh pycocotools here, delete .whl/wandb-* (20 MB; the benches drop the W&B logger) and carry .whl" >&2; exit 2; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD OMP_NUM_THREADS=4
 { nvidia-smi --query-gpu=name,memory.total --format=csv; free -g; df -h /tmp /dev/shm; } > "$OUT/machine.txt" 2>&1
@@ -54,7 +55,7 @@ h100|fsdp|mask)
       --out "$OUT/mask_decode_hiera_l.json" > "$OUT/mask.log" 2>&1
   fi
   if [ "$1" != mask ]; then
-    python bench/fsdp_resume.py --arch 3b --batch 8 --timeout 170 --work /tmp/fsdp \
+    python bench/fsdp_resume.py --arch 3b --batch 8 --timeout 230 --work /tmp/fsdp \
       --out "$OUT/fsdp_resume.json" > "$OUT/fsdp.log" 2>&1
   fi ;;
 esac
