@@ -64,7 +64,16 @@ def _lowering(cfg: Any) -> list[str]:
     if isinstance(micro, int) and micro > 1:
         out.append(f"--{args}.engines.micro_batch_size {max(1, micro // 2)} (now {micro}; activations)")
     offload = _get(cfg, f"{args}.optimisation.offload")
-    if offload in ("none", "moments") and _get(cfg, f"{args}.optimisation.master_weights") != "none":
+    fsdp = str(_get(cfg, "trainer.strategy") or "").startswith("fsdp")
+    if fsdp and _get(cfg, f"{args}.kl.reference_offload") is False:  # FSDP2 refuses the optimizer offload
+        out.append(
+            f"--{args}.kl.reference_offload true (now false; the frozen reference's shards in host memory, 2 B per "
+            "parameter)"
+        )
+    if fsdp:
+        devices = _get(cfg, "trainer.devices")
+        out.append(f"--trainer.devices (now {devices}; FSDP2 shards the fp32 masters, gradients and AdamW state)")
+    elif offload in ("none", "moments") and _get(cfg, f"{args}.optimisation.master_weights") != "none":
         to = "moments or masters" if offload == "none" else "masters"
         out.append(
             f"--{args}.optimisation.offload {to} (now {offload}; the AdamW moments, then the fp32 masters, in host "

@@ -59,3 +59,19 @@ def test_the_line_names_the_card_and_what_is_left_to_lower(monkeypatch):
     assert "states no measured peak (--measured.peak_gib)" in line
     assert "optimisation.offload masters (now moments;" in line  # the one setting left
     assert "micro_batch_size" not in line and "checkpointing" not in line
+
+
+def test_under_fsdp2_the_line_names_the_reference_offload_not_the_optimizer_offload_it_refuses():
+    """One H100, 2026-12-07: fsdp2's OOM line named ``optimisation.offload``, which fsdp2 refuses (its shards are the
+    fp32 masters); the settings that work there are the reference's shards in host memory and more ranks."""
+    engines = Namespace(micro_batch_size=2, vision_checkpointing=None)
+    optimisation = Namespace(offload="none", master_weights="fp32")
+    model = Namespace(engines=engines, optimisation=optimisation, policy=Namespace(gradient_checkpointing=True))
+    model.kl = Namespace(reference_offload=False)
+    cfg = Namespace(measured=None, trainer=Namespace(strategy="fsdp2", devices=1), model=Namespace(init_args=model))
+    line = oom_line(cfg, "fit", card="NVIDIA H100 80GB HBM3 with 79.2 GiB (peak allocated 77.8 GiB)")
+    assert "optimisation.offload" not in line
+    assert "--model.init_args.kl.reference_offload true (now false;" in line
+    assert "--trainer.devices (now 1;" in line and "micro_batch_size 1 (now 2;" in line
+    cfg.trainer.strategy = "auto"  # one process: the optimizer offload is the lever again
+    assert "optimisation.offload moments or masters (now none;" in oom_line(cfg, "fit", card="x")
