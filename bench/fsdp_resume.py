@@ -124,11 +124,11 @@ def fsdp_sets(args: argparse.Namespace, cfg: dict[str, Any], batch: int | None, 
         sets.append(("data.init_args.batch_size", batch))
     if small_card and engines.get("micro_batch_size", 0) > H100_MICRO_BATCH:
         sets.append(("model.init_args.engines.micro_batch_size", H100_MICRO_BATCH))
-    if small_card and not cfg["model"]["init_args"].get("policy", {}).get("gradient_checkpointing"):
-        # without it one H100 ran out of memory at micro-batches of 2 (peak 77.2 GiB, 2026-12-07); rec_7b.yaml has it on
-        sets.append(("model.init_args.policy.gradient_checkpointing", True))
-    if small_card:  # with checkpointing it still did (77.8 GiB): 60 GiB of fp32 state + the bf16 reference + the
-        # rollout's gathered bf16 copy leave too little; the reference's shards go to host memory
+    if small_card:  # one H100, 2026-12-07: out of memory at micro-batches of 2 (peak 77.2 GiB), and with gradient
+        # checkpointing still (77.8 GiB): 60 GiB of fp32 state + the bf16 reference + the rollout's gathered bf16 copy
+        # leave too little; rec_7b.yaml checkpoints too, and the reference's shards go to host memory
+        if not cfg["model"]["init_args"].get("policy", {}).get("gradient_checkpointing"):
+            sets.append(("model.init_args.policy.gradient_checkpointing", True))
         sets.append(("model.init_args.kl.reference_offload", True))
     for item in args.set:  # KEY=VALUE, the value in YAML (as e2e_gpu's --set)
         key, _, value = item.partition("=")
@@ -340,7 +340,7 @@ def verdict(resumed: dict[str, Any] | None, floor: list[dict[str, Any]], step: i
 
 
 def _worst(metrics: dict[str, dict[str, Any]]) -> str:
-    """The metric furthest from the uninterrupted run's, relative to its size."""
+    """The metric furthest from its expected value, relative to its size."""
     rel = {
         k: v["abs_diff"] / max(abs(v["expected"]), abs(v["compared"]), 1e-30)
         for k, v in metrics.items()
