@@ -10,9 +10,15 @@
 #   bash experiments/sweeps/device_calls.sh cycle     issue 55: cycle_4b on the released parquet with a random Hiera-L
 #                                                    VQ-SAM2: the decode share of its steps (an H200: fp32 masters)
 #   bash experiments/sweeps/device_calls.sh mask      issue 55's decode alone: GPU and one CPU thread (~5 min)
+#   bash experiments/sweeps/device_calls.sh auto      7b on a card of more than 100 GiB, fsdp on an 80 GB one
 #   bash experiments/sweeps/device_calls.sh h100      on an 80 GB card: fsdp, then the Hiera-L mask decode on the GPU
 #                                                    and, beside it, on one CPU thread of the same machine (issue 55)
 set -u
+if [ "$1" = auto ]; then  # the largest unmeasured item this card can run: the 7B on a >100 GiB card, else FSDP2
+  mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+  if [ "${mib:-0}" -gt 100000 ]; then set -- 7b; else set -- fsdp; fi
+  echo "auto: ${mib} MiB -> $1" >&2
+fi
 compgen -G ".whl/*.whl" > /dev/null || { echo "no wheels in .whl/: run ../shared/device/wheels.sh pycocotools here, delete .whl/wandb-* (20 MB; the benches drop the W&B logger) and carry .whl" >&2; exit 2; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD OMP_NUM_THREADS=4
@@ -36,7 +42,7 @@ one)  # a single run spec, 3 steps (e.g. rec_3b_80gb+shared_prompt:off)
     --train-samples 80 --timeout 270 --work /tmp/e2e3 --out "$OUT/e2e_gpu_rec_3b_80gb_shared.json" > "$OUT/run.log" 2>&1
   for d in /tmp/e2e3/runs/*/; do cp "$d/metrics.jsonl" "/tmp/pack/$(basename "$d")_metrics.jsonl"; tail -60 "$d/train.log" > "/tmp/pack/$(basename "$d").log"; done ;;
 7b)
-  python bench/e2e_gpu.py --arch 7b --runs rec_7b_1gpu:off --epochs 1 --train-samples 80 --timeout 500 \
+  python bench/e2e_gpu.py --arch 7b --runs rec_7b_1gpu:off --epochs 1 --train-samples 80 --timeout 430 \
     --work /tmp/e2e7 --out "$OUT/e2e_gpu_rec_7b_1gpu.json" > "$OUT/run.log" 2>&1
   for d in /tmp/e2e7/runs/*/; do cp "$d/metrics.jsonl" "/tmp/pack/$(basename "$d")_metrics.jsonl"; tail -80 "$d/train.log" > "/tmp/pack/$(basename "$d").log"; done ;;
 profile)
@@ -59,10 +65,6 @@ h100|fsdp|mask)
       --out "$OUT/fsdp_resume.json" > "$OUT/fsdp.log" 2>&1
   fi ;;
 esac
-if [ "$1" != 7b ] && [ "$1" != h100 ] && [ "$1" != mask ] && [ "$1" != cycle ] && [ "$1" != lean ] && [ "$1" != one ] && [ "$SECONDS" -lt 420 ]; then  # issue 55: VQ-SAM2 at Hiera-L on this GPU, batched vs one by one
-  timeout $((560 - SECONDS)) python bench/mask_decode.py --size hiera-l --device cuda --images 4 --codes 12 \
-    --out "$OUT/mask_decode_hiera_l.json" > "$OUT/mask.log" 2>&1
-fi
 echo "done in ${SECONDS}s" >> "$OUT/machine.txt"
 wait
 tar czf "$OUT/pack.tgz" -C /tmp/pack .
