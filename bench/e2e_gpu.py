@@ -498,7 +498,7 @@ def run_profile(spec: str, ctx: dict[str, Any], steps: int, timeout: float) -> d
         "--top",
         "40",
         "--trace",
-        "none",
+        str(out.with_suffix(".trace.json")),  # the Chrome trace (open it in Perfetto), beside the summary
         "--out",
         str(out),
         "--",

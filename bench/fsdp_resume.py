@@ -18,10 +18,12 @@ prompts and update micro-batches of `H100_MICRO_BATCH` rows (the output's ``buil
 (b) **killed**: the same run saving ``last.ckpt`` every N steps (``save_top_k 0``, ``save_last true``: one checkpoint
     on disk) and going on. Once the distributed checkpoint of step N is complete (its ``checksums.json``, the last file
     a save writes, is in place: core/checkpoint_files.py) and the run has logged step N + 1 from the state it saved,
-    the process group gets SIGKILL, as a crash would (its ``max_steps`` is N + 2, so it is still running then);
+    the process group gets SIGKILL, as a crash would (its ``max_steps`` is N + 2, so it is still running then; from
+    N = 3, the default, those N + 2 steps hold one save: at N = 2 step 4 would be a second, and the checkpoint-disk
+    check counts two checkpoints on disk at once, `killed_run_files`);
 (c) **resumed**: ``--ckpt_path <run>/checkpoints/last.ckpt`` in (b)'s run folder (a resume continues its own run,
     docs/outputs.md), which runs step N + 1 again. (a) and (c) save nothing (``save_last false``), so one full
-    checkpoint is on disk at a time (3B: ~42 GiB of fp32 shards and AdamW moments): the run folders go under
+    checkpoint is on disk at a time (3B: 43.1 GiB of fp32 shards and AdamW moments): the run folders go under
     ``--work`` when its disk holds that, else under /dev/shm (`runs_root`; a 64 GiB disk holds the image, the model
     and little more).
 
@@ -445,20 +447,29 @@ def free_bytes(folder: Path) -> int:
     return shutil.disk_usage(p).free
 
 
+def killed_run_files(n: int) -> int:
+    """Full checkpoints on disk at once in the killed run (``save_top_k 0``, ``last.ckpt``, ``max_steps`` N + 2): one
+    when its N + 2 steps hold one save (N >= 3), else two (the second save is written beside the first), as the
+    checkpoint-disk check counts them before step 1 (callbacks/checkpoint_disk.py)."""
+    return 1 if (n + 2) // n <= 1 else 2
+
+
 def runs_root(args: argparse.Namespace, work: Path, params: int) -> tuple[Path | None, str]:
     """Where the run folders go: ``--runs-dir``, else ``<work>/runs`` when its disk holds one checkpoint
     (`CHECKPOINT_BYTES_PER_PARAM`) with 10 % to spare, else `SHM`'s when it does; ``None`` when neither does. With the
     reason, in words."""
-    need = CHECKPOINT_BYTES_PER_PARAM * params
+    files = killed_run_files(args.steps)
+    need = files * CHECKPOINT_BYTES_PER_PARAM * params
+    what = "one checkpoint" if files == 1 else f"--steps {args.steps}: two checkpoints at once (--steps 3 saves once)"
     if args.runs_dir:
         return Path(args.runs_dir), "--runs-dir"
     free = {}
     for root in (work / "runs", SHM / "fsdp_resume_runs"):
         free[root] = free_bytes(root) if root.parent.exists() else 0
         if free[root] >= 1.1 * need:
-            return root, f"one checkpoint ~{need / 2**30:.1f} GiB; {free[root] / 2**30:.1f} GiB free there"
+            return root, f"{what} ~{need / 2**30:.1f} GiB; {free[root] / 2**30:.1f} GiB free there"
     where = ", ".join(f"{r.parent} {f / 2**30:.1f} GiB" for r, f in free.items())
-    return None, f"one checkpoint needs ~{need / 2**30:.1f} GiB and no folder has it free ({where}): pass --runs-dir"
+    return None, f"{what} needs ~{need / 2**30:.1f} GiB and no folder has it free ({where}): pass --runs-dir"
 
 
 PLAN = {"uninterrupted": ("uninterrupted", False), "killed": ("killed", True), "resumed": ("killed", False)}
@@ -568,7 +579,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--smoke", action="store_true", help="CPU: configs/tiny.yaml with its toy checkpoint, gloo")
     ap.add_argument("--arch", default="3b", choices=("3b", "7b", "tiny"), help="e2e_gpu's random Qwen2.5-VL")
     ap.add_argument("--config", default=None, help="default configs/rec_3b_1gpu.yaml (configs/tiny.yaml with --smoke)")
-    ap.add_argument("--steps", type=int, default=2, help="N: a checkpoint every N steps, the kill after step N's")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=3,
+        help="N: a checkpoint every N steps, the kill after step N + 1's (>= 3: one save)",
+    )
     ap.add_argument("--batch", type=int, default=None, help=f"prompts per step (default: the config's; {H100_BATCH} "
                     f"on a card under {CARD_GIB_FOR_PAPER_BATCH} GiB)")  # fmt: skip
     ap.add_argument("--set", action="append", default=[], help="KEY=VALUE on every run's composed config; repeatable")

@@ -101,11 +101,13 @@ def files_at_peak(cb: ModelCheckpoint, trainer: L.Trainer, fresh: bool = False) 
     else:
         kept = k if saves is None else min(k, saves)
         what = f"save_top_k {k}"
-    last = 1 if cb.save_last is True else 0
+    # save_last: link links last.ckpt to the newest kept file; with save_top_k 0 there is none, and Lightning writes a
+    # full last.ckpt instead
+    last = 1 if cb.save_last is True or (cb.save_last == "link" and k == 0) else 0
     if cb.save_last is True:
         what += " + last.ckpt"
     elif cb.save_last == "link":
-        what += " + last.ckpt (a link)"
+        what += " + last.ckpt (a full file: save_top_k 0 keeps none to link to)" if k == 0 else " + last.ckpt (a link)"
     if kept is None:
         return None, what
     writing = 1 if kept + last > 0 and not (fresh and saves is not None and saves <= 1) else 0

@@ -23,7 +23,7 @@ class Measured:
 
     Args:
         card: the GPU it ran on (e.g. ``H200``, ``H100 80GB``).
-        peak_gib: its peak GPU memory (GiB, torch's max reserved).
+        peak_gib: its peak GPU memory (GiB, torch's max allocated: the step's ``peak_mem_gib``).
         s_per_step: its median step time (seconds).
         date: when (``YYYY-MM-DD``).
     """

@@ -11,8 +11,6 @@
 #                                                    VQ-SAM2: the decode share of its steps (an H200: fp32 masters)
 #   bash experiments/sweeps/device_calls.sh mask      issue 55's decode alone: GPU and one CPU thread (~5 min)
 #   bash experiments/sweeps/device_calls.sh auto      7b on a card of more than 100 GiB, fsdp on an 80 GB one
-#   bash experiments/sweeps/device_calls.sh h100      on an 80 GB card: fsdp, then the Hiera-L mask decode on the GPU
-#                                                    and, beside it, on one CPU thread of the same machine (issue 55)
 set -u
 if [ "$1" = auto ]; then  # the largest unmeasured item this card can run: the 7B on a >100 GiB card, else FSDP2
   mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
@@ -46,24 +44,24 @@ one)  # a single run spec, 3 steps (e.g. rec_3b_80gb+shared_prompt:off)
     --work /tmp/e2e7 --out "$OUT/e2e_gpu_rec_7b_1gpu.json" > "$OUT/run.log" 2>&1
   for d in /tmp/e2e7/runs/*/; do cp "$d/metrics.jsonl" "/tmp/pack/$(basename "$d")_metrics.jsonl"; tail -80 "$d/train.log" > "/tmp/pack/$(basename "$d").log"; done ;;
 profile)
-  python bench/e2e_gpu.py --runs rec_3b_1gpu:off --profile 3 --epochs 1 --train-samples 60 --timeout 240 \
+  python bench/e2e_gpu.py --runs rec_3b_1gpu:off --profile 2 --epochs 1 --train-samples 60 --timeout 240 \
     --work /tmp/e2e3 --out "$OUT/e2e_gpu_rec_3b_1gpu_profile.json" > "$OUT/run.log" 2>&1
-  cp /tmp/e2e3/profile/*.log /tmp/pack/ 2>/dev/null ;;
+  cp /tmp/e2e3/profile/*.log /tmp/e2e3/profile/*.json /tmp/pack/ 2>/dev/null
+  for t in /tmp/e2e3/profile/*.trace.json; do  # the Chrome trace, compressed, when it is small enough to come back
+    gzip -1 -c "$t" > "/tmp/$(basename "$t").gz" && [ "$(stat -c %s "/tmp/$(basename "$t").gz")" -lt 200000000 ] && mv "/tmp/$(basename "$t").gz" "$OUT/"
+  done ;;
 cycle)
   python bench/e2e_gpu.py --arch qwen3vl-4b --runs cycle_4b+cycle_4b_parquet:off --epochs 1 --train-samples 6 --val-samples 2 \
     --timeout 420 --work /tmp/e2ec --out "$OUT/e2e_gpu_cycle_4b_parquet_masks.json" > "$OUT/run.log" 2>&1
   for d in /tmp/e2ec/runs/*/; do cp "$d/metrics.jsonl" "/tmp/pack/$(basename "$d")_metrics.jsonl"; tail -60 "$d/train.log" > "/tmp/pack/$(basename "$d").log"; done ;;
-h100|fsdp|mask)
-  if [ "$1" != fsdp ]; then  # issue 55's denominator: one CPU thread of this machine, one pair decoded each way
-    OMP_NUM_THREADS=1 timeout 500 taskset -c 15 python bench/mask_decode.py --size hiera-l --device cpu --threads 1 \
-      --images 1 --codes 1 --out "$OUT/mask_decode_hiera_l_cpu1.json" > "$OUT/mask_cpu1.log" 2>&1 &
-    timeout 200 python bench/mask_decode.py --size hiera-l --device cuda --images 4 --codes 12 \
-      --out "$OUT/mask_decode_hiera_l.json" > "$OUT/mask.log" 2>&1
-  fi
-  if [ "$1" != mask ]; then
-    python bench/fsdp_resume.py --arch 3b --batch 8 --timeout 230 --work /tmp/fsdp \
-      --out "$OUT/fsdp_resume.json" > "$OUT/fsdp.log" 2>&1
-  fi ;;
+mask)  # issue 55's decode: on the GPU, and on one CPU thread of this machine (one pair decoded each way)
+  OMP_NUM_THREADS=1 timeout 500 taskset -c 15 python bench/mask_decode.py --size hiera-l --device cpu --threads 1 \
+    --images 1 --codes 1 --out "$OUT/mask_decode_hiera_l_cpu1.json" > "$OUT/mask_cpu1.log" 2>&1 &
+  timeout 200 python bench/mask_decode.py --size hiera-l --device cuda --images 4 --codes 12 \
+    --out "$OUT/mask_decode_hiera_l.json" > "$OUT/mask.log" 2>&1 ;;
+fsdp)  # ~8 min on an H100: N = 3, runs of ~135 + ~210 + ~95 s at 25 s a step, a 43 GiB save of ~80 s
+  python bench/fsdp_resume.py --arch 3b --batch 8 --timeout 270 --work /tmp/fsdp \
+    --out "$OUT/fsdp_resume.json" > "$OUT/fsdp.log" 2>&1 ;;
 esac
 echo "done in ${SECONDS}s" >> "$OUT/machine.txt"
 wait

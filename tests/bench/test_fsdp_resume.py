@@ -8,38 +8,41 @@ from __future__ import annotations
 import signal
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from bench import fsdp_resume  # noqa: E402
 from bench.fsdp_resume import compare, main, verdict  # noqa: E402
 
 
-@pytest.mark.slow  # ~40 s on 2 shared cores: three fits of the tiny config, 3 + 2 + 1 steps
+@pytest.mark.slow  # ~50 s on 2 shared cores: three fits of the tiny config, 4 + 4 + 1 steps (N = 3)
 def test_smoke_kills_after_the_checkpoint_and_the_resume_matches_bit_for_bit(tmp_path):
     r = main(["--smoke", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "r.json")])
     assert r["passed"], r["verdict"]
+    assert r["runs_dir"]["why"].startswith("one checkpoint")  # N = 3: the killed run's 5 steps hold one save
     runs = r["runs"]
-    assert runs["uninterrupted"]["rc"] == 0 and runs["uninterrupted"]["trained_steps"] == [1, 2, 3]
+    assert runs["uninterrupted"]["rc"] == 0 and runs["uninterrupted"]["trained_steps"] == [1, 2, 3, 4]
     killed = runs["killed"]
-    # SIGKILL of the process group once last.ckpt was complete and step 3 logged: no end event, nothing of the group left
+    # SIGKILL of the process group once last.ckpt was complete and step 4 logged: no end event, nothing of the group left
     assert killed["rc"] == -signal.SIGKILL and not killed["wrote_end"] and not killed["group_left_running"]
-    assert killed["trained_steps"] == [1, 2, 3] and r["killed_run_max_steps"] == 4
+    assert killed["trained_steps"] == [1, 2, 3, 4] and r["killed_run_max_steps"] == 5
     ckpt = killed["checkpoint"]
-    assert ckpt["global_step"] == 2 and ckpt["damage"] is None and ckpt["rng_states_saved"]
+    assert ckpt["global_step"] == 3 and ckpt["damage"] is None and ckpt["rng_states_saved"]
     assert {"__0_0.distcp", "checksums.json", "meta.pt", ".metadata"} <= set(ckpt["files"])  # one shard: one rank
     resumed = runs["resumed"]
-    assert resumed["rc"] == 0 and resumed["resumed"] and resumed["start_step"] == 2 and resumed["trained_steps"] == [3]
+    assert resumed["rc"] == 0 and resumed["resumed"] and resumed["start_step"] == 3 and resumed["trained_steps"] == [4]
     assert "--ckpt_path" in resumed["command"] and "fsdp2" in " ".join(r["overridden"])
     cmp = r["resumed_vs_killed"]
-    assert cmp["step"] == 3 and cmp["exact"] and all(f["exact"] for f in r["floor"])
-    assert r["resumed_vs_uninterrupted"]["exact"]  # the CPU is deterministic: the uninterrupted run's step 3 too
+    assert cmp["step"] == 4 and cmp["exact"] and all(f["exact"] for f in r["floor"])
+    assert r["resumed_vs_uninterrupted"]["exact"]  # the CPU is deterministic: the uninterrupted run's step 4 too
     m = cmp["metrics"]
     # not a vacuous match: the toy model earns rewards, the loss and the gradient are not zero
     assert m["loss"]["expected"] != 0 and m["train/grad_norm"]["expected"] > 0
-    assert r["verdict"].startswith("PASS: step 3 loss") and "uninterrupted run: equal bit for bit" in r["verdict"]
+    assert r["verdict"].startswith("PASS: step 4 loss") and "uninterrupted run: equal bit for bit" in r["verdict"]
 
 
 @pytest.mark.slow  # ~50 s on 2 shared cores
@@ -59,7 +62,7 @@ def test_gpu_mode_code_path_on_cpu_with_the_tiny_architecture(tmp_path):
     changed = " ".join(r["overridden"])
     for key in ("model.policy.model_name_or_path", "update_engine: 'packed' -> 'hf'", "rollout_compile: True -> False"):
         assert key in changed
-    assert r["runs"]["resumed"]["trained_steps"] == [3] and r["resumed_vs_killed"]["exact"]
+    assert r["runs"]["resumed"]["trained_steps"] == [4] and r["resumed_vs_killed"]["exact"]
 
 
 def _row(**metrics: float) -> dict:
@@ -87,3 +90,17 @@ def test_verdict_exact_bf16_tolerance_on_the_gradient_and_a_resume_bug():
     assert kl_off["within_bf16"] and not kl_off["forward_exact"]
     ok, line = verdict(kl_off, noisy_floor, 3)
     assert not ok and "a metric before the backward differs" in line and "train/kl" in line
+
+
+def test_the_killed_run_saves_once_from_n_3_and_the_runs_folder_is_sized_for_what_it_holds(tmp_path, monkeypatch):
+    """The killed run runs N + 2 steps and saves every N: from N = 3 that is one save, at N = 2 a second one, written
+    beside the first (the checkpoint-disk check refuses the run before step 1 when the disk cannot hold both: so
+    did an H100's 56.6 GiB /tmp for the 3B's 86.2 GiB)."""
+    assert [fsdp_resume.killed_run_files(n) for n in (1, 2, 3, 4, 10)] == [2, 2, 1, 1, 1]
+    monkeypatch.setattr(fsdp_resume, "SHM", tmp_path / "shm")  # the fallback on the same disk: no other room
+    (tmp_path / "w").mkdir()  # main() makes --work first
+    params = int(fsdp_resume.free_bytes(tmp_path) / fsdp_resume.CHECKPOINT_BYTES_PER_PARAM / 1.5)  # one fits, not two
+    root, why = fsdp_resume.runs_root(SimpleNamespace(steps=3, runs_dir=None), tmp_path / "w", params)
+    assert root == tmp_path / "w" / "runs" and why.startswith("one checkpoint")
+    root, why = fsdp_resume.runs_root(SimpleNamespace(steps=2, runs_dir=None), tmp_path / "w", params)
+    assert root is None and "two checkpoints at once (--steps 3 saves once)" in why and "pass --runs-dir" in why

@@ -46,6 +46,8 @@ def _trainer(steps: int) -> SimpleNamespace:
         ({"save_top_k": 3, "monitor": "step", "mode": "max", "every_n_train_steps": 50, "save_last": "link"}, 4),
         ({"save_top_k": 0, "every_n_train_steps": 4, "save_last": True}, 2),  # tiny.yaml: last.ckpt only
         ({"save_top_k": 0, "save_last": False}, 0),
+        # a link needs a kept file to point at: with none, Lightning writes last.ckpt in full
+        ({"save_top_k": 0, "every_n_train_steps": 4, "save_last": "link"}, 2),
     ],
 )
 def test_files_on_disk_at_once(init, files):
@@ -53,12 +55,14 @@ def test_files_on_disk_at_once(init, files):
 
 
 def test_a_run_that_saves_once_into_an_empty_folder_holds_one_checkpoint():
-    """bench/fsdp_resume.py's killed run: last.ckpt at step 2 of 3, one save; beside nothing in a new folder (one
-    3B FSDP2 checkpoint, ~42 GiB, fits a 64 GiB disk), beside the previous run's last.ckpt in a used one."""
-    cb = ModelCheckpoint(save_top_k=0, every_n_train_steps=2, save_last=True)
-    assert files_at_peak(cb, _trainer(3), fresh=True) == (1, "save_top_k 0 + last.ckpt")
-    assert files_at_peak(cb, _trainer(3), fresh=False)[0] == 2
-    assert files_at_peak(cb, _trainer(4), fresh=True)[0] == 2  # the second save is written beside the first
+    """bench/fsdp_resume.py's killed run (N 3, max_steps 5): last.ckpt at step 3, one save; beside nothing in a new
+    folder (one 3B FSDP2 checkpoint, 43.1 GiB, fits a 64 GiB disk), beside the previous run's last.ckpt in a used one;
+    at N 2 its max_steps 4 holds a second save, written beside the first."""
+    cb = ModelCheckpoint(save_top_k=0, every_n_train_steps=3, save_last=True)
+    assert files_at_peak(cb, _trainer(5), fresh=True) == (1, "save_top_k 0 + last.ckpt")
+    assert files_at_peak(cb, _trainer(5), fresh=False)[0] == 2
+    two = ModelCheckpoint(save_top_k=0, every_n_train_steps=2, save_last=True)
+    assert files_at_peak(two, _trainer(4), fresh=True)[0] == 2  # the second save is written beside the first
 
 
 def test_every_save_of_an_endless_run_is_unbounded():
