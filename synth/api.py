@@ -1,6 +1,6 @@
 """The data server's API: the pydantic models that the HTTP server and ``synth.client`` both use.
 
-Training talks to synthesis only through these models (DESIGN.md, "The data server"). A job is identified by the
+Training talks to synthesis only through these models (docs/data_server.md). A job is identified by the
 client-chosen ``job_id`` (e.g. ``f"{sample_id}@e{epoch}"``): resubmitting the same request is a no-op that returns
 the existing job, so a trainer that crashed and resumed never duplicates work or loses a sample. Boxes are
 ``[x1, y1, x2, y2]`` in pixels of the input image (COCO / VLM-R1 convention); the result's boxes are in pixels of the
