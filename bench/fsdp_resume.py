@@ -57,6 +57,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,6 +65,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 import yaml  # noqa: E402
+from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 
 from bench.e2e_gpu import (  # noqa: E402
     build_qwen,
@@ -74,6 +76,7 @@ from bench.e2e_gpu import (  # noqa: E402
     step_times,
     swap_paths_and_lengths,
 )
+from callbacks.checkpoint_disk import files_at_peak  # noqa: E402
 from core.checkpoint_files import MANIFEST, damage  # noqa: E402
 
 BF16_EPS = 2.0**-7
@@ -448,10 +451,12 @@ def free_bytes(folder: Path) -> int:
 
 
 def killed_run_files(n: int) -> int:
-    """Full checkpoints on disk at once in the killed run (``save_top_k 0``, ``last.ckpt``, ``max_steps`` N + 2): one
-    when its N + 2 steps hold one save (N >= 3), else two (the second save is written beside the first), as the
-    checkpoint-disk check counts them before step 1 (callbacks/checkpoint_disk.py)."""
-    return 1 if (n + 2) // n <= 1 else 2
+    """Full checkpoints on disk at once in the killed run (``save_top_k 0``, ``last.ckpt`` every N steps, ``max_steps``
+    N + 2, a new folder), counted by the checkpoint-disk check itself (`files_at_peak`): one from N = 3, two below (a
+    second save is written beside the first)."""
+    cb = ModelCheckpoint(save_top_k=0, every_n_train_steps=n, save_last=True)
+    steps = SimpleNamespace(estimated_stepping_batches=n + 2, max_epochs=None)  # what files_at_peak reads of a trainer
+    return files_at_peak(cb, steps, fresh=True)[0]
 
 
 def runs_root(args: argparse.Namespace, work: Path, params: int) -> tuple[Path | None, str]:
